@@ -27,6 +27,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -284,7 +285,7 @@ class ExecResult:
 
 
 def _processes_of(uid: int | None, session: int) -> list[int]:
-    """Pids of processes owned by ``uid`` (when given) or in session ``session``."""
+    """Pids of live processes owned by ``uid`` (when given) or in session ``session``."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -292,6 +293,8 @@ def _processes_of(uid: int | None, session: int) -> list[int]:
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
             fields = stat[stat.rindex(")") + 2 :].split()
+            if fields[0] in ("Z", "X"):  # exited, waiting to be reaped: nothing left to kill
+                continue
             if uid is not None:
                 status = Path(f"/proc/{entry}/status").read_text()
                 real_uid = int(next(l for l in status.splitlines() if l.startswith("Uid:")).split()[1])
@@ -305,21 +308,30 @@ def _processes_of(uid: int | None, session: int) -> list[int]:
     return pids
 
 
-def _kill_all(uid: int | None, session: int, deadline_s: float = 5.0) -> int:
-    """SIGKILL every process of the run until none is left; returns how many were killed."""
-    killed, end = 0, time.monotonic() + deadline_s
-    while time.monotonic() < end:
+def _kill_all(uid: int | None, session: int, deadline_s: float = 5.0) -> None:
+    """SIGKILL every process of the run until none is left.
+
+    With a run-specific uid, ``kill(-1, SIGKILL)`` issued as that uid reaches all of its processes in
+    one system call (fork cannot race past it); otherwise the processes of the run's session are
+    killed by pid, repeatedly, until none remains.
+    """
+    end = time.monotonic() + deadline_s
+    while True:
         pids = [p for p in _processes_of(uid, session) if p != os.getpid()]
-        if not pids:
-            break
+        if not pids or time.monotonic() > end:
+            return  # none left: with none left, none can appear (only they could fork)
+        if uid is not None and _KILL:
+            subprocess.run([_KILL, "-KILL", "-1"], user=uid, group=uid, extra_groups=[],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
             except ProcessLookupError:
                 pass
         time.sleep(0.01)
-    return killed
+
+
+_KILL = shutil.which("kill", path="/usr/bin:/bin")
 
 
 def run_sandboxed(program: str, limits: SandboxLimits | None = None) -> ExecResult:
@@ -356,14 +368,22 @@ def run_sandboxed(program: str, limits: SandboxLimits | None = None) -> ExecResu
             close_fds=True,
         )
         try:
-            out, err = proc.communicate(payload, timeout=limits.timeout_s + 2.0)
+            proc.stdin.write(payload)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            # Wait for the interpreter itself, not for its pipe: processes it forked may hold it open.
+            proc.wait(timeout=limits.timeout_s + 2.0)
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_all(uid, proc.pid)
-            out, err = proc.communicate()
         finally:
             _kill_all(uid, proc.pid)
+            proc.wait()
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
         duration = time.perf_counter() - start
     report = None
     for line in out.decode(errors="replace").splitlines():
@@ -378,6 +398,8 @@ def run_sandboxed(program: str, limits: SandboxLimits | None = None) -> ExecResu
     if timed_out:
         return ExecResult("timed out", "killed at the wall-clock limit", duration)
     code = proc.returncode
+    if code == -signal.SIGXCPU:
+        return ExecResult("timed out", "killed at the CPU-time limit", duration)
     why = f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exited with code {code}"
     tail = err.decode(errors="replace").strip().splitlines()[-1:] if err else []
     return ExecResult("failed", f"no result: {why}" + (f" ({tail[0]})" if tail else ""), duration)
