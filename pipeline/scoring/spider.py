@@ -1,0 +1,266 @@
+"""Spider execution accuracy: run gold and predicted SQL on the database and compare the results.
+
+- Databases are opened read-only (``file:...?mode=ro`` URI), with ``PRAGMA query_only`` and an
+  authorizer that allows reading only: a ``DROP TABLE``, ``UPDATE``, ``ATTACH`` or ``PRAGMA`` prediction
+  is refused by SQLite before it touches anything.
+- Each query has a wall-clock budget enforced inside SQLite by a progress handler (it interrupts
+  the virtual machine, including while rows are fetched), and a cap on the number of rows.
+- Results are compared as multisets of rows, allowing any column permutation; row order matters
+  only when the gold query has ORDER BY (the rule of the official test-suite evaluation, Zhong et
+  al. 2020).
+- From a chat answer the SQL is taken from its first code block (else from the first SELECT/WITH),
+  and cut after the first complete statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sqlite3
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import quote
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_ROWS = 100_000
+
+# sqlite3 authorizer action codes that a read-only query needs.
+_ALLOWED_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+}
+
+
+# --------------------------------------------------------------------------- SQL extraction
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_START_LINE = re.compile(r"(?im)^[ \t]*(SELECT|WITH)\b")
+_START_ANY = re.compile(r"(?i)\b(SELECT|WITH)\b")
+
+
+def extract_sql(text: str) -> str:
+    """The first SQL statement of a prediction (a bare query, a continuation, or a chat answer)."""
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    if blocks:
+        sql_blocks = [b for lang, b in blocks if lang in ("sql", "sqlite")]
+        text = (sql_blocks or [blocks[0][1]])[0]
+    match = _START_LINE.search(text) or _START_ANY.search(text)
+    if match:
+        text = text[match.start(1):]
+    return _first_statement(text).strip().rstrip(";").strip()
+
+
+def _first_statement(text: str) -> str:
+    """Text up to the first complete statement (a ``;`` outside quotes), else up to a blank line."""
+    for m in re.finditer(";", text):
+        if sqlite3.complete_statement(text[: m.end()]):
+            return text[: m.end()]
+    blank = re.search(r"\n[ \t]*\n", text)
+    return text[: blank.start()] if blank else text
+
+
+# --------------------------------------------------------------------------- execution
+
+
+@dataclass
+class QueryResult:
+    rows: list[tuple] | None
+    error: str | None = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.rows is not None
+
+
+def _authorizer(action: int, *_: Any) -> int:
+    return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def connect_read_only(db_path: str | Path) -> sqlite3.Connection:
+    """A connection that can only read ``db_path`` (fails if the file does not exist)."""
+    path = Path(db_path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"database not found: {path}")
+    conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, check_same_thread=False)
+    conn.text_factory = lambda b: b.decode(errors="ignore")  # some Spider databases hold non-UTF-8 bytes
+    conn.execute("PRAGMA query_only = ON")
+    conn.set_authorizer(_authorizer)
+    return conn
+
+
+def execute(
+    db_path: str | Path,
+    sql: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> QueryResult:
+    """Run one statement read-only with a wall-clock budget that really interrupts SQLite."""
+    start = time.perf_counter()
+    deadline = time.monotonic() + timeout_s
+    expired = [False]
+
+    def progress() -> int:
+        if time.monotonic() > deadline:
+            expired[0] = True
+            return 1  # non-zero: SQLite aborts the statement with SQLITE_INTERRUPT
+        return 0
+
+    try:
+        conn = connect_read_only(db_path)
+    except (sqlite3.Error, OSError) as err:
+        return QueryResult(None, f"cannot open database: {err}")
+    conn.set_progress_handler(progress, 1000)
+    try:
+        cursor = conn.execute(sql)
+        rows: list[tuple] = []
+        while True:
+            chunk = cursor.fetchmany(1000)
+            if not chunk:
+                break
+            rows.extend(chunk)
+            if len(rows) > max_rows:
+                return QueryResult(None, f"more than {max_rows} rows", duration_s=time.perf_counter() - start)
+        return QueryResult(rows, duration_s=time.perf_counter() - start)
+    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
+        if expired[0]:
+            return QueryResult(None, f"timed out after {timeout_s} s", True, time.perf_counter() - start)
+        return QueryResult(None, f"{type(err).__name__}: {err}", duration_s=time.perf_counter() - start)
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def order_matters(gold_sql: str) -> bool:
+    return re.search(r"\border\s+by\b", gold_sql, re.I) is not None
+
+
+def _column_permutations(gold: list[tuple], pred: list[tuple], ncols: int, ordered: bool) -> Iterable[list[int]]:
+    """Injective maps gold column -> predicted column whose columns agree (as sequences or multisets)."""
+    def column(rows: list[tuple], j: int):
+        values = [r[j] for r in rows]
+        return tuple(values) if ordered else Counter(values)
+
+    gold_cols = [column(gold, i) for i in range(ncols)]
+    pred_cols = [column(pred, j) for j in range(ncols)]
+    candidates = [[j for j in range(ncols) if pred_cols[j] == gold_cols[i]] for i in range(ncols)]
+    perm: list[int] = []
+    used: set[int] = set()
+
+    def search(i: int):
+        if i == ncols:
+            yield list(perm)
+            return
+        for j in candidates[i]:
+            if j not in used:
+                used.add(j)
+                perm.append(j)
+                yield from search(i + 1)
+                perm.pop()
+                used.discard(j)
+
+    return search(0)
+
+
+def results_match(gold: Sequence[tuple], pred: Sequence[tuple], ordered: bool) -> bool:
+    """Same rows (as a multiset, or in order when ``ordered``) under some permutation of the columns."""
+    gold, pred = [tuple(r) for r in gold], [tuple(r) for r in pred]
+    if not gold and not pred:
+        return True
+    if len(gold) != len(pred) or len(gold[0]) != len(pred[0]):
+        return False
+    ncols = len(gold[0])
+    gold_rows = gold if ordered else Counter(gold)
+    for perm in _column_permutations(gold, pred, ncols, ordered):
+        permuted = [tuple(row[j] for j in perm) for row in pred]
+        if (permuted if ordered else Counter(permuted)) == gold_rows:
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def score_predictions(
+    predictions: Iterable[Mapping[str, Any]],
+    samples: Mapping[str, Any],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> dict[str, Any]:
+    """Execution accuracy of predictions (``id``: position in dev.json, ``prediction``: SQL or answer).
+
+    ``samples`` maps ids to Spider samples (``pipeline.data.spider``) or to mappings with ``query``
+    and ``db_path``. A gold query that fails is reported (``gold_error``) and counts as wrong.
+    """
+    details = []
+    gold_cache: dict[tuple[str, str], QueryResult] = {}
+    for pred in predictions:
+        sid = str(pred["id"])
+        if sid not in samples:
+            raise KeyError(f"unknown Spider sample id {sid!r}")
+        ref = samples[sid].reference if hasattr(samples[sid], "reference") else samples[sid]
+        key = (ref["db_path"], ref["query"])
+        if key not in gold_cache:
+            gold_cache[key] = execute(ref["db_path"], ref["query"], timeout_s, max_rows)
+        gold = gold_cache[key]
+        sql = extract_sql(pred["prediction"] or "")
+        result = execute(ref["db_path"], sql, timeout_s, max_rows) if sql else QueryResult(None, "empty SQL")
+        ordered = order_matters(ref["query"])
+        correct = gold.ok and result.ok and results_match(gold.rows, result.rows, ordered)
+        details.append(
+            {
+                "id": sid,
+                "db_id": ref.get("db_id"),
+                "correct": bool(correct),
+                "sql": sql,
+                "error": result.error,
+                "timed_out": result.timed_out,
+                "gold_error": gold.error,
+                "order_matters": ordered,
+                "duration_s": round(result.duration_s, 4),
+            }
+        )
+    n = len(details)
+    return {
+        "metric": "execution_accuracy",
+        "score": sum(d["correct"] for d in details) / n if n else float("nan"),
+        "num_samples": n,
+        "num_correct": sum(d["correct"] for d in details),
+        "num_errors": sum(d["error"] is not None for d in details),
+        "num_timeouts": sum(d["timed_out"] for d in details),
+        "num_gold_errors": sum(d["gold_error"] is not None for d in details),
+        "timeout_s": timeout_s,
+        "details": details,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.data import load_dataset
+    from pipeline.scoring import print_json, read_predictions
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", required=True, help="Spider folder (dev.json + database/) or a dev.json")
+    parser.add_argument("--database-dir", default=None, help="databases folder, if not <data>/database")
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--predictions", required=True, help="JSONL of {id, prediction}")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per query")
+    args = parser.parse_args(argv)
+    samples = load_dataset("spider", args.data, args.split, database_dir=args.database_dir)
+    result = score_predictions(
+        read_predictions(args.predictions), {s.id: s for s in samples}, timeout_s=args.timeout
+    )
+    print_json(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""Spider scorer: gold against gold, result comparison, read-only execution, time-outs, extraction, CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.data import load_dataset
+from pipeline.scoring import spider as sp
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "spider"
+needs_data = pytest.mark.skipif(not DATA.exists(), reason="offline Spider copy not present")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def spider_samples():
+    return load_dataset("spider", DATA)
+
+
+@pytest.fixture
+def toy_db(tmp_path):
+    path = tmp_path / "toy.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, age INTEGER, country TEXT);
+        INSERT INTO singer VALUES (1, 'Ann', 30, 'FR'), (2, 'Bob', 25, 'US'), (3, 'Cid', 41, 'US'),
+                                  (4, 'Dee', 25, 'FR');
+        """
+    )
+    conn.commit()
+    conn.close()
+    return path
+
+
+def _sample(db: Path, gold: str) -> dict:
+    return {"0": {"query": gold, "db_path": str(db), "db_id": "toy"}}
+
+
+def _correct(db: Path, gold: str, pred: str) -> bool:
+    return sp.score_predictions([{"id": "0", "prediction": pred}], _sample(db, gold))["details"][0]["correct"]
+
+
+# ----------------------------------------------------------------------------- acceptance figures
+
+
+@needs_data
+def test_gold_against_gold_is_100_percent_on_all_710(spider_samples):
+    assert len(spider_samples) == 710
+    preds = [{"id": s.id, "prediction": s.reference["query"]} for s in spider_samples]
+    result = sp.score_predictions(preds, {s.id: s for s in spider_samples})
+    assert result["num_gold_errors"] == 0
+    assert result["num_correct"] == 710 and result["score"] == 1.0
+
+
+def test_row_order_ignored_without_order_by(toy_db):
+    assert _correct(toy_db, "SELECT name FROM singer WHERE age < 35", "SELECT name FROM singer WHERE age < 35 ORDER BY name DESC")
+
+
+def test_row_order_checked_with_order_by(toy_db):
+    gold = "SELECT name FROM singer ORDER BY age, name"
+    assert _correct(toy_db, gold, "SELECT name FROM singer ORDER BY age ASC, name ASC")
+    assert not _correct(toy_db, gold, "SELECT name FROM singer ORDER BY age DESC")
+
+
+def test_column_permutation_allowed(toy_db):
+    assert _correct(toy_db, "SELECT name, age FROM singer", "SELECT age, name FROM singer")
+    assert _correct(toy_db, "SELECT name, age, country FROM singer ORDER BY id", "SELECT country, name, age FROM singer ORDER BY id")
+
+
+def test_column_permutation_must_be_consistent_across_rows():
+    gold = [(1, 2), (3, 4)]
+    assert sp.results_match(gold, [(2, 1), (4, 3)], ordered=False)
+    assert not sp.results_match(gold, [(2, 1), (3, 4)], ordered=False)  # each row swapped differently
+    # columns with equal value multisets: the permutation search must try both
+    assert sp.results_match([(1, 1), (2, 2), (1, 2)], [(1, 1), (2, 2), (2, 1)], ordered=False)
+
+
+def test_duplicates_count(toy_db):
+    gold = "SELECT country FROM singer"
+    assert not _correct(toy_db, gold, "SELECT DISTINCT country FROM singer")
+    assert sp.results_match([("a",), ("a",), ("b",)], [("b",), ("a",), ("a",)], ordered=False)
+    assert not sp.results_match([("a",), ("a",), ("b",)], [("a",), ("b",), ("b",)], ordered=False)
+
+
+def test_wrong_values_and_shapes(toy_db):
+    assert not _correct(toy_db, "SELECT count(*) FROM singer", "SELECT count(*) FROM singer WHERE age > 26")
+    assert not _correct(toy_db, "SELECT name FROM singer", "SELECT name, age FROM singer")
+    assert _correct(toy_db, "SELECT name FROM singer WHERE age > 100", "SELECT name FROM singer WHERE age > 200")
+    assert not _correct(toy_db, "SELECT name FROM singer", "SELECT nme FROM singer")  # error
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "DROP TABLE singer",
+        "UPDATE singer SET age = 0",
+        "DELETE FROM singer",
+        "INSERT INTO singer VALUES (9, 'Eve', 1, 'XX')",
+        "CREATE TABLE t (x)",
+        "PRAGMA journal_mode = WAL",
+        "VACUUM",
+    ],
+)
+def test_writing_predictions_change_no_database_file(tmp_path, attack):
+    src = DATA / "database" / "concert_singer" / "concert_singer.sqlite"
+    if not src.exists():
+        pytest.skip("offline Spider copy not present")
+    db = tmp_path / "concert_singer.sqlite"
+    shutil.copy(src, db)
+    db.chmod(0o644)  # writable copy: only the scorer's read-only opening may protect it
+    before = {p.name: _sha(p) for p in tmp_path.iterdir()}
+    result = sp.score_predictions([{"id": "0", "prediction": attack}], _sample(db, "SELECT count(*) FROM singer"))
+    detail = result["details"][0]
+    assert not detail["correct"] and detail["error"]
+    assert {p.name: _sha(p) for p in tmp_path.iterdir()} == before
+    assert _sha(db) == _sha(src)
+
+
+def test_attach_cannot_create_a_file(tmp_path, toy_db):
+    target = tmp_path / "new.sqlite"
+    result = sp.execute(toy_db, f"ATTACH DATABASE '{target}' AS x")
+    assert not result.ok
+    assert not target.exists()
+
+
+def test_query_that_runs_forever_is_interrupted(toy_db):
+    forever = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    start = time.perf_counter()
+    result = sp.execute(toy_db, forever, timeout_s=0.5)
+    assert result.timed_out and not result.ok
+    assert time.perf_counter() - start < 3
+    scored = sp.score_predictions([{"id": "0", "prediction": forever}], _sample(toy_db, "SELECT 1"), timeout_s=0.5)
+    assert scored["num_timeouts"] == 1 and scored["score"] == 0.0
+
+
+def test_huge_result_is_capped(toy_db):
+    cross = "SELECT * FROM singer a, singer b, singer c, singer d, singer e, singer f, singer g, singer h"
+    result = sp.execute(toy_db, cross, max_rows=1000)
+    assert not result.ok and "rows" in result.error
+
+
+@pytest.mark.parametrize(
+    "text, sql",
+    [
+        ("SELECT name FROM singer;", "SELECT name FROM singer"),
+        ("SELECT name FROM singer;\n\n-- Question: how many?\nSELECT", "SELECT name FROM singer"),
+        ("SELECT name FROM singer WHERE name = 'a;b'; DROP TABLE x;", "SELECT name FROM singer WHERE name = 'a;b'"),
+        ("Here you go:\n```sql\nSELECT count(*)\nFROM singer\n```\nThis counts rows.", "SELECT count(*)\nFROM singer"),
+        ("```\nselect 1\n```", "select 1"),
+        ("The query is: SELECT max(age) FROM singer", "SELECT max(age) FROM singer"),
+        ("SELECT a FROM t\n\nExplanation: ...", "SELECT a FROM t"),
+        ("WITH x AS (SELECT 1) SELECT * FROM x", "WITH x AS (SELECT 1) SELECT * FROM x"),
+    ],
+)
+def test_extract_sql(text, sql):
+    assert sp.extract_sql(text) == sql
+
+
+@needs_data
+def test_cli_rescoring_saved_predictions(tmp_path, spider_samples):
+    preds = tmp_path / "preds.jsonl"
+    rows = [
+        {"id": "0", "prediction": "```sql\n" + spider_samples[0].reference["query"] + "\n```"},
+        {"id": "1", "prediction": "SELECT 42"},
+    ]
+    preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.scoring.spider", "--data", str(DATA), "--predictions", str(preds)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )
+    result = json.loads(out.stdout)
+    assert result["num_samples"] == 2 and result["num_correct"] == 1
+    assert [d["correct"] for d in result["details"]] == [True, False]
