@@ -1,0 +1,191 @@
+"""The decoder interface, its result type, and parameter validation shared by every method."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+
+from .kv import CachedModel
+from .warping import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Warper
+
+
+@dataclass
+class Generation:
+    """What one call of ``Decoder.generate`` produced.
+
+    ``accepted`` has one entry per decoding iteration: the tokens that iteration emitted (bonus
+    token included). For speculative methods an iteration is one target forward, so
+    ``len(accepted) == steps``; methods that spend several target forwards per iteration (MTJD,
+    beam search) say so in their docstring. Mean accepted tokens per target step is
+    ``len(tokens) / steps`` for every method.
+    """
+
+    tokens: list[int]
+    steps: int
+    draft_steps: int
+    accepted: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A method parameter: its default and a check returning an error text (or None when valid)."""
+
+    default: Any
+    check: Callable[[Any], str | None]
+    help: str = ""
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def nonneg_number(v: Any) -> str | None:
+    return None if _is_number(v) and v >= 0 else "must be a number >= 0"
+
+
+def int_at_least(lo: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if isinstance(v, int) and not isinstance(v, bool) and v >= lo else f"must be an integer >= {lo}"
+
+    return check
+
+
+def in_closed(lo: float, hi: float) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if _is_number(v) and lo <= v <= hi else f"must be a number in [{lo}, {hi}]"
+
+    return check
+
+
+def in_half_open(lo: float, hi: float) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if _is_number(v) and lo < v <= hi else f"must be a number in ({lo}, {hi}]"
+
+    return check
+
+
+def one_of(*choices: Any) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {list(choices)}"
+
+    return check
+
+
+def boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+WARP_PARAMS: dict[str, Param] = {
+    "temperature": Param(DEFAULT_TEMPERATURE, nonneg_number, "0 = greedy"),
+    "top_k": Param(DEFAULT_TOP_K, int_at_least(0), "0 = off"),
+    "top_p": Param(DEFAULT_TOP_P, in_half_open(0.0, 1.0), "1 = off"),
+}
+
+
+class Decoder:
+    """One decoding method over a target (and, for draft-based methods, a draft) model.
+
+    Subclasses declare ``name``, ``needs_draft`` and ``params`` (besides the warping parameters,
+    which every method accepts) and implement ``_generate``.
+    """
+
+    name: ClassVar[str] = ""
+    needs_draft: ClassVar[bool] = False
+    lossless: ClassVar[bool] = False
+    params: ClassVar[dict[str, Param]] = {}
+
+    def __init__(self, target, draft=None, **params: Any) -> None:
+        values = validate_params(type(self), params, has_draft=draft is not None)
+        for key, value in values.items():
+            setattr(self, key, value)
+        self.warper = Warper(values["temperature"], values["top_k"], values["top_p"])
+        self.target = CachedModel(target)
+        vocab = self.target.vocab_size
+        self.draft = CachedModel(draft, vocab_size=vocab) if (draft is not None and self.needs_draft) else None
+
+    @classmethod
+    def check_combination(cls, values: dict[str, Any]) -> None:
+        """Checks that involve several parameters; raise ValueError naming the fix."""
+
+    @classmethod
+    def all_params(cls) -> dict[str, Param]:
+        return {**WARP_PARAMS, **cls.params}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved parameters of this decoder (defaults filled in)."""
+        return {k: getattr(self, k) for k in self.all_params()}
+
+    def generate(
+        self,
+        input_ids: Sequence[int] | torch.Tensor,
+        *,
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int] | int | None = (),
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """Decode up to ``max_new_tokens`` new tokens after ``input_ids`` (batch size 1)."""
+        prompt = _as_token_list(input_ids)
+        if not prompt:
+            raise ValueError("input_ids is empty: a prompt needs at least one token (e.g. BOS)")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        limit = self.target.max_positions
+        if limit is not None and len(prompt) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
+                f"context of {limit} positions: shorten the prompt or lower max_new_tokens"
+            )
+        if isinstance(eos_token_ids, int):
+            eos = frozenset([eos_token_ids])
+        else:
+            eos = frozenset(int(t) for t in (eos_token_ids or ()))
+        with torch.inference_mode():
+            return self._generate(prompt, max_new_tokens, eos, generator)
+
+    def _generate(
+        self, prompt: list[int], max_new_tokens: int, eos: frozenset[int], generator: torch.Generator | None
+    ) -> Generation:
+        raise NotImplementedError
+
+
+def validate_params(cls: type[Decoder], params: dict[str, Any], has_draft: bool) -> dict[str, Any]:
+    """Fill defaults and check every parameter of ``cls``; raise ValueError naming the fix."""
+    spec = cls.all_params()
+    unknown = sorted(set(params) - set(spec))
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown} for method {cls.name!r}; valid parameters: {sorted(spec)}"
+        )
+    values = {k: params.get(k, p.default) for k, p in spec.items()}
+    for key, value in values.items():
+        problem = spec[key].check(value)
+        if problem:
+            raise ValueError(f"method {cls.name!r}: parameter {key}={value!r} {problem}")
+    if cls.needs_draft and not has_draft:
+        raise ValueError(
+            f"method {cls.name!r} needs a draft model: pass draft=... to build_decoder, or choose a pair "
+            f"whose config has a `draft:` model"
+        )
+    cls.check_combination(values)
+    return values
+
+
+def _as_token_list(input_ids: Sequence[int] | torch.Tensor) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError(f"batch size must be 1, got input_ids of shape {tuple(input_ids.shape)}")
+            input_ids = input_ids[0]
+        return [int(t) for t in input_ids.tolist()]
+    return [int(t) for t in input_ids]
+
+
+def cut_at_eos(tokens: list[int], eos: frozenset[int]) -> tuple[list[int], bool]:
+    """Tokens up to and including the first EOS, and whether one was found."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1], True
+    return tokens, False

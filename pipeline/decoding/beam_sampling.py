@@ -1,0 +1,107 @@
+"""Beam sampling over a token tree (MTAD drafts, MTJD): W beams extended for a fixed depth.
+
+All beams share the context KV: each step feeds the W beams' last tokens as tree nodes (one
+forward of W tokens with an ancestor mask), never a copy of the context per beam. At the end the
+chosen beam's nodes are compacted into place, so the model's cache holds ``context + x[:-1]``.
+
+Beam weights (ALGORITHMS.md 1.4, 4.2; Decisions 2):
+- ``paper``: normalized joint probabilities (MTAD eq. 2): the W selected (beam, token) pairs
+  are renormalized among themselves;
+- ``reference_code``: the released code's ``log_softmax`` over probabilities (a softmax of
+  numbers in [0, 1], nearly uniform), kept to reproduce it.
+Temperature 0 is deterministic beam search on the unwarped log-probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kv import CachedModel
+from .tree import TokenTree
+from .warping import Warper
+
+BEAM_WEIGHTS = ("paper", "reference_code")
+
+
+@dataclass
+class Beam:
+    tokens: list[int]  # the chosen beam's tokens
+    log_q: torch.Tensor  # [depth] per-token warped log-probabilities along it
+
+
+def _select(weights: torch.Tensor, k: int, replacement: bool, generator, greedy: bool) -> torch.Tensor:
+    """Indices of k (beam, token) pairs from flat ``weights`` (probabilities, or log-probs when greedy)."""
+    if greedy:
+        finite = int(torch.isfinite(weights).sum())
+        return weights.topk(min(k, finite)).indices
+    support = int((weights > 0).sum())
+    n = k if replacement else min(k, support)
+    return torch.multinomial(weights, n, replacement=replacement, generator=generator)
+
+
+def _renormalize(selected: torch.Tensor, beam_weights: str) -> torch.Tensor:
+    """Log beam weights of the selected pairs (from their probabilities)."""
+    if beam_weights == "reference_code":
+        return torch.log_softmax(selected, 0)
+    return torch.log(selected / selected.sum())
+
+
+def beam_sample(
+    model: CachedModel,
+    context: list[int],
+    depth: int,
+    num_beams: int,
+    warper: Warper,
+    generator: torch.Generator | None,
+    beam_weights: str = "paper",
+    replacement: bool = False,
+) -> Beam:
+    """Draw ``depth`` tokens by beam sampling from ``model`` after ``context``; return the best beam."""
+    greedy = warper.greedy
+    logits = model.forward(context[model.length :], keep=1)[-1]
+    start = model.length  # == len(context)
+    if greedy:
+        row = torch.log_softmax(logits, -1)
+        idx = _select(row, num_beams, False, generator, True)
+        weights = row[idx]  # joint log-likelihoods
+        log_q = weights[:, None]
+    else:
+        q0 = warper(logits)
+        idx = _select(q0, num_beams, replacement, generator, False)
+        weights = _renormalize(q0[idx], beam_weights)
+        log_q = torch.log(q0[idx])[:, None]
+    beams = idx[:, None]  # [W, s] tokens
+    nodes: list[list[int]] = [[] for _ in range(len(idx))]
+    tree = TokenTree(start)
+    vocab = logits.shape[-1]
+    for _ in range(1, depth):
+        parents = [n[-1] if n else -1 for n in nodes]
+        first = len(tree)
+        ids, positions, mask = tree.add(beams[:, -1].tolist(), parents)
+        fed = list(range(first, first + len(parents)))
+        out = model.forward_tree(ids, positions, mask, start)  # [W, V]
+        if greedy:
+            step = torch.log_softmax(out, -1)
+            flat = (weights[:, None] + step).flatten()
+            pick = _select(flat, num_beams, False, generator, True)
+            b, v = pick // vocab, pick % vocab
+            weights = flat[pick]
+            step_lq = step[b, v]
+        else:
+            q = warper(out)
+            flat = (torch.exp(weights)[:, None] * q).flatten()
+            pick = _select(flat, num_beams, replacement, generator, False)
+            b, v = pick // vocab, pick % vocab
+            weights = _renormalize(flat[pick], beam_weights)
+            step_lq = torch.log(q[b, v])
+        log_q = torch.cat([log_q[b], step_lq[:, None]], 1)
+        beams = torch.cat([beams[b], v[:, None]], 1)
+        bl = b.tolist()
+        nodes = [nodes[i] + [fed[i]] for i in bl]
+    best = int(weights.argmax())
+    path = nodes[best]
+    if path:
+        model.compact(start, path)
+    return Beam(beams[best].tolist(), log_q[best])

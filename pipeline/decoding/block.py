@@ -1,0 +1,33 @@
+"""block: block verification (Sun et al., ICLR 2025), over the same chain draft as ``spd``.
+
+Every prefix length i gets its own coin against h_i; the longest passing length is kept (no early
+stop), then the next token comes from the block residual. Lossless, and never accepts fewer tokens
+than token verification. Fresh coins every iteration (ALGORITHMS.md 3.3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .drafting import draft_chain
+from .speculative import DraftVerifyDecoder
+from .verification import block_verify, greedy_verify
+from .warping import sample
+
+
+class BlockVerificationDecoder(DraftVerifyDecoder):
+    name = "block"
+    lossless = True
+
+    def propose(self, context, gamma, generator):
+        draft = draft_chain(self.draft, context, gamma, self.warper, generator)
+        return draft.tokens, draft.probs
+
+    def verify(self, logits, tokens, probs, generator):
+        if self.warper.greedy:  # block verification adds nothing for one-hot targets
+            n, y = greedy_verify(logits.argmax(-1), tokens)
+            return int(n), int(y)
+        P = self.warper(logits)
+        eta = torch.rand(tokens.shape[0], generator=generator, device=P.device)
+        tau, dist = block_verify(P, probs, tokens, eta)
+        return int(tau), int(sample(dist, generator))

@@ -1,0 +1,35 @@
+"""Chain drafting: the draft model proposes gamma tokens autoregressively (shared by spd and block)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kv import CachedModel
+from .warping import Warper, sample
+
+
+@dataclass
+class ChainDraft:
+    tokens: torch.Tensor  # [g] draft tokens
+    probs: torch.Tensor  # [g, V] warped draft rows the tokens were drawn from
+
+
+def draft_chain(
+    draft: CachedModel, context: list[int], gamma: int, warper: Warper, generator: torch.Generator | None
+) -> ChainDraft:
+    """Sample ``gamma`` tokens from the warped draft after ``context``.
+
+    The draft cache may hold any prefix of ``context``; the first forward feeds the rest (usually
+    one token, two after a fully accepted block). Afterwards the cache holds ``context + x[:-1]``.
+    """
+    pending: list[int] | torch.Tensor = context[draft.length :]
+    tokens, rows = [], []
+    for _ in range(gamma):
+        q = warper(draft.forward(pending, keep=1)[-1])
+        t = sample(q, generator) if not warper.greedy else q.argmax(-1)
+        rows.append(q)
+        tokens.append(t)
+        pending = t.reshape(1)
+    return ChainDraft(torch.stack(tokens), torch.stack(rows))

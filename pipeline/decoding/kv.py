@@ -1,0 +1,195 @@
+"""KV-cache handling shared by every method: prefill, extend, roll back, tree forwards, compaction.
+
+``CachedModel`` wraps a transformers causal LM with a preallocated KV cache. Appending writes in
+place; rolling back after a rejection only moves the length (stale slots are never attended:
+later writes overwrite them), so the prefix is never re-computed and nothing is copied.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+_INITIAL_CAPACITY = 256
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's keys and values in a buffer that grows by doubling; ``length`` marks the valid part."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.length = 0
+        self._k = self._alloc(key_states, _INITIAL_CAPACITY)
+        self._v = self._alloc(value_states, _INITIAL_CAPACITY)
+        self.keys, self.values = self._k[..., :0, :], self._v[..., :0, :]
+        self.is_initialized = True
+
+    @staticmethod
+    def _alloc(like: torch.Tensor, capacity: int) -> torch.Tensor:
+        b, h, _, d = like.shape
+        return like.new_empty(b, h, capacity, d)
+
+    def _reserve(self, end: int) -> None:
+        capacity = self._k.shape[-2]
+        if end <= capacity:
+            return
+        while capacity < end:
+            capacity *= 2
+        k, v = self._alloc(self._k, capacity), self._alloc(self._v, capacity)
+        k[..., : self.length, :] = self._k[..., : self.length, :]
+        v[..., : self.length, :] = self._v[..., : self.length, :]
+        self._k, self._v = k, v
+
+    def _set_length(self, length: int) -> None:
+        self.length = length
+        self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.length
+        end = start + key_states.shape[-2]
+        self._reserve(end)
+        self._k[..., start:end, :] = key_states
+        self._v[..., start:end, :] = value_states
+        self._set_length(end)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.is_initialized and tokens_to_remove:
+            self._set_length(max(0, self.length - abs(tokens_to_remove)))
+
+    def truncate(self, length: int) -> None:
+        if self.is_initialized:
+            self._set_length(min(length, self.length))
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        """Move slots ``start + keep`` to ``start .. start + len(keep)`` and cut the rest."""
+        if not self.is_initialized:
+            return
+        src = keep + start
+        n = int(keep.numel())
+        self._k[..., start : start + n, :] = self._k.index_select(-2, src)
+        self._v[..., start : start + n, :] = self._v.index_select(-2, src)
+        self._set_length(start + n)
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self._set_length(0)
+
+
+def load_token_map(model) -> torch.Tensor | None:
+    """A restricted-vocabulary draft's map (draft logit i -> target token id), if its checkpoint has one."""
+    path = getattr(model, "name_or_path", None)
+    if not path:
+        return None
+    file = Path(path) / "draft_token_map.json"
+    if not file.exists():
+        return None
+    return torch.tensor(json.loads(file.read_text()), dtype=torch.long)
+
+
+class CachedModel:
+    """A causal LM with its own KV cache, used at batch size 1.
+
+    Invariant kept by every method: the cache holds a prefix of the current context (usually all
+    but its last token), ``length`` says how much. ``forwards`` counts forward passes after prefill.
+    """
+
+    def __init__(self, model, vocab_size: int | None = None) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        config = model.config
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+        self.token_map = load_token_map(model)
+        own_vocab = config.vocab_size if self.token_map is None else int(self.token_map.max()) + 1
+        self.vocab_size = max(vocab_size or own_vocab, own_vocab)
+        self._own_vocab = config.vocab_size
+        if self.token_map is not None:
+            self.token_map = self.token_map.to(self.device)
+        self.forwards = 0
+        self.cache: Cache | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the cache and the forward counter (start of a new generation)."""
+        self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        self.forwards = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def _ids(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        if isinstance(tokens, torch.Tensor):
+            return tokens.to(self.device, torch.long).reshape(1, -1)
+        return torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """fp32 logits over the target vocabulary: restricted or smaller draft heads get -inf elsewhere."""
+        logits = logits.float()
+        if self.token_map is not None:
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+            return full.index_copy_(-1, self.token_map, logits)
+        if logits.shape[-1] < self.vocab_size:
+            pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))
+            return torch.cat([logits, pad], -1)
+        if logits.shape[-1] > self.vocab_size:
+            return logits[..., : self.vocab_size]
+        return logits
+
+    def prefill(self, tokens: Sequence[int] | torch.Tensor) -> None:
+        """Write ``tokens`` into the cache without counting a step or keeping logits."""
+        if len(tokens) == 0:
+            return
+        self.model(input_ids=self._ids(tokens), past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+
+    def forward(self, tokens: Sequence[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
+        """Append ``tokens`` (a causal chain after the cache) and return the last ``keep`` logit rows."""
+        out = self.model(input_ids=self._ids(tokens), past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        self.forwards += 1
+        return self._logits(out.logits[0])
+
+    def forward_tree(self, tokens: torch.Tensor, positions: torch.Tensor, node_mask: torch.Tensor, tree_start: int) -> torch.Tensor:
+        """Append tree nodes and return the logits of every one of them.
+
+        ``tree_start`` is the cache length where the tree's first node lives; every node sees the
+        whole cache before it, and ``node_mask[i, j]`` says whether new node i sees tree node j
+        (columns cover all tree nodes, the new ones included). ``positions`` are absolute positions.
+        """
+        n = tokens.numel()
+        start = self.length
+        allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+        allowed[:, tree_start:] = node_mask.to(self.device)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=self._ids(tokens),
+            past_key_values=self.cache,
+            use_cache=True,
+            attention_mask=mask[None, None],
+            position_ids=positions.to(self.device, torch.long).reshape(1, -1),
+            cache_position=torch.arange(start, start + n, device=self.device),
+            logits_to_keep=0,
+        )
+        self.forwards += 1
+        return self._logits(out.logits[0])
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions (no copy)."""
+        for layer in self.cache.layers:
+            layer.truncate(length)
+
+    def compact(self, start: int, keep: torch.Tensor | Sequence[int]) -> None:
+        """Keep the cached slots ``start + keep`` (e.g. an accepted tree path) right after ``start``."""
+        keep = torch.as_tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.compact(start, keep)

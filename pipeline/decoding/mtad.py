@@ -1,0 +1,42 @@
+"""mtad: multi-token approximate decoding (Qin et al., ICLR 2025).
+
+The draft proposes gamma tokens by beam sampling (W beams, best beam by weight); the target
+accepts the longest prefix whose joint-likelihood ratio min(1, p(x_1..j) / q(x_1..j)) exceeds
+tau, then draws the next token from its own row (no residual). Lossy by design: tau = 1 is plain
+sampling, tau = 0 accepts every draft token. Temperature 0: beam-search drafts, greedy acceptance.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Param, boolean, in_closed, int_at_least, one_of
+from .beam_sampling import BEAM_WEIGHTS, beam_sample
+from .speculative import DraftVerifyDecoder
+from .verification import greedy_verify, mtad_verify
+from .warping import sample
+
+
+class MTADDecoder(DraftVerifyDecoder):
+    name = "mtad"
+    params = {
+        **DraftVerifyDecoder.params,
+        "num_beams": Param(4, int_at_least(1), "beams W of the draft's beam sampling"),
+        "tau": Param(0.5, in_closed(0.0, 1.0), "acceptance threshold on the joint likelihood ratio"),
+        "beam_weights": Param("paper", one_of(*BEAM_WEIGHTS), "paper eq. 2, or the released code's softmax"),
+        "replacement": Param(False, boolean, "sample (beam, token) pairs with replacement"),
+    }
+
+    def propose(self, context, gamma, generator):
+        beam = beam_sample(
+            self.draft, context, gamma, self.num_beams, self.warper, generator, self.beam_weights, self.replacement
+        )
+        return torch.tensor(beam.tokens, device=self.draft.device), beam.log_q
+
+    def verify(self, logits, tokens, log_q, generator):
+        if self.warper.greedy:
+            n, y = greedy_verify(logits.argmax(-1), tokens)
+            return int(n), int(y)
+        P = self.warper(logits)
+        acc, row = mtad_verify(P, log_q, tokens, self.tau)
+        return int(acc), int(sample(row, generator))

@@ -1,0 +1,41 @@
+"""spd: speculative decoding with token verification (Leviathan et al. 2023; Chen et al. 2023).
+
+A chain of gamma draft tokens; accept x_i with probability min(1, p/q) until the first
+rejection, then draw from norm(relu(p - q)), or the bonus row when all pass. Lossless.
+``lenience`` < 1 relaxes acceptance to min(1, p / (l q)) (lossy, Leviathan App. A.5).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Param, in_half_open
+from .drafting import draft_chain
+from .speculative import DraftVerifyDecoder
+from .verification import greedy_verify, lenient_greedy_verify, token_verify
+from .warping import sample
+
+
+class SpeculativeDecoder(DraftVerifyDecoder):
+    name = "spd"
+    lossless = True
+    params = {
+        **DraftVerifyDecoder.params,
+        "lenience": Param(1.0, in_half_open(0.0, 1.0), "1 = exact; < 1 accepts more (lossy)"),
+    }
+
+    def propose(self, context, gamma, generator):
+        draft = draft_chain(self.draft, context, gamma, self.warper, generator)
+        return draft.tokens, draft.probs
+
+    def verify(self, logits, tokens, probs, generator):
+        if self.warper.greedy:
+            if self.lenience < 1.0:
+                n, y = lenient_greedy_verify(logits.softmax(-1), tokens, self.lenience)
+            else:
+                n, y = greedy_verify(logits.argmax(-1), tokens)
+            return int(n), int(y)
+        P = self.warper(logits)
+        u = torch.rand(tokens.shape[0], generator=generator, device=P.device)
+        n, dist = token_verify(P, probs, tokens, u, self.lenience)
+        return int(n), int(sample(dist, generator))

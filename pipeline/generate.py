@@ -1,0 +1,98 @@
+"""Decode one prompt with one method and one pair; print the text and the stats as JSON.
+
+    python -m pipeline.generate method=mtad method.tau=0.3 pair=smollm2-offline prompt="Hello"
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .decoding import build_decoder, check_method, make_generator
+
+
+def method_params(method_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Split a ``conf/method/<name>.yaml`` mapping into (name, decoder parameters)."""
+    cfg = OmegaConf.to_container(method_cfg, resolve=True) if isinstance(method_cfg, DictConfig) else dict(method_cfg)
+    name = cfg.pop("name")
+    return name, cfg
+
+
+def encode_prompt(tokenizer, prompt: str | list[dict[str, str]], chat: bool) -> list[int]:
+    """Chat template (with the generation prompt) for chat models, plain text for base models."""
+    if chat:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(t) for t in ids]
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+    ids = tokenizer(text)["input_ids"]
+    if tokenizer.bos_token_id is not None and (not ids or ids[0] != tokenizer.bos_token_id):
+        ids = [tokenizer.bos_token_id] + ids
+    return ids
+
+
+def eos_ids(tokenizer, model) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config."""
+    ids = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, (list, tuple)) else [source])
+    return sorted(ids)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    from .models import PairSpec, load_pair
+
+    name, params = method_params(cfg.method)
+    pair_spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
+    check_method(name, params, has_draft=pair_spec.draft is not None)  # before any model is loaded
+    pair = load_pair(pair_spec)
+    decoder = build_decoder(name, pair.target, pair.draft, **params)
+    ids = encode_prompt(pair.tokenizer, cfg.prompt, pair_spec.chat)
+    device = next(pair.target.parameters()).device
+    gen = make_generator(cfg.seed, device)
+    start = time.perf_counter()
+    out = decoder.generate(ids, max_new_tokens=cfg.max_new_tokens, eos_token_ids=eos_ids(pair.tokenizer, pair.target), generator=gen)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    return {
+        "method": name,
+        "params": decoder.config,
+        "pair": pair_spec.name,
+        "prompt_tokens": len(ids),
+        "text": pair.tokenizer.decode(out.tokens, skip_special_tokens=True),
+        "new_tokens": len(out.tokens),
+        "steps": out.steps,
+        "draft_steps": out.draft_steps,
+        "accepted": out.accepted,
+        "tokens_per_step": len(out.tokens) / max(out.steps, 1),
+        "seconds": round(elapsed, 4),
+        "tokens_per_s": round(len(out.tokens) / elapsed, 2),
+    }
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
+def main(cfg: DictConfig) -> None:
+    try:
+        result = run(cfg)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(result["text"])
+    print(json.dumps({k: v for k, v in result.items() if k != "text"}))
+
+
+if __name__ == "__main__":
+    main()
