@@ -1,0 +1,392 @@
+"""Energy meters for the measurement window (DESIGN.md section 5, item 7).
+
+By availability, for the device a cell runs on:
+
+1. ``NvmlMeter``: the NVML total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ since
+   driver load, Volta and later) of the cell's own GPU, found by UUID so that ``CUDA_VISIBLE_DEVICES``
+   remapping cannot point it at a neighbour; a 10 Hz power poller runs alongside and its integral
+   is reported as a cross-check. Where the counter is not supported, the poller's integral is the
+   figure and the meter says so (``method``).
+2. ``RaplMeter``: Intel/AMD RAPL package energy from ``/sys/class/powercap`` where readable (CPU runs).
+3. ``NullMeter``: energy recorded as unavailable with the reason. Never an estimate.
+
+Every meter: ``start()`` then ``stop() -> EnergyReading`` around the window (the caller synchronises
+the device first), and ``measure_idle(seconds)`` for the idle power with models resident, from which
+``energy_summary`` derives the idle-subtracted ("dynamic") figures.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+POLL_HZ = 10.0
+IDLE_SECONDS = 10.0
+
+
+@dataclass
+class EnergyReading:
+    """Energy over one window. ``energy_j`` is None exactly when ``available`` is False."""
+
+    meter: str
+    available: bool
+    energy_j: float | None = None
+    duration_s: float = 0.0
+    method: str | None = None  # "counter", "power-poller", "rapl"
+    reason: str | None = None  # why unavailable
+    poller_energy_j: float | None = None
+    poller_samples: int = 0
+    poller_mean_power_w: float | None = None
+    poller_max_gap_s: float | None = None
+    device: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_power_w(self) -> float | None:
+        if self.energy_j is None or self.duration_s <= 0:
+            return None
+        return self.energy_j / self.duration_s
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["mean_power_w"] = self.mean_power_w
+        return out
+
+
+@dataclass
+class IdleReading:
+    """Idle power with the models resident (board power, no work submitted)."""
+
+    available: bool
+    power_w: float | None = None
+    seconds: float = 0.0
+    method: str | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class EnergyMeter:
+    """Base class: one window at a time."""
+
+    name = "none"
+    available = False
+    reason: str | None = None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> EnergyReading:
+        raise NotImplementedError
+
+    def measure_idle(self, seconds: float = IDLE_SECONDS) -> IdleReading:
+        """Average power over ``seconds`` of idling (the caller has synchronised the device)."""
+        if not self.available:
+            return IdleReading(False, reason=self.reason)
+        self.start()
+        time.sleep(seconds)
+        reading = self.stop()
+        if reading.energy_j is None:
+            return IdleReading(False, seconds=reading.duration_s, reason=reading.reason)
+        return IdleReading(True, reading.energy_j / reading.duration_s, reading.duration_s, reading.method)
+
+    def info(self) -> dict[str, Any]:
+        return {"meter": self.name, "available": self.available, "reason": self.reason}
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "EnergyMeter":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.last = self.stop()
+
+
+class NullMeter(EnergyMeter):
+    """No meter for this device: every reading says so, with the reason."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> EnergyReading:
+        duration = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        return EnergyReading(meter="none", available=False, duration_s=duration, reason=self.reason)
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+class _PowerPoller(threading.Thread):
+    """Samples board power at ``hz`` into ``(perf_counter, watts)`` pairs until stopped."""
+
+    def __init__(self, read_watts, hz: float):
+        super().__init__(daemon=True, name="nvml-power-poller")
+        self.read_watts, self.period = read_watts, 1.0 / hz
+        self.samples: list[tuple[float, float]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        next_t = time.perf_counter()
+        while not self._stop_event.is_set():
+            try:
+                self.samples.append((time.perf_counter(), self.read_watts()))
+            except Exception:  # noqa: BLE001 - a failed sample is a gap, visible in max_gap
+                pass
+            next_t += self.period
+            self._stop_event.wait(max(0.0, next_t - time.perf_counter()))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+def integrate_power(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> tuple[float | None, float | None]:
+    """Trapezoidal energy (J) of ``(t, W)`` samples over ``[t0, t1]`` (held flat to the bounds), max gap (s)."""
+    pts = sorted((t, w) for t, w in samples if t0 <= t <= t1)
+    if not pts:
+        return None, None
+    pts = [(t0, pts[0][1])] + pts + [(t1, pts[-1][1])]
+    energy = sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in zip(pts, pts[1:]))
+    gap = max(b[0] - a[0] for a, b in zip(pts, pts[1:]))
+    return energy, gap
+
+
+def cuda_uuid(device: Any) -> str | None:
+    """The NVML-style UUID (``GPU-...`` / ``MIG-...``) of a torch CUDA device, or None."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+class NvmlMeter(EnergyMeter):
+    """NVML energy counter of one GPU (by UUID) with a power poller as cross-check."""
+
+    name = "nvml"
+
+    def __init__(self, uuid: str, poll_hz: float = POLL_HZ):
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.uuid, self.poll_hz = uuid, poll_hz
+        self.handle, self.mig_note = self._handle(uuid)
+        self.device_info = {
+            "uuid": uuid,
+            "name": _text(pynvml.nvmlDeviceGetName(self.handle)),
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+        }
+        if self.mig_note:
+            self.device_info["note"] = self.mig_note
+        self.counter_ok = self._try(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) is not None
+        self.power_field = self._pick_power_field()
+        self.device_info["power_field"] = self.power_field
+        self.available = self.counter_ok or self.power_field is not None
+        self.reason = None if self.available else "NVML reports neither the energy counter nor board power for this GPU"
+        self._poller: _PowerPoller | None = None
+
+    def _handle(self, uuid: str):
+        pynvml = self.nvml
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
+        if uuid.startswith("MIG-"):
+            parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            return parent, "MIG instance: figures are the whole board's, shared with other instances"
+        return handle, None
+
+    @staticmethod
+    def _try(fn):
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
+            return None
+
+    def _instant_power_w(self) -> float:
+        value = self.nvml.nvmlDeviceGetFieldValues(self.handle, [self.nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        if value.nvmlReturn != 0:
+            raise RuntimeError("instant power not available")
+        return value.value.uiVal / 1000.0
+
+    def _average_power_w(self) -> float:
+        return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+
+    def _pick_power_field(self) -> str | None:
+        # Instant power where the driver has it: nvmlDeviceGetPowerUsage is a 1 s moving average on
+        # Ampere and later, which smears a short window.
+        if hasattr(self.nvml, "NVML_FI_DEV_POWER_INSTANT") and self._try(self._instant_power_w):
+            return "instant"
+        if self._try(self._average_power_w) is not None:
+            return "average"
+        return None
+
+    def read_watts(self) -> float:
+        return self._instant_power_w() if self.power_field == "instant" else self._average_power_w()
+
+    def start(self) -> None:
+        if self.power_field is not None:
+            self._poller = _PowerPoller(self.read_watts, self.poll_hz)
+            self._poller.start()
+        self._e0 = self._try(lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) if self.counter_ok else None
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> EnergyReading:
+        t1 = time.perf_counter()
+        e1 = self._try(lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) if self.counter_ok else None
+        samples: list[tuple[float, float]] = []
+        if self._poller is not None:
+            self._poller.stop()
+            samples, self._poller = self._poller.samples, None
+        duration = t1 - self._t0
+        poller_j, gap = integrate_power(samples, self._t0, t1)
+        in_window = [w for t, w in samples if self._t0 <= t <= t1]
+        counter_j = (e1 - self._e0) / 1000.0 if (e1 is not None and self._e0 is not None) else None
+        if counter_j is not None:
+            energy, method = counter_j, "counter"
+        elif poller_j is not None:
+            energy, method = poller_j, "power-poller"
+        else:
+            energy, method = None, None
+        return EnergyReading(
+            meter=self.name,
+            available=energy is not None,
+            energy_j=energy,
+            duration_s=duration,
+            method=method,
+            reason=None if energy is not None else "no counter reading and no power sample in the window",
+            poller_energy_j=poller_j,
+            poller_samples=len(in_window),
+            poller_mean_power_w=(sum(in_window) / len(in_window)) if in_window else None,
+            poller_max_gap_s=gap,
+            device=dict(self.device_info),
+        )
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "counter": self.counter_ok, "poll_hz": self.poll_hz, **self.device_info}
+
+    def close(self) -> None:
+        self._try(self.nvml.nvmlShutdown)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --------------------------------------------------------------------------- RAPL
+
+
+RAPL_ROOT = Path("/sys/class/powercap")
+
+
+def rapl_packages(root: Path = RAPL_ROOT) -> list[Path]:
+    """Package-level RAPL zones (``intel-rapl:N`` named ``package-N``) whose counter is readable."""
+    zones = []
+    for zone in sorted(root.glob("intel-rapl:*")) if root.exists() else []:
+        if zone.name.count(":") != 1:
+            continue  # sub-zones (core, uncore, dram) are inside the package figure
+        try:
+            if (zone / "name").read_text().strip().startswith("package"):
+                int((zone / "energy_uj").read_text())
+                zones.append(zone)
+        except (OSError, ValueError):
+            continue
+    return zones
+
+
+class RaplMeter(EnergyMeter):
+    """Sum of RAPL package counters (wrap-around handled); CPU package energy, not the whole machine."""
+
+    name = "rapl"
+
+    def __init__(self, zones: Sequence[Path]):
+        self.zones = list(zones)
+        self.available = bool(self.zones)
+        self.reason = None if self.zones else "no readable RAPL package counter under /sys/class/powercap"
+        self.max_range = [int((z / "max_energy_range_uj").read_text()) for z in self.zones]
+
+    def _read(self) -> list[int]:
+        return [int((z / "energy_uj").read_text()) for z in self.zones]
+
+    def start(self) -> None:
+        self._e0, self._t0 = self._read(), time.perf_counter()
+
+    def stop(self) -> EnergyReading:
+        e1, t1 = self._read(), time.perf_counter()
+        total_uj = 0
+        for a, b, rng in zip(self._e0, e1, self.max_range):
+            total_uj += b - a if b >= a else b + rng - a  # at most one wrap in a window
+        return EnergyReading(
+            meter=self.name,
+            available=True,
+            energy_j=total_uj / 1e6,
+            duration_s=t1 - self._t0,
+            method="rapl",
+            device={"zones": [z.name for z in self.zones]},
+        )
+
+
+# --------------------------------------------------------------------------- factory and summary
+
+
+def make_energy_meter(device: Any = None, kind: str = "auto", poll_hz: float = POLL_HZ) -> EnergyMeter:
+    """The best meter for ``device`` (a torch device or string), or a NullMeter saying why none.
+
+    ``kind``: ``auto`` (NVML for CUDA devices, RAPL for the CPU), ``nvml``, ``rapl`` or ``none``.
+    """
+    if kind not in ("auto", "nvml", "rapl", "none"):
+        raise ValueError(f"unknown energy meter {kind!r}; valid: auto, nvml, rapl, none")
+    if kind == "none":
+        return NullMeter("energy measurement switched off")
+    dev_type = "cpu"
+    if device is not None:
+        import torch
+
+        dev_type = torch.device(device).type
+    if kind == "nvml" or (kind == "auto" and dev_type == "cuda"):
+        if dev_type != "cuda":
+            return NullMeter(f"NVML meter asked for a {dev_type} device")
+        try:
+            uuid = cuda_uuid(device)
+            if uuid is None:
+                return NullMeter("no CUDA device visible")
+            meter = NvmlMeter(uuid, poll_hz)
+            return meter if meter.available else NullMeter(meter.reason or "NVML unavailable")
+        except Exception as err:  # noqa: BLE001 - no driver, no library, unknown UUID
+            return NullMeter(f"NVML unavailable: {type(err).__name__}: {err}")
+    if kind == "rapl" or (kind == "auto" and dev_type == "cpu"):
+        meter = RaplMeter(rapl_packages())
+        return meter if meter.available else NullMeter(meter.reason)
+    return NullMeter(f"no energy meter for device type {dev_type!r}")
+
+
+def energy_summary(reading: EnergyReading, idle: IdleReading | None, tokens: int) -> dict[str, Any]:
+    """J/token (total board energy / tokens) and the idle-subtracted ("dynamic") figures; None where unknown."""
+    out: dict[str, Any] = {
+        "energy_available": reading.available,
+        "energy_j": reading.energy_j,
+        "energy_method": reading.method,
+        "energy_unavailable_reason": reading.reason,
+        "j_per_token": None,
+        "idle_power_w": idle.power_w if idle is not None and idle.available else None,
+        "dynamic_energy_j": None,
+        "dynamic_j_per_token": None,
+        "poller_energy_j": reading.poller_energy_j,
+    }
+    if reading.energy_j is not None and tokens > 0:
+        out["j_per_token"] = reading.energy_j / tokens
+    if reading.energy_j is not None and out["idle_power_w"] is not None:
+        out["dynamic_energy_j"] = reading.energy_j - out["idle_power_w"] * reading.duration_s
+        if tokens > 0:
+            out["dynamic_j_per_token"] = out["dynamic_energy_j"] / tokens
+    return out
