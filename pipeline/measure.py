@@ -1,0 +1,421 @@
+"""The measurement window of one cell (DESIGN.md section 5).
+
+    result = run_window(decoder, samples, tokenizer=tok, chat=True, eos_token_ids=[2],
+                        max_new_tokens=128, seed=0, device="cuda", meter=make_energy_meter("cuda"),
+                        warmup_samples=held_out, time_budget_s=600)
+
+Protocol:
+
+1. Prompts are formatted and tokenised before the window (first turns; a later turn of a multi-turn
+   sample needs the previous answer, so it is formatted inside the window, off the decode clock).
+2. Warm-up on samples that are not measured: at least ``warmup_generations`` and ``warmup_seconds``.
+3. Idle power with the models resident (``idle_seconds``), when an energy meter is available.
+4. One window over the slice: synchronise the device, read ``perf_counter`` and the energy counter;
+   decode every sample; synchronise; read both again. Each ``generate`` call is bracketed by its own
+   synchronisation, so ``decode_s`` (the sum of those intervals) is decode time only and
+   ``window_s - decode_s`` is everything else that happened inside the window.
+5. Tokens are the generated ids as the decoder returns them (cut at the first EOS, EOS included),
+   counted the same way for every method; rates and J/token use them. Stop strings (continuation
+   prompts) are applied after the window: they cut the text handed to scoring and give
+   ``counted_tokens``, a separate column.
+6. A time budget (the papers' fixed-time runs) stops starting new samples once the window has lasted
+   ``time_budget_s``; how many finished is recorded.
+7. Detokenisation, perplexity and scoring happen after the window.
+
+Randomness: each generation gets its own generator seeded from ``(seed, sample id, turn)``, so a
+sample's output does not depend on the warm-up, the slice or the budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import resource
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from pipeline.data.base import Prompt, Sample
+from pipeline.energy import EnergyMeter, EnergyReading, IdleReading, NullMeter, energy_summary
+
+Formatter = Callable[[Sample, int, Sequence[str]], Prompt]
+
+
+@dataclass
+class GenerationRecord:
+    """One generation (one turn of one sample)."""
+
+    id: str
+    turn: int
+    prompt_style: str
+    prompt_text: str
+    prompt_ids: list[int]
+    tokens: list[int]
+    new_tokens: int
+    steps: int
+    draft_steps: int
+    accepted: list[int]
+    decode_s: float
+    hit_eos: bool
+    answer_prefix: str = ""
+    text: str | None = None  # detokenised after the window
+    prediction: str | None = None  # answer_prefix + text cut at a stop string: what a scorer gets
+    counted_tokens: int | None = None  # tokens up to the stop string (new_tokens without one)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["tokens_per_s"] = self.tokens_per_s
+        return out
+
+
+@dataclass
+class WindowResult:
+    """Everything measured in one cell's window; ``summary()`` gives the flat metrics."""
+
+    records: list[GenerationRecord]
+    window_s: float
+    decode_s: float
+    samples_total: int
+    samples_finished: int
+    time_budget_s: float | None
+    budget_exhausted: bool
+    warmup: dict[str, Any]
+    energy: EnergyReading
+    idle: IdleReading | None
+    peak_memory: dict[str, Any]
+    device: dict[str, Any]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        recs = self.records
+        tokens = sum(r.new_tokens for r in recs)
+        steps = sum(r.steps for r in recs)
+        per_sample_rates = [r.tokens_per_s for r in recs if r.decode_s > 0]
+        per_sample_accept = [r.new_tokens / r.steps for r in recs if r.steps > 0]
+        out: dict[str, Any] = {
+            "generations": len(recs),
+            "samples_total": self.samples_total,
+            "samples_finished": self.samples_finished,
+            "budget_exhausted": self.budget_exhausted,
+            "time_budget_s": self.time_budget_s,
+            "new_tokens": tokens,
+            "counted_tokens": sum(r.counted_tokens if r.counted_tokens is not None else r.new_tokens for r in recs),
+            "window_s": self.window_s,
+            "decode_s": self.decode_s,
+            "other_in_window_s": self.window_s - self.decode_s,
+            "tokens_per_s": tokens / self.decode_s if self.decode_s > 0 else float("nan"),
+            "tokens_per_s_window": tokens / self.window_s if self.window_s > 0 else float("nan"),
+            "tokens_per_s_mean_of_samples": _mean(per_sample_rates),
+            "target_steps": steps,
+            "draft_steps": sum(r.draft_steps for r in recs),
+            "prefills": len(recs),
+            "accepted_per_step": tokens / steps if steps > 0 else float("nan"),
+            "accepted_per_step_mean_of_samples": _mean(per_sample_accept),
+            "warmup_generations": self.warmup.get("generations"),
+            "warmup_s": self.warmup.get("seconds"),
+            **{f"peak_memory_{k}": v for k, v in self.peak_memory.items()},
+        }
+        out.update(energy_summary(self.energy, self.idle, tokens))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary(),
+            "energy": self.energy.to_dict(),
+            "idle": self.idle.to_dict() if self.idle else None,
+            "warmup": self.warmup,
+            "device": self.device,
+            "settings": self.settings,
+            "records": [r.to_dict() for r in self.records],
+        }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+# --------------------------------------------------------------------------- device helpers
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for all queued work on ``device`` (a no-op on the CPU)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+    elif dev.type == "xpu":
+        torch.xpu.synchronize(dev)
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def peak_memory(device: torch.device | str) -> dict[str, Any]:
+    """Peak device memory since the last reset (bytes); on the CPU only the process's lifetime peak RSS."""
+    dev = torch.device(device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    if dev.type == "cuda":
+        return {
+            "allocated_bytes": int(torch.cuda.max_memory_allocated(dev)),
+            "reserved_bytes": int(torch.cuda.max_memory_reserved(dev)),
+            "process_max_rss_bytes": rss,
+        }
+    return {"allocated_bytes": None, "reserved_bytes": None, "process_max_rss_bytes": rss}
+
+
+def environment_info(device: torch.device | str) -> dict[str, Any]:
+    """Device name and UUID, library versions and git commit, for the cell's record (step 1)."""
+    import transformers
+
+    dev = torch.device(device)
+    info: dict[str, Any] = {
+        "device": str(dev),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "host_cpu": platform.processor() or platform.machine(),
+        "git_commit": _git_commit(),
+    }
+    if dev.type == "cuda":
+        from pipeline.energy import cuda_uuid
+
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        info["gpu_name"] = torch.cuda.get_device_name(index)
+        info["gpu_uuid"] = cuda_uuid(torch.device("cuda", index))
+        info["cuda"] = torch.version.cuda
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+        except Exception:  # noqa: BLE001 - the record says it is missing
+            info["driver"] = None
+    return info
+
+
+def _git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def sample_seed(seed: int, sample_id: str, turn: int) -> int:
+    """A 63-bit seed for one generation, independent of order, slice and warm-up."""
+    digest = hashlib.sha256(f"{seed}\x00{sample_id}\x00{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+# --------------------------------------------------------------------------- stop strings
+
+
+def cut_at_stop(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str], skip_special_tokens: bool = True) -> tuple[str, int]:
+    """Text up to the first stop string, and the number of tokens needed to produce it (stop included)."""
+    text = tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
+    positions = [text.find(s) for s in stop_strings if s and text.find(s) >= 0]
+    if not positions:
+        return text, len(tokens)
+    cut = min(positions)
+    stop_end = cut + next(len(s) for s in stop_strings if s and text.find(s) == cut)
+    # the shortest token prefix whose text reaches the end of the stop string
+    lo, hi = 1, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(list(tokens[:mid]), skip_special_tokens=skip_special_tokens)) >= stop_end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[:cut], lo
+
+
+# --------------------------------------------------------------------------- the window
+
+
+def _generate_timed(decoder: Any, input_ids: list[int], device, max_new_tokens: int, eos, generator):
+    synchronize(device)
+    t0 = time.perf_counter()
+    gen = decoder.generate(input_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos, generator=generator)
+    synchronize(device)
+    return gen, time.perf_counter() - t0
+
+
+def warm_up(
+    decoder: Any,
+    prompts: Sequence[list[int]],
+    *,
+    device,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    seed: int,
+    min_generations: int = 3,
+    min_seconds: float = 10.0,
+    max_generations: int | None = None,
+) -> dict[str, Any]:
+    """Generate on ``prompts`` (cycled) until both minimums are met (or ``max_generations``, if set)."""
+    if not prompts or (min_generations <= 0 and min_seconds <= 0):
+        return {"generations": 0, "seconds": 0.0}
+    from pipeline.decoding.warping import make_generator
+
+    start, count = time.perf_counter(), 0
+    while (max_generations is None or count < max_generations) and (
+        count < min_generations or time.perf_counter() - start < min_seconds
+    ):
+        generator = make_generator(sample_seed(seed, "__warmup__", count), device)
+        _generate_timed(decoder, list(prompts[count % len(prompts)]), device, max_new_tokens, eos_token_ids, generator)
+        count += 1
+    return {"generations": count, "seconds": time.perf_counter() - start}
+
+
+def run_window(
+    decoder: Any,
+    samples: Sequence[Sample],
+    *,
+    tokenizer: Any,
+    eos_token_ids: Sequence[int],
+    max_new_tokens: int,
+    seed: int,
+    device: torch.device | str = "cpu",
+    chat: bool | None = None,
+    formatter: Formatter | None = None,
+    meter: EnergyMeter | None = None,
+    warmup_samples: Sequence[Sample] = (),
+    warmup_generations: int = 3,
+    warmup_seconds: float = 10.0,
+    idle_seconds: float = 10.0,
+    time_budget_s: float | None = None,
+    stop_strings: Sequence[str] = (),
+    max_turns: int | None = None,
+) -> WindowResult:
+    """Warm up, measure idle power, then decode ``samples`` inside one timed, metered window.
+
+    ``formatter(sample, turn, previous_answers) -> Prompt`` builds prompts (default: the dataset's
+    own formatting via ``pipeline.data.format_sample`` with ``chat``). Multi-turn samples are answered
+    turn by turn (``max_turns`` caps them). Without warm-up samples the warm-up reuses the first
+    samples' prompts (recorded as ``warmup.on_measured_samples``).
+    """
+    from pipeline.decoding.warping import make_generator
+
+    if formatter is None:
+        if chat is None:
+            raise ValueError("pass `chat` (the pair's prompt style) or a `formatter`")
+        from pipeline.data import format_sample
+
+        def formatter(sample: Sample, turn: int, answers: Sequence[str]) -> Prompt:
+            return format_sample(sample, tokenizer, chat=chat, turn=turn, answers=answers)
+
+    device = torch.device(device)
+    meter = meter or NullMeter("no energy meter given")
+    eos = [int(t) for t in eos_token_ids]
+
+    # 1. first-turn prompts, outside the window
+    first_prompts = [formatter(s, 0, ()) for s in samples]
+    warm_source = list(warmup_samples)
+    warm_prompts = [formatter(s, 0, ()).input_ids for s in warm_source]
+    on_measured = False
+    if not warm_prompts:
+        warm_prompts, on_measured = [p.input_ids for p in first_prompts[:3]], True
+
+    # 2. warm-up, 3. idle power
+    warm = warm_up(
+        decoder, warm_prompts, device=device, max_new_tokens=max_new_tokens, eos_token_ids=eos, seed=seed,
+        min_generations=warmup_generations, min_seconds=warmup_seconds,
+    )
+    warm["on_measured_samples"] = on_measured
+    synchronize(device)
+    idle = meter.measure_idle(idle_seconds) if (meter.available and idle_seconds > 0) else None
+
+    # 4. the window
+    records: list[GenerationRecord] = []
+    finished, exhausted, decode_s = 0, False, 0.0
+    reset_peak_memory(device)
+    synchronize(device)
+    meter.start()
+    window_t0 = time.perf_counter()
+    for sample, first in zip(samples, first_prompts):
+        if time_budget_s is not None and time.perf_counter() - window_t0 >= time_budget_s:
+            exhausted = True
+            break
+        answers: list[str] = []
+        n_turns = sample.num_turns if max_turns is None else min(sample.num_turns, max_turns)
+        for turn in range(n_turns):
+            prompt = first if turn == 0 else formatter(sample, turn, answers)  # off the decode clock
+            generator = make_generator(sample_seed(seed, sample.id, turn), device)
+            gen, dt = _generate_timed(decoder, prompt.input_ids, device, max_new_tokens, eos, generator)
+            decode_s += dt
+            records.append(
+                GenerationRecord(
+                    id=sample.id, turn=turn, prompt_style=prompt.style, prompt_text=prompt.text,
+                    prompt_ids=list(prompt.input_ids), tokens=list(gen.tokens), new_tokens=len(gen.tokens),
+                    steps=gen.steps, draft_steps=gen.draft_steps, accepted=list(gen.accepted),
+                    decode_s=dt, hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
+                    answer_prefix=prompt.answer_prefix,
+                )
+            )
+            if turn + 1 < n_turns:
+                answers.append(tokenizer.decode(gen.tokens, skip_special_tokens=True))
+        finished += 1
+    synchronize(device)
+    window_s = time.perf_counter() - window_t0
+    reading = meter.stop()
+    memory = peak_memory(device)
+
+    # 7. after the window: detokenise, cut at stop strings
+    for rec in records:
+        text, counted = cut_at_stop(tokenizer, rec.tokens, stop_strings) if stop_strings else (
+            tokenizer.decode(rec.tokens, skip_special_tokens=True), rec.new_tokens)
+        rec.text = tokenizer.decode(rec.tokens, skip_special_tokens=True)
+        rec.prediction = rec.answer_prefix + text
+        rec.counted_tokens = counted
+
+    return WindowResult(
+        records=records,
+        window_s=window_s,
+        decode_s=decode_s,
+        samples_total=len(samples),
+        samples_finished=finished,
+        time_budget_s=time_budget_s,
+        budget_exhausted=exhausted,
+        warmup=warm,
+        energy=reading,
+        idle=idle,
+        peak_memory=memory,
+        device=environment_info(device),
+        settings={
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "eos_token_ids": eos,
+            "stop_strings": list(stop_strings),
+            "meter": meter.info(),
+            "idle_seconds": idle_seconds,
+            "warmup_generations_min": warmup_generations,
+            "warmup_seconds_min": warmup_seconds,
+        },
+    )
+
+
+def predictions_for_scoring(result: WindowResult) -> list[dict[str, Any]]:
+    """Per-sample predictions in the scorers' JSONL shape (multi-turn samples: the list of answers)."""
+    by_id: dict[str, list[GenerationRecord]] = {}
+    for rec in result.records:
+        by_id.setdefault(rec.id, []).append(rec)
+    out = []
+    for sid, recs in by_id.items():
+        recs.sort(key=lambda r: r.turn)
+        prediction: Any = recs[0].prediction if len(recs) == 1 else [r.prediction for r in recs]
+        out.append({"id": sid, "prediction": prediction, "format": recs[0].prompt_style})
+    return out

@@ -1,0 +1,196 @@
+"""The measurement window: protocol, records, decode time apart from everything else, the time budget,
+per-sample seeding, stop strings, peak memory and energy records, with real decoders on tiny models."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from _fixtures_scoring import SHARED_DATA, offline_tokenizer, tiny_lm
+from pipeline import measure
+from pipeline.data import format_sample, load_dataset
+from pipeline.data.base import Sample
+from pipeline.decoding import build_decoder
+from pipeline.energy import RaplMeter
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return offline_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models(tokenizer):
+    vocab = len(tokenizer)
+    return tiny_lm(vocab, seed=0), tiny_lm(vocab, seed=0, layers=1)  # draft = same weights: high acceptance
+
+
+def _samples(n: int = 3, turns: int = 1) -> list[Sample]:
+    words = ["apples", "rivers", "engines", "violins", "glaciers"]
+    return [
+        Sample(id=f"s{i}", dataset="spec_bench", turns=[f"Tell me about {words[i]}."] + ["And more?"] * (turns - 1))
+        for i in range(n)
+    ]
+
+
+def _window(decoder, samples, tokenizer, **kw):
+    kw.setdefault("warmup_generations", 1)
+    kw.setdefault("warmup_seconds", 0.0)
+    kw.setdefault("idle_seconds", 0.0)
+    return measure.run_window(
+        decoder, samples, tokenizer=tokenizer, chat=True, eos_token_ids=[tokenizer.eos_token_id],
+        max_new_tokens=kw.pop("max_new_tokens", 6), seed=kw.pop("seed", 0), device="cpu", **kw,
+    )
+
+
+def test_records_and_summary(models, tokenizer):
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=0.0)
+    result = _window(decoder, _samples(3), tokenizer)
+    s = result.summary()
+    assert len(result.records) == 3 and s["samples_finished"] == s["samples_total"] == 3
+    rec = result.records[0]
+    assert rec.prompt_style == "chat" and "<|im_start|>" in rec.prompt_text
+    assert rec.new_tokens == len(rec.tokens) and 1 <= rec.new_tokens <= 6
+    assert rec.steps == rec.new_tokens and rec.draft_steps == 0 and rec.accepted == [1] * rec.new_tokens
+    assert rec.text == tokenizer.decode(rec.tokens, skip_special_tokens=True) == rec.prediction
+    assert s["new_tokens"] == sum(r.new_tokens for r in result.records)
+    assert 0 < s["decode_s"] <= s["window_s"]
+    assert s["tokens_per_s"] == pytest.approx(s["new_tokens"] / s["decode_s"])
+    assert s["target_steps"] == sum(r.steps for r in result.records) and s["prefills"] == 3
+    assert s["warmup_generations"] == 1 and result.warmup["on_measured_samples"] is True
+    # CPU: no device-memory figure, and energy recorded as unavailable (no RAPL here) or measured
+    assert s["peak_memory_allocated_bytes"] is None and s["peak_memory_process_max_rss_bytes"] > 0
+    if not result.energy.available:
+        assert s["energy_j"] is None and s["j_per_token"] is None and s["energy_unavailable_reason"]
+    assert result.device["torch"] == torch.__version__ and "git_commit" in result.device
+
+
+def test_speculative_decoder_counts(models, tokenizer):
+    target, draft = models
+    decoder = build_decoder("spd", target, draft, temperature=0.0, gamma=3)
+    ar = build_decoder("ar", target, None, temperature=0.0)
+    spec = _window(decoder, _samples(2), tokenizer, max_new_tokens=10)
+    base = _window(ar, _samples(2), tokenizer, max_new_tokens=10)
+    assert [r.tokens for r in spec.records] == [r.tokens for r in base.records]  # lossless at temperature 0
+    s = spec.summary()
+    assert s["draft_steps"] > 0
+    assert s["accepted_per_step"] == pytest.approx(s["new_tokens"] / s["target_steps"])
+
+
+def test_same_seed_same_output_independent_of_slice_and_warmup(models, tokenizer):
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=1.0, top_k=0, top_p=1.0)
+    samples = _samples(3)
+    full = _window(decoder, samples, tokenizer, max_new_tokens=8, seed=7)
+    alone = _window(decoder, samples[2:], tokenizer, max_new_tokens=8, seed=7, warmup_generations=3)
+    assert full.records[2].tokens == alone.records[0].tokens
+    other = _window(decoder, samples[2:], tokenizer, max_new_tokens=8, seed=8)
+    assert other.records[0].tokens != alone.records[0].tokens
+
+
+def test_non_decode_work_is_outside_decode_time(models, tokenizer):
+    """Formatting the second turn (inside the window) does not count as decode time."""
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=0.0)
+
+    def slow_formatter(sample, turn, answers):
+        if turn > 0:
+            time.sleep(0.3)  # stands for detokenising and re-tokenising a long conversation
+        return format_sample(sample, tokenizer, chat=True, turn=turn, answers=answers)
+
+    result = _window(decoder, _samples(2, turns=2), tokenizer, formatter=slow_formatter)
+    s = result.summary()
+    assert len(result.records) == 4 and [r.turn for r in result.records] == [0, 1, 0, 1]
+    assert s["other_in_window_s"] >= 0.6
+    assert s["decode_s"] == pytest.approx(sum(r.decode_s for r in result.records))
+    assert s["tokens_per_s"] > s["tokens_per_s_window"]
+    # the second turn's prompt holds the first answer
+    first_answer = tokenizer.decode(result.records[0].tokens, skip_special_tokens=True)
+    assert first_answer in result.records[1].prompt_text
+
+
+class _SlowDecoder:
+    """A real decoder that also waits, to make the time budget deterministic."""
+
+    def __init__(self, inner, pause_s):
+        self.inner, self.pause_s = inner, pause_s
+
+    def generate(self, input_ids, **kw):
+        time.sleep(self.pause_s)
+        return self.inner.generate(input_ids, **kw)
+
+
+def test_time_budget_records_how_many_finished(models, tokenizer):
+    target, _ = models
+    decoder = _SlowDecoder(build_decoder("ar", target, None, temperature=0.0), 0.25)
+    result = _window(decoder, _samples(5), tokenizer, time_budget_s=0.4, warmup_generations=0)
+    s = result.summary()
+    assert s["budget_exhausted"] is True and s["samples_total"] == 5
+    assert s["samples_finished"] == 2 and len(result.records) == 2
+    unlimited = _window(decoder, _samples(2), tokenizer, warmup_generations=0)
+    assert unlimited.summary()["budget_exhausted"] is False
+
+
+def test_warmup_honours_both_minimums(models, tokenizer):
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=0.0)
+    prompts = [format_sample(s, tokenizer, chat=True).input_ids for s in _samples(2)]
+    out = measure.warm_up(decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0,
+                          min_generations=3, min_seconds=0.0)
+    assert out["generations"] == 3
+    out = measure.warm_up(decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0,
+                          min_generations=1, min_seconds=0.3)
+    assert out["seconds"] >= 0.3 and out["generations"] >= 1
+
+
+def test_stop_strings_cut_text_and_counted_tokens(tokenizer):
+    ids = tokenizer("    return x + 1\n\ndef other():\n    pass", add_special_tokens=False)["input_ids"]
+    text, counted = measure.cut_at_stop(tokenizer, ids, ["\ndef "])
+    assert text == "    return x + 1\n"
+    assert tokenizer.decode(ids[:counted]).find("\ndef ") >= 0
+    assert tokenizer.decode(ids[: counted - 1]).find("\ndef ") < 0
+    assert measure.cut_at_stop(tokenizer, ids, ["zzz"]) == (tokenizer.decode(ids), len(ids))
+
+
+def test_energy_record_with_an_available_meter(models, tokenizer, tmp_path):
+    """With a readable counter (a RAPL tree here) idle power and J/token are filled in."""
+    zone = tmp_path / "intel-rapl:0"
+    zone.mkdir()
+    (zone / "name").write_text("package-0")
+    (zone / "energy_uj").write_text("1000")
+    (zone / "max_energy_range_uj").write_text("100000000")
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=0.0)
+    result = _window(decoder, _samples(1), tokenizer, meter=RaplMeter([zone]), idle_seconds=0.05)
+    s = result.summary()
+    assert result.idle is not None and result.idle.available and s["idle_power_w"] == 0.0
+    assert s["energy_available"] and s["j_per_token"] == 0.0 and s["dynamic_j_per_token"] == 0.0
+
+
+def test_predictions_for_scoring_shapes(models, tokenizer):
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=0.0)
+    result = _window(decoder, _samples(1, turns=2) + _samples(2)[1:], tokenizer, max_turns=2)
+    preds = measure.predictions_for_scoring(result)
+    assert isinstance(preds[0]["prediction"], list) and len(preds[0]["prediction"]) == 2
+    assert preds[0]["format"] == "chat" and isinstance(preds[1]["prediction"], str)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "spider").exists(), reason="offline Spider copy not present")
+def test_continuation_prompt_answer_prefix(models, tokenizer):
+    """Base-model prompts: Spider's continuation ends with SELECT, which the prediction starts with."""
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=0.0)
+    samples = load_dataset("spider", SHARED_DATA / "spider", limit=1)
+    result = measure.run_window(
+        decoder, samples, tokenizer=tokenizer, chat=False, eos_token_ids=[2], max_new_tokens=4, seed=0,
+        warmup_generations=0, warmup_seconds=0, idle_seconds=0, stop_strings=[";"],
+    )
+    rec = result.records[0]
+    assert rec.prompt_style == "continuation" and rec.prompt_text.endswith("SELECT")
+    assert rec.prediction.startswith("SELECT")
