@@ -1,0 +1,118 @@
+"""Datasets: registry, offline loading of every dataset, ids the scorers use, slicing, local-file formats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _fixtures_scoring import SHARED_DATA
+from pipeline.data import DATASETS, dataset_module, load_dataset, stop_strings
+
+needs_data = pytest.mark.skipif(not SHARED_DATA.exists(), reason="offline data folder not present")
+
+
+def test_registry_and_unknown_name():
+    assert set(DATASETS) == {"humaneval", "spider", "mt_bench", "spec_bench", "cnn_dm", "chatgpt_prompts", "chatalpaca"}
+    for name in DATASETS:
+        module = dataset_module(name)
+        assert module.NAME == name and callable(module.load) and callable(module.continuation)
+    with pytest.raises(ValueError, match="valid datasets"):
+        load_dataset("gsm8k")
+
+
+def test_humaneval_from_the_package():
+    samples = load_dataset("humaneval")
+    assert len(samples) == 164 and samples[0].id == "HumanEval/0"
+    ref = samples[0].reference
+    assert ref["entry_point"] == "has_close_elements" and "def check" in ref["test"]
+    assert samples[0].turns[0] == ref["prompt"]
+
+
+@needs_data
+def test_spider_ids_are_positions_in_dev_json():
+    samples = load_dataset("spider", SHARED_DATA / "spider")
+    dev = json.loads((SHARED_DATA / "spider" / "dev.json").read_text())
+    assert len(samples) == len(dev) == 710
+    for i in (0, 355, 709):
+        assert samples[i].id == str(i) and samples[i].turns == [dev[i]["question"]]
+        assert samples[i].reference["query"] == dev[i]["query"]
+    schema = samples[0].meta["schema"]
+    assert schema.startswith("CREATE TABLE") and schema.count("CREATE TABLE") == 4
+
+
+def test_spider_needs_databases():
+    with pytest.raises(ValueError, match="databases"):
+        load_dataset("spider")
+
+
+@needs_data
+def test_mt_bench_two_turns_and_references():
+    samples = load_dataset("mt_bench", SHARED_DATA / "mt_bench")
+    assert len(samples) == 64 and all(s.num_turns == 2 for s in samples)
+    by_cat = {}
+    for s in samples:
+        by_cat.setdefault(s.category, []).append(s)
+    assert len(by_cat) == 8 and all(len(v) == 8 for v in by_cat.values())
+    assert all(s.reference for s in by_cat["math"]) and not any(s.reference for s in by_cat["writing"])
+    assert samples[0].id == "81"
+
+
+@needs_data
+def test_spec_bench_groups_and_references():
+    samples = load_dataset("spec_bench", SHARED_DATA / "spec_bench")
+    assert len(samples) == 464
+    groups = {}
+    for s in samples:
+        groups.setdefault(s.meta["group"], []).append(s)
+    assert set(groups) == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert all(len(groups[g]) == 80 for g in groups if g != "mt_bench") and len(groups["mt_bench"]) == 64
+    summ = load_dataset("spec_bench", SHARED_DATA / "spec_bench", groups=["summarization"])
+    assert len(summ) == 80 and all(isinstance(s.reference, str) and s.reference for s in summ)
+    with pytest.raises(ValueError, match="groups"):
+        load_dataset("spec_bench", SHARED_DATA / "spec_bench", groups=["poetry"])
+    with pytest.raises(ValueError, match="no official Hub copy"):
+        load_dataset("spec_bench")
+
+
+@needs_data
+def test_cnn_dm_offline_sample_is_speed_only():
+    samples = load_dataset("cnn_dm", SHARED_DATA / "cnn_dailymail_sample" / "specbench_cnndm_80.jsonl")
+    assert len(samples) == 80 and samples[0].id == "241"
+    assert samples[0].reference is None and samples[0].turns[0].startswith("Summarize: ")
+
+
+def test_cnn_dm_with_highlights_from_a_local_file(tmp_path):
+    rows = [{"id": "abc", "article": "A long article.", "highlights": "Short."}]
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (s,) = load_dataset("cnn_dm", path)
+    assert s.id == "abc" and s.reference == "Short."
+
+
+def test_chatgpt_prompts_and_chatalpaca_local_files(tmp_path):
+    csv = tmp_path / "prompts.csv"
+    csv.write_text('act,prompt\nLinux Terminal,"I want you to act as a linux terminal."\nPoet,"Write a poem."\n')
+    samples = load_dataset("chatgpt_prompts", csv)
+    assert [s.id for s in samples] == ["0", "1"] and samples[0].category == "Linux Terminal"
+    conv = tmp_path / "chatalpaca-10k.json"
+    conv.write_text(
+        json.dumps({"id": "7", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"},
+                                                  {"from": "human", "value": "More"}]}) + "\n"
+        + json.dumps({"id": "8", "conversations": [{"from": "human", "value": "Q"}]}) + "\n"
+    )
+    samples = load_dataset("chatalpaca", conv)
+    assert [(s.id, s.turns) for s in samples] == [("7", ["Hi"]), ("8", ["Q"])]
+    assert load_dataset("chatalpaca", conv, max_turns=None)[0].turns == ["Hi", "More"]
+
+
+def test_slicing():
+    assert [s.id for s in load_dataset("humaneval", start=10, limit=2)] == ["HumanEval/10", "HumanEval/11"]
+    assert [s.id for s in load_dataset("humaneval", ids=["HumanEval/5", "HumanEval/1"])] == ["HumanEval/1", "HumanEval/5"]
+    with pytest.raises(KeyError):
+        load_dataset("humaneval", ids=["HumanEval/999"])
+
+
+def test_stop_strings_only_for_continuation_prompts():
+    assert stop_strings("humaneval", chat=True) == ()
+    assert "\ndef " in stop_strings("humaneval", chat=False)
