@@ -10,6 +10,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tiny models gain nothing from intra-op threads, and oversubscribed threads slow CPUs badly.
+torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
