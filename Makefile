@@ -21,7 +21,7 @@ $(STAMP): requirements.lock pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m pipeline.demo $(ARGS)
+	for m in ar spd block mtad mtjd; do $(PY) -m pipeline.generate method=$$m max_new_tokens=64 $(ARGS) || exit 1; done
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
