@@ -64,6 +64,8 @@ def make_student(target, *, hidden_size: int, num_layers: int, intermediate_size
         proj = emb @ vh[:hidden_size].T
         proj = proj * (emb.norm(dim=1).mean() / proj.norm(dim=1).mean())
         student.get_input_embeddings().weight.data.copy_(proj)
+        # the final norm's output has RMS ~1 per coordinate: scale it so initial logits have std ~2
+        student.model.norm.weight.data.fill_(2.0 / float(proj.norm(dim=1).mean()))
     student.tie_weights()
     return student
 
@@ -465,7 +467,8 @@ def run(cfg) -> dict:
     generate_teacher_data(
         target, tok, data_dir, n_prompts=d.n_prompts, tf_fraction=d.tf_fraction, batch_size=d.batch_size,
         max_new_tokens=d.max_new_tokens, top_k_store=d.top_k_store, sample_top_k=d.sample_top_k,
-        sample_top_p=d.sample_top_p, seed=cfg.seed, time_budget_s=d.time_budget_s, log=log)
+        sample_top_p=d.sample_top_p, seed=cfg.seed, time_budget_s=d.time_budget_s,
+        max_shards=d.get("max_shards"), log=log)
     new_gen_s = time.time() - t0
     stamp = data_dir / "wall_s.json"
     wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0

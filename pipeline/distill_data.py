@@ -356,11 +356,12 @@ def build_tf_sequences(tokenizer, n: int, seed: int, max_len: int) -> list[tuple
 def generate_teacher_data(
     target, tokenizer, out_dir: Path, *, n_prompts: int, tf_fraction: float, batch_size: int,
     max_new_tokens: int, top_k_store: int, sample_top_k: int, sample_top_p: float, seed: int,
-    time_budget_s: float, max_tf_len: int = 320, log=print,
+    time_budget_s: float, max_shards: int | None = None, max_tf_len: int = 320, log=print,
 ) -> None:
     """Write teacher shards to ``out_dir`` until ``n_prompts`` are done or the time budget is spent.
 
-    Shards alternate between sampled answers (``gen``) and teacher-forced stdlib sources (``tf``) so
+    ``max_shards`` stops after that many shards (a run cut by the time budget is reproduced exactly
+    by setting it to the number of shards the run wrote). Shards alternate between sampled answers (``gen``) and teacher-forced stdlib sources (``tf``) so
     that any prefix of the run holds both, in the proportion ``tf_fraction`` of shards.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -378,7 +379,7 @@ def generate_teacher_data(
     shard, pi, ti, total = 0, 0, 0, 0
     done = {p.name for p in out_dir.glob("shard-*.pt")}
     every_tf = max(1, round(1 / tf_fraction) - 1) if tf_fraction > 0 else 0
-    while pi < len(prompts) or ti < len(tf_seqs):
+    while (pi < len(prompts) or ti < len(tf_seqs)) and (max_shards is None or shard < max_shards):
         use_tf = tf_fraction > 0 and ti < len(tf_seqs) and (pi >= len(prompts) or (shard % (every_tf + 1) == every_tf))
         name = f"shard-{shard:04d}.pt"
         if use_tf:
