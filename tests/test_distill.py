@@ -57,7 +57,7 @@ def heldout_for(target, recs):
 
 def run_once(target, recs, seed, steps=30):
     student = make_student(target, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2,
-                           num_kv_heads=1, head_dim=16, seed=seed)
+                           num_kv_heads=1, head_dim=16, seed=seed, init_from_target=False)
     token_map = choose_token_map(recs, 256, 128, always=[0, 1, 2])
     losses = []
 
@@ -79,6 +79,16 @@ def test_sample_answers_records_match_teacher_forcing():
     rows = logp[r["start"] - 1 : len(r["ids"]) - 1]
     assert torch.equal(rows.argmax(-1), r["topk_ids"][:, 0].long())
     assert torch.allclose(rows.max(-1).values, r["topk_logp"][:, 0].float(), atol=1e-2)
+
+
+def test_svd_init_gives_a_better_start_than_random():
+    target = tiny_target()
+    recs = tiny_records(target)
+    held = heldout_for(target, recs)
+    kw = dict(hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16, seed=0)
+    svd = evaluate_alpha(make_student(target, **kw), held, None)["alpha"]
+    rnd = evaluate_alpha(make_student(target, init_from_target=False, **kw), held, None)["alpha"]
+    assert svd > rnd
 
 
 def test_kd_loss_is_zero_at_the_teacher():
@@ -115,7 +125,7 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
             return kd_loss(h, student.get_input_embeddings().weight, token_map, torch.arange(0), t_idx, t_logp).item()
 
     fresh = make_student(target, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1,
-                         head_dim=16, seed=3)
+                         head_dim=16, seed=3, init_from_target=False)
     assert loss_of(s1) < 0.8 * loss_of(fresh)
 
     save_checkpoint(s1, token_map, tmp_path / "draft", "bfloat16")
