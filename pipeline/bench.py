@@ -1,0 +1,380 @@
+"""Benchmark: our decoders against transformers' generate() and assisted generation, and the bound.
+
+    python -m pipeline.bench pair=smollm2-offline gamma=4 repeats=3
+
+For every mode (greedy, sample) it times, on the same pair, prompts and settings:
+transformers ``generate()`` (autoregressive) and assisted generation (``assistant_model=draft``,
+``num_assistant_tokens = gamma``, schedule ``constant``, confidence threshold off), and our
+``ar``, ``spd``, ``block``, ``mtad``. tokens/s is the median over ``repeats`` timed passes after
+``warmup`` untimed ones. It also measures the single-token step time of the target (t_ar) and the
+draft (t_draft), the time of one verification forward over gamma + 1 tokens (t_verify), the
+acceptance rate alpha, and reports Leviathan's bound in both forms:
+
+- ideal:    (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1)),  c = t_draft / t_ar
+- measured: E[tokens per step] * t_ar / (g t_draft + t_verify)
+
+with efficiency = measured speedup over our ``ar`` / measured-cost bound, and the per-step
+overhead outside the two models' forward passes. Results go to ``benchmarks/<name>.md|json``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .decoding import build_decoder, make_generator
+from .decoding.kv import CachedModel
+from .generate import encode_prompt, eos_ids
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Row:
+    impl: str  # ours | transformers
+    method: str
+    mode: str  # greedy | sample
+    tokens_per_s: float
+    tokens: int
+    ratio_to_transformers: float | None = None
+    identical_to_transformers: bool | None = None
+    tokens_per_step: float | None = None
+    alpha: float | None = None
+    c: float | None = None
+    bound: float | None = None
+    bound_ideal: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    overhead_per_step: float | None = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_times(model, prompt: list[int], gamma: int, device, reps: int = 20) -> tuple[float, float]:
+    """Median single-token step time and median (gamma+1)-token forward time, with a KV cache."""
+    cm = CachedModel(model)
+    with torch.inference_mode():
+        cm.prefill(prompt)
+        length = cm.length
+        single, block = [], []
+        for _ in range(reps):
+            _sync(device)
+            t0 = time.perf_counter()
+            cm.forward(prompt[-1:], keep=1)
+            _sync(device)
+            single.append(time.perf_counter() - t0)
+            cm.rollback(length)
+            t0 = time.perf_counter()
+            cm.forward(prompt[-gamma - 1 :], keep=gamma + 1)
+            _sync(device)
+            block.append(time.perf_counter() - t0)
+            cm.rollback(length)
+    return statistics.median(single), statistics.median(block)
+
+
+def leviathan_bound(alpha: float, gamma: int, c: float) -> float:
+    """Ideal improvement factor (Leviathan et al. 2023, section 3)."""
+    if alpha >= 1.0:
+        return (gamma + 1) / (gamma * c + 1)
+    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    return float(gamma + 1) if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def alpha_from_accepted(accepted: list[int], gamma: int) -> float:
+    """MLE of the per-token acceptance rate from tokens emitted per step (token verification).
+
+    A step that emitted n + 1 tokens examined min(n + 1, gamma) drafts and accepted n of them.
+    """
+    acc = examined = 0
+    for emitted in accepted:
+        n = emitted - 1
+        acc += n
+        examined += min(n + 1, gamma)
+    return acc / examined if examined else 0.0
+
+
+class _ForwardClock:
+    """Wall time inside the target's and the draft's forward passes (hooks, synchronised)."""
+
+    def __init__(self, models, device):
+        self.device = device
+        self.inside = 0.0
+        self._t0 = 0.0
+        self._handles = []
+        for model in models:
+            self._handles.append(model.register_forward_pre_hook(self._pre))
+            self._handles.append(model.register_forward_hook(self._post))
+
+    def _pre(self, *args):
+        _sync(self.device)
+        self._t0 = time.perf_counter()
+
+    def _post(self, *args):
+        _sync(self.device)
+        self.inside += time.perf_counter() - self._t0
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+
+
+class Bench:
+    def __init__(self, cfg: DictConfig):
+        from .models import PairSpec, load_pair
+
+        self.cfg = cfg
+        spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
+        if spec.draft is None:
+            raise ValueError(f"pair {spec.name!r} has no draft model: the benchmark compares speculative methods")
+        self.pair = load_pair(spec)
+        self.device = next(self.pair.target.parameters()).device
+        self.prompts = [encode_prompt(self.pair.tokenizer, p, spec.chat) for p in cfg.prompts]
+        self.eos = [] if cfg.ignore_eos else eos_ids(self.pair.tokenizer, self.pair.target)
+
+    def _mode_params(self, mode: str) -> dict[str, Any]:
+        if mode == "greedy":
+            return {"temperature": 0.0}
+        return dict(OmegaConf.to_container(self.cfg.sampling, resolve=True))
+
+    def _timed(self, runners: dict[str, Any]) -> dict[str, tuple[float, int, list[list[int]], list[Any]]]:
+        """Median tokens/s of each runner over ``repeats`` passes over all prompts, after warm-up.
+
+        Passes are interleaved (runner A, B, C, A, B, C, ...) so that drifts in machine load hit
+        every implementation alike.
+        """
+        for _ in range(self.cfg.warmup):
+            for run_one in runners.values():
+                for i, ids in enumerate(self.prompts):
+                    run_one(i, ids)
+        rates: dict[str, list[float]] = {k: [] for k in runners}
+        last: dict[str, list[Any]] = {}
+        for _ in range(self.cfg.repeats):
+            for key, run_one in runners.items():
+                tokens, seconds, outs = 0, 0.0, []
+                for i, ids in enumerate(self.prompts):
+                    _sync(self.device)
+                    t0 = time.perf_counter()
+                    out = run_one(i, ids)
+                    _sync(self.device)
+                    seconds += time.perf_counter() - t0
+                    tokens += len(out[0])
+                    outs.append(out)
+                rates[key].append(tokens / seconds)
+                last[key] = outs
+        return {
+            k: (statistics.median(rates[k]), sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], [o[1] for o in last[k]])
+            for k in runners
+        }
+
+    def _with_forward_timers(self, run_one, acc: list[float]):
+        """Wrap a runner so acc = [seconds inside model forwards, seconds in total] accumulate."""
+        acc[:] = [0.0, 0.0]
+        models = [self.pair.target, self.pair.draft]
+
+        def timed(i, ids):
+            clock = _ForwardClock(models, self.device)
+            t0 = time.perf_counter()
+            try:
+                return run_one(i, ids)
+            finally:
+                _sync(self.device)
+                acc[1] += time.perf_counter() - t0
+                acc[0] += clock.inside
+                clock.remove()
+
+        return timed
+
+    def ours(self, method: str, mode: str):
+        params = self._mode_params(mode)
+        if method != "ar":
+            params["gamma"] = self.cfg.gamma
+        if method == "mtad":
+            params.update(OmegaConf.to_container(self.cfg.mtad, resolve=True))
+        dec = build_decoder(method, self.pair.target, self.pair.draft if method != "ar" else None, **params)
+
+        def run_one(i, ids):
+            gen = make_generator(self.cfg.seed + i, self.device)
+            g = dec.generate(ids, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=self.eos, generator=gen)
+            return g.tokens, g
+
+        return run_one
+
+    def transformers(self, assisted: bool, mode: str):
+        target, draft = self.pair.target, self.pair.draft
+        kwargs: dict[str, Any] = dict(max_new_tokens=self.cfg.max_new_tokens, pad_token_id=self.pair.tokenizer.pad_token_id or 0)
+        if self.cfg.ignore_eos:
+            kwargs.update(eos_token_id=None, min_new_tokens=self.cfg.max_new_tokens)
+        if mode == "greedy":
+            kwargs.update(do_sample=False, top_k=None, top_p=None, temperature=None)
+        else:
+            s = self.cfg.sampling
+            kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+        if assisted:
+            draft.generation_config.num_assistant_tokens = self.cfg.gamma
+            draft.generation_config.num_assistant_tokens_schedule = "constant"
+            draft.generation_config.assistant_confidence_threshold = 0.0
+            kwargs.update(
+                assistant_model=draft,
+                num_assistant_tokens=self.cfg.gamma,
+                num_assistant_tokens_schedule="constant",
+                assistant_confidence_threshold=0.0,
+            )
+
+        def run_one(i, ids):
+            torch.manual_seed(self.cfg.seed + i)
+            x = torch.tensor([ids], device=self.device)
+            with torch.inference_mode():
+                out = target.generate(x, attention_mask=torch.ones_like(x), **kwargs)
+            return out[0, len(ids) :].tolist(), None
+
+        return run_one
+
+    def run(self) -> tuple[list[Row], dict[str, Any]]:
+        cfg = self.cfg
+        gamma = cfg.gamma
+        probe = self.prompts[0]
+        t_ar, t_verify = step_times(self.pair.target, probe, gamma, self.device)
+        t_draft, _ = step_times(self.pair.draft, probe, gamma, self.device)
+        c = t_draft / t_ar
+        costs = {"t_ar_ms": t_ar * 1e3, "t_draft_ms": t_draft * 1e3, "t_verify_ms": t_verify * 1e3, "c": c}
+        rows: list[Row] = []
+        for mode in cfg.modes:
+            runners = {("transformers", "ar"): self.transformers(False, mode), ("transformers", "spd"): self.transformers(True, mode)}
+            runners.update({("ours", m): self.ours(m, mode) for m in cfg.methods})
+            timers = {}
+            for key in runners:  # time spent inside the two models' forwards, per runner
+                runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
+            results = self._timed(runners)
+            hf_ar, hf_sd = results[("transformers", "ar")], results[("transformers", "spd")]
+            rows.append(Row("transformers", "ar", mode, hf_ar[0], hf_ar[1]))
+            rows.append(Row("transformers", "spd", mode, hf_sd[0], hf_sd[1]))
+            ours_ar_rate = results[("ours", "ar")][0] if ("ours", "ar") in results else None
+            for method in cfg.methods:
+                rate, tokens, outs, gens = results[("ours", method)]
+                peer = hf_ar if method == "ar" else hf_sd
+                row = Row("ours", method, mode, rate, tokens, ratio_to_transformers=rate / peer[0])
+                if mode == "greedy":
+                    row.identical_to_transformers = outs == hf_ar[2]
+                steps = sum(g.steps for g in gens)
+                new = sum(len(g.tokens) for g in gens)
+                row.tokens_per_step = new / steps
+                # overhead: wall time outside both models' forwards, as a share of the decode time
+                passes = cfg.warmup + cfg.repeats
+                in_forward, total = timers[("ours", method)][0] / passes, timers[("ours", method)][1] / passes
+                row.overhead_per_step = max(0.0, (total - in_forward) / total)
+                if method != "ar":
+                    alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
+                    row.alpha, row.c = alpha, c
+                    row.bound_ideal = leviathan_bound(alpha, gamma, c)
+                    row.bound = row.tokens_per_step * t_ar / (gamma * t_draft + t_verify)
+                    if ours_ar_rate:
+                        row.speedup = rate / ours_ar_rate
+                        row.efficiency = row.speedup / row.bound
+                rows.append(row)
+        return rows, costs
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    import transformers
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": __import__("os").cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        import subprocess
+
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+        ).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[str, Any], command: str, cfg: DictConfig) -> str:
+    lines = [
+        f"# Benchmark `{name}`",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Pair `{cfg.pair.name}`, gamma {cfg.gamma}, {len(cfg.prompts)} prompts x {cfg.max_new_tokens} new tokens"
+        f"{' (EOS ignored)' if cfg.ignore_eos else ''}, median of {cfg.repeats} passes after {cfg.warmup} warm-up; "
+        f"sampling T={cfg.sampling.temperature}, top-k {cfg.sampling.top_k}, top-p {cfg.sampling.top_p}.",
+        "",
+        f"Step costs (median, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, t_draft {costs['t_draft_ms']:.2f} ms, "
+        f"t_verify(gamma+1) {costs['t_verify_ms']:.2f} ms, c = t_draft / t_ar = {costs['c']:.3f}.",
+        "",
+        "| impl | method | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.impl} | {r.method} | {r.mode} | {_fmt(r.tokens_per_s)} | {_fmt(r.ratio_to_transformers)} | "
+            f"{_fmt(r.identical_to_transformers)} | {_fmt(r.tokens_per_step)} | {_fmt(r.alpha, 3)} | {_fmt(r.c, 3)} | "
+            f"{_fmt(r.bound)} | {_fmt(r.bound_ideal)} | {_fmt(r.speedup)} | {_fmt(r.efficiency)} | "
+            f"{_fmt(None if r.overhead_per_step is None else 100 * r.overhead_per_step, 1)}{'%' if r.overhead_per_step is not None else ''} |"
+        )
+    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), ""]
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    try:
+        bench = Bench(cfg)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
+    rows, costs = bench.run()
+    info = machine_info(bench.device)
+    command = "python -m pipeline.bench " + " ".join(sys.argv[1:])
+    md = to_markdown(name, rows, costs, info, command, cfg)
+    out = REPO_ROOT / cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(md)
+    payload = [asdict(r) for r in rows]
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=1))
+    (out / f"{name}.meta.json").write_text(json.dumps({"command": command, "costs": costs, "machine": info, "config": OmegaConf.to_container(cfg, resolve=True)}, indent=1))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
