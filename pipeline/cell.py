@@ -1,0 +1,263 @@
+"""One cell of a sweep: (method, pair, dataset slice, seed), run by one Ray actor in stages.
+
+    result = run_cell(cell)            # in-process (tests, debugging)
+    actor = ray.remote(CellActor).options(num_gpus=1).remote(); ray.get(actor.run.remote(cell))
+
+``cell`` is the plain dict that ``pipeline.sweep`` builds (``key``, ``label``, ``method``, ``pair``,
+``dataset``, ``seed``, ``measure``, ``judge``, ``config``); the result is a plain dict (status, metrics,
+per-generation records, scorer details, device, stage times, error and traceback). Only the driver
+writes to MLflow (DESIGN.md section 7).
+
+Stages (DESIGN.md section 1), each timed in ``result["stages"]``:
+
+1. ``load``: the pair and the decoder; the dataset slice plus warm-up samples from outside it.
+2. ``generate``: ``pipeline.measure.run_window`` (warm-up, idle power, one window over the slice).
+3. ``perplexity``: teacher-forced pass of the unwarped target over prompt + generated ids.
+4. ``score``: the dataset's scorer (HumanEval sandbox, Spider execution, ROUGE) or the MT-Bench judge
+   (only with ``judge.enabled``; otherwise MT-Bench is measured for speed only).
+
+Any exception (CUDA out of memory included) is caught and returned as ``status: failed`` with its
+traceback and the stage it happened in; an actor that dies is recorded as failed by the driver.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import traceback
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
+
+HARNESS_VERSION = "1"  # bump when a change to the harness changes what a cell measures (new cell keys)
+
+
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside Ray
+        pass
+    return None
+
+
+def inject_fault(cell: Mapping[str, Any], stage: str) -> None:
+    """Test-only: fail this cell as ``cell['fault']`` says (``raise``, ``exit`` the process, ``sleep``).
+
+    ``fault`` is a mapping or a list of them: ``{kind, stage (default generate), methods, datasets,
+    seeds, labels, seconds}``; a fault applies to cells matching every list given.
+    """
+    faults = cell.get("fault") or []
+    for fault in [faults] if isinstance(faults, Mapping) else faults:
+        if fault.get("stage", "generate") != stage:
+            continue
+        fields = (("methods", cell["method"]["name"]), ("datasets", cell["dataset"]["name"]), ("seeds", cell["seed"]), ("labels", cell["label"]))
+        if all(fault.get(f) is None or v in fault[f] for f, v in fields):
+            _fail(fault, stage)
+
+
+def _fail(fault: Mapping[str, Any], stage: str) -> None:
+    kind = fault.get("kind", "raise")
+    if kind == "raise":
+        raise RuntimeError(f"injected fault in stage {stage!r} (fault_injection)")
+    if kind == "exit":
+        os._exit(int(fault.get("code", 1)))  # the actor process dies mid-cell
+    if kind == "sleep":
+        time.sleep(float(fault.get("seconds", 3600)))
+        return
+    raise ValueError(f"unknown fault kind {kind!r}; valid: raise, exit, sleep")
+
+
+def load_slice(dataset: Mapping[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """(measured samples, warm-up samples from outside the slice, all samples) of a dataset config."""
+    from pipeline.data import load_dataset
+    from pipeline.data.base import take_slice
+
+    options = dict(dataset.get("options") or {})
+    everything = load_dataset(dataset["name"], dataset.get("path"), dataset.get("split"), **options)
+    measured = take_slice(everything, start=int(dataset.get("start") or 0), limit=dataset.get("limit"), ids=dataset.get("ids"))
+    chosen = {s.id for s in measured}
+    n_warm = int(dataset.get("warmup_samples", 3))
+    if dataset.get("ids") is None:  # prefer the samples right after the slice
+        end = int(dataset.get("start") or 0) + len(measured)
+        rest = everything[end:] + everything[: int(dataset.get("start") or 0)]
+    else:
+        rest = everything
+    warm = [s for s in rest if s.id not in chosen][:n_warm]
+    return measured, warm, everything
+
+
+@contextmanager
+def _stage(result: dict[str, Any], name: str) -> Iterator[None]:
+    result["stage"] = name
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        result["stages"][name] = round(time.perf_counter() - t0, 4)
+
+
+def score_cell(dataset: Mapping[str, Any], samples: list[Any], predictions: list[dict[str, Any]], judge_cfg: Mapping[str, Any] | None, max_turns: int | None) -> dict[str, Any] | None:
+    """The dataset's downstream score (a scorer's result dict), or None where there is none to compute."""
+    from pipeline.data import dataset_module
+
+    scorer = getattr(dataset_module(dataset["name"]), "SCORER", None)
+    by_id = {s.id: s for s in samples}
+    if scorer == "humaneval":
+        from pipeline.scoring import humaneval
+
+        problems = {s.id: {"task_id": s.id, **s.reference} for s in samples}
+        return humaneval.score_predictions(predictions, problems, workers=1, ks=(1,))
+    if scorer == "spider":
+        from pipeline.scoring import spider
+
+        return spider.score_predictions(predictions, by_id)
+    if scorer == "rouge":
+        refs = {s.id: s.reference for s in samples if s.reference}
+        if len(refs) < len(samples):
+            return None  # e.g. the offline CNN/DM sample has no highlights
+        from pipeline.scoring import rouge
+
+        return rouge.score_predictions(predictions, refs)
+    if scorer == "mt_bench" and judge_cfg and judge_cfg.get("enabled"):
+        from pipeline.data.mt_bench import load_judge_prompts
+        from pipeline.scoring import mt_bench
+
+        cfg = {k: v for k, v in judge_cfg.items() if k != "enabled"}
+        judge = mt_bench.make_judge(cfg)
+        templates = load_judge_prompts(dataset.get("path"))
+        turns = tuple(range(1, (max_turns or 2) + 1))
+        return mt_bench.judge_predictions(predictions, by_id, judge, templates, turns=turns)
+    return None
+
+
+def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """Run every stage of one cell; never raises (failures come back as ``status: failed``)."""
+    t_start = time.perf_counter()
+    result: dict[str, Any] = {
+        "cell_key": cell["key"],
+        "status": "failed",
+        "stage": "start",
+        "stages": {},
+        "node_id": _node_id(),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "metrics": {},
+    }
+    try:
+        import torch
+
+        from pipeline.decoding import build_decoder
+        from pipeline.energy import make_energy_meter
+        from pipeline.generate import eos_ids
+        from pipeline.measure import predictions_for_scoring, run_window
+        from pipeline.models import PairSpec, load_pair
+
+        measure = dict(cell["measure"])
+        dataset = dict(cell["dataset"])
+        threads = measure.get("threads")
+        if threads:
+            torch.set_num_threads(int(threads))
+        with _stage(result, "load"):
+            inject_fault(cell, "load")
+            spec = PairSpec.from_config(cell["pair"])
+            pair = load_pair(spec)
+            decoder = build_decoder(cell["method"]["name"], pair.target, pair.draft, **cell["method"]["params"])
+            samples, warm, _ = load_slice({**dataset, "warmup_samples": measure.get("warmup_samples", 3)})
+            device = next(pair.target.parameters()).device
+            meter = make_energy_meter(device, measure.get("energy_meter", "auto"))
+        from pipeline.data import stop_strings
+
+        with _stage(result, "generate"):
+            inject_fault(cell, "generate")
+            window = run_window(
+                decoder, samples, tokenizer=pair.tokenizer, chat=spec.chat,
+                eos_token_ids=eos_ids(pair.tokenizer, pair.target), max_new_tokens=int(dataset["max_new_tokens"]),
+                seed=int(cell["seed"]), device=device, meter=meter, warmup_samples=warm,
+                warmup_generations=int(measure.get("warmup_generations", 3)),
+                warmup_seconds=float(measure.get("warmup_seconds", 10.0)),
+                idle_seconds=float(measure.get("idle_seconds", 10.0)),
+                time_budget_s=dataset.get("time_budget_s"),
+                stop_strings=stop_strings(dataset["name"], spec.chat),
+                max_turns=dataset.get("max_turns"),
+            )
+        summary = window.summary()
+        metrics: dict[str, Any] = dict(summary)
+        records = [r.to_dict() for r in window.records]
+        if measure.get("perplexity", True):
+            from pipeline.scoring.perplexity import pairs_from_records, perplexity
+
+            with _stage(result, "perplexity"):
+                ppl = perplexity(pair.target, pairs_from_records(records)[0])
+            metrics["perplexity"] = ppl["score"]
+            for rec, per in zip(records, ppl["per_sample"]):
+                rec["perplexity"] = per["perplexity"]
+        del decoder, pair
+        scores = None
+        if measure.get("score", True):
+            with _stage(result, "score"):
+                scores = score_cell(dataset, samples, predictions_for_scoring(window), cell.get("judge"), dataset.get("max_turns"))
+        if scores is not None:
+            metrics["score"] = scores.get("score", float("nan"))
+            result["score_metric"] = scores.get("metric")
+            _attach_scores(records, scores)
+        else:
+            result["score_metric"] = "speed_only" if dataset["name"] == "mt_bench" else "none"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        metrics["cell_wall_s"] = time.perf_counter() - t_start
+        metrics.update({f"stage_{k}_s": v for k, v in result["stages"].items()})
+        info = window.to_dict()
+        result.update(
+            status="finished",
+            stage="done",
+            metrics=metrics,
+            records=records,
+            scores=scores,
+            summary=summary,
+            energy=info["energy"],
+            idle=info["idle"],
+            warmup=info["warmup"],
+            device=info["device"],
+            settings=info["settings"],
+        )
+    except Exception as err:  # noqa: BLE001 - every failure becomes a record (OOM included)
+        result["error"] = f"{type(err).__name__}: {err}"
+        result["traceback"] = traceback.format_exc()
+        result["metrics"] = {"cell_wall_s": time.perf_counter() - t_start}
+    return result
+
+
+def _attach_scores(records: list[dict[str, Any]], scores: Mapping[str, Any]) -> None:
+    """Copy per-sample verdicts (HumanEval ``passed``, Spider ``correct``, judge ``score``) onto records."""
+    details = scores.get("details") or []
+    by_id: dict[str, list[Mapping[str, Any]]] = {}
+    for d in details:
+        by_id.setdefault(str(d.get("id")), []).append(d)
+    for rec in records:
+        found = by_id.get(str(rec["id"]), [])
+        turn_match = [d for d in found if d.get("turn") in (None, rec["turn"] + 1)]
+        if turn_match:
+            d = turn_match[0]
+            rec["score_detail"] = {k: d[k] for k in ("passed", "correct", "score", "result") if k in d and not (isinstance(d[k], float) and math.isnan(d[k]))}
+
+
+class CellActor:
+    """The Ray actor of one cell (made remote by the driver with the cell's resources)."""
+
+    def run(self, cell: Mapping[str, Any]) -> dict[str, Any]:
+        return run_cell(cell)
+
+    def node(self) -> str | None:
+        return _node_id()
+
+
+def prepare_pair(pair: Mapping[str, Any]) -> str:
+    """Load a pair once so that one-time conversions (GGUF -> safetensors cache) happen before the cells."""
+    from pipeline.models import load_pair
+
+    load_pair(pair)
+    return pair.get("name", "")

@@ -1,0 +1,61 @@
+"""One cell in-process on tiny models: stages, metrics, records, scoring, failures as records."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_sweep_support import make_project, overrides
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    from pipeline import sweep
+
+    root = make_project(tmp_path_factory.mktemp("cellproj"))
+    return sweep.expand(sweep.compose(overrides(root), root / "conf"), root)
+
+
+def _cell(plan, label, dataset):
+    return next(c for c in plan.cells if c["label"] == label and c["dataset"]["name"] == dataset)
+
+
+def test_cell_runs_every_stage(plan):
+    from pipeline.cell import run_cell
+
+    cell = _cell(plan, "spd", "humaneval")
+    result = run_cell(cell)
+    assert result["status"] == "finished", result.get("traceback")
+    assert set(result["stages"]) == {"load", "generate", "perplexity", "score"}
+    m = result["metrics"]
+    assert m["generations"] == 2 and m["new_tokens"] > 0 and m["tokens_per_s"] > 0
+    assert m["perplexity"] > 1 and 0.0 <= m["score"] <= 1.0 and result["score_metric"] == "pass@1"
+    assert m["draft_steps"] > 0  # speculative method: the draft ran
+    assert len(result["records"]) == 2 and all("prediction" in r and "perplexity" in r for r in result["records"])
+    assert result["warmup"]["generations"] == 1 and result["warmup"]["on_measured_samples"] is False
+
+
+def test_mt_bench_without_judge_is_speed_only(plan):
+    from pipeline.cell import run_cell
+
+    result = run_cell(_cell(plan, "ar", "mt_bench"))
+    assert result["status"] == "finished", result.get("traceback")
+    assert result["score_metric"] == "speed_only" and "score" not in result["metrics"]
+    assert result["metrics"]["generations"] == 4  # 2 samples x 2 turns
+
+
+def test_a_raising_cell_comes_back_failed_with_traceback(plan):
+    from pipeline.cell import run_cell
+
+    cell = dict(_cell(plan, "block", "humaneval"), fault={"kind": "raise"})
+    result = run_cell(cell)
+    assert result["status"] == "failed" and result["stage"] == "generate"
+    assert "injected fault" in result["error"] and "Traceback" in result["traceback"]
+
+
+def test_warmup_samples_are_outside_the_slice(plan):
+    from pipeline.cell import load_slice
+
+    ds = dict(_cell(plan, "ar", "humaneval")["dataset"], warmup_samples=3)
+    measured, warm, everything = load_slice(ds)
+    assert [s.id for s in measured] == ["HumanEval/0", "HumanEval/1"]
+    assert len(warm) == 3 and not {s.id for s in warm} & {s.id for s in measured}

@@ -1,0 +1,61 @@
+"""MLflow layout: cell keys, flattening, runs per cell, resume queries, superseding failed runs."""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.tracking import Tracker, cell_key, flatten, numeric_metrics, resolve_tracking_uri
+
+
+def test_cell_key_is_stable_and_sensitive():
+    a = {"method": {"name": "spd", "params": {"gamma": 4, "top_k": 10}}, "seed": 0}
+    b = {"seed": 0, "method": {"params": {"top_k": 10, "gamma": 4}, "name": "spd"}}  # same content, other order
+    assert cell_key(a) == cell_key(b) and len(cell_key(a)) == 12
+    assert cell_key(a) != cell_key({**a, "seed": 1})
+    assert cell_key(a) != cell_key({**a, "method": {"name": "spd", "params": {"gamma": 5, "top_k": 10}}})
+
+
+def test_flatten_and_metrics():
+    flat = flatten({"method": {"name": "mtad", "tau": 0.5}, "ids": [1, 2], "opt": {}})
+    assert flat == {"method.name": "mtad", "method.tau": 0.5, "ids": "[1, 2]", "opt": "{}"}
+    assert numeric_metrics({"a": 1, "b": float("nan"), "c": None, "d": "x", "e": True}) == {"a": 1.0, "e": 1.0}
+
+
+def test_relative_sqlite_uri_is_anchored(tmp_path):
+    assert resolve_tracking_uri("sqlite:///mlflow.db", tmp_path) == f"sqlite:///{tmp_path}/mlflow.db"
+    assert resolve_tracking_uri("sqlite:////abs/x.db", tmp_path) == "sqlite:////abs/x.db"
+    assert resolve_tracking_uri("http://host:5000", tmp_path) == "http://host:5000"
+
+
+def _cell(key: str, seed: int = 0) -> dict:
+    config = {"cell_key": key, "method": {"name": "spd", "gamma": 4}, "seed": seed}
+    return {"key": key, "label": "spd", "method": {"name": "spd", "params": {"gamma": 4}}, "pair": {"name": "tiny"},
+            "dataset": {"name": "humaneval"}, "seed": seed, "config": config, "sweep": "t"}
+
+
+def test_runs_resume_and_supersede(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tr = Tracker(uri, "t", str(tmp_path / "mlruns"))
+    tr.start_parent("t run", {"sweep": "t"}, {"n": 2})
+    ok = {"status": "finished", "metrics": {"tokens_per_s": 10.0, "bad": float("nan")},
+          "records": [{"id": "a", "text": "x"}], "scores": {"score": 1.0}}
+    tr.log_cell(_cell("k1"), ok)
+    failed_id = tr.log_cell(_cell("k2"), {"status": "failed", "error": "boom", "traceback": "Traceback...", "metrics": {}})
+    tr.end_parent("FINISHED", {"cells_ran": 2})
+    assert set(tr.finished_keys()) == {"k1"} and set(tr.failed_runs()) == {"k2"}
+
+    tr2 = Tracker(uri, "t", str(tmp_path / "mlruns"))  # the next invocation
+    tr2.start_parent("t run 2", {}, {})
+    new_id = tr2.log_cell(_cell("k2"), ok)
+    assert set(tr2.finished_keys()) == {"k1", "k2"} and tr2.failed_runs() == {}
+    old = tr2.client.get_run(failed_id)
+    assert old.info.lifecycle_stage == "deleted" and old.data.tags["superseded_by"] == new_id
+    rows = tr2.rows()
+    assert sorted(r["cell_key"] for r in rows) == ["k1", "k2"]  # one active run per key
+    run = tr2.client.get_run(new_id)
+    assert run.data.params["method.gamma"] == "4" and run.data.metrics["tokens_per_s"] == 10.0
+    assert "bad" not in run.data.metrics and run.data.tags["mlflow.parentRunId"] == tr2.parent_run_id
+    files = {f.path for f in tr2.client.list_artifacts(new_id)}
+    assert {"samples.jsonl", "cell_config.yaml", "result.json", "scores.json"} <= files
+    assert "traceback.txt" in {f.path for f in tr2.client.list_artifacts(failed_id)}
+    assert not math.isnan(rows[0]["tokens_per_s"])
