@@ -26,8 +26,8 @@ class BlockVerificationDecoder(DraftVerifyDecoder):
     def verify(self, logits, tokens, probs, generator):
         if self.warper.greedy:  # block verification adds nothing for one-hot targets
             n, y = greedy_verify(logits.argmax(-1), tokens)
-            return int(n), int(y)
+            return n, y
         P = self.warper(logits)
         eta = torch.rand(tokens.shape[0], generator=generator, device=P.device)
         tau, dist = block_verify(P, probs, tokens, eta)
-        return int(tau), int(sample(dist, generator))
+        return tau, sample(dist, generator)

@@ -36,7 +36,7 @@ class MTADDecoder(DraftVerifyDecoder):
     def verify(self, logits, tokens, log_q, generator):
         if self.warper.greedy:
             n, y = greedy_verify(logits.argmax(-1), tokens)
-            return int(n), int(y)
+            return n, y
         P = self.warper(logits)
         acc, row = mtad_verify(P, log_q, tokens, self.tau)
-        return int(acc), int(sample(row, generator))
+        return acc, sample(row, generator)

@@ -34,8 +34,8 @@ class SpeculativeDecoder(DraftVerifyDecoder):
                 n, y = lenient_greedy_verify(logits.softmax(-1), tokens, self.lenience)
             else:
                 n, y = greedy_verify(logits.argmax(-1), tokens)
-            return int(n), int(y)
+            return n, y
         P = self.warper(logits)
         u = torch.rand(tokens.shape[0], generator=generator, device=P.device)
         n, dist = token_verify(P, probs, tokens, u, self.lenience)
-        return int(n), int(sample(dist, generator))
+        return n, sample(dist, generator)

@@ -26,8 +26,11 @@ class DraftVerifyDecoder(Decoder):
 
     def verify(
         self, logits: torch.Tensor, tokens: torch.Tensor, proposal: Any, generator
-    ) -> tuple[int, int]:
-        """From target logits ``[g+1, V]``: (number of drafts accepted, next token)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """From target logits ``[g+1, V]``: (number of drafts accepted, next token), as 0-d tensors.
+
+        They stay on the device: the loop reads them with the draft in one transfer per iteration.
+        """
         raise NotImplementedError
 
     def _next_token(self, logits: torch.Tensor, generator) -> int:
@@ -54,7 +57,11 @@ class DraftVerifyDecoder(Decoder):
                 feed = torch.cat([torch.tensor(context[-1:], device=tokens.device), tokens])
                 logits = target.forward(feed, keep=gamma + 1)
                 n, y = self.verify(logits, tokens, proposal, generator)
-                emitted = tokens[:n].tolist() + [y]
+                dev = tokens.device
+                head = [torch.as_tensor(v, device=dev).reshape(1) for v in (n, y)]
+                read = torch.cat([*head, tokens]).tolist()  # the one host read of the iteration
+                n = read[0]
+                emitted = read[2 : 2 + n] + [read[1]]
                 target.rollback(length + n)
                 draft.rollback(min(draft.length, length + n))
             emitted, stop = cut_at_eos(emitted, eos)
