@@ -1,0 +1,211 @@
+"""A sweep's MLflow runs as tidy DataFrames: one row per cell run, and one row per generation.
+
+    runs = load_runs("smoke")                      # the project's sqlite:///mlflow.db by default
+    samples = load_samples(runs)                   # samples.jsonl of every run, one row per generation
+
+Names come from ``analysis.schema`` (the MLflow layout of ``pipeline/tracking.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from analysis import schema
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ID_COLUMNS = ("run_id", "cell_key", "sweep", "method", "label", "pair", "dataset", "seed", "status", "device")
+
+
+def default_tracking_uri() -> str:
+    """``$MLFLOW_TRACKING_URI`` if set, else the project's store (``sqlite:///mlflow.db`` at the repo root)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    from pipeline.tracking import resolve_tracking_uri
+
+    return resolve_tracking_uri("sqlite:///mlflow.db", REPO_ROOT)
+
+
+def _client(tracking_uri: str | None):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
+
+
+def list_sweeps(tracking_uri: str | None = None) -> list[str]:
+    """Names of the experiments (sweeps) in the store that hold at least one cell run."""
+    client = _client(tracking_uri)
+    out = []
+    for exp in client.search_experiments():
+        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.KIND_TAG} = '{schema.KIND_CELL}'", max_results=1)
+        if runs:
+            out.append(exp.name)
+    return sorted(out)
+
+
+def parse_param(text: str | None) -> Any:
+    """A param's text back to a value: numbers, booleans, null and JSON lists/dicts; other text as is."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        low = text.strip().lower()
+        if low in ("true", "false"):
+            return low == "true"
+        if low in ("none", "null"):
+            return None
+        return text
+
+
+def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: bool = True) -> pd.DataFrame:
+    """One row per active cell run of experiment ``sweep``: id tags, canonical metrics, parsed params.
+
+    Deleted (superseded) runs are never returned; failed cells are dropped unless
+    ``finished_only=False``. ``seed`` is an int; metrics a run did not log are NaN.
+    ``df.attrs`` holds ``sweep`` and ``tracking_uri``.
+    """
+    from mlflow.entities import ViewType
+
+    uri = tracking_uri or default_tracking_uri()
+    client = _client(uri)
+    exp = client.get_experiment_by_name(sweep)
+    if exp is None:
+        known = ", ".join(list_sweeps(uri)) or "none"
+        raise LookupError(f"no MLflow experiment {sweep!r} in {uri} (sweeps with cell runs there: {known}); run `make run` or pass the tracking URI")
+    runs, token = [], None
+    while True:
+        page = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.KIND_TAG} = '{schema.KIND_CELL}'",
+                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    rows = []
+    for r in runs:
+        tags, metrics, params = r.data.tags, r.data.metrics, r.data.params
+        row: dict[str, Any] = {"run_id": r.info.run_id}
+        row.update({col: tags.get(tag) for col, tag in schema.TAGS.items()})
+        row.update({col: metrics.get(name, math.nan) for col, name in schema.METRICS.items()})
+        row.update({col: parse_param(params.get(name)) for col, name in schema.PARAMS.items()})
+        rows.append(row)
+    columns = list(dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS]))
+    df = pd.DataFrame(rows, columns=columns)
+    df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
+    df["sweep"] = df["sweep"].fillna(sweep).replace("", sweep)
+    for col in schema.METRICS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    if finished_only:
+        df = df[df["status"] == schema.STATUS_FINISHED]
+    df = df.sort_values(["pair", "dataset", "label", "seed"], kind="stable").reset_index(drop=True)
+    df.attrs.update(sweep=sweep, tracking_uri=uri)
+    return df
+
+
+def sample_score(record: dict[str, Any]) -> float:
+    """A generation's own score: HumanEval ``passed``, Spider ``correct`` (1/0) or a judge's ``score``."""
+    detail = record.get(schema.SCORE_DETAIL_FIELD) or {}
+    for key in schema.SCORE_DETAIL_KEYS:
+        value = detail.get(key)
+        if isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)) and math.isfinite(float(value)):
+            return float(value)
+    return math.nan
+
+
+def load_samples(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
+    """One row per generation of every run in ``runs`` (its ``samples.jsonl``), with the run's ids.
+
+    Columns: the run's id columns, then ``id``, ``turn``, ``new_tokens``, ``steps``, ``draft_steps``,
+    ``decode_s``, ``tokens_per_s``, ``perplexity``, ``accepted`` (list per step) and ``sample_score``.
+    Runs without the artifact contribute no rows.
+    """
+    uri = tracking_uri or runs.attrs.get("tracking_uri") or default_tracking_uri()
+    client = _client(uri)
+    rows: list[dict[str, Any]] = []
+    quiet = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one bar per run would flood notebooks
+    try:
+        _read_samples(client, runs, rows)
+    finally:
+        if quiet is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = quiet
+    columns = [*[c for c in ID_COLUMNS if c in runs.columns], *schema.RECORD_FIELDS, "sample_score"]
+    df = pd.DataFrame(rows, columns=columns)
+    for col in ("new_tokens", "steps", "draft_steps", "decode_s", "tokens_per_s", "perplexity", "sample_score"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    if "seed" in df:
+        df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
+    df.attrs.update(runs.attrs)
+    return df
+
+
+def _read_samples(client, runs: pd.DataFrame, rows: list[dict[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory(prefix="analysis-samples-") as tmp:
+        for run in runs.itertuples(index=False):
+            ids = {c: getattr(run, c) for c in ID_COLUMNS if hasattr(run, c)}
+            try:
+                path = client.download_artifacts(run.run_id, schema.SAMPLES_ARTIFACT, str(Path(tmp) / run.run_id))
+            except Exception:  # noqa: BLE001 - a run without samples (failed cell) has none
+                continue
+            for line in Path(path).read_text().splitlines():
+                if not line.strip():
+                    continue
+                rec = json.loads(line)
+                row = dict(ids)
+                row.update({col: rec.get(field) for col, field in schema.RECORD_FIELDS.items()})
+                row["sample_score"] = sample_score(rec)
+                rows.append(row)
+
+
+def varying_params(runs: pd.DataFrame, params: Iterable[str] = schema.ABLATION_PARAMS) -> dict[str, list[str]]:
+    """method -> the ablation params that take more than one value among that method's runs."""
+    out: dict[str, list[str]] = {}
+    for method, g in runs.groupby("method"):
+        vary = [p for p in params if p in g and g[p].dropna().astype(str).nunique() > 1]
+        if vary:
+            out[str(method)] = vary
+    return out
+
+
+def order_labels(labels: Iterable[str], methods: dict[str, str] | None = None) -> list[str]:
+    """Labels in table order: by ``schema.METHOD_ORDER`` of their method, then by label."""
+    labels = list(dict.fromkeys(labels))
+    methods = methods or {}
+
+    def key(label: str):
+        method = methods.get(label, label.split("(")[0])
+        rank = schema.METHOD_ORDER.index(method) if method in schema.METHOD_ORDER else len(schema.METHOD_ORDER)
+        return (rank, method, _natural(label))
+
+    return sorted(labels, key=key)
+
+
+def _natural(text: str) -> tuple:
+    """Sort key that orders numbers inside labels numerically (tau=0.1 < tau=0.3, beams=4 < beams=8)."""
+    import re
+
+    parts = re.split(r"(\d+(?:\.\d+)?)", text)
+    return tuple((0, float(p), "") if re.fullmatch(r"\d+(?:\.\d+)?", p) else (1, 0.0, p) for p in parts)
+
+
+def label_methods(runs: pd.DataFrame) -> dict[str, str]:
+    """label -> method name, as the runs say."""
+    return {str(k): str(v) for k, v in runs.drop_duplicates("label").set_index("label")["method"].items()}
+
+
+def finite(values: Iterable[float]) -> np.ndarray:
+    """The finite values of a sequence, as a float array."""
+    arr = np.asarray(list(values), dtype=float)
+    return arr[np.isfinite(arr)]

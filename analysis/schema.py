@@ -1,0 +1,137 @@
+"""Every MLflow name the analysis depends on, in one place (tags, metrics, params, artifacts, records).
+
+The layout is defined by ``pipeline/tracking.py`` (tags, params, artifacts), ``pipeline/measure.py``
+(``WindowResult.summary`` and ``GenerationRecord``), ``pipeline/energy.py::energy_summary`` and
+``pipeline/cell.py`` (perplexity, score). The analysis uses the canonical names on the left; when
+the pipeline renames something, change the right-hand side here and nothing else.
+"""
+
+from __future__ import annotations
+
+# ----------------------------------------------------------------------------------- runs and tags
+
+KIND_TAG = "kind"
+KIND_CELL = "cell"  # one run per cell; the parent run of an invocation has kind=sweep
+STATUS_FINISHED = "finished"
+
+# canonical column -> MLflow tag
+TAGS: dict[str, str] = {
+    "cell_key": "cell_key",
+    "method": "method",  # the method's registry name (ar, spd, block, mtad, ...)
+    "label": "label",  # the sweep entry's label: unique per method configuration (mtad(tau=0.3))
+    "pair": "pair",
+    "dataset": "dataset",
+    "seed": "seed",
+    "status": "cell_status",  # finished | failed
+    "stage": "stage",
+    "device": "device",  # GPU name, or "cpu": ratios only compare cells on the same device model
+    "gpu_uuid": "gpu_uuid",
+    "node": "node_id",
+    "hostname": "hostname",
+    "git_commit": "git_commit",
+    "score_metric": "score_metric",  # pass@1 | execution_accuracy | rougeL | speed_only | none ...
+    "sweep": "sweep",
+    "error": "error",
+}
+
+# canonical column -> MLflow metric (a metric missing from a run is NaN in the DataFrame)
+METRICS: dict[str, str] = {
+    "tokens_per_s": "tokens_per_s",  # total new tokens / total decode time (the main speed column)
+    "tokens_per_s_window": "tokens_per_s_window",
+    "tokens_per_s_mean_of_samples": "tokens_per_s_mean_of_samples",
+    "decode_s": "decode_s",
+    "window_s": "window_s",
+    "new_tokens": "new_tokens",
+    "generations": "generations",
+    "target_steps": "target_steps",
+    "draft_steps": "draft_steps",
+    "accepted_per_step": "accepted_per_step",  # new tokens / target steps, pooled (bonus token included)
+    "accepted_per_step_mean_of_samples": "accepted_per_step_mean_of_samples",
+    "perplexity": "perplexity",
+    "score": "score",
+    "energy_available": "energy_available",
+    "energy_j": "energy_j",
+    "j_per_token": "j_per_token",  # total board/package energy / tokens
+    "dynamic_energy_j": "dynamic_energy_j",
+    "dynamic_j_per_token": "dynamic_j_per_token",  # idle-subtracted
+    "idle_power_w": "idle_power_w",
+    "poller_energy_j": "poller_energy_j",
+    "peak_memory_allocated_bytes": "peak_memory_allocated_bytes",
+    # Not logged by the sweep today (pipeline.bench measures it, the cells do not): the draft/target
+    # step-time ratio c of Leviathan's bound. Read when present, otherwise the bound is "n/a".
+    "cost_ratio": "cost_ratio_c",
+}
+
+# canonical column -> flattened cell-config param (values arrive as text and are parsed)
+PARAMS: dict[str, str] = {
+    "method_name": "method.name",
+    "gamma": "method.gamma",
+    "tau": "method.tau",
+    "num_beams": "method.num_beams",
+    "num_tokens": "method.num_tokens",
+    "lenience": "method.lenience",
+    "sample": "method.sample",
+    "temperature": "method.temperature",
+    "top_k": "method.top_k",
+    "top_p": "method.top_p",
+    "max_new_tokens": "dataset.max_new_tokens",
+    "limit": "dataset.limit",
+    "hardware": "hardware",
+    "harness_version": "harness_version",
+}
+
+# ----------------------------------------------------------------------------------- artifacts
+
+SAMPLES_ARTIFACT = "samples.jsonl"  # one record per generation (measure.GenerationRecord.to_dict)
+RESULT_ARTIFACT = "result.json"
+SCORES_ARTIFACT = "scores.json"
+
+# canonical column -> field of a samples.jsonl record
+RECORD_FIELDS: dict[str, str] = {
+    "id": "id",
+    "turn": "turn",
+    "new_tokens": "new_tokens",
+    "steps": "steps",
+    "draft_steps": "draft_steps",
+    "accepted": "accepted",  # tokens emitted per target step
+    "decode_s": "decode_s",
+    "tokens_per_s": "tokens_per_s",
+    "perplexity": "perplexity",
+}
+SCORE_DETAIL_FIELD = "score_detail"  # per-record verdict attached by pipeline.cell._attach_scores
+SCORE_DETAIL_KEYS = ("passed", "correct", "score")  # first one present is the sample's score
+
+# ----------------------------------------------------------------------------------- methods
+
+BASELINE = "ar"  # speedup and energy ratio are taken against this method's cells (DESIGN.md 5.8)
+# Column order of the tables (MTAD Table 5 order first); other methods follow alphabetically.
+METHOD_ORDER = ("ar", "beam", "mtjd", "spd", "block", "spectr", "specinfer", "mcss", "bild", "typical", "medusa", "mtad")
+# Hyper-parameters whose variation within one method makes an ablation curve.
+ABLATION_PARAMS = ("tau", "num_beams", "gamma", "num_tokens", "lenience")
+# Methods whose Leviathan bound uses gamma draft tokens per step (a chain draft).
+DRAFT_GAMMA_METHODS = ("spd", "block", "mtad", "bild", "typical")
+
+# higher is better (+1) or lower is better (-1), for bold/underline
+DIRECTION: dict[str, int] = {
+    "tokens_per_s": +1,
+    "j_per_token": -1,
+    "dynamic_j_per_token": -1,
+    "score": +1,
+    "perplexity": -1,
+    "speedup": +1,
+    "energy_ratio": -1,
+    "accepted_per_step": +1,
+}
+
+# how a column is shown in tables and on axes
+DISPLAY: dict[str, str] = {
+    "tokens_per_s": "tokens/s",
+    "j_per_token": "J/token",
+    "dynamic_j_per_token": "J/token (idle-subtracted)",
+    "score": "score",
+    "perplexity": "perplexity",
+    "speedup": "speedup vs ar",
+    "energy_ratio": "J/token ÷ ar",
+    "accepted_per_step": "tokens/step",
+    "accepted_drafts_per_step": "accepted drafts/step",
+}
