@@ -131,3 +131,142 @@ def mtad_verify(
     ok = log_ratio.clamp(max=0.0) > math.log(tau)
     acc = (ok.long() * torch.arange(1, g + 1, device=P.device)).max()
     return acc, P[acc]
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-candidate rules at one position / tree node (SpecInfer, MCSS, SpecTr, one-hot trees, typical)
+#
+# ``p [V]`` is the warped target row at the node, ``q [V]`` the warped draft row its candidates
+# were drawn from, ``cands [m]`` the candidates in the order they were drawn. The *acceptance*
+# functions return the conditional probability ``a [m]`` that candidate j is accepted given that
+# candidates 0..j-1 were rejected, and the distribution the next token is drawn from when all m are
+# rejected; the *verify* functions draw with uniforms ``u [m]`` and return ``(j, residual)`` with
+# j = index of the first accepted candidate (m when none). No host synchronisation inside.
+# --------------------------------------------------------------------------------------------------
+
+
+def _first_true(flags: torch.Tensor) -> torch.Tensor:
+    """Index of the first True in ``flags [m]`` (m when none), as a 0-d tensor."""
+    m = flags.shape[0]
+    idx = torch.arange(m, device=flags.device)
+    return torch.where(flags, idx, torch.full_like(idx, m)).min() if m else torch.tensor(0)
+
+
+def multi_candidate_acceptance(
+    p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor, replacement: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-step speculative sampling at one node (SpecInfer: ``replacement=True``; MCSS: ``False``).
+
+    Candidate j is accepted with probability ``min(1, p_j(c_j) / q_j(c_j))`` where p_j is the residual
+    after j rejections (``p_{j+1} = norm(relu(p_j - q_j))``, w.r.t. the current q) and, without
+    replacement, ``q_{j+1}`` is q_j with c_j removed and renormalised (ALGORITHMS.md 8.1, 9).
+    Returns ``(a [m], p_m)``.
+    """
+    res, qq = p, q
+    acc = []
+    for j in range(cands.shape[0]):
+        c = cands[j]
+        qc = qq[c]
+        acc.append(torch.where(qc > 0, torch.clamp(res[c] / qc.clamp_min(torch.finfo(qc.dtype).tiny), max=1.0), torch.ones_like(qc)))
+        res = _normalize((res - qq).clamp_min(0.0), res)
+        if not replacement:
+            qq = qq.clone()
+            qq[c] = 0.0
+            qq = _normalize(qq, qq)
+    a = torch.stack(acc) if acc else p.new_zeros(0)
+    return a, res
+
+
+def multi_candidate_verify(
+    p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor, u: torch.Tensor, replacement: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw MSS (``replacement``) / MCSS (without) at one node: ``(j, residual)``, j = m when all rejected."""
+    a, res = multi_candidate_acceptance(p, q, cands, replacement)
+    return _first_true(u < a), res
+
+
+def one_hot_acceptance(p: torch.Tensor, cands: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic candidates (e.g. Medusa's top-k): accept c_j with probability ``p_j(c_j)``, where
+    p_{j+1} is p_j with c_j zeroed and renormalised (the one-hot recursive rule, ALGORITHMS.md A.3).
+    Lossless for any fixed candidate list. Returns ``(a [m], p_m)``.
+    """
+    res = p
+    acc = []
+    for j in range(cands.shape[0]):
+        c = cands[j]
+        acc.append(res[c])
+        nxt = res.clone()
+        nxt[c] = 0.0
+        res = _normalize(nxt, res)
+    a = torch.stack(acc) if acc else p.new_zeros(0)
+    return a, res
+
+
+def kseq_rho(p: torch.Tensor, q: torch.Tensor, k: int, iters: int = 60) -> torch.Tensor:
+    """SpecTr's rho*: the smallest rho in [1, k] with ``rho beta(rho) >= 1 - (1 - beta(rho))^k``,
+    ``beta(rho) = sum_v min(q(v), p(v) / rho)`` (bisection; the left side minus the right increases)."""
+    one = p.new_tensor(1.0)
+    if k <= 1:
+        return one
+
+    def f(r: torch.Tensor) -> torch.Tensor:
+        beta = torch.minimum(q, p / r).sum()
+        return r * beta - (1.0 - (1.0 - beta) ** k)
+
+    lo, hi = one, p.new_tensor(float(k))
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        good = f(mid) >= 0
+        hi = torch.where(good, mid, hi)
+        lo = torch.where(good, lo, mid)
+    return torch.where(f(one) >= 0, one, hi)
+
+
+def kseq_acceptance(p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K-SEQ (SpecTr) with k = m i.i.d. candidates from q: candidate j is accepted with probability
+    ``min(1, p(c_j) / (rho* q(c_j)))``; when all are rejected the next token comes from
+    ``norm(relu(p - min(q, p/rho*) (1 - (1 - beta)^k) / beta))`` (ALGORITHMS.md 7.1). ``(a [m], residual)``.
+    """
+    k = cands.shape[0]
+    rho = kseq_rho(p, q, k)
+    accept_mass = torch.minimum(q, p / rho)
+    beta = accept_mass.sum()
+    qc = q[cands]
+    a = torch.where(qc > 0, torch.clamp(p[cands] / (rho * qc.clamp_min(torch.finfo(qc.dtype).tiny)), max=1.0), torch.ones_like(qc))
+    p_any = 1.0 - (1.0 - beta) ** k
+    scale = torch.where(beta > 0, p_any / beta.clamp_min(torch.finfo(beta.dtype).tiny), torch.zeros_like(beta))
+    residual = _normalize((p - accept_mass * scale).clamp_min(0.0), p)
+    return a, residual
+
+
+def kseq_verify(
+    p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw K-SEQ at one position: ``(j, residual)``, j = m when every candidate is rejected."""
+    a, res = kseq_acceptance(p, q, cands)
+    return _first_true(u < a), res
+
+
+def typical_acceptance(P: torch.Tensor, x: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
+    """Typical acceptance (Medusa-2): ``p(x_i) > min(epsilon, delta * exp(-H(p_i)))`` per row, bool ``[g]``.
+
+    ``P [g, V]`` are the target rows the candidates ``x [g]`` are scored under. Medusa applies it to
+    ``softmax(logits / T)``; the engine passes the warped rows, so with top-k 0 and top-p 1 it is
+    Medusa's rule, and at temperature 0 (one-hot rows) it accepts exactly the argmax.
+    """
+    entropy = -torch.special.xlogy(P, P).sum(-1)
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
+    return P.gather(-1, x.reshape(-1, 1)).squeeze(-1) > threshold
+
+
+def typical_verify(
+    P: torch.Tensor, x: torch.Tensor, epsilon: float, delta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Typical acceptance over a chain: ``(n, P[n])``, n = longest passing prefix (``P [g+1, V]``).
+
+    Lossy: the next token comes from the target row after the prefix, not from a residual.
+    """
+    g = x.shape[0]
+    ok = typical_acceptance(P[:g], x, epsilon, delta)
+    n = ok.long().cumprod(0).sum()
+    return n, P[n]

@@ -1,0 +1,36 @@
+"""specinfer: SpecInfer (Miao et al., ASPLOS 2024) with a token tree sampled from the draft.
+
+The draft samples ``k_config[d]`` children i.i.d. (with replacement) from its warped row under every
+depth-d node, e.g. (4, 2, 2) = 4 + 8 + 16 nodes; one target pass with tree attention scores them
+all; multi-step speculative sampling (MSS) walks the tree from the root: the first child accepted
+with probability min(1, p/q) is descended into, each rejection replaces p by norm(relu(p - q));
+when no child is accepted the next token comes from the updated p (the plain target row at a
+leaf). Lossless (ALGORITHMS.md 8). Temperature 0: the draft's top-k distinct tokens as children and
+greedy acceptance (exactly ``ar`` greedy).
+"""
+
+from __future__ import annotations
+
+from .base import Decoder, Generation, Param
+from .tree_verify import int_list_at_least, mss_tree_walk, sample_token_tree, tree_generate
+
+
+class SpecInferDecoder(Decoder):
+    name = "specinfer"
+    needs_draft = True
+    lossless = True
+    replacement = True
+    params = {"k_config": Param([4, 2, 2], int_list_at_least(1), "children per node at each depth")}
+
+    @property
+    def tree_depth(self) -> int:
+        return len(self.k_config)
+
+    def _propose(self, context, depth, generator):
+        return sample_token_tree(self.draft, context, list(self.k_config[:depth]), self.warper, generator, self.replacement)
+
+    def _walk(self, P, tree, generator):
+        return mss_tree_walk(P, tree, generator, self.replacement)
+
+    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
+        return tree_generate(self, prompt, max_new_tokens, eos, generator, self._propose, self._walk)

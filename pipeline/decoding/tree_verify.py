@@ -1,0 +1,315 @@
+"""Token-tree drafting and verification shared by specinfer, mcss, spectr, medusa and typical-over-tree.
+
+A draft tree (``DraftTree``) is a list of nodes in BFS order, each with a token and a parent (-1 =
+the last context token, the root). ``tree_verify_forward`` scores every node in ONE target pass
+with tree attention (4-D mask + position ids, ALGORITHMS.md A.2): row 0 is the root's row (the
+distribution of depth-0 nodes), row 1 + i is node i's row. The walks (A.3) return the accepted
+path (node indices, root to leaf) and what the next token is drawn from; ``CachedModel.compact``
+then moves the path's KV into place (``target.compact(len(context), path)``), an O(path) copy.
+
+Layout in the target cache during verification (context of length L, cache holding ``ctx[:L-1]``):
+slot L-1 = the root ``ctx[-1]``, slot L + i = node i. In the draft cache (holding the whole context
+after the first draft forward): slot L + i = node i for the nodes that were fed (all but the last
+level); ``commit_draft`` compacts the accepted ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .kv import CachedModel
+from .tree import TokenTree
+from .verification import kseq_verify, multi_candidate_verify, one_hot_acceptance, typical_acceptance
+from .warping import Warper, sample
+
+
+def int_list_at_least(lo: int) -> Callable[[Any], str | None]:
+    """Param check: a non-empty list of integers >= lo (e.g. a tree's branching per depth)."""
+
+    def check(v: Any) -> str | None:
+        ok = (
+            isinstance(v, (list, tuple))
+            and len(v) > 0
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v)
+        )
+        return None if ok else f"must be a non-empty list of integers >= {lo}"
+
+    return check
+
+
+@dataclass
+class DraftTree:
+    """Nodes in BFS order. ``children[i + 1]`` lists node i's children in drawing order
+    (``children[0]``: the root's). ``q_rows[i + 1]`` is the draft row node i's children were drawn
+    from (sampled trees only). ``fed`` = how many nodes (a BFS prefix) are in the draft's cache."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    children: list[list[int]] = field(default_factory=lambda: [[]])
+    q_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    fed: int = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int) -> int:
+        node = len(self.tokens)
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
+        self.children.append([])
+        self.children[parent + 1].append(node)
+        return node
+
+    def path(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+
+def _draw_children(q: torch.Tensor, logits: torch.Tensor, k: int, replacement: bool, greedy: bool, generator) -> list[int]:
+    """k children of one node: i.i.d. (``replacement``) or sequentially without replacement from q.
+
+    Without replacement, a warped support smaller than k gives fewer children. Temperature 0: the
+    k most likely distinct tokens of the draft logits (q is one-hot; distinct children only help).
+    """
+    if greedy:
+        finite = int(torch.isfinite(logits).sum())
+        return logits.topk(min(k, finite)).indices.tolist()
+    if not replacement:
+        k = min(k, int((q > 0).sum()))
+    return torch.multinomial(q, k, replacement=replacement, generator=generator).tolist()
+
+
+def sample_token_tree(
+    draft: CachedModel,
+    context: list[int],
+    k_config: list[int],
+    warper: Warper,
+    generator: torch.Generator | None,
+    replacement: bool = True,
+) -> DraftTree:
+    """Sample a tree from the draft: ``k_config[d]`` children under every depth-(d-1) node, each level
+    drawn from the draft's row at its parent (one draft forward per level, the level's nodes fed as
+    a tree). ``k_config = [k, 1, ..., 1]`` with replacement gives k i.i.d. chains (SpecTr)."""
+    tree = DraftTree()
+    logits = draft.forward(context[draft.length :], keep=1)[-1]
+    start = draft.length  # == len(context)
+    q = warper(logits)
+    tree.q_rows[0] = q
+    for t in _draw_children(q, logits, k_config[0], replacement, warper.greedy, generator):
+        tree.add(t, -1)
+    fed_tree = TokenTree(start)
+    level = list(range(len(tree)))
+    for k in k_config[1:]:
+        if not level:
+            break
+        ids, positions, mask = fed_tree.add([tree.tokens[i] for i in level], [tree.parents[i] for i in level])
+        rows = draft.forward_tree(ids, positions, mask, start)
+        tree.fed = len(fed_tree)
+        qs = warper(rows)
+        nxt = []
+        for node, row_logits, q in zip(level, rows, qs):
+            tree.q_rows[node + 1] = q
+            for t in _draw_children(q, row_logits, k, replacement, warper.greedy, generator):
+                nxt.append(tree.add(t, node))
+        level = nxt
+    return tree
+
+
+def cartesian_tree(head_logits: torch.Tensor, k_config: list[int]) -> DraftTree:
+    """Medusa's tree: depth d holds the ``k_config[d]`` most likely tokens of ``head_logits[d]`` under
+    every depth-(d-1) node, in rank order (the heads see only the root, so siblings sets repeat)."""
+    tree = DraftTree()
+    level = [-1]
+    for d, k in enumerate(k_config[: head_logits.shape[0]]):
+        top = head_logits[d].topk(min(k, head_logits.shape[-1])).indices.tolist()
+        level = [tree.add(t, parent) for parent in level for t in top]
+    return tree
+
+
+def tree_verify_forward(target: CachedModel, context: list[int], tree: DraftTree) -> torch.Tensor:
+    """One target pass over ``[ctx[-1]] + nodes`` with tree attention; logits ``[1 + n, V]``.
+
+    The target's cache must hold ``ctx[:-1]``; afterwards it also holds the root and every node.
+    """
+    start = len(context) - 1
+    if target.length != start:
+        raise RuntimeError(f"target cache holds {target.length} positions, expected {start}")
+    fed = TokenTree(start)
+    ids, positions, mask = fed.add([context[-1]] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
+    return target.forward_tree(ids, positions, mask, start)
+
+
+def commit_draft(draft: CachedModel, context_length: int, tree: DraftTree, path: list[int]) -> None:
+    """Keep the accepted nodes that the draft has in its cache (a prefix of ``path``) after the context."""
+    keep = [i for i in path if i < tree.fed]
+    draft.compact(context_length, keep)
+
+
+# ------------------------------------------------------------------------------------------------
+# Walks. P [1 + n, V]: warped target rows (row 0: root). Each returns (path, next-token distribution).
+# ------------------------------------------------------------------------------------------------
+
+
+def greedy_tree_walk(target_argmax: torch.Tensor, tree: DraftTree) -> tuple[list[int], int]:
+    """Temperature 0: follow the child equal to the target's argmax; the next token is the argmax at the end."""
+    am = target_argmax.tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        want = am[node + 1]
+        nxt = next((c for c in tree.children[node + 1] if tree.tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        node = nxt
+
+
+def mss_tree_walk(P: torch.Tensor, tree: DraftTree, generator, replacement: bool = True) -> tuple[list[int], torch.Tensor]:
+    """SpecInfer (``replacement``) / MCSS (without): multi-candidate rule at each node from the root."""
+    path: list[int] = []
+    node = -1
+    while True:
+        kids = tree.children[node + 1]
+        p = P[node + 1]
+        if not kids:
+            return path, p  # a leaf: its plain row is the bonus row
+        cands = torch.tensor([tree.tokens[c] for c in kids], device=P.device)
+        u = torch.rand(len(kids), generator=generator, device=P.device)
+        j, residual = multi_candidate_verify(p, tree.q_rows[node + 1], cands, u, replacement)
+        j = int(j)
+        if j == len(kids):
+            return path, residual
+        node = kids[j]
+        path.append(node)
+
+
+def kseq_chain_walk(P: torch.Tensor, tree: DraftTree, generator) -> tuple[list[int], torch.Tensor]:
+    """SpecTr over k i.i.d. chains (a tree with ``k_config = [k, 1, 1, ...]``): K-SEQ at each depth on the
+    chains that agree with the accepted prefix; every chain carrying the accepted token stays alive."""
+    alive = list(tree.children[0])
+    parent = -1  # any node on the accepted prefix (all alive chains share its tokens)
+    last = -1
+    while alive:
+        p, q = P[parent + 1], tree.q_rows[parent + 1]
+        cands = torch.tensor([tree.tokens[c] for c in alive], device=P.device)
+        u = torch.rand(len(alive), generator=generator, device=P.device)
+        j, residual = kseq_verify(p, q, cands, u)
+        j = int(j)
+        if j == len(alive):
+            return tree.path(last) if last >= 0 else [], residual
+        token = tree.tokens[alive[j]]
+        survivors = [c for c in alive if tree.tokens[c] == token]
+        last = parent = survivors[0]
+        alive = [k for c in survivors for k in tree.children[c + 1]]
+    return tree.path(last), P[last + 1]
+
+
+def one_hot_tree_walk(P: torch.Tensor, tree: DraftTree, generator, greedy: bool = False) -> tuple[list[int], torch.Tensor]:
+    """Deterministic children (Medusa's top-k, EAGLE-style): the one-hot recursive rule at each node.
+
+    Lossless. With one-hot rows (``greedy``) it follows the argmax child and draws no random number.
+    """
+    path: list[int] = []
+    node = -1
+    while True:
+        kids = tree.children[node + 1]
+        p = P[node + 1]
+        if not kids:
+            return path, p
+        cands = torch.tensor([tree.tokens[c] for c in kids], device=P.device)
+        a, residual = one_hot_acceptance(p, cands)
+        if greedy:
+            u = torch.full((len(kids),), 0.5, device=P.device)
+        else:
+            u = torch.rand(len(kids), generator=generator, device=P.device)
+        flags = (u < a).tolist()
+        j = flags.index(True) if True in flags else len(kids)
+        if j == len(kids):
+            return path, residual
+        node = kids[j]
+        path.append(node)
+
+
+def typical_tree_walk(P: torch.Tensor, tree: DraftTree, epsilon: float, delta: float) -> tuple[list[int], int]:
+    """Typical acceptance over a tree (Medusa-2): every node passes or not under its parent's row; the
+    longest passing root-to-node path wins, ties broken by the sum of log-probabilities. Returns
+    (path, row index whose distribution gives the next token)."""
+    n = len(tree)
+    if n == 0:
+        return [], 0
+    tokens = torch.tensor(tree.tokens, device=P.device)
+    parent_rows = torch.tensor([p + 1 for p in tree.parents], device=P.device)
+    rows = P[parent_rows]  # [n, V]
+    ok = typical_acceptance(rows, tokens, epsilon, delta).tolist()
+    logp = torch.log(rows.gather(-1, tokens[:, None]).squeeze(-1).clamp_min(1e-30)).tolist()
+    best: tuple[int, float, int] = (0, 0.0, -1)  # (length, log-likelihood, node)
+    score: list[tuple[int, float] | None] = [None] * n
+    for i in range(n):  # BFS: parents come first
+        par = tree.parents[i]
+        if not ok[i] or (par >= 0 and score[par] is None):
+            continue
+        length, ll = (0, 0.0) if par < 0 else score[par]
+        score[i] = (length + 1, ll + logp[i])
+        if (score[i][0], score[i][1]) > (best[0], best[1]):
+            best = (score[i][0], score[i][1], i)
+    if best[2] < 0:
+        return [], 0
+    return tree.path(best[2]), best[2] + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop shared by the draft-model tree methods (specinfer, mcss, spectr)
+# ------------------------------------------------------------------------------------------------
+
+
+def tree_generate(decoder, prompt, max_new_tokens, eos, generator, propose, walk):
+    """Draft a tree, verify it in one target pass, walk it, keep the path's KV, repeat.
+
+    ``propose(context, depth, generator) -> DraftTree`` (depth = levels allowed this iteration) and
+    ``walk(P, tree, generator) -> (path, next-token distribution)`` are the method's parts. Temperature
+    0 uses ``greedy_tree_walk`` for every method.
+    """
+    from .base import Generation, cut_at_eos
+
+    target, draft, warper = decoder.target, decoder.draft, decoder.warper
+    target.reset()
+    draft.reset()
+    target.prefill(prompt[:-1])
+    draft.prefill(prompt[:-1])
+    context = list(prompt)
+    out: list[int] = []
+    accepted: list[int] = []
+    while len(out) < max_new_tokens:
+        length = len(context)
+        depth = min(decoder.tree_depth, max_new_tokens - len(out) - 1)
+        if depth == 0:  # one token left: a plain target step
+            logits = target.forward(context[-1:], keep=1)[-1]
+            y = int(logits.argmax(-1)) if warper.greedy else int(sample(warper(logits), generator))
+            emitted = [y]
+        else:
+            tree = propose(context, depth, generator)
+            logits = tree_verify_forward(target, context, tree)
+            if warper.greedy:
+                path, y = greedy_tree_walk(logits.argmax(-1), tree)
+            else:
+                path, dist = walk(warper(logits), tree, generator)
+                y = int(sample(dist, generator))
+            target.compact(length, path)
+            commit_draft(draft, length, tree, path)
+            emitted = [tree.tokens[i] for i in path] + [y]
+        emitted, stop = cut_at_eos(emitted, eos)
+        emitted = emitted[: max_new_tokens - len(out)]
+        out += emitted
+        context += emitted
+        accepted.append(len(emitted))
+        if stop:
+            break
+    return Generation(out, target.forwards, draft.forwards, accepted)
