@@ -21,7 +21,7 @@ $(STAMP): requirements.lock pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	for m in ar spd block mtad mtjd; do $(PY) -m pipeline.generate method=$$m max_new_tokens=64 $(ARGS) || exit 1; done
+	$(PY) -m pipeline.sweep $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)

@@ -1,0 +1,90 @@
+"""The sweep end to end on Ray with tiny models: MLflow runs and metrics, resumption, fault injection.
+
+One local Ray session (num_cpus=2) is shared by the tests of this module; each test uses its own
+project folder (conf/ copy + MLflow SQLite file) so that their experiments do not mix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_sweep_support import make_project, run_sweep
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             object_store_memory=100_000_000)
+    yield
+    ray.shutdown()
+
+
+def test_small_sweep_end_to_end_then_nothing_to_do(ray_session, tmp_path, capsys):
+    root = make_project(tmp_path)
+    out = run_sweep(root)
+    # 2 methods + the ar baseline x 2 datasets x 1 seed
+    assert out["total"] == 6 and out["ran"] == 6 and out["finished"] == 6, out["results"]
+    rows = out["rows"]
+    assert sorted(r["label"] for r in rows) == ["ar", "ar", "block", "block", "spd", "spd"]
+    for r in rows:
+        assert r["cell_status"] == "finished" and r["tokens_per_s"] > 0 and r["new_tokens"] > 0
+        assert r["perplexity"] > 0 and r["node_id"]
+    assert all(0 <= r["score"] <= 1 for r in rows if r["dataset"] == "humaneval")
+    text = capsys.readouterr().out
+    assert "cells: 6 total, 0 finished, 6 to run" in text and "mean ± std" in text and "mlflow ui" in text
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(out["tracking_uri"])
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    cells = [r for r in runs if r.data.tags.get("kind") == "cell"]
+    assert len(parents) == 1 and len(cells) == 6
+    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in cells)
+    one = cells[0]
+    assert {"method.name", "pair.name", "dataset.name", "seed", "dataset.max_new_tokens"} <= set(one.data.params)
+    assert {"samples.jsonl", "cell_config.yaml", "result.json"} <= {f.path for f in client.list_artifacts(one.info.run_id)}
+
+    again = run_sweep(root)
+    assert again["ran"] == 0 and again["skipped"] == 6
+    assert "cells: 6 total, 6 finished, 0 to run" in capsys.readouterr().out
+    assert len(client.search_runs([exp.experiment_id], "tags.kind = 'cell'")) == 6
+
+
+def test_killed_actor_and_raising_cell_are_retried_exactly(ray_session, tmp_path):
+    root = make_project(tmp_path)
+    faults = ("+fault_injection=[{kind: exit, labels: [block], seeds: [0]},"
+              "{kind: raise, labels: [spd], seeds: [1]}]")
+    first = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]", "seeds=[0,1]", faults)
+    assert first["total"] == 6 and first["finished"] == 4 and first["failed"] == 2
+    failed = {r["cell_key"]: r for r in first["results"] if r["status"] == "failed"}
+    errors = [r["error"] for r in failed.values()]
+    assert any("actor died" in e for e in errors) and any("injected fault" in e for e in errors), errors
+
+    second = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]", "seeds=[0,1]")
+    assert second["ran"] == 2 and second["finished"] == 2
+    assert {r["cell_key"] for r in second["results"]} == set(failed)  # exactly the failed cells
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(second["tracking_uri"])
+    exp = client.get_experiment_by_name("tiny")
+    active = client.search_runs([exp.experiment_id], "tags.kind = 'cell'")
+    keys = [r.data.tags["cell_key"] for r in active]
+    assert len(keys) == 6 and len(set(keys)) == 6  # nothing duplicated
+    assert all(r.data.tags["cell_status"] == "finished" for r in active)
+
+
+def test_cell_over_its_time_limit_is_killed_and_recorded(ray_session, tmp_path):
+    root = make_project(tmp_path)
+    out = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]", "sweep.methods=[ar]",
+                    "+fault_injection={kind: sleep, seconds: 600, stage: load}", "cluster.cell_timeout_s=8")
+    assert out["total"] == 1 and out["failed"] == 1
+    assert "timed out" in out["results"][0]["error"]

@@ -1,0 +1,38 @@
+"""A multi-node Ray cluster on this machine (ray.cluster_utils.Cluster): cells spread across nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_sweep_support import make_project, run_sweep
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_cells_spread_across_nodes(two_nodes, tmp_path):
+    import ray
+
+    root = make_project(tmp_path)
+    out = run_sweep(
+        root, "cluster=ray", f"cluster.address={two_nodes.address}", "cluster.cpus_per_cell=1",
+        "cluster.scheduling_strategy=SPREAD", "cluster.runtime_env.env_vars={}",
+        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]", "seeds=[0,1]",
+    )
+    assert out["finished"] == 6 and out["failed"] == 0, out["results"]
+    assert not ray.is_initialized()  # the sweep joined the cluster by address and left it
+    nodes = {r["node_id"] for r in out["rows"]}
+    cluster_nodes = {n.node_id for n in two_nodes.list_all_nodes()}
+    assert len(cluster_nodes) == 2 and nodes == cluster_nodes  # both nodes ran cells, results from both

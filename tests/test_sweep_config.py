@@ -1,0 +1,66 @@
+"""Configuration errors stop the sweep before Ray starts, with a message naming the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_sweep_support import make_project, overrides
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return make_project(tmp_path_factory.mktemp("cfgproj"))
+
+
+def _run(root, *extra):
+    from pipeline import sweep
+
+    return sweep.run(sweep.compose(overrides(root, *extra), root / "conf"), root=root)
+
+
+def test_unknown_method_lists_the_valid_choices(root):
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException) as err:
+        _run(root, "method=nope")
+    assert "Available options in 'method'" in str(err.value) and "spd" in str(err.value)
+
+
+def test_impossible_parameter_fails_before_ray(root):
+    import ray
+
+    from pipeline.sweep import SweepConfigError
+
+    with pytest.raises(SweepConfigError, match=r"tau=2 must be a number in \[0.0, 1.0\]"):
+        _run(root, "method=mtad", "method.tau=2")
+    assert not ray.is_initialized()
+
+
+def test_unknown_names_inside_a_sweep_list(root):
+    from pipeline.sweep import SweepConfigError
+
+    with pytest.raises(SweepConfigError) as err:
+        _run(root, "sweep.methods=[spd,nope]", "sweep.pairs=[tiny,nopair]", "sweep.datasets=[nods]")
+    text = str(err.value)
+    assert "unknown method 'nope'" in text and "valid methods: [" in text
+    assert "unknown pair 'nopair'" in text and "unknown dataset 'nods'" in text
+
+
+def test_missing_data_path_names_the_fix(root):
+    from pipeline.sweep import SweepConfigError
+
+    with pytest.raises(SweepConfigError, match="data_root="):
+        _run(root, "sweep.datasets=[mt_bench]", "data_root=/nonexistent")
+
+
+def test_grid_adds_baselines_and_keys_are_stable(root):
+    from pipeline import sweep
+
+    cfg = sweep.compose(overrides(root, "seeds=[0,1]"), root / "conf")
+    a, b = sweep.expand(cfg, root), sweep.expand(cfg, root)
+    assert [c["key"] for c in a.cells] == [c["key"] for c in b.cells]
+    assert len(a.cells) == 3 * 2 * 2 and sum(c["baseline"] for c in a.cells) == 4
+    changed = sweep.expand(sweep.compose(overrides(root, "seeds=[0,1]", "+sweep.method_overrides.top_k=5"), root / "conf"), root)
+    assert not {c["key"] for c in changed.cells} & {c["key"] for c in a.cells}
+    single = sweep.expand(sweep.compose(overrides(root, "method=mtad", "method.tau=0.3"), root / "conf"), root)
+    assert sorted({c["label"] for c in single.cells}) == ["ar", "mtad(tau=0.3)"]
