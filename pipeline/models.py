@@ -234,6 +234,11 @@ def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
                 f"draft vocabulary ({draft.config.vocab_size}) is larger than the target's "
                 f"({target.config.vocab_size}): the pair's models must share a tokenizer"
             )
+    if spec.extra.get("medusa"):
+        # Medusa heads beside the pair (`medusa: models/<dir>`): attached as `target.medusa_heads`
+        from .decoding.medusa import load_medusa_heads
+
+        load_medusa_heads(spec.extra["medusa"], target)
     return LoadedPair(spec=spec, target=target, draft=draft, tokenizer=tokenizer)
 
 

@@ -43,8 +43,16 @@ def tiny_llama(seed: int, vocab: int = 8, hidden: int = 16, layers: int = 1, max
 
 @pytest.fixture(scope="session")
 def tiny_pair():
-    """(target, draft): two different random models over the same 8-token vocabulary."""
-    return tiny_llama(0), tiny_llama(1)
+    """(target, draft): two different random models over the same 8-token vocabulary.
+
+    The target carries (untrained) Medusa heads, as a pair with a ``medusa:`` key does, so that
+    every registered method can be built over this pair.
+    """
+    from pipeline.decoding.medusa import MedusaHeads, attach_medusa_heads
+
+    target = tiny_llama(0)
+    attach_medusa_heads(target, MedusaHeads(target.config.hidden_size, 2))
+    return target, tiny_llama(1)
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,16 @@ from typing import Any
 from .ar import AutoregressiveDecoder
 from .base import Decoder, Generation, validate_params
 from .beam import BeamSearchDecoder
+from .bild import BiLDDecoder
 from .block import BlockVerificationDecoder
+from .mcss import MCSSDecoder
+from .medusa import MedusaDecoder
 from .mtad import MTADDecoder
 from .mtjd import MTJDDecoder
 from .spd import SpeculativeDecoder
+from .specinfer import SpecInferDecoder
+from .spectr import SpecTrDecoder
+from .typical import TypicalDecoder
 from .warping import Warper, make_generator, warp
 
 METHODS: dict[str, type[Decoder]] = {
@@ -30,6 +36,12 @@ METHODS: dict[str, type[Decoder]] = {
         SpeculativeDecoder,
         BlockVerificationDecoder,
         MTADDecoder,
+        BiLDDecoder,
+        SpecTrDecoder,
+        SpecInferDecoder,
+        MCSSDecoder,
+        TypicalDecoder,
+        MedusaDecoder,
     )
 }
 

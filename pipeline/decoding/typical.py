@@ -1,0 +1,65 @@
+"""typical: typical acceptance (Medusa-2, Cai et al. 2024) over a draft model's chain, or over Medusa heads.
+
+``drafter: draft`` (the MTAD paper's baseline): the draft proposes gamma tokens as for ``spd``; one
+target pass scores them; the longest prefix whose tokens all satisfy
+``p(x_i) > min(epsilon, delta * exp(-H(p_i)))`` is kept (p = the warped target row), and the next
+token is drawn from the target row after it (``recovery: argmax`` takes its argmax, as Medusa's
+"fast" mode does). ``drafter: medusa``: the pair's Medusa heads propose a token tree that is
+verified in one pass and the longest typical path is kept (the same as ``medusa`` with
+``acceptance: typical``). Lossy by design; epsilon = 1 accepts nothing (plain sampling), epsilon =
+0 accepts every token in the target's warped support. Temperature 0: exactly ``ar`` greedy.
+"""
+
+from __future__ import annotations
+
+from .base import Generation, Param, in_closed, nonneg_number, one_of
+from .kv import CachedModel
+from .medusa import medusa_generate, medusa_heads_of
+from .drafting import draft_chain
+from .speculative import DraftVerifyDecoder
+from .tree_verify import int_list_at_least
+from .verification import greedy_verify, typical_verify
+from .warping import sample
+
+
+class TypicalDecoder(DraftVerifyDecoder):
+    name = "typical"
+    needs_draft = False  # only with drafter: draft (checked when the decoder is built)
+    params = {
+        **DraftVerifyDecoder.params,
+        "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
+        "delta": Param(0.3, nonneg_number, "posterior alpha: the entropy-scaled threshold factor"),
+        "drafter": Param("draft", one_of("draft", "medusa"), "a draft model's chain, or the pair's Medusa heads"),
+        "recovery": Param("sample", one_of("sample", "argmax"), "next token after the kept prefix"),
+        "k_config": Param([4, 2, 2], int_list_at_least(1), "Medusa tree (drafter: medusa): top-k per depth"),
+    }
+    acceptance = "typical"  # what medusa_generate reads
+
+    def __init__(self, target, draft=None, **params) -> None:
+        super().__init__(target, draft, **params)
+        if self.drafter == "draft":
+            if draft is None:
+                raise ValueError(
+                    "method 'typical' with drafter: draft needs a draft model: pass draft=... to build_decoder, "
+                    "choose a pair whose config has a `draft:` model, or set drafter: medusa"
+                )
+            self.draft = CachedModel(draft, vocab_size=self.target.vocab_size)
+        else:
+            self.heads = medusa_heads_of(target, "typical (drafter: medusa)")
+
+    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
+        if self.drafter == "medusa":
+            return medusa_generate(self, self.heads, prompt, max_new_tokens, eos, generator)
+        return super()._generate(prompt, max_new_tokens, eos, generator)
+
+    def propose(self, context, gamma, generator):
+        draft = draft_chain(self.draft, context, gamma, self.warper, generator)
+        return draft.tokens, None
+
+    def verify(self, logits, tokens, proposal, generator):
+        if self.warper.greedy:
+            return greedy_verify(logits.argmax(-1), tokens)
+        P = self.warper(logits)
+        n, row = typical_verify(P, tokens, self.epsilon, self.delta)
+        y = row.argmax(-1) if self.recovery == "argmax" else sample(row, generator)
+        return n, y

