@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -132,15 +133,8 @@ def load_samples(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.Data
     uri = tracking_uri or runs.attrs.get("tracking_uri") or default_tracking_uri()
     client = _client(uri)
     rows: list[dict[str, Any]] = []
-    quiet = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one bar per run would flood notebooks
-    try:
+    with _no_progress_bars():
         _read_samples(client, runs, rows)
-    finally:
-        if quiet is None:
-            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
-        else:
-            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = quiet
     columns = [*[c for c in ID_COLUMNS if c in runs.columns], *schema.RECORD_FIELDS, "sample_score"]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("new_tokens", "steps", "draft_steps", "decode_s", "tokens_per_s", "perplexity", "sample_score"):
@@ -149,6 +143,21 @@ def load_samples(runs: pd.DataFrame, tracking_uri: str | None = None) -> pd.Data
         df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df.attrs.update(runs.attrs)
     return df
+
+
+@contextmanager
+def _no_progress_bars():
+    """MLflow draws a progress bar per downloaded artifact; one per run would flood notebooks."""
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _read_samples(client, runs: pd.DataFrame, rows: list[dict[str, Any]]) -> None:
@@ -209,3 +218,10 @@ def finite(values: Iterable[float]) -> np.ndarray:
     """The finite values of a sequence, as a float array."""
     arr = np.asarray(list(values), dtype=float)
     return arr[np.isfinite(arr)]
+
+
+def load_result(run_id: str, tracking_uri: str | None = None) -> dict[str, Any]:
+    """A run's ``result.json`` (summary, energy reading with its reason when unavailable, device, settings)."""
+    client = _client(tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="analysis-result-") as tmp, _no_progress_bars():
+        return json.loads(Path(client.download_artifacts(run_id, schema.RESULT_ARTIFACT, tmp)).read_text())

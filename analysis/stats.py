@@ -156,12 +156,12 @@ BOOTSTRAP_METRICS: dict[str, tuple[tuple[str, ...], Callable[[np.ndarray], float
 def paired_units(samples: pd.DataFrame, label: str, reference: str, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(reference units, method units, seeds) of generations present, with finite values, in both."""
     key = ["seed", "id", "turn"]
-    a = samples[samples["label"] == reference].drop_duplicates(key).set_index(key)[list(columns)]
-    b = samples[samples["label"] == label].drop_duplicates(key).set_index(key)[list(columns)]
-    joined = a.join(b, how="inner", lsuffix="_ref", rsuffix="_new").dropna()
+    a = samples.loc[samples["label"] == reference, [*key, *columns]].drop_duplicates(key)
+    b = samples.loc[samples["label"] == label, [*key, *columns]].drop_duplicates(key)
+    joined = a.merge(b, on=key, how="inner", suffixes=("_ref", "_new")).dropna()
     ref = joined[[f"{c}_ref" for c in columns]].to_numpy(dtype=float)
     new = joined[[f"{c}_new" for c in columns]].to_numpy(dtype=float)
-    seeds = joined.index.get_level_values("seed").to_numpy()
+    seeds = joined["seed"].to_numpy()
     return ref, new, seeds
 
 

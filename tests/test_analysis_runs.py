@@ -1,0 +1,100 @@
+"""analysis.runs/tables/figures/report against a real MLflow store of known runs (logged with pipeline.tracking)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from _fixtures_analysis import SWEEP, TOKENS, TOKENS_PER_S, store
+from analysis import figures, report, stats
+from analysis.runs import load_runs, load_samples
+from analysis.tables import build_tables
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    return store(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def runs(uri):
+    return load_runs(SWEEP, uri)
+
+
+@pytest.fixture(scope="module")
+def samples(runs):
+    return load_samples(runs)
+
+
+def test_runs_frame_has_the_cells_tags_params_and_metrics(uri, runs):
+    assert len(runs) == 23  # 24 cells, one failed
+    assert len(load_runs(SWEEP, uri, finished_only=False)) == 24
+    assert set(runs["label"]) == {"ar", "spd", "mtad", "mtad(tau=0.3)"} and set(runs["status"]) == {"finished"}
+    row = runs[(runs["label"] == "mtad(tau=0.3)") & (runs["dataset"] == "humaneval") & (runs["seed"] == 1)].iloc[0]
+    assert (row["method"], row["pair"], row["device"], row["gamma"], row["tau"]) == ("mtad", "tiny", "FakeGPU", 4, 0.3)
+    assert row["tokens_per_s"] == pytest.approx(35.0) and row["j_per_token"] == pytest.approx(0.7)
+    assert runs[runs["dataset"] == "mt_bench"]["j_per_token"].isna().all()
+    with pytest.raises(LookupError, match="fixture"):
+        load_runs("no_such_sweep", uri)
+
+
+def test_samples_frame(samples):
+    assert len(samples) == 23 * len(TOKENS)
+    he = samples[(samples["dataset"] == "humaneval") & (samples["label"] == "spd") & (samples["seed"] == 1)]
+    assert he.sort_values("id")["sample_score"].tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert samples[samples["dataset"] == "mt_bench"]["sample_score"].isna().all()
+
+
+def test_hand_computed_table(runs, samples):
+    t = build_tables(runs, samples, reference="spd", n_boot=400, seed=0)
+    t5 = t.table5.set_index(["dataset", "metric", "label"])
+    spd = t5.loc[("humaneval", "tokens_per_s", "spd")]
+    assert (spd["mean"], spd["std"], spd["seeds"]) == pytest.approx((21.0, statistics.stdev([20, 18, 25]), 3))
+    score = t5.loc[("humaneval", "score", "spd")]  # per-sample verdicts 3/4, 1/4, 2/4
+    assert (score["mean"], score["std"]) == pytest.approx((0.5, 0.25))
+    assert t5.loc[("humaneval", "tokens_per_s", "mtad(tau=0.3)"), "mark"] == "best"
+    assert t5.loc[("humaneval", "tokens_per_s", "mtad"), "mark"] == "second"
+    assert t5.loc[("humaneval", "j_per_token", "mtad(tau=0.3)"), "mark"] == "best"  # 0.75 J/token, lower is better
+    assert t5.loc[("mt_bench", "tokens_per_s", "mtad(tau=0.3)"), "seeds"] == 2  # its seed 1 failed
+
+    s = t.summary.set_index(["dataset", "label"])
+    per_seed = [20 / 10, 18 / 12, 25 / 11]
+    assert s.at[("humaneval", "spd"), "speedup_mean"] == pytest.approx(statistics.mean(per_seed))
+    assert s.at[("humaneval", "spd"), "speedup_std"] == pytest.approx(statistics.stdev(per_seed))
+    ratios = [1.0 / 2.0, 1.2 / 2.2, 0.9 / 2.1]
+    assert s.at[("humaneval", "spd"), "energy_ratio_mean"] == pytest.approx(statistics.mean(ratios))
+    assert s.at[("humaneval", "spd"), "accepted_per_step_mean"] == pytest.approx(statistics.mean([2.0, 2.5, 2.0]))
+    assert s.at[("humaneval", "spd"), "alpha_mean"] == pytest.approx(
+        statistics.mean([stats.alpha_from_tokens_per_step(v, 4) for v in (2.0, 2.5, 2.0)]))
+    assert math.isnan(s.at[("humaneval", "spd"), "bound_mean"])  # c is not logged by the cells
+
+    # significance: pooled tokens/s (total tokens / total decode time over seeds) of mtad minus spd
+    pooled = {lb: 3 * sum(TOKENS) / sum(sum(TOKENS) / v for v in TOKENS_PER_S[("humaneval", lb)]) for lb in ("spd", "mtad")}
+    row = s.loc[("humaneval", "mtad")]
+    assert row["tokens_per_s_diff"] == pytest.approx(pooled["mtad"] - pooled["spd"])
+    assert row["tokens_per_s_low"] < row["tokens_per_s_diff"] < row["tokens_per_s_high"] and row["tokens_per_s_significant"]
+    assert row["score_diff"] == pytest.approx(10 / 12 - 6 / 12)  # 10 of 12 vs 6 of 12 passed
+    again = build_tables(runs, samples, reference="spd", n_boot=400, seed=0).summary.set_index(["dataset", "label"])
+    assert again.at[("humaneval", "mtad"), "score_low"] == row["score_low"]  # fixed seed: same interval
+    assert "ref" in t.summary_markdown() and "\\*" in t.summary_markdown()
+
+
+def test_report_cli_without_notebooks_writes_tables_and_figures(uri, tmp_path):
+    assert report.main(["--sweep", SWEEP, "--tracking-uri", uri, "--out", str(tmp_path), "--no-notebooks", "--bootstrap", "200"]) == 0
+    md, tex = (tmp_path / "table5.md").read_text(), (tmp_path / "table5.tex").read_text()
+    assert "**" in md and "<u>" in md and "mtad(tau=0.3)" in md
+    assert "\\textbf{" in tex and "\\underline{" in tex and "mt\\_bench" in tex
+    assert (tmp_path / "runs.csv").stat().st_size > 0
+    names = {"speed_vs_perplexity", "energy_vs_speed", "score_vs_perplexity", "acceptance_length", "ablation_tau"}
+    assert {p.stem for p in (tmp_path / "figures").iterdir()} == names
+    for name in names:
+        png, pdf = tmp_path / "figures" / f"{name}.png", tmp_path / "figures" / f"{name}.pdf"
+        assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF" and png.stat().st_size > 5000
+    assert report.main(["--sweep", "no_such_sweep", "--tracking-uri", uri, "--out", str(tmp_path / "x"), "--no-notebooks"]) == 2
+
+
+def test_ablation_figure_only_where_a_param_varies(runs):
+    assert figures.ablation_curves(runs, "num_beams") is None  # every mtad cell has 4 beams
+    assert figures.ablation_curves(runs, "tau") is not None
