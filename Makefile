@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run test test-slow setup clean
+.PHONY: run test test-slow setup clean report
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,3 +31,7 @@ test-slow: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# make report SWEEP=<name>: tables, figures and executed notebooks of a sweep's MLflow runs in reports/<name>/
+report: $(STAMP)
+	$(PY) -m analysis.report --sweep=$(SWEEP) $(ARGS)
