@@ -443,7 +443,7 @@ def _prepare_pairs(plan: Plan, opts: Mapping[str, Any]) -> None:
 def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_result, progress: bool = True) -> None:
     """Run cells on Ray, at most ``capacity`` in flight; ``on_result(cell, result)`` for each (driver side)."""
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayError
+    from ray.exceptions import RayActorError, RayError
     from tqdm import tqdm
 
     from pipeline.cell import CellActor
@@ -494,7 +494,6 @@ def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_r
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
-        _ = GetTimeoutError
 
 
 def _short(err: BaseException, limit: int = 500) -> str:
@@ -527,11 +526,11 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
     if not rows:
         return "(no cells)", "(no cells)"
     df = pd.DataFrame(rows)
-    for col in ("tokens_per_s", "joules_per_token", "score", "accepted_per_step", "perplexity"):
+    for col in ("tokens_per_s", "j_per_token", "score", "accepted_per_step", "perplexity"):
         if col not in df:
             df[col] = float("nan")
     df["seed"] = df["seed"].astype(int)
-    per_cell = df[["label", "pair", "dataset", "seed", "cell_status", "tokens_per_s", "joules_per_token", "score", "cell_key"]].copy()
+    per_cell = df[["label", "pair", "dataset", "seed", "cell_status", "tokens_per_s", "j_per_token", "score", "cell_key"]].copy()
     per_cell = per_cell.sort_values(["pair", "dataset", "label", "seed"])
     per_cell.columns = ["method", "pair", "dataset", "seed", "status", "tokens/s", "J/token", "score", "cell_key"]
     cell_text = per_cell.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
@@ -553,7 +552,7 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
             "tokens/s": _fmt(g["tokens_per_s"].mean(), g["tokens_per_s"].std()),
             "speedup": _fmt(g["speedup"].mean(), g["speedup"].std()),
             "accepted/step": _fmt(g["accepted_per_step"].mean(), g["accepted_per_step"].std()),
-            "J/token": _fmt(g["joules_per_token"].mean(), g["joules_per_token"].std(), 4),
+            "J/token": _fmt(g["j_per_token"].mean(), g["j_per_token"].std(), 4),
             "perplexity": _fmt(g["perplexity"].mean(), g["perplexity"].std()),
             "score": _fmt(g["score"].mean(), g["score"].std()),
         })

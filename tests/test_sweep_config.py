@@ -64,3 +64,18 @@ def test_grid_adds_baselines_and_keys_are_stable(root):
     assert not {c["key"] for c in changed.cells} & {c["key"] for c in a.cells}
     single = sweep.expand(sweep.compose(overrides(root, "method=mtad", "method.tau=0.3"), root / "conf"), root)
     assert sorted({c["label"] for c in single.cells}) == ["ar", "mtad(tau=0.3)"]
+
+
+def test_summary_tables_speedup_against_the_same_seed_baseline():
+    from pipeline.sweep import summary_tables
+
+    rows = []
+    for seed, (ar, spd) in enumerate([(10.0, 20.0), (10.0, 30.0)]):
+        for label, tps in (("ar", ar), ("spd", spd)):
+            rows.append({"label": label, "pair": "p", "dataset": "d", "seed": str(seed), "cell_status": "finished",
+                         "tokens_per_s": tps, "cell_key": f"{label}{seed}", "score": 0.5, "accepted_per_step": 1.0})
+    rows.append({"label": "spd", "pair": "p", "dataset": "d", "seed": "2", "cell_status": "failed", "cell_key": "x"})
+    per_cell, means = summary_tables(rows, "ar")
+    assert "failed" in per_cell
+    spd_line = next(line for line in means.splitlines() if " spd " in f" {line} ")
+    assert "2.50 ± 0.71" in spd_line and "25.00 ± 7.07" in spd_line
