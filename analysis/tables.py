@@ -39,16 +39,23 @@ def fmt_mean_std(mean: float, std: float, digits: int = 2, latex: bool = False) 
     return f"{mean:.{digits}f}{pm}{std:.{digits}f}"
 
 
-def rank_marks(means: dict[str, float], direction: int) -> dict[str, str]:
-    """label -> ``best`` / ``second`` / ``""`` by mean (ties share a mark); NaN never ranked."""
-    values = sorted({round(v, 12) for v in means.values() if v is not None and math.isfinite(v)}, reverse=direction > 0)
+def rank_marks(means: dict[str, float], direction: int, digits: int | None = None) -> dict[str, str]:
+    """label -> ``best`` / ``second`` / ``""`` by mean; NaN never ranked.
+
+    With ``digits`` the means are compared as shown (rounded), so equal-looking cells share a mark.
+    """
+    def shown(v: float) -> float:
+        return round(v, digits if digits is not None else 12)
+
+    finite = {lb: shown(v) for lb, v in means.items() if v is not None and math.isfinite(v)}
+    values = sorted(set(finite.values()), reverse=direction > 0)
     out = {}
-    for label, v in means.items():
-        if v is None or not math.isfinite(v) or len(values) < 2:
+    for label in means:
+        if label not in finite or len(values) < 2:
             out[label] = ""
-        elif round(v, 12) == values[0]:
+        elif finite[label] == values[0]:
             out[label] = "best"
-        elif round(v, 12) == values[1]:
+        elif finite[label] == values[1]:
             out[label] = "second"
         else:
             out[label] = ""
@@ -221,7 +228,7 @@ def table5_frame(runs: pd.DataFrame, metrics: Sequence[str] = TABLE5_ROWS) -> pd
         agg = stats.aggregate(block, list(metrics), by=("label",)).set_index("label")
         for metric in metrics:
             means = {lb: agg.at[lb, f"{metric}_mean"] for lb in labels}
-            marks = rank_marks(means, schema.DIRECTION.get(metric, 1))
+            marks = rank_marks(means, schema.DIRECTION.get(metric, 1), DIGITS.get(metric, 2))
             for lb in labels:
                 rows.append({"pair": pair, "dataset": dataset, "metric": metric, "label": lb, "mean": means[lb],
                              "std": agg.at[lb, f"{metric}_std"], "n": int(agg.at[lb, f"{metric}_n"]),
@@ -246,7 +253,7 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
         labels = order_labels(block["label"], methods)
         agg = stats.aggregate(block, list(SUMMARY_COLUMNS), by=("label",)).set_index("label")
         marks = {col: rank_marks({lb: agg.at[lb, f"{col}_mean"] for lb in labels if lb != schema.BASELINE and methods.get(lb) != schema.BASELINE},
-                                 schema.DIRECTION.get(col, 1)) for col in ("speedup", "energy_ratio", "accepted_per_step")}
+                                 schema.DIRECTION.get(col, 1), DIGITS[col]) for col in ("speedup", "energy_ratio", "accepted_per_step")}
         for lb in labels:
             row = {"pair": pair, "dataset": dataset, "label": lb, "method": methods.get(lb, lb), "seeds": int(agg.at[lb, "seeds"])}
             for col in SUMMARY_COLUMNS:

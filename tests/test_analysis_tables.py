@@ -52,3 +52,8 @@ def test_table5_markdown_and_latex():
     assert "n/a" not in summary.split("####")[1].splitlines()[4]  # ar has no bound: '–', not 'n/a'
     assert "| spd | 3 | <u>1.92 ± 0.39</u> |" in summary  # per-seed speedup, then mean ± std; second of the non-baseline rows
     assert "| mtad | 3 | **2.73 ± 0.27** |" in summary
+
+
+def test_marks_compare_the_shown_values():
+    assert tables.rank_marks({"a": 1.021, "b": 1.024, "c": 0.9}, +1, digits=2) == {"a": "best", "b": "best", "c": "second"}
+    assert tables.rank_marks({"a": 1.021, "b": 1.024, "c": 0.9}, +1) == {"a": "second", "b": "best", "c": ""}
