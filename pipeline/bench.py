@@ -33,8 +33,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .decoding import build_decoder, make_generator
-from .decoding.kv import CachedModel
 from .generate import encode_prompt, eos_ids
+from .measure import step_times
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,28 +61,6 @@ class Row:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def step_times(model, prompt: list[int], gamma: int, device, reps: int = 20) -> tuple[float, float]:
-    """Median single-token step time and median (gamma+1)-token forward time, with a KV cache."""
-    cm = CachedModel(model)
-    with torch.inference_mode():
-        cm.prefill(prompt)
-        length = cm.length
-        single, block = [], []
-        for _ in range(reps):
-            _sync(device)
-            t0 = time.perf_counter()
-            cm.forward(prompt[-1:], keep=1)
-            _sync(device)
-            single.append(time.perf_counter() - t0)
-            cm.rollback(length)
-            t0 = time.perf_counter()
-            cm.forward(prompt[-gamma - 1 :], keep=gamma + 1)
-            _sync(device)
-            block.append(time.perf_counter() - t0)
-            cm.rollback(length)
-    return statistics.median(single), statistics.median(block)
 
 
 def leviathan_bound(alpha: float, gamma: int, c: float) -> float:

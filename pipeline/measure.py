@@ -408,6 +408,33 @@ def run_window(
     )
 
 
+def step_times(model: Any, prompt: Sequence[int], gamma: int, device: torch.device | str, reps: int = 20) -> tuple[float, float]:
+    """Median single-token step time and median (gamma + 1)-token forward time, batch 1, with a KV cache.
+
+    The costs behind Leviathan's bound (t_ar or t_draft, and t_verify); measured outside any window.
+    """
+    import statistics
+
+    from pipeline.decoding.kv import CachedModel
+
+    device = torch.device(device)
+    prompt = list(prompt)
+    cm = CachedModel(model)
+    single, block = [], []
+    with torch.inference_mode():
+        cm.prefill(prompt)
+        length = cm.length
+        for _ in range(reps):
+            for keep, out in ((1, single), (gamma + 1, block)):
+                synchronize(device)
+                t0 = time.perf_counter()
+                cm.forward(prompt[-keep:], keep=keep)
+                synchronize(device)
+                out.append(time.perf_counter() - t0)
+                cm.rollback(length)
+    return statistics.median(single), statistics.median(block)
+
+
 def predictions_for_scoring(result: WindowResult) -> list[dict[str, Any]]:
     """Per-sample predictions in the scorers' JSONL shape (multi-turn samples: the list of answers)."""
     by_id: dict[str, list[GenerationRecord]] = {}

@@ -25,8 +25,11 @@ def test_cell_runs_every_stage(plan):
     cell = _cell(plan, "spd", "humaneval")
     result = run_cell(cell)
     assert result["status"] == "finished", result.get("traceback")
-    assert set(result["stages"]) == {"load", "generate", "perplexity", "score"}
+    assert set(result["stages"]) == {"load", "generate", "costs", "perplexity", "score"}
     m = result["metrics"]
+    # step costs for Leviathan's bound, measured after the window
+    assert m["t_target_step_ms"] > 0 and m["t_draft_step_ms"] > 0 and m["t_verify_ms"] > 0
+    assert m["cost_ratio_c"] == m["t_draft_step_ms"] / m["t_target_step_ms"]
     assert m["generations"] == 2 and m["new_tokens"] > 0 and m["tokens_per_s"] > 0
     assert m["perplexity"] > 1 and 0.0 <= m["score"] <= 1.0 and result["score_metric"] == "pass@1"
     assert m["draft_steps"] > 0  # speculative method: the draft ran
@@ -40,6 +43,7 @@ def test_mt_bench_without_judge_is_speed_only(plan):
     result = run_cell(_cell(plan, "ar", "mt_bench"))
     assert result["status"] == "finished", result.get("traceback")
     assert result["score_metric"] == "speed_only" and "score" not in result["metrics"]
+    assert "costs" not in result["stages"]  # no draft, no cost ratio
     assert result["metrics"]["generations"] == 4  # 2 samples x 2 turns
 
 
