@@ -216,7 +216,7 @@ def train_heads(
         loss.backward()
         opt.step()
         if log_every and (step % log_every == 0 or step == 1):
-            log(f"step {step}/{steps} loss {float(loss):.4f} lr {rate:.2e}")
+            log(f"step {step}/{steps} loss {float(loss.detach()):.4f} lr {rate:.2e}")
         if eval_every and evaluate is not None and step % eval_every == 0:
             heads.eval()
             evaluate(step)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from .base import Generation, cut_at_eos
 from .kv import CachedModel
 from .tree import TokenTree
 from .verification import kseq_verify, multi_candidate_verify, one_hot_acceptance, typical_acceptance
@@ -277,8 +278,6 @@ def tree_generate(decoder, prompt, max_new_tokens, eos, generator, propose, walk
     ``walk(P, tree, generator) -> (path, next-token distribution)`` are the method's parts. Temperature
     0 uses ``greedy_tree_walk`` for every method.
     """
-    from .base import Generation, cut_at_eos
-
     target, draft, warper = decoder.target, decoder.draft, decoder.warper
     target.reset()
     draft.reset()
