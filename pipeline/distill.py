@@ -8,14 +8,17 @@ Stages, each cached so that a re-run continues where it stopped:
    prompts, never trained on, with the target's *warped* next-token rows: the alpha of section 3;
 3. training: a small Llama student (embedding initialised from the SVD of the target's), forward KL
    to the teacher's top-k plus one rest-of-vocabulary bucket, with the output vocabulary restricted to
-   the ``vocab_map_size`` tokens carrying the most teacher mass (``draft_token_map.json``) and random
+   the ``vocab_map_size`` tokens carrying the most teacher mass (``restricted_head_map.json``) and random
    negatives from outside the map so that the full tied head stays usable too;
 4. checkpoint + model card under ``out_dir``; held-out alpha and greedy agreement logged as it trains.
 
-The checkpoint is a stock ``LlamaForCausalLM`` (tied 49,152-token embedding, bf16). Its
-``draft_token_map.json`` lists the target ids of the restricted head; ``restrict_head`` turns a
-loaded model into one whose logits cover only those ids (what the decoding engine expects when the
-map file is present; q = 0 elsewhere, verification stays exact).
+The checkpoint is a stock ``LlamaForCausalLM`` (tied 49,152-token embedding, bf16) that works as a
+full-vocabulary draft anywhere. Its ``restricted_head_map.json`` lists the target ids of the
+restricted head; ``restrict_head`` turns a loaded model into one whose logits cover only those ids
+and records the map as ``model.draft_token_map`` (logit i -> target id), which is the decoding
+engine's restricted-vocabulary contract (q = 0 elsewhere, verification stays exact). The map is
+deliberately *not* named ``draft_token_map.json``: the engine reads that file from a checkpoint
+directory and expects the model's logits to be already restricted, which a stock loader does not do.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch.nn.functional as F
 from pipeline.models import REPO_ROOT
 
 WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
+MAP_FILE = "restricted_head_map.json"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -64,20 +68,24 @@ def make_student(target, *, hidden_size: int, num_layers: int, intermediate_size
         proj = emb @ vh[:hidden_size].T
         proj = proj * (emb.norm(dim=1).mean() / proj.norm(dim=1).mean())
         student.get_input_embeddings().weight.data.copy_(proj)
-        # the final norm's output has RMS ~1 per coordinate: scale it so initial logits have std ~2
-        student.model.norm.weight.data.fill_(2.0 / float(proj.norm(dim=1).mean()))
+        # At init the residual stream is mostly the input token's own embedding, so with a unit final
+        # norm the student would predict "repeat the input" with logits ~sqrt(d)*|e|. Scale the final
+        # norm so that this self-logit is ~4 (unrelated tokens get std ~4/sqrt(d)): a near-uniform start.
+        student.model.norm.weight.data.fill_(4.0 / (hidden_size ** 0.5 * float(proj.norm(dim=1).mean())))
     student.tie_weights()
     return student
 
 
 def restrict_head(model, token_map: torch.Tensor | list[int] | None = None):
-    """Make ``model`` output logits only for ``token_map`` (default: its checkpoint's draft_token_map.json).
+    """Make ``model`` output logits only for ``token_map`` (default: its checkpoint's restricted_head_map.json).
 
     The LM head becomes a copy of the mapped rows of the (tied) embedding; the input embedding keeps
-    the full vocabulary because the decoding engine feeds target token ids.
+    the full vocabulary because the decoding engine feeds target token ids. The map is kept as
+    ``model.draft_token_map`` (a LongTensor: logit i -> target id). A model without a map is returned
+    unchanged.
     """
     if token_map is None:
-        file = Path(getattr(model, "name_or_path", "") or ".") / "draft_token_map.json"
+        file = Path(getattr(model, "name_or_path", "") or ".") / MAP_FILE
         if not file.exists():
             return model
         token_map = json.loads(file.read_text())
@@ -87,6 +95,7 @@ def restrict_head(model, token_map: torch.Tensor | list[int] | None = None):
     head.weight.data.copy_(weight)
     model.lm_head = head
     model.config.tie_word_embeddings = False
+    model.draft_token_map = token_map
     return model
 
 
@@ -285,7 +294,7 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
             f"alpha {m['alpha']:.4f} greedy {m['greedy_agreement']:.4f}")
 
     do_eval(0)
-    bar = tqdm(range(steps), disable=not progress, mininterval=10)
+    bar = tqdm(range(steps), disable=not progress, mininterval=30, maxinterval=60)
     for step in bar:
         if not batches:
             batches = make_batches(records, tokens_per_batch, max_len, seed + epoch)
@@ -303,7 +312,7 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
         sched.step()
         train_time += time.time() - ts
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        bar.set_postfix(loss=f"{ema:.3f}", epoch=epoch)
+        bar.set_postfix(loss=f"{ema:.3f}", epoch=epoch, refresh=False)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             do_eval(step + 1)
     student.eval()
@@ -316,16 +325,16 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
 
 
 def save_checkpoint(student, token_map: torch.Tensor | None, out_dir: Path, dtype: str = "bfloat16") -> None:
-    """A stock transformers checkpoint (tied embedding) plus ``draft_token_map.json`` when restricted."""
+    """A stock transformers checkpoint (tied embedding) plus ``restricted_head_map.json`` when restricted."""
     from pipeline.models import DTYPES
 
     out_dir.mkdir(parents=True, exist_ok=True)
     student.to(DTYPES[dtype]).save_pretrained(out_dir)
     student.float()
     if token_map is not None and token_map.numel() < student.config.vocab_size:
-        (out_dir / "draft_token_map.json").write_text(json.dumps(token_map.tolist()))
-    elif (out_dir / "draft_token_map.json").exists():
-        (out_dir / "draft_token_map.json").unlink()
+        (out_dir / MAP_FILE).write_text(json.dumps(token_map.tolist()))
+    elif (out_dir / MAP_FILE).exists():
+        (out_dir / MAP_FILE).unlink()
 
 
 @torch.no_grad()
@@ -379,11 +388,12 @@ def write_model_card(out_dir: Path, info: dict[str, Any]) -> None:
         f"{s['num_kv_heads']} KV head(s), FFN {s['intermediate_size']}, tied {s['vocab_size']}-token embedding "
         f"initialised from the target embedding's top-{s['hidden_size']} SVD projection.",
         f"- {s['params'] / 1e6:.2f}M parameters, stored in {info['save_dtype']} ({s['bytes'] / 1e6:.1f} MB).",
-        f"- Restricted output vocabulary: `draft_token_map.json` lists {s['map_size']} target ids (the most teacher mass "
+        f"- Restricted output vocabulary: `{MAP_FILE}` lists {s['map_size']} target ids (the most teacher mass "
         f"in the training data; {d.get('map_coverage', float('nan')):.4f} of the teacher's top-{d['top_k_store']} mass "
-        "on the training data). The checkpoint itself is a stock tied `LlamaForCausalLM` over the full vocabulary; "
-        "`pipeline.distill.restrict_head(model)` makes the head cover only the mapped ids (the decoding engine's "
-        "contract when the map file is present: q = 0 elsewhere, verification stays exact).",
+        "on the training data). The checkpoint itself is a stock tied `LlamaForCausalLM` over the full vocabulary "
+        "(usable as is, exact, at the full head's cost); `pipeline.distill.restrict_head(model)` makes the head cover "
+        "only the mapped ids and sets `model.draft_token_map` (logit i -> target id; q = 0 elsewhere, verification "
+        "stays exact), which roughly halves the draft's step time.",
         "",
         "## Data (offline; generated by the target, cached under `.cache/distill/`, not committed)",
         "",
@@ -413,8 +423,6 @@ def write_model_card(out_dir: Path, info: dict[str, Any]) -> None:
         f"{figs.get('c_full', float('nan')):.3f} full head ({figs.get('draft_ms_full', float('nan')):.2f} ms); "
         f"target step {figs.get('target_ms', float('nan')):.2f} ms",
     ]
-    for k, v in info.get("speed", {}).items():
-        lines.append(f"- {k}: {v}")
     lines += [
         "",
         "## Held-out alpha against training time",
@@ -422,6 +430,15 @@ def write_model_card(out_dir: Path, info: dict[str, Any]) -> None:
         "| step | train min | loss (EMA) | alpha | greedy agreement |",
         "|---|---|---|---|---|",
         curve,
+    ]
+    for note in info.get("notes", []):
+        lines += ["", note]
+    if info.get("speed"):
+        from pipeline.distill_speed import speed_section
+
+        for entry in info["speed"]:
+            lines += speed_section(entry, entry["command"])
+    lines += [
         "",
         f"Written {_now()}.",
         "",

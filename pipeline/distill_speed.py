@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--full-head", action="store_true", help="use the draft's full tied head (no restriction)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--card", default=None, help="a draft directory: append the figures to its MODEL_CARD.md and metrics.json")
     args = ap.parse_args(argv)
@@ -41,7 +42,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(args.threads)
     pair = load_pair_by_name(args.pair)
-    draft = restrict_head(pair.draft) if pair.draft is not None else None  # no-op without a token map
+    draft = pair.draft
+    if draft is not None and not args.full_head:
+        draft = restrict_head(draft)  # no-op without restricted_head_map.json
+        if getattr(draft, "draft_token_map", None) is not None:
+            # The engine reads a restricted draft's map from <checkpoint>/draft_token_map.json; a head
+            # restricted after loading carries it as an attribute instead, so let the engine see it.
+            import pipeline.decoding.kv as kv
+
+            file_map = kv.load_token_map
+            kv.load_token_map = lambda m: m.draft_token_map if getattr(m, "draft_token_map", None) is not None else file_map(m)
     tok = pair.tokenizer
     # prompts after the alpha set's (offset), so speed is measured on other held-out samples too
     prompts = heldout_prompts(args.n_humaneval, args.n_mtbench, None)
@@ -94,13 +104,11 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def append_to_card(card_dir: Path, result: dict, argv: list[str] | None) -> None:
-    """Add a "Measured speed" section (figures + the command) to a draft's model card and metrics."""
-    import sys
-
+def speed_section(result: dict, cmd: str) -> list[str]:
+    """Markdown lines: a "Measured speed" table for one distill_speed result."""
     a = result["args"]
-    cmd = "python -m pipeline.distill_speed " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = ["", "## Measured speed (this CPU, one thread, batch 1)", "",
+    head = "full tied head" if a.get("full_head") else "restricted head"
+    lines = ["", f"## Measured speed ({head}; this CPU, one thread, batch 1)", "",
              f"`{cmd}`", "",
              f"{a['n_humaneval']} HumanEval + {a['n_mtbench']} MT-Bench held-out prompts, up to {a['max_new_tokens']} new "
              f"tokens, T=1, top-k 10, top-p 0.9, gamma {a['gamma']}, {a['repeats']} repeats (methods interleaved; the "
@@ -110,13 +118,17 @@ def append_to_card(card_dir: Path, result: dict, argv: list[str] | None) -> None
     for m, s in result["summary"].items():
         sp = s.get("speedup_vs_ar_median")
         lines.append(f"| {m} | {s['tokens_per_s_median']:.2f} | {s['tokens_per_step']:.2f} | {'1.00' if sp is None else f'{sp:.3f}'} |")
+    return lines
+
+
+def append_to_card(card_dir: Path, result: dict, argv: list[str] | None) -> None:
+    """Add a "Measured speed" section (figures + the command) to a draft's model card and metrics."""
+    import sys
+
+    cmd = "python -m pipeline.distill_speed " + " ".join(argv if argv is not None else sys.argv[1:])
     card = card_dir / "MODEL_CARD.md"
-    card.write_text(card.read_text() + "\n".join(lines) + "\n")
+    card.write_text(card.read_text() + "\n".join(speed_section(result, cmd)) + "\n")
     metrics = card_dir / "metrics.json"
     info = json.loads(metrics.read_text()) if metrics.exists() else {}
     info.setdefault("speed", []).append({"command": cmd, **result})
     metrics.write_text(json.dumps(info, indent=2))
-
-
-if __name__ == "__main__":
-    main()

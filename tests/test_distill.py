@@ -129,7 +129,7 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
     assert loss_of(s1) < 0.8 * loss_of(fresh)
 
     save_checkpoint(s1, token_map, tmp_path / "draft", "bfloat16")
-    assert json.loads((tmp_path / "draft" / "draft_token_map.json").read_text()) == token_map.tolist()
+    assert json.loads((tmp_path / "draft" / "restricted_head_map.json").read_text()) == token_map.tolist()
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "draft", dtype=torch.float32).eval()
@@ -137,6 +137,7 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
     with torch.no_grad():
         full = loaded(ids).logits
         restricted = restrict_head(loaded)(ids).logits
+    assert torch.equal(loaded.draft_token_map, token_map)
     assert full.shape[-1] == 256 and restricted.shape[-1] == token_map.numel()
     assert torch.allclose(full[..., token_map], restricted, atol=1e-4)
     a_loaded = evaluate_alpha(loaded, heldout_for(target, recs), token_map)["alpha"]
