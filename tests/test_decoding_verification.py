@@ -19,7 +19,15 @@ from pipeline.decoding.verification import (
 )
 from pipeline.decoding.warping import warp
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64_by_default():
+    """Exact checks in float64, without leaking the default dtype into other test modules."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _token_law(P, Q, x):
@@ -90,9 +98,9 @@ def _two_token_law(law_fn, p, q, gamma):
 
 
 PAIRS = [
-    (torch.tensor([1 / 3, 2 / 3]), torch.tensor([2 / 3, 1 / 3])),
-    (torch.tensor([0.5, 0.3, 0.2, 0.0]), torch.tensor([0.1, 0.2, 0.3, 0.4])),
-    (torch.tensor([0.05, 0.05, 0.9]), torch.tensor([0.6, 0.3, 0.1])),
+    (torch.tensor([1 / 3, 2 / 3], dtype=torch.float64), torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)),
+    (torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64), torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)),
+    (torch.tensor([0.05, 0.05, 0.9], dtype=torch.float64), torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)),
 ]
 
 

@@ -86,7 +86,14 @@ class PreallocatedLayer(DynamicLayer):
 
 
 def load_token_map(model) -> torch.Tensor | None:
-    """A restricted-vocabulary draft's map (draft logit i -> target token id), if its checkpoint has one."""
+    """A restricted-vocabulary draft's map (draft logit i -> target token id), if it has one.
+
+    Either set on the model (``model.draft_token_map``, e.g. by ``pipeline.distill.restrict_head``)
+    or saved beside its weights as ``draft_token_map.json``.
+    """
+    attached = getattr(model, "draft_token_map", None)
+    if attached is not None:
+        return torch.as_tensor(attached, dtype=torch.long)
     path = getattr(model, "name_or_path", None)
     if not path:
         return None
