@@ -132,3 +132,7 @@ def append_to_card(card_dir: Path, result: dict, argv: list[str] | None) -> None
     info = json.loads(metrics.read_text()) if metrics.exists() else {}
     info.setdefault("speed", []).append({"command": cmd, **result})
     metrics.write_text(json.dumps(info, indent=2))
+
+
+if __name__ == "__main__":
+    main()
