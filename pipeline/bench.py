@@ -121,6 +121,11 @@ class Bench:
         if spec.draft is None:
             raise ValueError(f"pair {spec.name!r} has no draft model: the benchmark compares speculative methods")
         self.pair = load_pair(spec)
+        if getattr(self.pair.draft, "draft_token_map", None) is not None:
+            raise ValueError(
+                "transformers' assisted generation needs a draft over the full vocabulary, and the same draft "
+                "must serve both implementations: run with pair.draft.restrict_head=false"
+            )
         self.device = next(self.pair.target.parameters()).device
         self.prompts = [encode_prompt(self.pair.tokenizer, p, spec.chat) for p in cfg.prompts]
         self.eos = [] if cfg.ignore_eos else eos_ids(self.pair.tokenizer, self.pair.target)
