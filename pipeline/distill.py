@@ -114,7 +114,13 @@ def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None)
         step = max(1, len(samples) // n_humaneval)
         out += [humaneval.chat_user_texts(s)[0] for s in samples[::step][:n_humaneval]]
     if n_mtbench:
-        path = Path(mt_bench_path or "/work/shared/data/mt_bench/question.jsonl")
+        if not mt_bench_path:
+            raise ValueError("held-out MT-Bench prompts need heldout.mt_bench_path (a question.jsonl)")
+        path = Path(mt_bench_path)
+        if not path.is_absolute():
+            path = REPO_ROOT / path
+        if not path.exists():
+            raise ValueError(f"{path} not found: set heldout.mt_bench_path or PIPELINE_DATA_ROOT")
         rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
         step = max(1, len(rows) // n_mtbench)
         out += [r["turns"][0] for r in rows[::step][:n_mtbench]]
