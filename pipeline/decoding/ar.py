@@ -12,8 +12,7 @@ class AutoregressiveDecoder(Decoder):
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         target = self.target
-        target.reset()
-        target.prefill(prompt[:-1])
+        self._start(prompt)
         pending = prompt[-1:]
         out: list[int] = []
         for _ in range(max_new_tokens):

@@ -8,7 +8,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 
 from .kv import CachedModel
-from .warping import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Warper
+from .warping import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Warper, sample
 
 
 @dataclass
@@ -149,6 +149,19 @@ class Decoder:
         self, prompt: list[int], max_new_tokens: int, eos: frozenset[int], generator: torch.Generator | None
     ) -> Generation:
         raise NotImplementedError
+
+    def _start(self, prompt: list[int]) -> None:
+        """A new generation: empty the caches and write all but the prompt's last token into them."""
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.reset()
+                model.prefill(prompt[:-1])
+
+    def _next_token(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+        """One token from one row of target logits: argmax when greedy, else a warped sample."""
+        if self.warper.greedy:
+            return int(logits.argmax(-1))
+        return int(sample(self.warper(logits), generator))
 
 
 def validate_params(cls: type[Decoder], params: dict[str, Any], has_draft: bool) -> dict[str, Any]:

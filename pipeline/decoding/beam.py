@@ -32,8 +32,7 @@ class BeamSearchDecoder(Decoder):
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         target, width = self.target, self.num_beams
-        target.reset()
-        target.prefill(prompt[:-1])
+        self._start(prompt)
         logp = self._step_scores(target.forward(prompt[-1:], keep=1))  # [1, V]
         start = target.length
         tree = TokenTree(start)

@@ -34,10 +34,7 @@ class BiLDDecoder(Decoder):
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         target, draft, warper = self.target, self.draft, self.warper
-        target.reset()
-        draft.reset()
-        target.prefill(prompt[:-1])
-        draft.prefill(prompt[:-1])
+        self._start(prompt)
         context = list(prompt)
         out: list[int] = []
         accepted: list[int] = []

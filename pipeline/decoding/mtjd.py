@@ -23,8 +23,7 @@ class MTJDDecoder(Decoder):
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         target = self.target
-        target.reset()
-        target.prefill(prompt[:-1])
+        self._start(prompt)
         context = list(prompt)
         out: list[int] = []
         accepted: list[int] = []

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from .base import Decoder, Generation, Param, cut_at_eos, int_at_least
-from .warping import sample
 
 
 class DraftVerifyDecoder(Decoder):
@@ -33,17 +32,9 @@ class DraftVerifyDecoder(Decoder):
         """
         raise NotImplementedError
 
-    def _next_token(self, logits: torch.Tensor, generator) -> int:
-        if self.warper.greedy:
-            return int(logits.argmax(-1))
-        return int(sample(self.warper(logits), generator))
-
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         target, draft = self.target, self.draft
-        target.reset()
-        draft.reset()
-        target.prefill(prompt[:-1])
-        draft.prefill(prompt[:-1])
+        self._start(prompt)
         context = list(prompt)
         out: list[int] = []
         accepted: list[int] = []

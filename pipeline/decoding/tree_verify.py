@@ -279,10 +279,7 @@ def tree_generate(decoder, prompt, max_new_tokens, eos, generator, propose, walk
     0 uses ``greedy_tree_walk`` for every method.
     """
     target, draft, warper = decoder.target, decoder.draft, decoder.warper
-    target.reset()
-    draft.reset()
-    target.prefill(prompt[:-1])
-    draft.prefill(prompt[:-1])
+    decoder._start(prompt)
     context = list(prompt)
     out: list[int] = []
     accepted: list[int] = []
@@ -290,9 +287,7 @@ def tree_generate(decoder, prompt, max_new_tokens, eos, generator, propose, walk
         length = len(context)
         depth = min(decoder.tree_depth, max_new_tokens - len(out) - 1)
         if depth == 0:  # one token left: a plain target step
-            logits = target.forward(context[-1:], keep=1)[-1]
-            y = int(logits.argmax(-1)) if warper.greedy else int(sample(warper(logits), generator))
-            emitted = [y]
+            emitted = [decoder._next_token(target.forward(context[-1:], keep=1)[-1], generator)]
         else:
             tree = propose(context, depth, generator)
             logits = tree_verify_forward(target, context, tree)
