@@ -202,3 +202,16 @@ def cut_at_eos(tokens: list[int], eos: frozenset[int]) -> tuple[list[int], bool]
         if t in eos:
             return tokens[: i + 1], True
     return tokens, False
+
+
+def emit(
+    emitted: list[int], eos: frozenset[int], max_new_tokens: int, out: list[int], context: list[int], accepted: list[int]
+) -> bool:
+    """Append one iteration's tokens, cut at the first EOS and at ``max_new_tokens``, to ``out`` and
+    ``context``, and record how many were emitted; True when decoding must stop."""
+    emitted, stop = cut_at_eos(emitted, eos)
+    emitted = emitted[: max_new_tokens - len(out)]
+    out += emitted
+    context += emitted
+    accepted.append(len(emitted))
+    return stop or len(out) >= max_new_tokens

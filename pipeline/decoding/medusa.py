@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .base import Decoder, Generation, Param, cut_at_eos, in_closed, nonneg_number, one_of
+from .base import Decoder, Generation, Param, emit, in_closed, nonneg_number, one_of
 from .tree_verify import (
     cartesian_tree,
     greedy_tree_walk,
@@ -195,12 +195,7 @@ def medusa_generate(decoder: Decoder, heads: MedusaHeads, prompt, max_new_tokens
         head_row = hidden[-1][0, -1]
         hidden.clear()
         while True:
-            emitted, stop = cut_at_eos(emitted, eos)
-            emitted = emitted[: max_new_tokens - len(out)]
-            out += emitted
-            context += emitted
-            accepted.append(len(emitted))
-            if stop or len(out) >= max_new_tokens:
+            if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
             depth = min(len(decoder.k_config), heads.num_heads, max_new_tokens - len(out) - 1)
             length = len(context)

@@ -8,7 +8,7 @@ paper eq. 2 weights), emits the best beam and restarts from the new prefix; no v
 
 from __future__ import annotations
 
-from .base import Decoder, Generation, Param, boolean, cut_at_eos, int_at_least, one_of
+from .base import Decoder, Generation, Param, boolean, emit, int_at_least, one_of
 from .beam_sampling import BEAM_WEIGHTS, beam_sample
 
 
@@ -32,10 +32,6 @@ class MTJDDecoder(Decoder):
             beam = beam_sample(
                 target, context, k, self.num_beams, self.warper, generator, self.beam_weights, self.replacement
             )
-            emitted, stop = cut_at_eos(beam.tokens, eos)
-            out += emitted
-            context += emitted
-            accepted.append(len(emitted))
-            if stop:
+            if emit(beam.tokens, eos, max_new_tokens, out, context, accepted):
                 break
         return Generation(out, target.forwards, 0, accepted)

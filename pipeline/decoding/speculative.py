@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .base import Decoder, Generation, Param, cut_at_eos, int_at_least
+from .base import Decoder, Generation, Param, emit, int_at_least
 
 
 class DraftVerifyDecoder(Decoder):
@@ -55,11 +55,6 @@ class DraftVerifyDecoder(Decoder):
                 emitted = read[2 : 2 + n] + [read[1]]
                 target.rollback(length + n)
                 draft.rollback(min(draft.length, length + n))
-            emitted, stop = cut_at_eos(emitted, eos)
-            emitted = emitted[: max_new_tokens - len(out)]
-            out += emitted
-            context += emitted
-            accepted.append(len(emitted))
-            if stop:
+            if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
         return Generation(out, target.forwards, draft.forwards, accepted)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from .base import Generation, cut_at_eos
+from .base import Generation, emit
 from .kv import CachedModel
 from .tree import TokenTree
 from .verification import kseq_verify, multi_candidate_verify, one_hot_acceptance, typical_acceptance
@@ -299,11 +299,6 @@ def tree_generate(decoder, prompt, max_new_tokens, eos, generator, propose, walk
             target.compact(length, path)
             commit_draft(draft, length, tree, path)
             emitted = [tree.tokens[i] for i in path] + [y]
-        emitted, stop = cut_at_eos(emitted, eos)
-        emitted = emitted[: max_new_tokens - len(out)]
-        out += emitted
-        context += emitted
-        accepted.append(len(emitted))
-        if stop:
+        if emit(emitted, eos, max_new_tokens, out, context, accepted):
             break
     return Generation(out, target.forwards, draft.forwards, accepted)
