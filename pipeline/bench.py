@@ -33,6 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .decoding import build_decoder, make_generator
+from .decoding.fast_forward import lean_forward_for
 from .generate import encode_prompt, eos_ids
 from .measure import step_times
 
@@ -169,6 +170,8 @@ class Bench:
         """Wrap a runner so acc = [seconds inside model forwards, seconds in total] accumulate."""
         acc[:] = [0.0, 0.0]
         models = [self.pair.target, self.pair.draft]
+        # our engine may run a model through its lean forward instead of model(...): time both
+        models += [lean for m in list(models) if (lean := lean_forward_for(m)) is not None]
 
         def timed(i, ids):
             clock = _ForwardClock(models, self.device)

@@ -163,12 +163,23 @@ def test_block_accepts_at_least_as_many_tokens_as_token_verification(tiny_pair):
 
 
 def _count_forwards(model):
+    """Tokens fed by every forward of ``model``, through transformers' forward or the lean one."""
+    from pipeline.decoding.fast_forward import lean_forward_for
+
     calls = []
 
     def hook(module, args, kwargs):
-        calls.append(kwargs["input_ids"].shape[1])
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        calls.append(ids.shape[1])
 
-    return calls, model.register_forward_pre_hook(hook, with_kwargs=True)
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in (model, lean_forward_for(model)) if m is not None]
+
+    class _Handles:
+        def remove(self):
+            for h in handles:
+                h.remove()
+
+    return calls, _Handles()
 
 
 @pytest.mark.parametrize("method", ["spd", "block", "mtad"])

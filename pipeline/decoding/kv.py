@@ -14,6 +14,8 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .fast_forward import lean_forward_for
+
 _INITIAL_CAPACITY = 256
 
 
@@ -108,10 +110,18 @@ class CachedModel:
 
     Invariant kept by every method: the cache holds a prefix of the current context (usually all
     but its last token), ``length`` says how much. ``forwards`` counts forward passes after prefill.
+
+    Llama-family models run through ``fast_forward.LeanForward`` (same operations, less per-call
+    machinery) unless ``lean=False`` or ``PIPELINE_LEAN_FORWARD=0``; others through ``model(...)``.
+    With ``capture_hidden`` set, ``hidden`` holds the LM head's input rows of the last forward
+    ``[rows, hidden_size]`` (Medusa heads read them).
     """
 
-    def __init__(self, model, vocab_size: int | None = None) -> None:
+    def __init__(self, model, vocab_size: int | None = None, lean: bool = True) -> None:
         self.model = model
+        self.lean = lean_forward_for(model) if lean else None
+        self.capture_hidden = False
+        self.hidden: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         config = model.config
@@ -153,17 +163,43 @@ class CachedModel:
             return logits[..., : self.vocab_size]
         return logits
 
+    def _positions(self, n: int) -> torch.Tensor:
+        start = self.length
+        return torch.arange(start, start + n, device=self.device).reshape(1, -1)
+
+    def _run(self, ids: torch.Tensor, keep: int, **tree) -> torch.Tensor:
+        """One forward of ``ids`` [1, n] after the cache; the last ``keep`` logit rows (0 = all), [1, rows, V]."""
+        capture: list[torch.Tensor] | None = [] if self.capture_hidden else None
+        if self.lean is not None:
+            positions = tree.get("position_ids")
+            if positions is None:
+                positions = self._positions(ids.shape[1])
+            logits = self.lean(ids, self.cache, positions, tree.get("attention_mask"), keep, capture)
+        else:
+            handle = None
+            if capture is not None:
+                head = self.model.get_output_embeddings()
+                handle = head.register_forward_pre_hook(lambda module, args: capture.append(args[0]))
+            try:
+                logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree).logits
+            finally:
+                if handle is not None:
+                    handle.remove()
+        if capture is not None:
+            self.hidden = capture[-1][0]
+        return logits
+
     def prefill(self, tokens: Sequence[int] | torch.Tensor) -> None:
         """Write ``tokens`` into the cache without counting a step or keeping logits."""
         if len(tokens) == 0:
             return
-        self.model(input_ids=self._ids(tokens), past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self._run(self._ids(tokens), keep=1)
 
     def forward(self, tokens: Sequence[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
         """Append ``tokens`` (a causal chain after the cache) and return the last ``keep`` logit rows."""
-        out = self.model(input_ids=self._ids(tokens), past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        logits = self._run(self._ids(tokens), keep=keep)
         self.forwards += 1
-        return self._logits(out.logits[0])
+        return self._logits(logits[0])
 
     def forward_tree(self, tokens: torch.Tensor, positions: torch.Tensor, node_mask: torch.Tensor, tree_start: int) -> torch.Tensor:
         """Append tree nodes and return the logits of every one of them.
@@ -178,17 +214,15 @@ class CachedModel:
         allowed[:, tree_start:] = node_mask.to(self.device)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        out = self.model(
-            input_ids=self._ids(tokens),
-            past_key_values=self.cache,
-            use_cache=True,
-            attention_mask=mask[None, None],
-            position_ids=positions.to(self.device, torch.long).reshape(1, -1),
-            cache_position=torch.arange(start, start + n, device=self.device),
-            logits_to_keep=0,
-        )
+        tree = {
+            "attention_mask": mask[None, None],
+            "position_ids": positions.to(self.device, torch.long).reshape(1, -1),
+        }
+        if self.lean is None:
+            tree["cache_position"] = torch.arange(start, start + n, device=self.device)
+        logits = self._run(self._ids(tokens), keep=0, **tree)
         self.forwards += 1
-        return self._logits(out.logits[0])
+        return self._logits(logits[0])
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions (no copy)."""

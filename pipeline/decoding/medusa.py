@@ -188,12 +188,12 @@ def medusa_generate(decoder: Decoder, heads: MedusaHeads, prompt, max_new_tokens
     context = list(prompt)
     out: list[int] = []
     accepted: list[int] = []
-    with capture_lm_head_input(target.model) as hidden:
+    target.capture_hidden = True
+    try:
         # the first token comes from the target alone; its hidden state seeds the first tree
         logits = target.forward(context[-1:], keep=1)
         emitted = [_next(logits[-1], warper, generator, decoder.recovery)]
-        head_row = hidden[-1][0, -1]
-        hidden.clear()
+        head_row = target.hidden[-1]
         while True:
             if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
@@ -202,14 +202,12 @@ def medusa_generate(decoder: Decoder, heads: MedusaHeads, prompt, max_new_tokens
             if depth == 0:
                 logits = target.forward(context[-1:], keep=1)
                 emitted = [_next(logits[-1], warper, generator, decoder.recovery)]
-                head_row = hidden[-1][0, -1]
-                hidden.clear()
+                head_row = target.hidden[-1]
                 continue
             head_logits = heads(head_row, lm_head)  # [K, V]
             tree = cartesian_tree(head_logits[:depth], decoder.k_config[:depth])
             logits = tree_verify_forward(target, context, tree)  # [1 + n, V]
-            states = hidden[-1][0]
-            hidden.clear()
+            states = target.hidden
             if warper.greedy:
                 path, y = greedy_tree_walk(logits.argmax(-1), tree)
                 end_row = 1 + path[-1] if path else 0
@@ -224,6 +222,8 @@ def medusa_generate(decoder: Decoder, heads: MedusaHeads, prompt, max_new_tokens
             target.compact(length, path)
             head_row = states[end_row]
             emitted = [tree.tokens[i] for i in path] + [y]
+    finally:
+        target.capture_hidden = False
     return Generation(out, target.forwards, 0, accepted)
 
 

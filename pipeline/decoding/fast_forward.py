@@ -1,0 +1,239 @@
+"""A lean batch-1 forward for Llama-family models, used by ``CachedModel`` (gpt-fast style).
+
+The same weights, the same operations in the same order as transformers' ``modeling_llama`` with
+SDPA attention, without the per-call machinery around them (output dataclasses, mask factories,
+kwargs plumbing, per-module hooks): on the offline pair that machinery is ~10% of a target step
+and ~40% of a draft step. With ``fast_matmul`` off the logits are bit-for-bit those of
+``model(...)`` (tests/test_fast_forward.py).
+
+``fast_matmul`` (on by default, CPU float32 only): a small-batch ``x @ W^T`` is computed as
+``(W @ X^T)^T`` with X holding at least two rows (a single row is duplicated). On the CPUs we
+measured, MKL's fp32 gemv (one row) and skinny-gemm (2-8 rows) paths behind ``F.linear`` stream the
+weights at a third of the speed of this form (`python -m pipeline.decoding.fast_forward` prints the
+comparison on the machine at hand). Results differ from ``F.linear`` by float32 rounding only.
+
+Supported: ``llama``, ``mistral`` and ``qwen2`` checkpoints with full (not sliding-window) attention,
+SDPA, ``pretraining_tp == 1``. Anything else goes through transformers' own forward. Set
+``PIPELINE_LEAN_FORWARD=0`` to always use transformers' forward, ``PIPELINE_FAST_MATMUL=0`` to keep
+``F.linear`` inside the lean forward.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+FAST_MATMUL_MAX_ROWS = 8  # above this (prefill), F.linear's gemm is as fast
+
+_LEAN: "weakref.WeakKeyDictionary[nn.Module, LeanForward | None]" = weakref.WeakKeyDictionary()
+
+
+def _env_flag(name: str, default: bool = True) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``model`` cannot use the lean forward (None when it can)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return "no config"
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (lean forward mirrors sdpa)"
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        layer_types = getattr(config, "layer_types", None) or []
+        if config.model_type != "qwen2" or any(t != "full_attention" for t in layer_types):
+            return "sliding-window attention"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "not a *ForCausalLM with .model.layers"
+    if not isinstance(getattr(model, "lm_head", None), nn.Linear) or not isinstance(inner.embed_tokens, nn.Embedding):
+        return "LM head or embedding is not a plain Linear/Embedding"
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+            return "attention with q/k norms"
+        if not all(isinstance(getattr(layer.mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+            return "MLP is not gate/up/down"
+    return None
+
+
+def lean_forward_for(model: nn.Module) -> "LeanForward | None":
+    """The lean forward of ``model`` (built once per model), or None when it cannot or must not be used."""
+    if not _env_flag("PIPELINE_LEAN_FORWARD"):
+        return None
+    if model in _LEAN:
+        return _LEAN[model]
+    lean = LeanForward(model) if unsupported_reason(model) is None else None
+    _LEAN[model] = lean
+    return lean
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(dtype)
+
+
+class LeanForward(nn.Module):
+    """``forward(input_ids [1, n], cache, positions [1, n], mask, keep) -> logits [1, keep, V]``.
+
+    An ``nn.Module`` only so that timing hooks can be registered on it (the benchmark does); it holds
+    references to the model's parameters, not copies, and registers none of them.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        config = model.config
+        inner = model.model
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.groups = self.num_heads // self.num_kv_heads
+        self.scaling = self.head_dim**-0.5
+        # plain Python containers: nothing is registered on this module
+        self._model = [model]
+        self._embed = [inner.embed_tokens]
+        self._rotary = [inner.rotary_emb]
+        self._layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self._layers.append(
+                (
+                    layer.input_layernorm.weight,
+                    layer.input_layernorm.variance_epsilon,
+                    (a.q_proj.weight, a.q_proj.bias),
+                    (a.k_proj.weight, a.k_proj.bias),
+                    (a.v_proj.weight, a.v_proj.bias),
+                    (a.o_proj.weight, a.o_proj.bias),
+                    layer.post_attention_layernorm.weight,
+                    layer.post_attention_layernorm.variance_epsilon,
+                    (m.gate_proj.weight, m.gate_proj.bias),
+                    (m.up_proj.weight, m.up_proj.bias),
+                    (m.down_proj.weight, m.down_proj.bias),
+                    m.act_fn,
+                )
+            )
+        self._norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self._head = [model.lm_head]
+        device = next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
+        self.fast_matmul = device.type == "cpu" and dtype == torch.float32 and _env_flag("PIPELINE_FAST_MATMUL")
+
+    def _linear(self, x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        weight, bias = wb
+        n = x.shape[-2]
+        if self.fast_matmul and n <= FAST_MATMUL_MAX_ROWS:
+            rows = x.reshape(n, x.shape[-1])
+            if n == 1:
+                rows = rows.expand(2, -1).contiguous()
+            y = (weight @ rows.T).T[:n].reshape(*x.shape[:-1], weight.shape[0])
+            return y if bias is None else y + bias
+        return F.linear(x, weight, bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        keep: int,
+        hidden_out: list | None = None,
+    ) -> torch.Tensor:
+        """``mask``: None for a causal chain after the cache, else an additive float or boolean mask
+        ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all).
+        ``hidden_out``: if given, the LM head's input rows are appended to it."""
+        x = self._embed[0](input_ids)
+        n = input_ids.shape[1]
+        cos, sin = self._rotary[0](x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        shape = (1, n, -1, self.head_dim)
+        if mask is None and n > 1:
+            start = cache.get_seq_length()
+            mask = (torch.arange(start + n, device=x.device)[None, :] <= torch.arange(start, start + n, device=x.device)[:, None])[None, None]
+        for i, (w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, act) in enumerate(self._layers):
+            h = _rms_norm(x, w_in, eps_in)
+            q = self._linear(h, wq).view(shape).transpose(1, 2)
+            k = self._linear(h, wk).view(shape).transpose(1, 2)
+            v = self._linear(h, wv).view(shape).transpose(1, 2)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            k, v = cache.update(k, v, i)
+            if mask is None:  # one query token, nothing masked (as transformers' sdpa path)
+                if self.groups > 1:
+                    a = F.scaled_dot_product_attention(q, k, v, scale=self.scaling, enable_gqa=True)
+                else:
+                    a = F.scaled_dot_product_attention(q, k, v, scale=self.scaling)
+            else:
+                if self.groups > 1:
+                    length = k.shape[2]
+                    k = k[:, :, None].expand(1, self.num_kv_heads, self.groups, length, self.head_dim).reshape(1, self.num_heads, length, self.head_dim)
+                    v = v[:, :, None].expand(1, self.num_kv_heads, self.groups, length, self.head_dim).reshape(1, self.num_heads, length, self.head_dim)
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            a = a.transpose(1, 2).contiguous().reshape(1, n, -1)
+            x = x + self._linear(a, wo)
+            h = _rms_norm(x, w_post, eps_post)
+            x = x + self._linear(act(self._linear(h, wg)) * self._linear(h, wu), wd)
+        if keep:
+            x = x[:, -keep:]
+        x = _rms_norm(x, *self._norm)
+        if hidden_out is not None:
+            hidden_out.append(x)
+        head = self._head[0]
+        return self._linear(x, (head.weight, head.bias))
+
+
+def _compare(model_rows: tuple[int, ...] = (1, 2, 4, 5, 8), reps: int = 9) -> None:
+    """Print F.linear vs the fast form on the offline pair's target weights shapes (30 layers)."""
+    import time
+
+    shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+    weights = [torch.randn(o, i) for _ in range(30) for o, i in shapes]
+    head = torch.randn(49152, 576)
+
+    def clock(fn):
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[reps // 2] * 1e3
+
+    class _Fast(LeanForward):
+        def __init__(self):  # only _linear is used
+            nn.Module.__init__(self)
+            self.fast_matmul = True
+
+    fast = _Fast()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; SmolLM2-135M shapes, fp32, ms per forward")
+    print("rows | F.linear layers | fast layers | F.linear head | fast head")
+    for n in model_rows:
+        xs = {576: torch.randn(1, n, 576), 1536: torch.randn(1, n, 1536)}
+        lin = clock(lambda: [F.linear(xs[w.shape[1]], w) for w in weights])
+        fst = clock(lambda: [fast._linear(xs[w.shape[1]], (w, None)) for w in weights])
+        hl = clock(lambda: F.linear(xs[576], head))
+        hf = clock(lambda: fast._linear(xs[576], (head, None)))
+        print(f"{n:4d} | {lin:15.1f} | {fst:11.1f} | {hl:13.1f} | {hf:9.1f}")
+
+
+if __name__ == "__main__":
+    _compare()

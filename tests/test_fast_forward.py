@@ -1,0 +1,187 @@
+"""The lean forward (pipeline/decoding/fast_forward.py) against transformers' own forward.
+
+With the fast matmul off it must give the very same logits and cache (bit for bit) for every way
+the engine calls a model: prefill, one token, a causal chain, a tree with a mask; with it on, the
+same up to float32 rounding. Models it does not support must fall back to ``model(...)``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.decoding import fast_forward
+from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
+from pipeline.decoding.kv import CachedModel
+
+
+def _tiny(kind: str, seed: int = 0):
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(**common, attention_bias=True)).eval()
+    if kind == "llama-mha":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(**{**common, "num_key_value_heads": 4})).eval()
+    if kind == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        return Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)).eval()
+    if kind == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        return MistralForCausalLM(MistralConfig(**common, sliding_window=None)).eval()
+    raise ValueError(kind)
+
+
+def _tree_mask(n_old: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A 4-node tree (root 0, children 1 and 2 of 0, 3 child of 1) after ``n_old`` tree nodes."""
+    tokens = torch.tensor([5, 9, 11, 3])
+    parents = [-1, 0, 0, 1]
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    depth = []
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        j = p
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return tokens, torch.tensor(depth), mask
+
+
+def _script(cm: CachedModel) -> list[torch.Tensor]:
+    """Every call the engine makes, in one sequence; returns the logits and the final cache."""
+    outs = []
+    cm.reset()
+    cm.prefill([1, 4, 7, 2, 9, 3, 8])
+    outs.append(cm.forward([6], keep=1))
+    outs.append(cm.forward([2, 5, 1], keep=3))
+    cm.rollback(cm.length - 2)
+    outs.append(cm.forward(torch.tensor([12, 13]), keep=2))
+    start = cm.length
+    tokens, depth, mask = _tree_mask(0)
+    outs.append(cm.forward_tree(tokens, start + depth, mask, start))
+    cm.compact(start, [0, 1, 3])
+    outs.append(cm.forward([4], keep=1))
+    layer = cm.cache.layers[0]
+    outs += [layer.keys.clone(), layer.values.clone()]
+    return outs
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-mha", "qwen2", "mistral"])
+def test_lean_forward_is_bit_identical_to_transformers_without_fast_matmul(kind, monkeypatch):
+    model = _tiny(kind)
+    assert unsupported_reason(model) is None
+    ref = CachedModel(model, lean=False)
+    ours = CachedModel(model)
+    assert ours.lean is not None and ref.lean is None
+    monkeypatch.setattr(ours.lean, "fast_matmul", False)
+    with torch.inference_mode():
+        expected, got = _script(ref), _script(ours)
+    for a, b in zip(expected, got):
+        assert a.shape == b.shape
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fast_matmul_changes_only_rounding(kind, monkeypatch):
+    model = _tiny(kind, seed=3)
+    ref = CachedModel(model, lean=False)
+    ours = CachedModel(model)
+    monkeypatch.setattr(ours.lean, "fast_matmul", True)
+    with torch.inference_mode():
+        expected, got = _script(ref), _script(ours)
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fast_linear_equals_f_linear(rows, bias):
+    torch.manual_seed(rows)
+    lean = LeanForward(_tiny("llama"))
+    lean.fast_matmul = True
+    w = torch.randn(40, 24)
+    b = torch.randn(40) if bias else None
+    x = torch.randn(1, rows, 24)
+    y = lean._linear(x, (w, b))
+    assert y.shape == (1, rows, 40)
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_hidden_capture_matches_the_lm_head_input():
+    model = _tiny("llama", seed=5)
+    for lean in (True, False):
+        cm = CachedModel(model, lean=lean)
+        cm.capture_hidden = True
+        with torch.inference_mode():
+            cm.prefill([1, 2, 3])
+            logits = cm.forward([4, 5], keep=2)
+            assert cm.hidden.shape == (2, 32)
+            torch.testing.assert_close(F.linear(cm.hidden, model.lm_head.weight), logits, rtol=1e-5, atol=1e-5)
+    cm.capture_hidden = False
+    with torch.inference_mode():
+        cm.forward([6], keep=1)
+    assert cm.hidden.shape == (2, 32)  # untouched while capture is off
+
+
+def test_lean_module_holds_no_parameters_and_takes_hooks():
+    model = _tiny("llama")
+    lean = lean_forward_for(model)
+    assert lean is lean_forward_for(model)  # built once per model
+    assert list(lean.parameters()) == [] and list(lean.buffers()) == []
+    assert sum(1 for _ in model.parameters()) == len(list(model.parameters()))
+    calls = []
+    handle = lean.register_forward_hook(lambda *a: calls.append(1))
+    cm = CachedModel(model)
+    with torch.inference_mode():
+        cm.prefill([1, 2])
+        cm.forward([3])
+    handle.remove()
+    assert len(calls) == 2
+
+
+def test_unsupported_models_and_the_switch_fall_back_to_transformers(monkeypatch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=16, n_layer=1, n_head=2, n_positions=64)).eval()
+    assert "model_type" in unsupported_reason(gpt2)
+    cm = CachedModel(gpt2)
+    assert cm.lean is None
+    with torch.inference_mode():
+        cm.prefill([1, 2, 3])
+        assert cm.forward([4, 5], keep=2).shape == (2, 16)
+
+    sliding = _tiny("mistral")
+    sliding.config.sliding_window = 16
+    assert "sliding" in unsupported_reason(sliding)
+
+    eager = _tiny("llama")
+    eager.config._attn_implementation = "eager"
+    assert "attention" in unsupported_reason(eager)
+
+    monkeypatch.setenv("PIPELINE_LEAN_FORWARD", "0")
+    assert CachedModel(_tiny("llama")).lean is None
+    monkeypatch.setenv("PIPELINE_LEAN_FORWARD", "1")
+    monkeypatch.setattr(fast_forward, "_LEAN", type(fast_forward._LEAN)())
+    assert CachedModel(_tiny("llama")).lean is not None
+
+
+def test_fast_matmul_only_for_cpu_float32(monkeypatch):
+    assert LeanForward(_tiny("llama")).fast_matmul
+    assert not LeanForward(_tiny("llama").to(torch.bfloat16)).fast_matmul
+    monkeypatch.setenv("PIPELINE_FAST_MATMUL", "0")
+    assert not LeanForward(_tiny("llama")).fast_matmul
