@@ -15,6 +15,7 @@ import torch
 
 from .base import Decoder, Generation, Param, boolean, int_at_least, nonneg_number
 from .tree import TokenTree
+from .warping import sample_k
 
 
 class BeamSearchDecoder(Decoder):
@@ -46,8 +47,7 @@ class BeamSearchDecoder(Decoder):
             k = min(2 * width, int(torch.isfinite(cand).sum()))
             if self.sample and not self.warper.greedy:
                 probs = torch.softmax(cand, 0)
-                k = min(k, int((probs > 0).sum()))
-                pick = torch.multinomial(probs, k, replacement=False, generator=generator)
+                pick = sample_k(probs, k, False, generator)
                 pick = pick[cand[pick].argsort(descending=True)]
             else:
                 pick = cand.topk(k).indices

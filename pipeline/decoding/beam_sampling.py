@@ -20,7 +20,7 @@ import torch
 
 from .kv import CachedModel
 from .tree import TokenTree
-from .warping import Warper
+from .warping import Warper, sample_k
 
 BEAM_WEIGHTS = ("paper", "reference_code")
 
@@ -36,9 +36,7 @@ def _select(weights: torch.Tensor, k: int, replacement: bool, generator, greedy:
     if greedy:
         finite = int(torch.isfinite(weights).sum())
         return weights.topk(min(k, finite)).indices
-    support = int((weights > 0).sum())
-    n = k if replacement else min(k, support)
-    return torch.multinomial(weights, n, replacement=replacement, generator=generator)
+    return sample_k(weights, k, replacement, generator)
 
 
 def _renormalize(selected: torch.Tensor, beam_weights: str) -> torch.Tensor:

@@ -24,7 +24,7 @@ from .base import Generation, emit
 from .kv import CachedModel
 from .tree import TokenTree
 from .verification import kseq_verify, multi_candidate_verify, one_hot_acceptance, typical_acceptance
-from .warping import Warper, sample
+from .warping import Warper, sample, sample_k
 
 
 def int_list_at_least(lo: int) -> Callable[[Any], str | None]:
@@ -83,9 +83,7 @@ def _draw_children(q: torch.Tensor, logits: torch.Tensor, k: int, replacement: b
     if greedy:
         finite = int(torch.isfinite(logits).sum())
         return logits.topk(min(k, finite)).indices.tolist()
-    if not replacement:
-        k = min(k, int((q > 0).sum()))
-    return torch.multinomial(q, k, replacement=replacement, generator=generator).tolist()
+    return sample_k(q, k, replacement, generator).tolist()
 
 
 def sample_token_tree(

@@ -43,8 +43,9 @@ def token_verify(
     px, qx = P[ar, x], Q[ar, x]
     accepted = u * (lenience * qx) <= px
     n = accepted.long().cumprod(0).sum()
-    residual = (P - F.pad(Q, (0, 0, 0, 1))).clamp_min(0.0)  # row g == P[g]
-    return n, _normalize(residual[n], P[n])
+    p_n = P[n]
+    q_n = Q[n.clamp(max=g - 1)] * (n < g)  # no draft row after the last draft: the bonus row P[g]
+    return n, _normalize((p_n - q_n).clamp_min(0.0), p_n)
 
 
 def greedy_verify(target_argmax: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
