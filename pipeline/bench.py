@@ -20,7 +20,9 @@ overhead outside the two models' forward passes. Results go to ``benchmarks/<nam
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -33,7 +35,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .decoding import build_decoder, make_generator
-from .decoding.fast_forward import lean_forward_for
+from .decoding.fast_forward import lean_forward_for, unsupported_reason
 from .generate import encode_prompt, eos_ids
 from .measure import step_times
 
@@ -136,19 +138,22 @@ class Bench:
             return {"temperature": 0.0}
         return dict(OmegaConf.to_container(self.cfg.sampling, resolve=True))
 
-    def _timed(self, runners: dict[str, Any]) -> dict[str, tuple[float, int, list[list[int]], list[Any]]]:
-        """Median tokens/s of each runner over ``repeats`` passes over all prompts, after warm-up.
+    def _timed(self, runners: dict[Any, Any], probe) -> tuple[dict[Any, tuple[list[float], int, list[list[int]], list[Any]]], list[Any]]:
+        """Tokens/s of each runner in each of ``repeats`` passes over all prompts, after warm-up.
 
         Passes are interleaved (runner A, B, C, A, B, C, ...) so that drifts in machine load hit
-        every implementation alike.
+        every implementation alike, and ``probe()`` (the step costs) runs before every pass, so
+        that ratios and bounds can be formed pass by pass.
         """
         for _ in range(self.cfg.warmup):
             for run_one in runners.values():
                 for i, ids in enumerate(self.prompts):
                     run_one(i, ids)
-        rates: dict[str, list[float]] = {k: [] for k in runners}
-        last: dict[str, list[Any]] = {}
+        rates: dict[Any, list[float]] = {k: [] for k in runners}
+        probes = []
+        last: dict[Any, list[Any]] = {}
         for _ in range(self.cfg.repeats):
+            probes.append(probe())
             for key, run_one in runners.items():
                 tokens, seconds, outs = 0, 0.0, []
                 for i, ids in enumerate(self.prompts):
@@ -161,10 +166,11 @@ class Bench:
                     outs.append(out)
                 rates[key].append(tokens / seconds)
                 last[key] = outs
-        return {
-            k: (statistics.median(rates[k]), sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], [o[1] for o in last[k]])
+        results = {
+            k: (rates[k], sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], [o[1] for o in last[k]])
             for k in runners
         }
+        return results, probes
 
     def _with_forward_timers(self, run_one, acc: list[float]):
         """Wrap a runner so acc = [seconds inside model forwards, seconds in total] accumulate."""
@@ -231,30 +237,39 @@ class Bench:
 
         return run_one
 
+    def step_costs(self, reps: int = 20) -> dict[str, float]:
+        """t_ar, t_draft (single-token steps) and t_verify (one forward of gamma + 1 tokens), seconds."""
+        probe = self.prompts[0]
+        t_ar, t_verify = step_times(self.pair.target, probe, self.cfg.gamma, self.device, reps=reps)
+        t_draft, _ = step_times(self.pair.draft, probe, self.cfg.gamma, self.device, reps=reps)
+        return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
+
     def run(self) -> tuple[list[Row], dict[str, Any]]:
+        """All rows. Ratios, speedups and efficiencies are medians of per-pass values (each pass
+        times every runner back to back after measuring the step costs), so slow drifts in machine
+        load cancel; tokens/s are medians over passes."""
         cfg = self.cfg
         gamma = cfg.gamma
-        probe = self.prompts[0]
-        t_ar, t_verify = step_times(self.pair.target, probe, gamma, self.device)
-        t_draft, _ = step_times(self.pair.draft, probe, gamma, self.device)
-        c = t_draft / t_ar
-        costs = {"t_ar_ms": t_ar * 1e3, "t_draft_ms": t_draft * 1e3, "t_verify_ms": t_verify * 1e3, "c": c}
         rows: list[Row] = []
+        all_probes: list[dict[str, float]] = []
+        med = statistics.median
         for mode in cfg.modes:
             runners = {("transformers", "ar"): self.transformers(False, mode), ("transformers", "spd"): self.transformers(True, mode)}
             runners.update({("ours", m): self.ours(m, mode) for m in cfg.methods})
             timers = {}
             for key in runners:  # time spent inside the two models' forwards, per runner
                 runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
-            results = self._timed(runners)
+            results, probes = self._timed(runners, lambda: self.step_costs(reps=cfg.probe_reps))
+            all_probes += probes
             hf_ar, hf_sd = results[("transformers", "ar")], results[("transformers", "spd")]
-            rows.append(Row("transformers", "ar", mode, hf_ar[0], hf_ar[1]))
-            rows.append(Row("transformers", "spd", mode, hf_sd[0], hf_sd[1]))
-            ours_ar_rate = results[("ours", "ar")][0] if ("ours", "ar") in results else None
+            rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))
+            rows.append(Row("transformers", "spd", mode, med(hf_sd[0]), hf_sd[1]))
+            ours_ar = results.get(("ours", "ar"))
             for method in cfg.methods:
-                rate, tokens, outs, gens = results[("ours", method)]
+                rates, tokens, outs, gens = results[("ours", method)]
                 peer = hf_ar if method == "ar" else hf_sd
-                row = Row("ours", method, mode, rate, tokens, ratio_to_transformers=rate / peer[0])
+                ratio = med([r / p for r, p in zip(rates, peer[0])])
+                row = Row("ours", method, mode, med(rates), tokens, ratio_to_transformers=ratio)
                 if mode == "greedy":
                     row.identical_to_transformers = outs == hf_ar[2]
                 steps = sum(g.steps for g in gens)
@@ -266,13 +281,18 @@ class Bench:
                 row.overhead_per_step = max(0.0, (total - in_forward) / total)
                 if method != "ar":
                     alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
+                    bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p["t_draft"] + p["t_verify"]) for p in probes]
+                    c = med([p["t_draft"] / p["t_ar"] for p in probes])
                     row.alpha, row.c = alpha, c
                     row.bound_ideal = leviathan_bound(alpha, gamma, c)
-                    row.bound = row.tokens_per_step * t_ar / (gamma * t_draft + t_verify)
-                    if ours_ar_rate:
-                        row.speedup = rate / ours_ar_rate
-                        row.efficiency = row.speedup / row.bound
+                    row.bound = med(bounds)
+                    if ours_ar:
+                        speedups = [r / a for r, a in zip(rates, ours_ar[0])]
+                        row.speedup = med(speedups)
+                        row.efficiency = med([s / b for s, b in zip(speedups, bounds)])
                 rows.append(row)
+        costs = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in ("t_ar", "t_draft", "t_verify")}
+        costs["c"] = med([p["t_draft"] / p["t_ar"] for p in all_probes])
         return rows, costs
 
 
@@ -302,6 +322,18 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     return info
 
 
+def engine_info(pair) -> str:
+    """Which forward our decoders use for each model (lean or transformers'), and the matmul form."""
+    parts = []
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        lean = lean_forward_for(model)
+        if lean is None:
+            parts.append(f"{role} through transformers' forward ({unsupported_reason(model) or 'PIPELINE_LEAN_FORWARD=0'})")
+        else:
+            parts.append(f"{role} through the lean forward (fast matmul {'on' if lean.fast_matmul else 'off'})")
+    return "; ".join(parts)
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None:
         return "–"
@@ -319,11 +351,18 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
         f"Command: `{command}`",
         "",
         f"Pair `{cfg.pair.name}`, gamma {cfg.gamma}, {len(cfg.prompts)} prompts x {cfg.max_new_tokens} new tokens"
-        f"{' (EOS ignored)' if cfg.ignore_eos else ''}, median of {cfg.repeats} passes after {cfg.warmup} warm-up; "
-        f"sampling T={cfg.sampling.temperature}, top-k {cfg.sampling.top_k}, top-p {cfg.sampling.top_p}.",
+        f"{' (EOS ignored)' if cfg.ignore_eos else ''}, {cfg.repeats} timed passes after {cfg.warmup} warm-up; "
+        f"sampling T={cfg.sampling.temperature}, top-k {cfg.sampling.top_k}, top-p {cfg.sampling.top_p}. "
+        "tokens/s: median over passes; ratio, speedup and efficiency: medians of per-pass values (every pass "
+        "runs all rows back to back after measuring the step costs).",
         "",
-        f"Step costs (median, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, t_draft {costs['t_draft_ms']:.2f} ms, "
-        f"t_verify(gamma+1) {costs['t_verify_ms']:.2f} ms, c = t_draft / t_ar = {costs['c']:.3f}.",
+        f"Step costs (medians over passes, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, t_draft {costs['t_draft_ms']:.2f} ms, "
+        f"t_verify(gamma+1) {costs['t_verify_ms']:.2f} ms, c = t_draft / t_ar = {costs['c']:.3f}. "
+        "bound (measured costs) = tokens/step x t_ar / (gamma t_draft + t_verify); bound (ideal) = "
+        "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); efficiency = speedup vs our ar / bound (measured costs); "
+        "overhead/step = share of our decode time spent outside the two models' forward passes.",
+        "",
+        f"Our engine: {info.get('engine', '')}.",
         "",
         "| impl | method | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -335,7 +374,7 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
             f"{_fmt(r.bound)} | {_fmt(r.bound_ideal)} | {_fmt(r.speedup)} | {_fmt(r.efficiency)} | "
             f"{_fmt(None if r.overhead_per_step is None else 100 * r.overhead_per_step, 1)}{'%' if r.overhead_per_step is not None else ''} |"
         )
-    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), ""]
+    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "engine"), ""]
     return "\n".join(lines)
 
 
@@ -351,7 +390,9 @@ def main(cfg: DictConfig) -> None:
     name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
     rows, costs = bench.run()
     info = machine_info(bench.device)
-    command = "python -m pipeline.bench " + " ".join(sys.argv[1:])
+    info["engine"] = engine_info(bench.pair)
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("PIPELINE_LEAN_FORWARD", "PIPELINE_FAST_MATMUL") if k in os.environ)
+    command = (env + " " if env else "") + "python -m pipeline.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     md = to_markdown(name, rows, costs, info, command, cfg)
     out = REPO_ROOT / cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,72 @@
+"""python -m pipeline.bench on the offline pair, at a size that runs in seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from pipeline import bench as bench_mod
+from pipeline.bench import Bench, alpha_from_accepted, expected_tokens, leviathan_bound
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+FIELDS = {"impl", "method", "mode", "tokens_per_s", "ratio_to_transformers", "identical_to_transformers", "alpha", "c", "bound", "efficiency"}
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="bench", overrides=list(overrides))
+
+
+def test_bound_formulas():
+    assert leviathan_bound(0.0, 4, 0.0) == pytest.approx(1.0)
+    assert leviathan_bound(1.0, 4, 0.0) == pytest.approx(5.0)
+    # Leviathan et al., section 3: alpha 0.8, gamma 4, c 0.05 -> (1 - .8^5) / (.2 * 1.2)
+    assert leviathan_bound(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    # steps emitting 1 (first draft rejected), 3 (two accepted, third rejected), 4 (all 3 accepted + bonus)
+    assert alpha_from_accepted([1, 3, 4], gamma=3) == pytest.approx((0 + 2 + 3) / (1 + 3 + 3))
+
+
+def test_restricted_head_draft_is_refused():
+    with pytest.raises(ValueError, match="restrict_head=false"):
+        Bench(_cfg("pair.draft.restrict_head=true"))
+
+
+def test_bench_rows_on_the_offline_pair(tmp_path):
+    cfg = _cfg(
+        "pair.draft.restrict_head=false",
+        "gamma=2",
+        "repeats=2",
+        "warmup=0",
+        "probe_reps=2",
+        "max_new_tokens=6",
+        "methods=[ar,spd,block]",
+        "prompts=[Write a haiku about the sea.]",
+    )
+    bench = Bench(cfg)
+    rows, costs = bench.run()
+    assert {(r.impl, r.method, r.mode) for r in rows} == {
+        (impl, m, mode)
+        for mode in ("greedy", "sample")
+        for impl, m in [("transformers", "ar"), ("transformers", "spd"), ("ours", "ar"), ("ours", "spd"), ("ours", "block")]
+    }
+    for r in rows:
+        assert r.tokens_per_s > 0 and r.tokens == 6
+        if r.impl == "ours":
+            assert r.ratio_to_transformers > 0 and 0.0 <= r.overhead_per_step < 1.0
+            if r.mode == "greedy":
+                assert r.identical_to_transformers is True
+            if r.method != "ar":
+                assert 0.0 <= r.alpha <= 1.0 and r.c > 0 and r.bound > 0 and r.efficiency > 0
+    assert costs["t_ar_ms"] > 0 and costs["t_verify_ms"] > 0 and 0 < costs["c"] < 1
+    info = bench_mod.machine_info(bench.device)
+    info["engine"] = bench_mod.engine_info(bench.pair)
+    assert "target through the lean forward" in info["engine"]
+    md = bench_mod.to_markdown("t", rows, costs, info, "python -m pipeline.bench ...", cfg)
+    assert md.count("\n| ours |") == 6 and "Our engine: target through the lean forward" in md
+    payload = [dict(vars(r)) for r in rows]
+    (tmp_path / "t.json").write_text(json.dumps(payload))
+    assert FIELDS <= set(json.loads((tmp_path / "t.json").read_text())[0])
