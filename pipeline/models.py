@@ -192,21 +192,39 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
 
 
 def _save_dequantized(model, directory: Path) -> None:
-    """Save a GGUF-loaded (already dequantized) model as a plain safetensors checkpoint."""
+    """Save a GGUF-loaded (already dequantized) model as a plain safetensors checkpoint.
+
+    Written to a private temporary folder and renamed into place, so that several processes (Ray
+    actors, cluster nodes on a shared disk) converting at once never see or leave a partial checkpoint.
+    """
     import copy
+    import os
+    import shutil
+    import tempfile
 
     from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    state = model.state_dict()
-    if getattr(model.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, directory / "model.safetensors")
-    config = copy.deepcopy(model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.save_pretrained(directory)
-    model.generation_config.save_pretrained(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp-", dir=directory.parent))
+    try:
+        state = model.state_dict()
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, tmp / "model.safetensors")
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        if directory.exists() and not (directory / "config.json").exists():
+            shutil.rmtree(directory, ignore_errors=True)  # a partial folder from an older version
+        try:
+            os.replace(tmp, directory)
+        except OSError:
+            if not (directory / "config.json").exists():  # not lost to a concurrent writer: a real error
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def truncate_layers(model, num_layers: int):

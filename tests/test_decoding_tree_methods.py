@@ -222,7 +222,9 @@ def test_bad_parameters_fail_with_a_clear_message(tiny_pair, call, message):
 def test_check_method_fills_defaults():
     assert check_method("specinfer", {})["k_config"] == [4, 2, 2]
     assert check_method("spectr", {})["num_drafts"] == 4
-    assert check_method("typical", {}, has_draft=False)["epsilon"] == 0.09
+    assert check_method("typical", {"drafter": "medusa"}, has_draft=False)["epsilon"] == 0.09
+    with pytest.raises(ValueError, match="drafter: draft needs a draft model.*set drafter: medusa"):
+        check_method("typical", {}, has_draft=False)  # before any model is loaded
     assert check_method("bild", {})["rollback"] == 2.0
 
 

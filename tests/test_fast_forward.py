@@ -173,6 +173,10 @@ def test_unsupported_models_and_the_switch_fall_back_to_transformers(monkeypatch
     eager.config._attn_implementation = "eager"
     assert "attention" in unsupported_reason(eager)
 
+    split = _tiny("llama")
+    split.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}
+    assert "several devices" in unsupported_reason(split)
+
     monkeypatch.setenv("PIPELINE_LEAN_FORWARD", "0")
     assert CachedModel(_tiny("llama")).lean is None
     monkeypatch.setenv("PIPELINE_LEAN_FORWARD", "1")

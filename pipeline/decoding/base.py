@@ -106,6 +106,17 @@ class Decoder:
         self.draft = CachedModel(draft, vocab_size=vocab) if (draft is not None and self.needs_draft) else None
 
     @classmethod
+    def draft_needed(cls, values: dict[str, Any]) -> bool | str:
+        """Whether these resolved parameters need a draft model (checked before any model is loaded);
+        a string names the setting that needs it."""
+        return cls.needs_draft
+
+    @classmethod
+    def draft_alternative(cls) -> str:
+        """Appended to the missing-draft error: another way out, if the method has one."""
+        return ""
+
+    @classmethod
     def check_combination(cls, values: dict[str, Any]) -> None:
         """Checks that involve several parameters; raise ValueError naming the fix."""
 
@@ -177,10 +188,12 @@ def validate_params(cls: type[Decoder], params: dict[str, Any], has_draft: bool)
         problem = spec[key].check(value)
         if problem:
             raise ValueError(f"method {cls.name!r}: parameter {key}={value!r} {problem}")
-    if cls.needs_draft and not has_draft:
+    needed = cls.draft_needed(values)
+    if needed and not has_draft:
+        why = f" with {needed}" if isinstance(needed, str) else ""
         raise ValueError(
-            f"method {cls.name!r} needs a draft model: pass draft=... to build_decoder, or choose a pair "
-            f"whose config has a `draft:` model"
+            f"method {cls.name!r}{why} needs a draft model: pass draft=... to build_decoder, or choose a pair "
+            f"whose config has a `draft:` model{cls.draft_alternative()}"
         )
     cls.check_combination(values)
     return values

@@ -53,6 +53,9 @@ def unsupported_reason(model: nn.Module) -> str | None:
         layer_types = getattr(config, "layer_types", None) or []
         if config.model_type != "qwen2" or any(t != "full_attention" for t in layer_types):
             return "sliding-window attention"
+    device_map = getattr(model, "hf_device_map", None) or {}
+    if len(set(device_map.values())) > 1:
+        return "dispatched over several devices (accelerate hooks move tensors between them)"
     if getattr(config, "pretraining_tp", 1) != 1:
         return "pretraining_tp != 1"
     inner = getattr(model, "model", None)

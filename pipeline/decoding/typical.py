@@ -24,7 +24,7 @@ from .warping import sample
 
 class TypicalDecoder(DraftVerifyDecoder):
     name = "typical"
-    needs_draft = False  # only with drafter: draft (checked when the decoder is built)
+    needs_draft = False  # only with drafter: draft (draft_needed)
     params = {
         **DraftVerifyDecoder.params,
         "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
@@ -35,14 +35,17 @@ class TypicalDecoder(DraftVerifyDecoder):
     }
     acceptance = "typical"  # what medusa_generate reads
 
+    @classmethod
+    def draft_needed(cls, values):
+        return "drafter: draft" if values["drafter"] == "draft" else False
+
+    @classmethod
+    def draft_alternative(cls) -> str:
+        return ", or set drafter: medusa"
+
     def __init__(self, target, draft=None, **params) -> None:
         super().__init__(target, draft, **params)
-        if self.drafter == "draft":
-            if draft is None:
-                raise ValueError(
-                    "method 'typical' with drafter: draft needs a draft model: pass draft=... to build_decoder, "
-                    "choose a pair whose config has a `draft:` model, or set drafter: medusa"
-                )
+        if self.drafter == "draft":  # validate_params has checked that a draft was given
             self.draft = CachedModel(draft, vocab_size=self.target.vocab_size)
         else:
             self.heads = medusa_heads_of(target, "typical (drafter: medusa)")
