@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -32,29 +35,35 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--full-head", action="store_true", help="use the draft's full tied head (no restriction)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument(
+        "--mt-bench",
+        default=None,
+        help="MT-Bench question.jsonl for the held-out prompts (default: $PIPELINE_DATA_ROOT or ../shared/data, "
+        "then mt_bench/question.jsonl, relative to the repository root)",
+    )
     ap.add_argument("--card", default=None, help="a draft directory: append the figures to its MODEL_CARD.md and metrics.json")
     args = ap.parse_args(argv)
 
     from pipeline.decoding import build_decoder, make_generator
     from pipeline.distill import heldout_prompts, restrict_head
     from pipeline.distill_data import chat_ids
-    from pipeline.models import load_pair_by_name
 
     torch.set_num_threads(args.threads)
-    pair = load_pair_by_name(args.pair)
-    draft = pair.draft
-    if draft is not None and not args.full_head:
-        draft = restrict_head(draft)  # no-op without restricted_head_map.json
-        if getattr(draft, "draft_token_map", None) is not None:
-            # The engine reads a restricted draft's map from <checkpoint>/draft_token_map.json; a head
-            # restricted after loading carries it as an attribute instead, so let the engine see it.
-            import pipeline.decoding.kv as kv
+    from pipeline.models import load_pair, pair_config
 
-            file_map = kv.load_token_map
-            kv.load_token_map = lambda m: m.draft_token_map if getattr(m, "draft_token_map", None) is not None else file_map(m)
+    config = pair_config(args.pair)
+    if args.full_head and config.get("draft"):
+        config["draft"] = {**config["draft"], "restrict_head": False}
+    pair = load_pair(config)
+    draft = pair.draft
+    if draft is not None and not args.full_head and getattr(draft, "draft_token_map", None) is None:
+        draft = restrict_head(draft)  # no-op without restricted_head_map.json; the engine reads draft_token_map
     tok = pair.tokenizer
-    # prompts after the alpha set's (offset), so speed is measured on other held-out samples too
-    prompts = heldout_prompts(args.n_humaneval, args.n_mtbench, None)
+    mt_bench = args.mt_bench
+    if mt_bench is None and args.n_mtbench:
+        root = Path(os.environ.get("PIPELINE_DATA_ROOT", "../shared/data"))
+        mt_bench = str((root if root.is_absolute() else REPO_ROOT / root) / "mt_bench" / "question.jsonl")
+    prompts = heldout_prompts(args.n_humaneval, args.n_mtbench, mt_bench)
     prompt_ids = [chat_ids(tok, p) for p in prompts]
     eos = [tok.eos_token_id]
     params = {
