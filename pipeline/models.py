@@ -9,7 +9,11 @@ A pair is described by ``conf/pair/<name>.yaml`` (see README). Each model spec h
 - ``revision``: optional Hub revision, pinned for the real pairs;
 - ``num_layers``: optionally keep only the first k decoder layers (a self-drafting early-exit draft);
 - ``restrict_head``: for a draft distilled by ``pipeline.distill``, output logits only for the token ids
-  in its ``restricted_head_map.json`` (q = 0 elsewhere: verification stays exact, the draft step is cheaper).
+  in its ``restricted_head_map.json`` (q = 0 elsewhere: verification stays exact, the draft step is cheaper);
+- ``random_init`` with ``config`` (transformers config fields, ``model_type`` included) and ``seed``:
+  random weights in a real model's shapes, built on the device, to measure the engine at realistic sizes
+  without the weights (``conf/pair/random-llama3-8b-1b.yaml``); such a model's text is meaningless;
+- ``tokenizer``: take the tokenizer from another model spec (needed by ``random_init`` models).
 
 GGUF files are converted once into a safetensors copy under the cache folder
 (``$PIPELINE_CACHE`` or ``~/.cache/pipeline``) because the conversion dominates load time.
@@ -53,6 +57,10 @@ class ModelSpec:
     num_layers: int | None = None
     restrict_head: bool = False
     trust_remote_code: bool = False
+    random_init: bool = False
+    config: dict[str, Any] | None = None
+    seed: int = 0
+    tokenizer: Any = None  # a model spec (mapping or id) whose tokenizer this model uses
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | str) -> "ModelSpec":
@@ -62,7 +70,17 @@ class ModelSpec:
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"unknown model spec keys {sorted(unknown)}; valid keys: {sorted(known)}")
-        return cls(**{k: cfg[k] for k in cfg})
+        spec = cls(**{k: cfg[k] for k in cfg})
+        if spec.random_init and not (isinstance(spec.config, Mapping) and spec.config.get("model_type")):
+            raise ValueError(
+                f"model {spec.id!r}: random_init needs `config:` with the transformers config fields, "
+                "model_type included (e.g. {model_type: llama, hidden_size: 4096, ...})"
+            )
+        if spec.random_init and spec.tokenizer is None:
+            raise ValueError(f"model {spec.id!r}: random_init needs `tokenizer:` (a model spec to take the tokenizer from)")
+        if spec.config is not None and not spec.random_init:
+            raise ValueError(f"model {spec.id!r}: `config:` is only used with random_init: true")
+        return spec
 
     def location(self) -> str:
         """The directory or Hub id transformers should read from."""
@@ -142,6 +160,8 @@ def load_tokenizer(spec: ModelSpec):
     """The tokenizer of a model spec (GGUF tokenizers are converted once and cached)."""
     from transformers import AutoTokenizer
 
+    if spec.tokenizer is not None:
+        return load_tokenizer(ModelSpec.from_config(spec.tokenizer))
     location = spec.location()
     try:
         if spec.gguf_file:
@@ -162,6 +182,8 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
     from transformers import AutoModelForCausalLM
 
     torch_dtype = DTYPES[dtype]
+    if spec.random_init:
+        return _random_model(spec, torch_dtype, resolve_device(device))
     location = spec.location()
     try:
         if spec.gguf_file:
@@ -189,6 +211,21 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
             raise ValueError(f"restrict_head is set but {Path(location) / MAP_FILE} does not exist")
         model = restrict_head(model)
     return model.to(resolve_device(device)).eval()
+
+
+def _random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
+    """A randomly initialised model of ``spec.config``'s shape, built directly on ``device`` (seeded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(spec.config)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(spec.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.name_or_path = spec.id
+    if spec.num_layers is not None:
+        model = truncate_layers(model, spec.num_layers)
+    return model.eval()
 
 
 def _save_dequantized(model, directory: Path) -> None:
