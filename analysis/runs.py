@@ -97,8 +97,10 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
         row.update({col: tags.get(tag) for col, tag in schema.TAGS.items()})
         row.update({col: metrics.get(name, math.nan) for col, name in schema.METRICS.items()})
         row.update({col: parse_param(params.get(name)) for col, name in schema.PARAMS.items()})
+        row["_pair_config"] = {k: v for k, v in params.items() if k.startswith(schema.PAIR_PARAM_PREFIX)}
         rows.append(row)
-    columns = list(dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS]))
+    _split_pairs_by_config(rows)
+    columns = list(dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS, "pair_config"]))
     df = pd.DataFrame(rows, columns=columns)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df["sweep"] = df["sweep"].fillna(sweep).replace("", sweep)
@@ -109,6 +111,37 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
     df = df.sort_values(["pair", "dataset", "label", "seed"], kind="stable").reset_index(drop=True)
     df.attrs.update(sweep=sweep, tracking_uri=uri)
     return df
+
+
+def _split_pairs_by_config(rows: list[dict[str, Any]]) -> None:
+    """Give every row a ``pair_config`` fingerprint; rename pairs whose name covers several configs.
+
+    A store can hold runs of one pair name with different models (a retrained draft, another dtype):
+    pooling them would mix two experiments. Such rows get ``pair = "<name>@<fingerprint>"`` and a
+    warning names the keys that differ.
+    """
+    import hashlib
+    import json
+    import warnings
+
+    by_name: dict[str, dict[str, dict[str, str]]] = {}
+    for row in rows:
+        config = row.pop("_pair_config")
+        fingerprint = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:6]
+        row["pair_config"] = fingerprint
+        by_name.setdefault(row["pair"], {})[fingerprint] = config
+    for name, configs in by_name.items():
+        if len(configs) < 2:
+            continue
+        keys = sorted({k for c in configs.values() for k in c if len({str(o.get(k)) for o in configs.values()}) > 1})
+        warnings.warn(
+            f"pair {name!r} has runs with {len(configs)} different configs (differing: {', '.join(keys)}); "
+            f"they are reported apart as {', '.join(f'{name}@{f}' for f in sorted(configs))}",
+            stacklevel=3,
+        )
+        for row in rows:
+            if row["pair"] == name:
+                row["pair"] = f"{name}@{row['pair_config']}"
 
 
 def sample_score(record: dict[str, Any]) -> float:

@@ -62,6 +62,10 @@ METRICS: dict[str, str] = {
     "cost_ratio": "cost_ratio_c",
 }
 
+# Params under this prefix describe the pair (models, draft, dtype...): runs whose pair config differs
+# under one pair name are told apart in the tables ("<pair>@<fingerprint>"), never pooled.
+PAIR_PARAM_PREFIX = "pair."
+
 # canonical column -> flattened cell-config param (values arrive as text and are parsed)
 PARAMS: dict[str, str] = {
     "method_name": "method.name",

@@ -98,3 +98,25 @@ def test_report_cli_without_notebooks_writes_tables_and_figures(uri, tmp_path):
 def test_ablation_figure_only_where_a_param_varies(runs):
     assert figures.ablation_curves(runs, "num_beams") is None  # every mtad cell has 4 beams
     assert figures.ablation_curves(runs, "tau") is not None
+
+
+def test_one_pair_name_with_two_configs_is_reported_apart(tmp_path):
+    """Runs of pair 'tiny' with two different drafts (a retrained draft) must never be pooled."""
+    from _fixtures_analysis import PAIR, _cell, _result
+
+    from pipeline.tracking import Tracker, cell_key
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "two-drafts", str(tmp_path / "mlruns"))
+    tracker.start_parent("two drafts", {"sweep": "two-drafts"}, {"cells.total": 2})
+    for draft in ("models/draft-v1", "models/draft-v2"):
+        cell = _cell("spd", "mt_bench", 0)
+        cell["sweep"] = cell["config"]["sweep"] = "two-drafts"
+        cell["config"]["pair"]["draft"] = {"id": draft}
+        cell["key"] = cell["config"]["cell_key"] = cell_key({"base": cell["key"], "draft": draft})
+        tracker.log_cell(cell, _result("spd", "mt_bench", 0))
+    tracker.end_parent("FINISHED", {"cells_ran": 2})
+    with pytest.warns(UserWarning, match=r"pair 'tiny' has runs with 2 different configs \(differing: pair.draft.id\)"):
+        df = load_runs("two-drafts", uri)
+    assert len(df) == 2 and df["pair"].nunique() == 2
+    assert all(p.startswith(f"{PAIR}@") for p in df["pair"]) and set(df["pair_config"]) == {p.split("@")[1] for p in df["pair"]}
