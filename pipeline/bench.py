@@ -34,7 +34,8 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .decoding import build_decoder, make_generator
+from .decoding import build_decoder, check_method, make_generator, method_class
+from .decoding.speculative import DraftVerifyDecoder
 from .decoding.fast_forward import lean_forward_for, unsupported_reason
 from .generate import encode_prompt, eos_ids
 from .measure import step_times
@@ -120,6 +121,11 @@ class Bench:
         from .models import PairSpec, load_pair
 
         self.cfg = cfg
+        for mode in cfg.modes:  # bad methods or parameters fail before any model is loaded
+            if mode not in ("greedy", "sample"):
+                raise ValueError(f"unknown mode {mode!r}: modes are greedy and sample")
+            for method in cfg.methods:
+                check_method(method, self.method_params(method, mode))
         spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
         if spec.draft is None:
             raise ValueError(f"pair {spec.name!r} has no draft model: the benchmark compares speculative methods")
@@ -192,12 +198,23 @@ class Bench:
 
         return timed
 
-    def ours(self, method: str, mode: str):
+    def method_params(self, method: str, mode: str) -> dict[str, Any]:
+        """Warping of ``mode``, ``gamma`` for methods that take it, then ``method_params.<method>``."""
         params = self._mode_params(mode)
-        if method != "ar":
+        if "gamma" in method_class(method).params:
             params["gamma"] = self.cfg.gamma
-        if method == "mtad":
-            params.update(OmegaConf.to_container(self.cfg.mtad, resolve=True))
+        extra = self.cfg.get("method_params", {}).get(method) or {}
+        params.update(OmegaConf.to_container(extra, resolve=True) if not isinstance(extra, dict) else extra)
+        return params
+
+    def is_chain(self, method: str, mode: str) -> bool:
+        """A draft-model chain of gamma tokens verified in one target pass: the bound applies."""
+        cls = method_class(method)
+        values = check_method(method, self.method_params(method, mode))
+        return issubclass(cls, DraftVerifyDecoder) and bool(cls.draft_needed(values))
+
+    def ours(self, method: str, mode: str):
+        params = self.method_params(method, mode)
         dec = build_decoder(method, self.pair.target, self.pair.draft if method != "ar" else None, **params)
 
         def run_one(i, ids):
@@ -279,7 +296,7 @@ class Bench:
                 passes = cfg.warmup + cfg.repeats
                 in_forward, total = timers[("ours", method)][0] / passes, timers[("ours", method)][1] / passes
                 row.overhead_per_step = max(0.0, (total - in_forward) / total)
-                if method != "ar":
+                if method != "ar" and self.is_chain(method, mode):
                     alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
                     bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p["t_draft"] + p["t_verify"]) for p in probes]
                     c = med([p["t_draft"] / p["t_ar"] for p in probes])

@@ -70,3 +70,30 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
     payload = [dict(vars(r)) for r in rows]
     (tmp_path / "t.json").write_text(json.dumps(payload))
     assert FIELDS <= set(json.loads((tmp_path / "t.json").read_text())[0])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("methods=[ar,nope]", "unknown method 'nope'"),
+        ("method_params.mtad.tau=2", r"tau=2 must be a number in \[0.0, 1.0\]"),
+        ("modes=[greedy,beam]", "unknown mode 'beam'"),
+    ],
+)
+def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
+    import pipeline.models as models
+
+    monkeypatch.setattr(models, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        Bench(_cfg(override))
+
+
+def test_tree_methods_are_benched_without_a_chain_bound():
+    cfg = _cfg(
+        "pair.draft.restrict_head=false", "gamma=2", "repeats=1", "warmup=0", "probe_reps=2", "max_new_tokens=4",
+        "methods=[ar,specinfer]", "modes=[greedy]", "prompts=[Name a colour.]",
+    )
+    rows, _ = Bench(cfg).run()
+    tree = [r for r in rows if r.method == "specinfer"][0]
+    assert tree.tokens == 4 and tree.identical_to_transformers is True  # lossless at T = 0
+    assert tree.alpha is None and tree.bound is None and tree.efficiency is None
