@@ -189,3 +189,14 @@ def test_fast_matmul_only_for_cpu_float32(monkeypatch):
     assert not LeanForward(_tiny("llama").to(torch.bfloat16)).fast_matmul
     monkeypatch.setenv("PIPELINE_FAST_MATMUL", "0")
     assert not LeanForward(_tiny("llama")).fast_matmul
+
+
+@pytest.mark.parametrize("shape", [(24,), (3, 24), (1, 2, 24), (2, 5, 24)])
+def test_small_linear_matches_f_linear_for_any_leading_shape(shape, monkeypatch):
+    from pipeline.decoding.fast_forward import small_linear
+
+    torch.manual_seed(len(shape))
+    w, b, x = torch.randn(40, 24), torch.randn(40), torch.randn(*shape)
+    torch.testing.assert_close(small_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("PIPELINE_FAST_MATMUL", "0")
+    assert torch.equal(small_linear(x, w, b), F.linear(x, w, b))

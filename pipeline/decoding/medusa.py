@@ -40,6 +40,7 @@ from .tree_verify import (
     tree_verify_forward,
     typical_tree_walk,
 )
+from .fast_forward import small_linear
 from .warping import sample
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -79,8 +80,10 @@ class MedusaHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """``[..., H]`` -> logits ``[K, ..., V]``."""
-        feats = self.features(hidden.to(self.blocks[0][0].linear.weight.dtype))
-        return lm_head(feats.to(lm_head.weight.dtype))
+        feats = self.features(hidden.to(self.blocks[0][0].linear.weight.dtype)).to(lm_head.weight.dtype)
+        if type(lm_head) is nn.Linear and not torch.is_grad_enabled():  # decoding: a few rows, the fast form
+            return small_linear(feats, lm_head.weight, lm_head.bias)
+        return lm_head(feats)
 
     def config_dict(self) -> dict:
         return {"hidden_size": self.hidden_size, "num_heads": self.num_heads, "num_layers": self.num_layers}
