@@ -80,7 +80,10 @@ def test_bench_runs_on_a_random_pair():
 
     from pipeline.bench import Bench
 
+    from hydra.core.global_hydra import GlobalHydra
+
     conf = Path(__file__).resolve().parents[1] / "conf"
+    GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose(config_name="bench", overrides=["gamma=2", "repeats=1", "warmup=0", "probe_reps=2", "max_new_tokens=5",
                                                        "methods=[ar,spd]", "modes=[sample]", "prompts=[hello there]"])
