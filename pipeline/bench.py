@@ -38,7 +38,7 @@ from .decoding import build_decoder, check_method, make_generator, method_class
 from .decoding.speculative import DraftVerifyDecoder
 from .decoding.fast_forward import lean_forward_for, unsupported_reason
 from .generate import encode_prompt, eos_ids
-from .measure import step_times
+from .measure import step_costs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -203,8 +203,9 @@ class Bench:
         params = self._mode_params(mode)
         if "gamma" in method_class(method).params:
             params["gamma"] = self.cfg.gamma
-        extra = self.cfg.get("method_params", {}).get(method) or {}
-        params.update(OmegaConf.to_container(extra, resolve=True) if not isinstance(extra, dict) else extra)
+        extra = OmegaConf.select(self.cfg, f"method_params.{method}", default=None)
+        if extra:
+            params.update(OmegaConf.to_container(extra, resolve=True))
         return params
 
     def is_chain(self, method: str, mode: str) -> bool:
@@ -254,12 +255,8 @@ class Bench:
 
         return run_one
 
-    def step_costs(self, reps: int = 20) -> dict[str, float]:
-        """t_ar, t_draft (single-token steps) and t_verify (one forward of gamma + 1 tokens), seconds."""
-        probe = self.prompts[0]
-        t_ar, t_verify = step_times(self.pair.target, probe, self.cfg.gamma, self.device, reps=reps)
-        t_draft, _ = step_times(self.pair.draft, probe, self.cfg.gamma, self.device, reps=reps)
-        return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
+    def _probe_costs(self) -> dict[str, float]:
+        return step_costs(self.pair.target, self.pair.draft, self.prompts[0], self.cfg.gamma, self.device, self.cfg.probe_reps)
 
     def run(self) -> tuple[list[Row], dict[str, Any]]:
         """All rows. Ratios, speedups and efficiencies are medians of per-pass values (each pass
@@ -276,7 +273,7 @@ class Bench:
             timers = {}
             for key in runners:  # time spent inside the two models' forwards, per runner
                 runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
-            results, probes = self._timed(runners, lambda: self.step_costs(reps=cfg.probe_reps))
+            results, probes = self._timed(runners, self._probe_costs)
             all_probes += probes
             hf_ar, hf_sd = results[("transformers", "ar")], results[("transformers", "spd")]
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))

@@ -188,16 +188,14 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
         metrics: dict[str, Any] = dict(summary)
         if pair.draft is not None and measure.get("costs", True) and "gamma" in decoder.config:
             # step costs behind Leviathan's bound (c = t_draft / t_target), after the window
-            from pipeline.measure import step_times
+            from pipeline.measure import step_costs
 
             with _stage(result, "costs"):
                 probe = window.records[0].prompt_ids if window.records else [0] * 16
-                gamma = int(decoder.config["gamma"])
-                t_ar, t_verify = step_times(pair.target, probe, gamma, device, reps=10)
-                t_draft, _ = step_times(pair.draft, probe, gamma, device, reps=10)
+                costs = step_costs(pair.target, pair.draft, probe, int(decoder.config["gamma"]), device, reps=10)
             metrics.update(
-                t_target_step_ms=1e3 * t_ar, t_draft_step_ms=1e3 * t_draft, t_verify_ms=1e3 * t_verify,
-                cost_ratio_c=t_draft / t_ar,
+                t_target_step_ms=1e3 * costs["t_ar"], t_draft_step_ms=1e3 * costs["t_draft"],
+                t_verify_ms=1e3 * costs["t_verify"], cost_ratio_c=costs["t_draft"] / costs["t_ar"],
             )
         records = [r.to_dict() for r in window.records]
         if measure.get("perplexity", True):

@@ -435,6 +435,14 @@ def step_times(model: Any, prompt: Sequence[int], gamma: int, device: torch.devi
     return statistics.median(single), statistics.median(block)
 
 
+def step_costs(target: Any, draft: Any, prompt: Sequence[int], gamma: int, device: torch.device | str, reps: int = 20) -> dict[str, float]:
+    """Leviathan's costs in seconds: ``t_ar`` and ``t_draft`` (single-token steps of target and draft)
+    and ``t_verify`` (one target forward of gamma + 1 tokens), medians of ``reps``."""
+    t_ar, t_verify = step_times(target, prompt, gamma, device, reps=reps)
+    t_draft, _ = step_times(draft, prompt, gamma, device, reps=reps)
+    return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
+
+
 def predictions_for_scoring(result: WindowResult) -> list[dict[str, Any]]:
     """Per-sample predictions in the scorers' JSONL shape (multi-turn samples: the list of answers)."""
     by_id: dict[str, list[GenerationRecord]] = {}

@@ -182,11 +182,11 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
     from transformers import AutoModelForCausalLM
 
     torch_dtype = DTYPES[dtype]
-    if spec.random_init:
-        return _random_model(spec, torch_dtype, resolve_device(device))
     location = spec.location()
     try:
-        if spec.gguf_file:
+        if spec.random_init:
+            model = _random_model(spec, torch_dtype, resolve_device(device))
+        elif spec.gguf_file:
             cached = _gguf_cache_dir(location, spec.gguf_file)
             if (cached / "config.json").exists():
                 model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch_dtype)
@@ -223,9 +223,7 @@ def _random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.name_or_path = spec.id
-    if spec.num_layers is not None:
-        model = truncate_layers(model, spec.num_layers)
-    return model.eval()
+    return model
 
 
 def _save_dequantized(model, directory: Path) -> None:

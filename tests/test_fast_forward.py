@@ -140,10 +140,12 @@ def test_hidden_capture_matches_the_lm_head_input():
 
 def test_lean_module_holds_no_parameters_and_takes_hooks():
     model = _tiny("llama")
+    before = [name for name, _ in model.named_parameters()]
     lean = lean_forward_for(model)
     assert lean is lean_forward_for(model)  # built once per model
     assert list(lean.parameters()) == [] and list(lean.buffers()) == []
-    assert sum(1 for _ in model.parameters()) == len(list(model.parameters()))
+    assert [name for name, _ in model.named_parameters()] == before  # nothing registered on the model either
+    assert not any(m is lean for m in model.modules())
     calls = []
     handle = lean.register_forward_hook(lambda *a: calls.append(1))
     cm = CachedModel(model)

@@ -9,12 +9,12 @@ import torch
 
 from conftest import REPO_ROOT, tiny_llama
 from pipeline.decoding import build_decoder, make_generator
+from pipeline.decoding.kv import capture_lm_head_input
 from pipeline.decoding.medusa import (
     CONFIG_FILE,
     HEADS_FILE,
     MedusaHeads,
     attach_medusa_heads,
-    capture_lm_head_input,
     load_medusa_heads,
     save_medusa_heads,
 )

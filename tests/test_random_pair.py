@@ -59,15 +59,13 @@ def test_random_spec_errors_name_the_fix(change, message):
 
 
 def test_shipped_random_pair_has_the_llama3_shapes():
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from pipeline.models import _random_model
 
     spec = PairSpec.from_config(pair_config("random-llama3-8b-1b"))
     counts = []
-    for model_spec in (spec.target, spec.draft):
-        fields = dict(model_spec.config)
-        config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+    for model_spec in (spec.target, spec.draft):  # on the meta device: shapes only, no memory
+        model = _random_model(model_spec, torch.bfloat16, torch.device("meta"))
+        assert model.config.model_type == "llama" and model.name_or_path == model_spec.id
         counts.append(sum(p.numel() for p in model.parameters()))
     assert 8.0e9 < counts[0] < 8.1e9  # Llama-3.1-8B: 8.03B
     assert 1.2e9 < counts[1] < 1.3e9  # Llama-3.2-1B: 1.24B (tied embedding)

@@ -103,7 +103,7 @@ class Decoder:
         self.warper = Warper(values["temperature"], values["top_k"], values["top_p"])
         self.target = CachedModel(target)
         vocab = self.target.vocab_size
-        self.draft = CachedModel(draft, vocab_size=vocab) if (draft is not None and self.needs_draft) else None
+        self.draft = CachedModel(draft, vocab_size=vocab) if (draft is not None and self.draft_needed(values)) else None
 
     @classmethod
     def draft_needed(cls, values: dict[str, Any]) -> bool | str:

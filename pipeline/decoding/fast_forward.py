@@ -136,7 +136,6 @@ class LeanForward(nn.Module):
         self.groups = self.num_heads // self.num_kv_heads
         self.scaling = self.head_dim**-0.5
         # plain Python containers: nothing is registered on this module
-        self._model = [model]
         self._embed = [inner.embed_tokens]
         self._rotary = [inner.rotary_emb]
         self._layers = []
@@ -169,6 +168,13 @@ class LeanForward(nn.Module):
         if self.fast_matmul and x.numel() // x.shape[-1] <= FAST_MATMUL_MAX_ROWS:
             return _fast_matmul(x, weight, bias)
         return F.linear(x, weight, bias)
+
+    def _repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """``[1, kv_heads, L, d]`` -> ``[1, heads, L, d]`` (transformers' ``repeat_kv``)."""
+        if self.groups == 1:
+            return x
+        _, _, length, dim = x.shape
+        return x[:, :, None].expand(1, self.num_kv_heads, self.groups, length, dim).reshape(1, self.num_heads, length, dim)
 
     def forward(
         self,
@@ -203,12 +209,8 @@ class LeanForward(nn.Module):
                     a = F.scaled_dot_product_attention(q, k, v, scale=self.scaling, enable_gqa=True)
                 else:
                     a = F.scaled_dot_product_attention(q, k, v, scale=self.scaling)
-            else:
-                if self.groups > 1:
-                    length = k.shape[2]
-                    k = k[:, :, None].expand(1, self.num_kv_heads, self.groups, length, self.head_dim).reshape(1, self.num_heads, length, self.head_dim)
-                    v = v[:, :, None].expand(1, self.num_kv_heads, self.groups, length, self.head_dim).reshape(1, self.num_heads, length, self.head_dim)
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            else:  # transformers repeats the KV heads when a mask is given
+                a = F.scaled_dot_product_attention(q, self._repeat_kv(k), self._repeat_kv(v), attn_mask=mask, scale=self.scaling)
             a = a.transpose(1, 2).contiguous().reshape(1, n, -1)
             x = x + self._linear(a, wo)
             h = _rms_norm(x, w_post, eps_post)
@@ -239,20 +241,14 @@ def _compare(model_rows: tuple[int, ...] = (1, 2, 4, 5, 8), reps: int = 9) -> No
             times.append(time.perf_counter() - t0)
         return sorted(times)[reps // 2] * 1e3
 
-    class _Fast(LeanForward):
-        def __init__(self):  # only _linear is used
-            nn.Module.__init__(self)
-            self.fast_matmul = True
-
-    fast = _Fast()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; SmolLM2-135M shapes, fp32, ms per forward")
     print("rows | F.linear layers | fast layers | F.linear head | fast head")
     for n in model_rows:
         xs = {576: torch.randn(1, n, 576), 1536: torch.randn(1, n, 1536)}
         lin = clock(lambda: [F.linear(xs[w.shape[1]], w) for w in weights])
-        fst = clock(lambda: [fast._linear(xs[w.shape[1]], (w, None)) for w in weights])
+        fst = clock(lambda: [_fast_matmul(xs[w.shape[1]], w, None) for w in weights])
         hl = clock(lambda: F.linear(xs[576], head))
-        hf = clock(lambda: fast._linear(xs[576], (head, None)))
+        hf = clock(lambda: _fast_matmul(xs[576], head, None))
         print(f"{n:4d} | {lin:15.1f} | {fst:11.1f} | {hl:13.1f} | {hf:9.1f}")
 
 

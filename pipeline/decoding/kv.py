@@ -8,6 +8,7 @@ later writes overwrite them), so the prefix is never re-computed and nothing is 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -85,6 +86,17 @@ class PreallocatedLayer(DynamicLayer):
     def reset(self) -> None:
         if self.is_initialized:
             self._set_length(0)
+
+
+@contextmanager
+def capture_lm_head_input(model):
+    """Record the input of ``model``'s LM head (the last hidden states of the rows whose logits it returns)."""
+    box: list[torch.Tensor] = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda module, args: box.append(args[0]))
+    try:
+        yield box
+    finally:
+        handle.remove()
 
 
 def load_token_map(model) -> torch.Tensor | None:
@@ -175,16 +187,11 @@ class CachedModel:
             if positions is None:
                 positions = self._positions(ids.shape[1])
             logits = self.lean(ids, self.cache, positions, tree.get("attention_mask"), keep, capture)
-        else:
-            handle = None
-            if capture is not None:
-                head = self.model.get_output_embeddings()
-                handle = head.register_forward_pre_hook(lambda module, args: capture.append(args[0]))
-            try:
+        elif capture is not None:
+            with capture_lm_head_input(self.model) as capture:
                 logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree).logits
-            finally:
-                if handle is not None:
-                    handle.remove()
+        else:
+            logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree).logits
         if capture is not None:
             self.hidden = capture[-1][0]
         return logits

@@ -25,7 +25,6 @@ Medusa's default "fast" mode does); its hidden state feeds the heads for the nex
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -148,21 +147,6 @@ def medusa_heads_of(target: nn.Module, method: str) -> MedusaHeads:
             f"pipeline.decoding.medusa.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
         )
     return heads
-
-
-@contextmanager
-def capture_lm_head_input(model: nn.Module):
-    """Record the input of ``model``'s LM head (the last hidden states of the rows whose logits it returns)."""
-    box: list[torch.Tensor] = []
-
-    def hook(module, args):
-        box.append(args[0])
-
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
-    try:
-        yield box
-    finally:
-        handle.remove()
 
 
 MEDUSA_PARAMS = {

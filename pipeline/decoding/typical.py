@@ -13,7 +13,6 @@ verified in one pass and the longest typical path is kept (the same as ``medusa`
 from __future__ import annotations
 
 from .base import Generation, Param, in_closed, nonneg_number, one_of
-from .kv import CachedModel
 from .medusa import medusa_generate, medusa_heads_of
 from .drafting import draft_chain
 from .speculative import DraftVerifyDecoder
@@ -45,9 +44,7 @@ class TypicalDecoder(DraftVerifyDecoder):
 
     def __init__(self, target, draft=None, **params) -> None:
         super().__init__(target, draft, **params)
-        if self.drafter == "draft":  # validate_params has checked that a draft was given
-            self.draft = CachedModel(draft, vocab_size=self.target.vocab_size)
-        else:
+        if self.drafter == "medusa":  # drafter: draft has its CachedModel from Decoder (draft_needed)
             self.heads = medusa_heads_of(target, "typical (drafter: medusa)")
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
