@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run test test-slow setup clean report
+.PHONY: run test test-slow lint setup clean report
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+# ruff (pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff check --fix .` mends imports
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)

@@ -8,18 +8,24 @@ Names come from ``analysis.schema`` (the MLflow layout of ``pipeline/tracking.py
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import tempfile
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
 
 from analysis import schema
+from pipeline.tracking import resolve_tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ID_COLUMNS = ("run_id", "cell_key", "sweep", "method", "label", "pair", "dataset", "seed", "status", "device")
@@ -30,14 +36,10 @@ def default_tracking_uri() -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    from pipeline.tracking import resolve_tracking_uri
-
     return resolve_tracking_uri("sqlite:///mlflow.db", REPO_ROOT)
 
 
 def _client(tracking_uri: str | None):
-    from mlflow import MlflowClient
-
     return MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
 
 
@@ -74,8 +76,6 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
     ``finished_only=False``. ``seed`` is an int; metrics a run did not log are NaN.
     ``df.attrs`` holds ``sweep`` and ``tracking_uri``.
     """
-    from mlflow.entities import ViewType
-
     uri = tracking_uri or default_tracking_uri()
     client = _client(uri)
     exp = client.get_experiment_by_name(sweep)
@@ -120,10 +120,6 @@ def _split_pairs_by_config(rows: list[dict[str, Any]]) -> None:
     pooling them would mix two experiments. Such rows get ``pair = "<name>@<fingerprint>"`` and a
     warning names the keys that differ.
     """
-    import hashlib
-    import json
-    import warnings
-
     by_name: dict[str, dict[str, dict[str, str]]] = {}
     for row in rows:
         config = row.pop("_pair_config")
@@ -236,8 +232,6 @@ def order_labels(labels: Iterable[str], methods: dict[str, str] | None = None) -
 
 def _natural(text: str) -> tuple:
     """Sort key that orders numbers inside labels numerically (tau=0.1 < tau=0.3, beams=4 < beams=8)."""
-    import re
-
     parts = re.split(r"(\d+(?:\.\d+)?)", text)
     return tuple((0, float(p), "") if re.fullmatch(r"\d+(?:\.\d+)?", p) else (1, 0.0, p) for p in parts)
 

@@ -1,18 +1,28 @@
 """Every MLflow name the analysis depends on, in one place (tags, metrics, params, artifacts, records).
 
-The layout is defined by ``pipeline/tracking.py`` (tags, params, artifacts), ``pipeline/measure.py``
-(``WindowResult.summary`` and ``GenerationRecord``), ``pipeline/energy.py::energy_summary`` and
-``pipeline/cell.py`` (perplexity, score). The analysis uses the canonical names on the left; when
-the pipeline renames something, change the right-hand side here and nothing else.
+The layout is defined by ``pipeline/tracking.py`` (tags, params, artifacts: their names are imported
+from there), ``pipeline/measure.py`` (``WindowResult.summary`` and ``GenerationRecord``),
+``pipeline/energy.py::energy_summary`` and ``pipeline/cell.py`` (perplexity, score). The analysis uses
+the canonical names on the left; when the pipeline renames something, change the right-hand side here
+and nothing else.
 """
 
 from __future__ import annotations
 
+from pipeline.tracking import (
+    CELL_FINISHED,
+    CELL_STATUS_TAG,
+    ERROR_TAG,
+    KIND_CELL,
+    KIND_TAG,
+    RESULT_ARTIFACT,
+    SAMPLES_ARTIFACT,
+    SCORES_ARTIFACT,
+)
+
 # ----------------------------------------------------------------------------------- runs and tags
 
-KIND_TAG = "kind"
-KIND_CELL = "cell"  # one run per cell; the parent run of an invocation has kind=sweep
-STATUS_FINISHED = "finished"
+STATUS_FINISHED = CELL_FINISHED
 
 # canonical column -> MLflow tag
 TAGS: dict[str, str] = {
@@ -22,7 +32,7 @@ TAGS: dict[str, str] = {
     "pair": "pair",
     "dataset": "dataset",
     "seed": "seed",
-    "status": "cell_status",  # finished | failed
+    "status": CELL_STATUS_TAG,  # finished | failed
     "stage": "stage",
     "device": "device",  # GPU name, or "cpu": ratios only compare cells on the same device model
     "gpu_uuid": "gpu_uuid",
@@ -31,7 +41,7 @@ TAGS: dict[str, str] = {
     "git_commit": "git_commit",
     "score_metric": "score_metric",  # pass@1 | execution_accuracy | rougeL | speed_only | none ...
     "sweep": "sweep",
-    "error": "error",
+    "error": ERROR_TAG,
 }
 
 # canonical column -> MLflow metric (a metric missing from a run is NaN in the DataFrame)
@@ -86,9 +96,8 @@ PARAMS: dict[str, str] = {
 
 # ----------------------------------------------------------------------------------- artifacts
 
-SAMPLES_ARTIFACT = "samples.jsonl"  # one record per generation (measure.GenerationRecord.to_dict)
-RESULT_ARTIFACT = "result.json"
-SCORES_ARTIFACT = "scores.json"
+# SAMPLES_ARTIFACT (one record per generation), RESULT_ARTIFACT and SCORES_ARTIFACT: pipeline.tracking
+__all__ = ["KIND_CELL", "KIND_TAG", "RESULT_ARTIFACT", "SAMPLES_ARTIFACT", "SCORES_ARTIFACT", "STATUS_FINISHED"]
 
 # canonical column -> field of a samples.jsonl record
 RECORD_FIELDS: dict[str, str] = {
@@ -107,7 +116,7 @@ SCORE_DETAIL_KEYS = ("passed", "correct", "score")  # first one present is the s
 
 # ----------------------------------------------------------------------------------- methods
 
-BASELINE = "ar"  # speedup and energy ratio are taken against this method's cells (DESIGN.md 5.8)
+BASELINE = "ar"  # speedup and energy ratio are taken against this method's cells (docs/DESIGN.md 5.8)
 # Column order of the tables (MTAD Table 5 order first); other methods follow alphabetically.
 METHOD_ORDER = ("ar", "beam", "mtjd", "spd", "block", "spectr", "specinfer", "mcss", "bild", "typical", "medusa", "mtad")
 # Hyper-parameters whose variation within one method makes an ablation curve.

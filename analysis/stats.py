@@ -1,7 +1,7 @@
 """Statistics over seeds: mean ± std (ddof=1), per-seed ratios to the baseline, paired bootstrap, the bound.
 
 - Speedup and energy ratio are computed per seed (a method's cell over the ``ar`` cell of the same
-  pair, dataset, seed and device model, DESIGN.md 5.8), then averaged: mean of ratios, not ratio of means.
+  pair, dataset, seed and device model, docs/DESIGN.md 5.8), then averaged: mean of ratios, not ratio of means.
 - The significance test pairs generations (seed, sample id, turn) of a method with those of a
   reference method and bootstraps the difference of the aggregate statistic, resampling the pairs
   within each seed (stratified), with a fixed RNG seed.
@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import schema
+from pipeline.bounds import alpha_from_tokens_per_step, leviathan_bound
 
 GROUP = ("pair", "dataset", "label")
 MATCH = ("pair", "dataset", "seed", "device")
@@ -194,36 +195,6 @@ def significance(samples: pd.DataFrame, reference: str, metric: str = "tokens_pe
 
 
 # ----------------------------------------------------------------------------------- Leviathan's bound
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha) for i.i.d. acceptance rate alpha."""
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def alpha_from_tokens_per_step(tokens_per_step: float, gamma: int) -> float:
-    """The alpha in [0, 1] whose expected tokens/step equals the measured one (bisection on a monotone map).
-
-    Values outside [1, gamma + 1] are clipped to alpha 0 or 1; NaN in, NaN out.
-    """
-    if tokens_per_step is None or not math.isfinite(tokens_per_step) or gamma is None or gamma < 1:
-        return math.nan
-    if tokens_per_step <= 1.0:
-        return 0.0
-    if tokens_per_step >= gamma + 1:
-        return 1.0
-    from scipy.optimize import brentq
-
-    return float(brentq(lambda a: expected_tokens(a, gamma) - tokens_per_step, 0.0, 1.0 - 1e-15, xtol=1e-12))
-
-
-def leviathan_bound(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan et al.'s speedup bound (1 - a^(g+1)) / ((1 - a)(g c + 1)); NaN where an input is missing."""
-    if any(v is None or not math.isfinite(float(v)) for v in (alpha, gamma, c)):
-        return math.nan
-    return expected_tokens(alpha, int(gamma)) / (gamma * c + 1.0)
 
 
 NO_C_REASON = "cost ratio c not logged by the cells (pipeline.bench measures it; pass cost_ratio=...)"

@@ -21,22 +21,12 @@ import pandas as pd
 
 from analysis import schema, stats
 from analysis.runs import label_methods, order_labels
+from pipeline.sweep.summary import MISSING, fmt_mean_std
 
 TABLE5_ROWS = ("tokens_per_s", "j_per_token", "score")
 SUMMARY_COLUMNS = ("speedup", "energy_ratio", "accepted_per_step", "accepted_drafts_per_step")
 DIGITS = {"tokens_per_s": 2, "j_per_token": 3, "dynamic_j_per_token": 3, "score": 3, "perplexity": 2, "speedup": 2,
           "energy_ratio": 2, "accepted_per_step": 2, "accepted_drafts_per_step": 2, "alpha": 3, "bound": 2}
-MISSING = "–"
-
-
-def fmt_mean_std(mean: float, std: float, digits: int = 2, latex: bool = False) -> str:
-    """``m ± s`` (``m`` alone for one seed, ``–`` without a value)."""
-    if mean is None or not math.isfinite(mean):
-        return MISSING
-    if std is None or not math.isfinite(std):
-        return f"{mean:.{digits}f}"
-    pm = " $\\pm$ " if latex else " ± "
-    return f"{mean:.{digits}f}{pm}{std:.{digits}f}"
 
 
 def rank_marks(means: dict[str, float], direction: int, digits: int | None = None) -> dict[str, str]:

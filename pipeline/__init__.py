@@ -1,3 +1,3 @@
-"""Evaluation pipeline for fast LLM decoding methods (see README.md and DESIGN.md)."""
+"""Evaluation pipeline for fast LLM decoding methods (see README.md and docs/DESIGN.md)."""
 
 __version__ = "0.1.0"

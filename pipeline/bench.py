@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -34,11 +33,14 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .decoding import build_decoder, check_method, make_generator, method_class
-from .decoding.speculative import DraftVerifyDecoder
-from .decoding.fast_forward import lean_forward_for, unsupported_reason
-from .generate import encode_prompt, eos_ids
-from .measure import step_costs
+from pipeline.bounds import alpha_from_accepted, leviathan_bound
+from pipeline.decoding import build_decoder, check_method, make_generator, method_class
+from pipeline.decoding.fast_forward import lean_forward_for, unsupported_reason
+from pipeline.decoding.speculative import DraftVerifyDecoder
+from pipeline.device import machine_info, synchronize
+from pipeline.measure import step_costs
+from pipeline.models import PairSpec, load_pair
+from pipeline.prompts import encode_prompt, eos_ids
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,35 +64,6 @@ class Row:
     overhead_per_step: float | None = None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def leviathan_bound(alpha: float, gamma: int, c: float) -> float:
-    """Ideal improvement factor (Leviathan et al. 2023, section 3)."""
-    if alpha >= 1.0:
-        return (gamma + 1) / (gamma * c + 1)
-    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    return float(gamma + 1) if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-def alpha_from_accepted(accepted: list[int], gamma: int) -> float:
-    """MLE of the per-token acceptance rate from tokens emitted per step (token verification).
-
-    A step that emitted n + 1 tokens examined min(n + 1, gamma) drafts and accepted n of them.
-    """
-    acc = examined = 0
-    for emitted in accepted:
-        n = emitted - 1
-        acc += n
-        examined += min(n + 1, gamma)
-    return acc / examined if examined else 0.0
-
-
 class _ForwardClock:
     """Wall time inside the target's and the draft's forward passes (hooks, synchronised)."""
 
@@ -104,11 +77,11 @@ class _ForwardClock:
             self._handles.append(model.register_forward_hook(self._post))
 
     def _pre(self, *args):
-        _sync(self.device)
+        synchronize(self.device)
         self._t0 = time.perf_counter()
 
     def _post(self, *args):
-        _sync(self.device)
+        synchronize(self.device)
         self.inside += time.perf_counter() - self._t0
 
     def remove(self):
@@ -118,8 +91,6 @@ class _ForwardClock:
 
 class Bench:
     def __init__(self, cfg: DictConfig):
-        from .models import PairSpec, load_pair
-
         self.cfg = cfg
         for mode in cfg.modes:  # bad methods or parameters fail before any model is loaded
             if mode not in ("greedy", "sample"):
@@ -163,10 +134,10 @@ class Bench:
             for key, run_one in runners.items():
                 tokens, seconds, outs = 0, 0.0, []
                 for i, ids in enumerate(self.prompts):
-                    _sync(self.device)
+                    synchronize(self.device)
                     t0 = time.perf_counter()
                     out = run_one(i, ids)
-                    _sync(self.device)
+                    synchronize(self.device)
                     seconds += time.perf_counter() - t0
                     tokens += len(out[0])
                     outs.append(out)
@@ -191,7 +162,7 @@ class Bench:
             try:
                 return run_one(i, ids)
             finally:
-                _sync(self.device)
+                synchronize(self.device)
                 acc[1] += time.perf_counter() - t0
                 acc[0] += clock.inside
                 clock.remove()
@@ -308,32 +279,6 @@ class Bench:
         costs = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in ("t_ar", "t_draft", "t_verify")}
         costs["c"] = med([p["t_draft"] / p["t_ar"] for p in all_probes])
         return rows, costs
-
-
-def machine_info(device: torch.device) -> dict[str, Any]:
-    import transformers
-
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": __import__("os").cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": str(device),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        import subprocess
-
-        info["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
-        ).stdout.strip()
-    except OSError:
-        pass
-    return info
 
 
 def engine_info(pair) -> str:

@@ -6,9 +6,9 @@
 ``cell`` is the plain dict that ``pipeline.sweep`` builds (``key``, ``label``, ``method``, ``pair``,
 ``dataset``, ``seed``, ``measure``, ``judge``, ``config``); the result is a plain dict (status, metrics,
 per-generation records, scorer details, device, stage times, error and traceback). Only the driver
-writes to MLflow (DESIGN.md section 7).
+writes to MLflow (docs/DESIGN.md section 7).
 
-Stages (DESIGN.md section 1), each timed in ``result["stages"]``:
+Stages (docs/DESIGN.md section 1), each timed in ``result["stages"]``:
 
 1. ``load``: the pair and the decoder; the dataset slice plus warm-up samples from outside it.
 2. ``generate``: ``pipeline.measure.run_window`` (warm-up, idle power, one window over the slice).
@@ -30,13 +30,22 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
-HARNESS_VERSION = "1"  # bump when a change to the harness changes what a cell measures (new cell keys)
+import ray
+import torch
+
+from pipeline.data import dataset_module, stop_strings
+from pipeline.data.slices import load_slice
+from pipeline.decoding import build_decoder
+from pipeline.energy import make_energy_meter
+from pipeline.measure import predictions_for_scoring, run_window, step_costs
+from pipeline.models import PairSpec, load_pair
+from pipeline.prompts import eos_ids
+from pipeline.scoring.perplexity import pairs_from_records, perplexity
+from pipeline.scoring.registry import scorer_for
 
 
 def _node_id() -> str | None:
     try:
-        import ray
-
         if ray.is_initialized():
             return ray.get_runtime_context().get_node_id()
     except Exception:  # noqa: BLE001 - outside Ray
@@ -71,25 +80,6 @@ def _fail(fault: Mapping[str, Any], stage: str) -> None:
     raise ValueError(f"unknown fault kind {kind!r}; valid: raise, exit, sleep")
 
 
-def load_slice(dataset: Mapping[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
-    """(measured samples, warm-up samples from outside the slice, all samples) of a dataset config."""
-    from pipeline.data import load_dataset
-    from pipeline.data.base import take_slice
-
-    options = dict(dataset.get("options") or {})
-    everything = load_dataset(dataset["name"], dataset.get("path"), dataset.get("split"), **options)
-    measured = take_slice(everything, start=int(dataset.get("start") or 0), limit=dataset.get("limit"), ids=dataset.get("ids"))
-    chosen = {s.id for s in measured}
-    n_warm = int(dataset.get("warmup_samples", 3))
-    if dataset.get("ids") is None:  # prefer the samples right after the slice
-        end = int(dataset.get("start") or 0) + len(measured)
-        rest = everything[end:] + everything[: int(dataset.get("start") or 0)]
-    else:
-        rest = everything
-    warm = [s for s in rest if s.id not in chosen][:n_warm]
-    return measured, warm, everything
-
-
 @contextmanager
 def _stage(result: dict[str, Any], name: str) -> Iterator[None]:
     result["stage"] = name
@@ -102,36 +92,10 @@ def _stage(result: dict[str, Any], name: str) -> Iterator[None]:
 
 def score_cell(dataset: Mapping[str, Any], samples: list[Any], predictions: list[dict[str, Any]], judge_cfg: Mapping[str, Any] | None, max_turns: int | None) -> dict[str, Any] | None:
     """The dataset's downstream score (a scorer's result dict), or None where there is none to compute."""
-    from pipeline.data import dataset_module
-
-    scorer = getattr(dataset_module(dataset["name"]), "SCORER", None)
-    by_id = {s.id: s for s in samples}
-    if scorer == "humaneval":
-        from pipeline.scoring import humaneval
-
-        problems = {s.id: {"task_id": s.id, **s.reference} for s in samples}
-        return humaneval.score_predictions(predictions, problems, workers=1, ks=(1,))
-    if scorer == "spider":
-        from pipeline.scoring import spider
-
-        return spider.score_predictions(predictions, by_id)
-    if scorer == "rouge":
-        refs = {s.id: s.reference for s in samples if s.reference}
-        if len(refs) < len(samples):
-            return None  # e.g. the offline CNN/DM sample has no highlights
-        from pipeline.scoring import rouge
-
-        return rouge.score_predictions(predictions, refs)
-    if scorer == "mt_bench" and judge_cfg and judge_cfg.get("enabled"):
-        from pipeline.data.mt_bench import load_judge_prompts
-        from pipeline.scoring import mt_bench
-
-        cfg = {k: v for k, v in judge_cfg.items() if k != "enabled"}
-        judge = mt_bench.make_judge(cfg)
-        templates = load_judge_prompts(dataset.get("path"))
-        turns = tuple(range(1, (max_turns or 2) + 1))
-        return mt_bench.judge_predictions(predictions, by_id, judge, templates, turns=turns)
-    return None
+    scorer = scorer_for(getattr(dataset_module(dataset["name"]), "SCORER", None))
+    if scorer is None:
+        return None
+    return scorer(dataset, samples, predictions, judge=judge_cfg, max_turns=max_turns)
 
 
 def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
@@ -148,14 +112,6 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
         "metrics": {},
     }
     try:
-        import torch
-
-        from pipeline.decoding import build_decoder
-        from pipeline.energy import make_energy_meter
-        from pipeline.generate import eos_ids
-        from pipeline.measure import predictions_for_scoring, run_window
-        from pipeline.models import PairSpec, load_pair
-
         measure = dict(cell["measure"])
         dataset = dict(cell["dataset"])
         threads = measure.get("threads")
@@ -169,8 +125,6 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
             samples, warm, _ = load_slice({**dataset, "warmup_samples": measure.get("warmup_samples", 3)})
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, measure.get("energy_meter", "auto"))
-        from pipeline.data import stop_strings
-
         with _stage(result, "generate"):
             inject_fault(cell, "generate")
             window = run_window(
@@ -188,8 +142,6 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
         metrics: dict[str, Any] = dict(summary)
         if pair.draft is not None and measure.get("costs", True) and "gamma" in decoder.config:
             # step costs behind Leviathan's bound (c = t_draft / t_target), after the window
-            from pipeline.measure import step_costs
-
             with _stage(result, "costs"):
                 probe = window.records[0].prompt_ids if window.records else [0] * 16
                 costs = step_costs(pair.target, pair.draft, probe, int(decoder.config["gamma"]), device, reps=10)
@@ -199,8 +151,6 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
             )
         records = [r.to_dict() for r in window.records]
         if measure.get("perplexity", True):
-            from pipeline.scoring.perplexity import pairs_from_records, perplexity
-
             with _stage(result, "perplexity"):
                 ppl = perplexity(pair.target, pairs_from_records(records)[0])
             metrics["perplexity"] = ppl["score"]
@@ -262,13 +212,8 @@ class CellActor:
     def run(self, cell: Mapping[str, Any]) -> dict[str, Any]:
         return run_cell(cell)
 
-    def node(self) -> str | None:
-        return _node_id()
-
 
 def prepare_pair(pair: Mapping[str, Any]) -> str:
     """Load a pair once so that one-time conversions (GGUF -> safetensors cache) happen before the cells."""
-    from pipeline.models import load_pair
-
     load_pair(pair)
     return pair.get("name", "")

@@ -1,4 +1,4 @@
-"""Energy meters for the measurement window (DESIGN.md section 5, item 7).
+"""Energy meters for the measurement window (docs/DESIGN.md section 5, item 7).
 
 By availability, for the device a cell runs on:
 

@@ -11,10 +11,12 @@ import time
 from typing import Any
 
 import hydra
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .decoding import build_decoder, check_method, make_generator
+from pipeline.decoding import build_decoder, check_method, make_generator
+from pipeline.device import synchronize
+from pipeline.models import PairSpec, load_pair
+from pipeline.prompts import encode_prompt, eos_ids
 
 
 def method_params(method_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -24,36 +26,7 @@ def method_params(method_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[st
     return name, cfg
 
 
-def encode_prompt(tokenizer, prompt: str | list[dict[str, str]], chat: bool) -> list[int]:
-    """Chat template (with the generation prompt) for chat models, plain text for base models."""
-    if chat:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        if ids and isinstance(ids[0], list):
-            ids = ids[0]
-        return [int(t) for t in ids]
-    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
-    ids = tokenizer(text)["input_ids"]
-    if tokenizer.bos_token_id is not None and (not ids or ids[0] != tokenizer.bos_token_id):
-        ids = [tokenizer.bos_token_id] + ids
-    return ids
-
-
-def eos_ids(tokenizer, model) -> list[int]:
-    """EOS ids from the tokenizer and the model's generation config."""
-    ids = set()
-    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if source is None:
-            continue
-        ids.update(source if isinstance(source, (list, tuple)) else [source])
-    return sorted(ids)
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
-    from .models import PairSpec, load_pair
-
     name, params = method_params(cfg.method)
     pair_spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
     check_method(name, params, has_draft=pair_spec.draft is not None)  # before any model is loaded
@@ -64,8 +37,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     gen = make_generator(cfg.seed, device)
     start = time.perf_counter()
     out = decoder.generate(ids, max_new_tokens=cfg.max_new_tokens, eos_token_ids=eos_ids(pair.tokenizer, pair.target), generator=gen)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     elapsed = time.perf_counter() - start
     return {
         "method": name,

@@ -1,4 +1,4 @@
-"""The measurement window of one cell (DESIGN.md section 5).
+"""The measurement window of one cell (docs/DESIGN.md section 5).
 
     result = run_window(decoder, samples, tokenizer=tok, chat=True, eos_token_ids=[2],
                         max_new_tokens=128, seed=0, device="cuda", meter=make_energy_meter("cuda"),
@@ -29,17 +29,18 @@ sample's output does not depend on the warm-up, the slice or the budget.
 from __future__ import annotations
 
 import hashlib
-import platform
-import resource
-import subprocess
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
+from pipeline.data import format_sample
 from pipeline.data.base import Prompt, Sample
+from pipeline.decoding.kv import CachedModel
+from pipeline.decoding.warping import make_generator
+from pipeline.device import environment_info, peak_memory, reset_peak_memory, synchronize
 from pipeline.energy import EnergyMeter, EnergyReading, IdleReading, NullMeter, energy_summary
 
 Formatter = Callable[[Sample, int, Sequence[str]], Prompt]
@@ -142,79 +143,6 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-# --------------------------------------------------------------------------- device helpers
-
-
-def synchronize(device: torch.device | str) -> None:
-    """Wait for all queued work on ``device`` (a no-op on the CPU)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    elif dev.type == "mps":
-        torch.mps.synchronize()
-    elif dev.type == "xpu":
-        torch.xpu.synchronize(dev)
-
-
-def reset_peak_memory(device: torch.device | str) -> None:
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-
-
-def peak_memory(device: torch.device | str) -> dict[str, Any]:
-    """Peak device memory since the last reset (bytes); on the CPU only the process's lifetime peak RSS."""
-    dev = torch.device(device)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    if dev.type == "cuda":
-        return {
-            "allocated_bytes": int(torch.cuda.max_memory_allocated(dev)),
-            "reserved_bytes": int(torch.cuda.max_memory_reserved(dev)),
-            "process_max_rss_bytes": rss,
-        }
-    return {"allocated_bytes": None, "reserved_bytes": None, "process_max_rss_bytes": rss}
-
-
-def environment_info(device: torch.device | str) -> dict[str, Any]:
-    """Device name and UUID, library versions and git commit, for the cell's record (step 1)."""
-    import transformers
-
-    dev = torch.device(device)
-    info: dict[str, Any] = {
-        "device": str(dev),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "host_cpu": platform.processor() or platform.machine(),
-        "git_commit": _git_commit(),
-    }
-    if dev.type == "cuda":
-        from pipeline.energy import cuda_uuid
-
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        info["gpu_name"] = torch.cuda.get_device_name(index)
-        info["gpu_uuid"] = cuda_uuid(torch.device("cuda", index))
-        info["cuda"] = torch.version.cuda
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
-        except Exception:  # noqa: BLE001 - the record says it is missing
-            info["driver"] = None
-    return info
-
-
-def _git_commit() -> str | None:
-    try:
-        root = Path(__file__).resolve().parent.parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def sample_seed(seed: int, sample_id: str, turn: int) -> int:
     """A 63-bit seed for one generation, independent of order, slice and warm-up."""
     digest = hashlib.sha256(f"{seed}\x00{sample_id}\x00{turn}".encode()).digest()
@@ -264,17 +192,12 @@ def warm_up(
     seed: int,
     min_generations: int = 3,
     min_seconds: float = 10.0,
-    max_generations: int | None = None,
 ) -> dict[str, Any]:
-    """Generate on ``prompts`` (cycled) until both minimums are met (or ``max_generations``, if set)."""
+    """Generate on ``prompts`` (cycled) until both minimums are met."""
     if not prompts or (min_generations <= 0 and min_seconds <= 0):
         return {"generations": 0, "seconds": 0.0}
-    from pipeline.decoding.warping import make_generator
-
     start, count = time.perf_counter(), 0
-    while (max_generations is None or count < max_generations) and (
-        count < min_generations or time.perf_counter() - start < min_seconds
-    ):
+    while count < min_generations or time.perf_counter() - start < min_seconds:
         generator = make_generator(sample_seed(seed, "__warmup__", count), device)
         _generate_timed(decoder, list(prompts[count % len(prompts)]), device, max_new_tokens, eos_token_ids, generator)
         count += 1
@@ -308,12 +231,9 @@ def run_window(
     turn by turn (``max_turns`` caps them). Without warm-up samples the warm-up reuses the first
     samples' prompts (recorded as ``warmup.on_measured_samples``).
     """
-    from pipeline.decoding.warping import make_generator
-
     if formatter is None:
         if chat is None:
             raise ValueError("pass `chat` (the pair's prompt style) or a `formatter`")
-        from pipeline.data import format_sample
 
         def formatter(sample: Sample, turn: int, answers: Sequence[str]) -> Prompt:
             return format_sample(sample, tokenizer, chat=chat, turn=turn, answers=answers)
@@ -413,10 +333,6 @@ def step_times(model: Any, prompt: Sequence[int], gamma: int, device: torch.devi
 
     The costs behind Leviathan's bound (t_ar or t_draft, and t_verify); measured outside any window.
     """
-    import statistics
-
-    from pipeline.decoding.kv import CachedModel
-
     device = torch.device(device)
     prompt = list(prompt)
     cm = CachedModel(model)

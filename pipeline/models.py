@@ -9,7 +9,7 @@ A pair is described by ``conf/pair/<name>.yaml`` (see README). Each model spec h
 - ``revision``: optional Hub revision, pinned for the real pairs;
 - ``num_layers``: optionally keep only the first k decoder layers (a self-drafting early-exit draft);
 - ``restrict_head``: for a draft distilled by ``pipeline.distill``, output logits only for the token ids
-  in its ``restricted_head_map.json`` (q = 0 elsewhere: verification stays exact, the draft step is cheaper);
+  in its ``restricted_head_map.json`` (``pipeline.decoding.vocab``) (q = 0 elsewhere: verification stays exact, the draft step is cheaper);
 - ``random_init`` with ``config`` (transformers config fields, ``model_type`` included) and ``seed``:
   random weights in a real model's shapes, built on the device, to measure the engine at realistic sizes
   without the weights (``conf/pair/random-llama3-8b-1b.yaml``); such a model's text is meaningless;
@@ -21,14 +21,23 @@ GGUF files are converted once into a safetensors copy under the cache folder
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+import yaml
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from pipeline.decoding.medusa_heads import load_medusa_heads
+from pipeline.decoding.vocab import map_file, restrict_head
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,6 +107,10 @@ class ModelSpec:
         return str(path) if path.exists() else self.id
 
 
+# Keys of a pair config naming add-ons of the target (kept in ``PairSpec.extra``), with what they hold.
+PAIR_ATTACHMENTS = {"medusa": "a folder of Medusa heads for the target (pipeline.train_medusa)"}
+
+
 @dataclass
 class PairSpec:
     """A target model, an optional draft, and how prompts are formatted for them."""
@@ -118,6 +131,11 @@ class PairSpec:
         draft = cfg.pop("draft", None)
         target = cfg.pop("target")
         known = {"name", "chat", "dtype", "device"}
+        unknown = sorted(set(cfg) - known - set(PAIR_ATTACHMENTS))
+        if unknown:
+            raise ValueError(
+                f"unknown pair config key(s) {unknown}; valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
+            )
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
         if cfg.get("dtype", "float32") not in DTYPES:
             raise ValueError(f"unknown dtype {cfg.get('dtype')!r}; choose one of {sorted(DTYPES)}")
@@ -147,6 +165,16 @@ def _gguf_cache_dir(location: str, gguf_file: str) -> Path:
     return _cache_root() / "gguf" / f"{Path(gguf_file).stem}-{digest}"
 
 
+def is_converted(spec: ModelSpec) -> bool:
+    """True when ``spec`` needs no one-time conversion (no GGUF file, or its safetensors copy exists)."""
+    if not spec.gguf_file:
+        return True
+    try:
+        return (_gguf_cache_dir(spec.location(), spec.gguf_file) / "config.json").exists()
+    except (OSError, ModelNotAvailableError):
+        return False
+
+
 def _offline_hint(spec: ModelSpec, err: Exception) -> ModelNotAvailableError:
     return ModelNotAvailableError(
         f"cannot load model {spec.id!r}: {err}. It is neither a local directory nor in the Hugging Face "
@@ -158,8 +186,6 @@ def _offline_hint(spec: ModelSpec, err: Exception) -> ModelNotAvailableError:
 
 def load_tokenizer(spec: ModelSpec):
     """The tokenizer of a model spec (GGUF tokenizers are converted once and cached)."""
-    from transformers import AutoTokenizer
-
     if spec.tokenizer is not None:
         return load_tokenizer(ModelSpec.from_config(spec.tokenizer))
     location = spec.location()
@@ -179,8 +205,6 @@ def load_tokenizer(spec: ModelSpec):
 
 def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
     """Load one causal LM in eval mode on ``device``; truncate to ``num_layers`` when asked."""
-    from transformers import AutoModelForCausalLM
-
     torch_dtype = DTYPES[dtype]
     location = spec.location()
     try:
@@ -205,18 +229,14 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
     if spec.num_layers is not None:
         model = truncate_layers(model, spec.num_layers)
     if spec.restrict_head:
-        from .distill import MAP_FILE, restrict_head
-
-        if not (Path(location) / MAP_FILE).exists():
-            raise ValueError(f"restrict_head is set but {Path(location) / MAP_FILE} does not exist")
+        if not map_file(location).exists():
+            raise ValueError(f"restrict_head is set but {map_file(location)} does not exist")
         model = restrict_head(model)
     return model.to(resolve_device(device)).eval()
 
 
 def _random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
     """A randomly initialised model of ``spec.config``'s shape, built directly on ``device`` (seeded)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     fields = dict(spec.config)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(spec.seed)
@@ -232,13 +252,6 @@ def _save_dequantized(model, directory: Path) -> None:
     Written to a private temporary folder and renamed into place, so that several processes (Ray
     actors, cluster nodes on a shared disk) converting at once never see or leave a partial checkpoint.
     """
-    import copy
-    import os
-    import shutil
-    import tempfile
-
-    from safetensors.torch import save_file
-
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp-", dir=directory.parent))
     try:
@@ -298,8 +311,6 @@ def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
             )
     if spec.extra.get("medusa"):
         # Medusa heads beside the pair (`medusa: models/<dir>`): attached as `target.medusa_heads`
-        from .decoding.medusa import load_medusa_heads
-
         load_medusa_heads(spec.extra["medusa"], target)
     return LoadedPair(spec=spec, target=target, draft=draft, tokenizer=tokenizer)
 
@@ -310,8 +321,6 @@ def load_pair_by_name(name: str, conf_dir: Path | None = None) -> LoadedPair:
 
 
 def pair_config(name: str, conf_dir: Path | None = None) -> dict[str, Any]:
-    import yaml
-
     conf_dir = conf_dir or REPO_ROOT / "conf" / "pair"
     path = conf_dir / f"{name}.yaml"
     if not path.exists():

@@ -1,4 +1,4 @@
-"""MLflow layout of a sweep (DESIGN.md section 7): cell keys, runs, params, metrics, artifacts, resume.
+"""MLflow layout of a sweep (docs/DESIGN.md section 7): cell keys, runs, params, metrics, artifacts, resume.
 
 - One experiment per sweep name; one parent run per invocation (``kind=sweep``); one nested run per
   cell (``kind=cell``, tag ``mlflow.parentRunId``) with tags (cell_key, method, label, pair, dataset,
@@ -231,3 +231,24 @@ def _param_value(v: Any) -> str:
 
 def _str_tags(tags: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in tags.items() if v is not None}
+
+
+# ------------------------------------------------------------------------ the layout's names
+# What a cell run carries, named once: ``analysis/`` reads runs through these names
+# (analysis/schema.py maps its columns onto them); tests/test_tracking.py checks that
+# ``Tracker.log_cell`` writes every one of them.
+KIND_TAG = "kind"  # every run: "cell" (one per cell) or "sweep" (the parent run of an invocation)
+KIND_CELL = "cell"
+KIND_SWEEP = "sweep"
+CELL_STATUS_TAG = "cell_status"
+CELL_FINISHED = "finished"
+CELL_TAGS = (
+    "cell_key", "method", "label", "pair", "dataset", "seed", "cell_status", "stage", "device", "gpu_uuid",
+    "node_id", "hostname", "git_commit", "score_metric", "sweep",
+)
+ERROR_TAG = "error"  # failed cells only
+SAMPLES_ARTIFACT = "samples.jsonl"  # one record per generation (measure.GenerationRecord.to_dict)
+RESULT_ARTIFACT = "result.json"
+SCORES_ARTIFACT = "scores.json"
+CONFIG_ARTIFACT = "cell_config.yaml"
+TRACEBACK_ARTIFACT = "traceback.txt"

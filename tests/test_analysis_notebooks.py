@@ -6,8 +6,8 @@ import importlib.util
 
 import nbformat
 import pytest
-
 from _fixtures_analysis import SWEEP, store
+
 from analysis import report
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis import stats
+from pipeline import bounds
 
 
 def test_mean_std_uses_ddof_1_and_skips_nan():
@@ -82,14 +83,14 @@ def test_ratio_of_sums_is_pooled_tokens_per_second():
 
 
 def test_alpha_inversion_and_leviathan_bound():
-    e = stats.expected_tokens(0.6, 4)
+    e = bounds.expected_tokens(0.6, 4)
     assert e == pytest.approx((1 - 0.6**5) / 0.4)  # 2.3056
-    assert stats.alpha_from_tokens_per_step(e, 4) == pytest.approx(0.6, abs=1e-9)
-    assert stats.alpha_from_tokens_per_step(1.0, 4) == 0.0 and stats.alpha_from_tokens_per_step(5.0, 4) == 1.0
-    assert math.isnan(stats.alpha_from_tokens_per_step(float("nan"), 4))
-    assert stats.leviathan_bound(0.6, 4, 0.1) == pytest.approx(2.3056 / 1.4)
-    assert stats.leviathan_bound(1.0, 4, 0.0) == 5.0
-    assert math.isnan(stats.leviathan_bound(0.6, 4, float("nan")))
+    assert bounds.alpha_from_tokens_per_step(e, 4) == pytest.approx(0.6, abs=1e-9)
+    assert bounds.alpha_from_tokens_per_step(1.0, 4) == 0.0 and bounds.alpha_from_tokens_per_step(5.0, 4) == 1.0
+    assert math.isnan(bounds.alpha_from_tokens_per_step(float("nan"), 4))
+    assert bounds.leviathan_bound(0.6, 4, 0.1) == pytest.approx(2.3056 / 1.4)
+    assert bounds.leviathan_bound(1.0, 4, 0.0) == 5.0
+    assert math.isnan(bounds.leviathan_bound(0.6, 4, float("nan")))
 
 
 def test_bound_frame_says_why_it_is_missing():

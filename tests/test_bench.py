@@ -9,7 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pipeline import bench as bench_mod
-from pipeline.bench import Bench, alpha_from_accepted, expected_tokens, leviathan_bound
+from pipeline.bench import Bench
+from pipeline.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FIELDS = {"impl", "method", "mode", "tokens_per_s", "ratio_to_transformers", "identical_to_transformers", "alpha", "c", "bound", "efficiency"}
@@ -84,9 +85,7 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
-    import pipeline.models as models
-
-    monkeypatch.setattr(models, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(bench_mod, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         Bench(_cfg(override))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_sweep_support import make_project, overrides
+from helpers.project import make_project, overrides
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_a_raising_cell_comes_back_failed_with_traceback(plan):
 
 
 def test_warmup_samples_are_outside_the_slice(plan):
-    from pipeline.cell import load_slice
+    from pipeline.data.slices import load_slice
 
     ds = dict(_cell(plan, "ar", "humaneval")["dataset"], warmup_samples=3)
     measured, warm, everything = load_slice(ds)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _fixtures_scoring import SHARED_DATA
+
 from pipeline.data import DATASETS, dataset_module, load_dataset, stop_strings
 
 needs_data = pytest.mark.skipif(not SHARED_DATA.exists(), reason="offline data folder not present")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from _fixtures_scoring import SHARED_DATA
 
-from _fixtures_scoring import SHARED_DATA, offline_tokenizer
+from helpers.tokenizers import offline_tokenizer
 from pipeline.data import format_sample, load_dataset, prediction_text
 from pipeline.data.base import Sample, chat_messages
 

@@ -171,7 +171,7 @@ def test_kseq_rho_is_the_smallest_feasible_division_factor():
 
 
 def test_mcss_accepts_at_least_as_often_as_mss_per_node():
-    """P(some candidate accepted): without replacement >= with replacement, in every case (ALGORITHMS.md 15)."""
+    """P(some candidate accepted): without replacement >= with replacement, in every case (docs/ALGORITHMS.md 15)."""
     gains = []
     for p, q in HAND_MADE + RANDOM:
         for m in (2, 3):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_llama
+from helpers.exact import PROMPT, WARP, chi_square_pvalue, count_forwards, exact_law, first_tokens
+from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.kv import CachedModel
-from pipeline.decoding.medusa import MedusaHeads, attach_medusa_heads
+from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads
 from pipeline.decoding.tree_verify import DraftTree, sample_token_tree, tree_verify_forward
 from pipeline.decoding.warping import Warper
-from test_decoding_engine import PROMPT, WARP, _count_forwards, chi_square_pvalue, exact_law, first_tokens
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +160,7 @@ def test_tree_attention_matches_plain_forwards_and_compaction_keeps_the_path():
 )
 def test_target_forwards_are_steps_plus_prefill_and_never_recompute_the_prefix(tiny_pair, method, params, max_fed):
     target, draft = tiny_pair
-    calls, handle = _count_forwards(target)
+    calls, handle = count_forwards(target)
     try:
         decoder = build_decoder(method, target, draft, **WARP, **params)
         prompt = list(range(8)) * 4

@@ -7,29 +7,23 @@ import json
 import pytest
 import torch
 
-from pipeline.distill import (
+from helpers.models import tiny_llama
+from pipeline.decoding.vocab import restrict_head
+from pipeline.training.distill import (
     choose_token_map,
     evaluate_alpha,
     kd_loss,
     make_student,
-    restrict_head,
     save_checkpoint,
     train,
 )
-from pipeline.distill_data import Record, sample_answers, teacher_force
+from pipeline.training.teacher_data import sample_answers, teacher_force
 
 
 def tiny_target(vocab: int = 256):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # a peaked teacher, so there is something to learn quickly
-        model.lm_head.weight.mul_(8.0)
-    return model
+    """A peaked teacher (so there is something to learn quickly), tied embedding."""
+    return tiny_llama(0, vocab=vocab, hidden=64, layers=2, intermediate=128, heads=4, kv_heads=2, head_dim=16,
+                      tie_word_embeddings=True, bos=1, eos=2, pad=0, scale=8.0)
 
 
 def tiny_records(target, n: int = 24, seed: int = 0) -> list[dict]:
@@ -111,7 +105,7 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
     assert c1[-1]["alpha"] > c1[0]["alpha"]  # held-out alpha rises from the initial student
 
     # the loss falls: first vs last batch loss of a fresh run, measured directly
-    from pipeline.distill import collate, make_batches
+    from pipeline.training.distill import collate, make_batches
 
     to_map = torch.full((256,), -1, dtype=torch.long)
     to_map[token_map] = torch.arange(token_map.numel())

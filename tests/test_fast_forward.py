@@ -10,40 +10,25 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel
 
+from helpers.models import tiny_llama
 from pipeline.decoding import fast_forward
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
 from pipeline.decoding.kv import CachedModel
 
 
 def _tiny(kind: str, seed: int = 0):
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    if kind == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        return LlamaForCausalLM(LlamaConfig(**common, attention_bias=True)).eval()
-    if kind == "llama-mha":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        return LlamaForCausalLM(LlamaConfig(**{**common, "num_key_value_heads": 4})).eval()
-    if kind == "qwen2":
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        return Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)).eval()
-    if kind == "mistral":
-        from transformers import MistralConfig, MistralForCausalLM
-
-        return MistralForCausalLM(MistralConfig(**common, sliding_window=None)).eval()
-    raise ValueError(kind)
+    """A 2-layer model of ``kind`` (llama with attention bias, llama-mha, qwen2, mistral), GQA unless mha."""
+    shape = dict(vocab=32, hidden=32, layers=2, max_positions=128, heads=4, kv_heads=2, intermediate=48,
+                 bos=None, eos=None, scale=1.0)
+    extra = {
+        "llama": dict(kind="llama", attention_bias=True),
+        "llama-mha": dict(kind="llama", kv_heads=4),
+        "qwen2": dict(kind="qwen2", use_sliding_window=False),
+        "mistral": dict(kind="mistral", sliding_window=None),
+    }[kind]
+    return tiny_llama(seed, **{**shape, **extra})
 
 
 def _tree_mask(n_old: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -157,8 +142,6 @@ def test_lean_module_holds_no_parameters_and_takes_hooks():
 
 
 def test_unsupported_models_and_the_switch_fall_back_to_transformers(monkeypatch):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=16, n_layer=1, n_head=2, n_positions=64)).eval()
     assert "model_type" in unsupported_reason(gpt2)
     cm = CachedModel(gpt2)

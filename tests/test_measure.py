@@ -7,8 +7,10 @@ import time
 
 import pytest
 import torch
+from _fixtures_scoring import SHARED_DATA
 
-from _fixtures_scoring import SHARED_DATA, offline_tokenizer, tiny_lm
+from helpers.models import tiny_llama
+from helpers.tokenizers import offline_tokenizer
 from pipeline import measure
 from pipeline.data import format_sample, load_dataset
 from pipeline.data.base import Sample
@@ -16,6 +18,8 @@ from pipeline.decoding import build_decoder
 from pipeline.energy import RaplMeter
 
 torch.set_num_threads(1)
+
+LM = dict(max_positions=4096, bos=1, eos=2, scale=8.0)  # peaked: speculative drafts get accepted sometimes
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def models(tokenizer):
     vocab = len(tokenizer)
-    return tiny_lm(vocab, seed=0), tiny_lm(vocab, seed=0, layers=1)  # draft = same weights: high acceptance
+    return tiny_llama(0, vocab=vocab, **LM), tiny_llama(0, vocab=vocab, layers=1, **LM)  # draft = same weights: high acceptance
 
 
 def _samples(n: int = 3, turns: int = 1) -> list[Sample]:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT, tiny_llama
+from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, make_generator
 from pipeline.decoding.kv import capture_lm_head_input
-from pipeline.decoding.medusa import (
+from pipeline.decoding.medusa_heads import (
     CONFIG_FILE,
     HEADS_FILE,
     MedusaHeads,
@@ -18,8 +19,9 @@ from pipeline.decoding.medusa import (
     load_medusa_heads,
     save_medusa_heads,
 )
-from pipeline.train_medusa import head_accuracy, head_examples, train_heads
+from pipeline.training.medusa import head_accuracy, head_examples, train_heads
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = REPO_ROOT / "models" / "smollm2-135m-medusa"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers.models import tiny_llama
 from pipeline.models import _save_dequantized
-from conftest import tiny_llama
 
 
 def test_save_dequantized_round_trips_and_leaves_no_temporary_folders(tmp_path):

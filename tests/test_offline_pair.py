@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.decoding import build_decoder, make_generator
-from pipeline.generate import encode_prompt, eos_ids
+from pipeline.prompts import encode_prompt, eos_ids
 
 
 @pytest.fixture(scope="module")

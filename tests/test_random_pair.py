@@ -75,10 +75,9 @@ def test_bench_runs_on_a_random_pair():
     from pathlib import Path
 
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
     from pipeline.bench import Bench
-
-    from hydra.core.global_hydra import GlobalHydra
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised

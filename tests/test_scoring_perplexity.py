@@ -9,15 +9,16 @@ import sys
 
 import pytest
 import torch
+from _fixtures_scoring import REPO
 
-from _fixtures_scoring import REPO, tiny_lm
+from helpers.models import tiny_llama
 from pipeline.scoring import perplexity as ppl
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(1)
-    return tiny_lm(64, seed=3)
+    return tiny_llama(3, vocab=64, max_positions=4096, bos=1, eos=2, scale=8.0)
 
 
 def test_nll_matches_transformers_loss(model):

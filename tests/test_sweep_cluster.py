@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_sweep_support import make_project, run_sweep
+from helpers.project import make_project, run_sweep
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_sweep_support import make_project, overrides
+from helpers.project import make_project, overrides
 
 
 @pytest.fixture(scope="module")

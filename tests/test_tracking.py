@@ -59,3 +59,25 @@ def test_runs_resume_and_supersede(tmp_path):
     assert {"samples.jsonl", "cell_config.yaml", "result.json", "scores.json"} <= files
     assert "traceback.txt" in {f.path for f in tr2.client.list_artifacts(failed_id)}
     assert not math.isnan(rows[0]["tokens_per_s"])
+
+
+def test_a_cell_run_carries_every_name_the_analysis_reads(tmp_path):
+    """The names in pipeline.tracking (which analysis/schema.py imports) are what log_cell writes."""
+    from analysis import schema
+    from pipeline import tracking
+
+    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "t", str(tmp_path / "mlruns"))
+    tr.start_parent("t", {}, {})
+    ok = {"status": tracking.CELL_FINISHED, "metrics": {"tokens_per_s": 1.0}, "records": [{"id": "a"}], "scores": {"score": 1.0}}
+    run = tr.client.get_run(tr.log_cell(_cell("k1"), ok))
+    failed = tr.client.get_run(tr.log_cell(_cell("k2"), {"status": "failed", "error": "boom", "traceback": "tb", "metrics": {}}))
+    assert run.data.tags[tracking.KIND_TAG] == tracking.KIND_CELL
+    assert run.data.tags[tracking.CELL_STATUS_TAG] == tracking.CELL_FINISHED
+    assert set(tracking.CELL_TAGS) <= set(run.data.tags)
+    assert tracking.ERROR_TAG in failed.data.tags
+    assert set(schema.TAGS.values()) <= set(tracking.CELL_TAGS) | {tracking.ERROR_TAG}
+    files = {f.path for f in tr.client.list_artifacts(run.info.run_id)}
+    assert {tracking.SAMPLES_ARTIFACT, tracking.RESULT_ARTIFACT, tracking.SCORES_ARTIFACT, tracking.CONFIG_ARTIFACT} <= files
+    assert tracking.TRACEBACK_ARTIFACT in {f.path for f in tr.client.list_artifacts(failed.info.run_id)}
+    parent = tr.client.get_run(tr.parent_run_id)
+    assert parent.data.tags[tracking.KIND_TAG] == tracking.KIND_SWEEP

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from pipeline.prompts import encode_chat, encode_continuation
+
 PROMPT_STYLES = ("chat", "continuation")
 
 
@@ -100,18 +102,11 @@ def format_prompt(
     """
     if chat:
         messages = chat_messages(sample, turn, answers, user_texts=chat_user_texts)
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(
-                "the pair is configured as a chat pair but its tokenizer has no chat template; "
-                "set `chat: false` in the pair config to use continuation prompts"
-            )
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        return Prompt(text=text, input_ids=list(ids), style="chat")
+        text, ids = encode_chat(tokenizer, messages)
+        return Prompt(text=text, input_ids=ids, style="chat")
     fmt = continuation or default_continuation
     text, prefix = fmt(sample, turn, answers)
-    ids = tokenizer(text)["input_ids"]  # base models: the tokenizer adds BOS where the model expects it
-    return Prompt(text=text, input_ids=list(ids), style="continuation", answer_prefix=prefix)
+    return Prompt(text=text, input_ids=encode_continuation(tokenizer, text), style="continuation", answer_prefix=prefix)
 
 
 def prediction_text(prompt: Prompt, generated_text: str) -> str:

@@ -1,4 +1,4 @@
-"""The decoding engine: one file per method over shared machinery (DESIGN.md section 3).
+"""The decoding engine: one file per method over shared machinery (docs/DESIGN.md section 3).
 
 Public API::
 

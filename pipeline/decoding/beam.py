@@ -1,6 +1,6 @@
 """beam: beam search (``sample: false``) and beam sampling (``sample: true``) with the target.
 
-HF semantics (ALGORITHMS.md 1.2, 1.3): W beams scored by the running sum of log-probabilities;
+HF semantics (docs/ALGORITHMS.md 1.2, 1.3): W beams scored by the running sum of log-probabilities;
 each step takes 2W candidates (top-2W, or 2W drawn without replacement from
 softmax(score + warped log-prob) when sampling), keeps W that do not end in EOS, and files those
 ending in EOS as finished hypotheses scored ``sum_logprobs / length ** length_penalty``. The search

@@ -4,7 +4,7 @@ All beams share the context KV: each step feeds the W beams' last tokens as tree
 forward of W tokens with an ancestor mask), never a copy of the context per beam. At the end the
 chosen beam's nodes are compacted into place, so the model's cache holds ``context + x[:-1]``.
 
-Beam weights (ALGORITHMS.md 1.4, 4.2; Decisions 2):
+Beam weights (docs/ALGORITHMS.md 1.4, 4.2; Decisions 2):
 - ``paper``: normalized joint probabilities (MTAD eq. 2): the W selected (beam, token) pairs
   are renormalized among themselves;
 - ``reference_code``: the released code's ``log_softmax`` over probabilities (a softmax of

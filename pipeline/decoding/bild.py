@@ -1,4 +1,4 @@
-"""bild: Big Little Decoder (Kim et al., NeurIPS 2023), the sampling generalization (ALGORITHMS.md 6, A.6).
+"""bild: Big Little Decoder (Kim et al., NeurIPS 2023), the sampling generalization (docs/ALGORITHMS.md 6, A.6).
 
 The small (draft) model decodes alone, up to ``max_small_steps`` tokens, while it is confident:
 when the largest probability of its row is below ``fallback`` the step is discarded and control

@@ -2,7 +2,7 @@
 
 Every prefix length i gets its own coin against h_i; the longest passing length is kept (no early
 stop), then the next token comes from the block residual. Lossless, and never accepts fewer tokens
-than token verification. Fresh coins every iteration (ALGORITHMS.md 3.3).
+than token verification. Fresh coins every iteration (docs/ALGORITHMS.md 3.3).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ SDPA, ``pretraining_tp == 1``. Anything else goes through transformers' own forw
 from __future__ import annotations
 
 import os
+import time
 import weakref
 
 import torch
@@ -226,8 +227,6 @@ class LeanForward(nn.Module):
 
 def _compare(model_rows: tuple[int, ...] = (1, 2, 4, 5, 8), reps: int = 9) -> None:
     """Print F.linear vs the fast form on the offline pair's target weights shapes (30 layers)."""
-    import time
-
     shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
     weights = [torch.randn(o, i) for _ in range(30) for o, i in shapes]
     head = torch.randn(49152, 576)

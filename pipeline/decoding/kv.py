@@ -7,15 +7,14 @@ later writes overwrite them), so the prefix is never re-computed and nothing is 
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .fast_forward import lean_forward_for
+from .vocab import token_map_of
 
 _INITIAL_CAPACITY = 256
 
@@ -99,24 +98,6 @@ def capture_lm_head_input(model):
         handle.remove()
 
 
-def load_token_map(model) -> torch.Tensor | None:
-    """A restricted-vocabulary draft's map (draft logit i -> target token id), if it has one.
-
-    Either set on the model (``model.draft_token_map``, e.g. by ``pipeline.distill.restrict_head``)
-    or saved beside its weights as ``draft_token_map.json``.
-    """
-    attached = getattr(model, "draft_token_map", None)
-    if attached is not None:
-        return torch.as_tensor(attached, dtype=torch.long)
-    path = getattr(model, "name_or_path", None)
-    if not path:
-        return None
-    file = Path(path) / "draft_token_map.json"
-    if not file.exists():
-        return None
-    return torch.tensor(json.loads(file.read_text()), dtype=torch.long)
-
-
 class CachedModel:
     """A causal LM with its own KV cache, used at batch size 1.
 
@@ -138,7 +119,7 @@ class CachedModel:
         self.dtype = next(model.parameters()).dtype
         config = model.config
         self.max_positions = getattr(config, "max_position_embeddings", None)
-        self.token_map = load_token_map(model)
+        self.token_map = token_map_of(model)
         own_vocab = config.vocab_size if self.token_map is None else int(self.token_map.max()) + 1
         self.vocab_size = max(vocab_size or own_vocab, own_vocab)
         self._own_vocab = config.vocab_size

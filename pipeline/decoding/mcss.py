@@ -3,7 +3,7 @@
 The same tree and walk as ``specinfer``, but the children of a node are drawn WITHOUT replacement
 from the draft's warped row, and after each rejected child q is renormalised without it (the
 residual uses the q current at that child). Lossless, and accepts at least as much as SpecInfer
-per node (ALGORITHMS.md 9, 15). When the warped draft row has fewer tokens than ``k_config[d]``
+per node (docs/ALGORITHMS.md 9, 15). When the warped draft row has fewer tokens than ``k_config[d]``
 (small top-k / top-p), that node simply gets fewer children.
 """
 

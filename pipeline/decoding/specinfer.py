@@ -5,7 +5,7 @@ depth-d node, e.g. (4, 2, 2) = 4 + 8 + 16 nodes; one target pass with tree atten
 all; multi-step speculative sampling (MSS) walks the tree from the root: the first child accepted
 with probability min(1, p/q) is descended into, each rejection replaces p by norm(relu(p - q));
 when no child is accepted the next token comes from the updated p (the plain target row at a
-leaf). Lossless (ALGORITHMS.md 8). Temperature 0: the draft's top-k distinct tokens as children and
+leaf). Lossless (docs/ALGORITHMS.md 8). Temperature 0: the draft's top-k distinct tokens as children and
 greedy acceptance (exactly ``ar`` greedy).
 """
 

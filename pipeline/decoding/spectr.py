@@ -5,7 +5,7 @@ one draft forward per depth); one target pass with tree attention scores every c
 depth, K-SEQ with rho* (recomputed for every depth and number of surviving chains) accepts one of
 the candidate tokens of the chains that still agree with the accepted prefix; chains carrying the
 accepted token survive. When every candidate is rejected the next token comes from the K-SEQ
-residual; after gamma accepted tokens, from the target's bonus row. Lossless (ALGORITHMS.md 7, A.4).
+residual; after gamma accepted tokens, from the target's bonus row. Lossless (docs/ALGORITHMS.md 7, A.4).
 Temperature 0: the chains start from the draft's top-k distinct tokens, greedy acceptance.
 """
 

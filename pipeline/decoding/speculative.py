@@ -2,7 +2,7 @@
 
 One iteration: the drafter proposes g tokens; one target forward over ``[last token] + draft``
 gives g + 1 rows; the method's verifier says how many drafts to keep and what comes next; both
-caches are rolled back to what was kept (ALGORITHMS.md appendix A.1). A method file supplies only
+caches are rolled back to what was kept (docs/ALGORITHMS.md appendix A.1). A method file supplies only
 ``propose`` and ``verify``. Near ``max_new_tokens`` the draft is shortened so no work is wasted.
 """
 

@@ -60,7 +60,3 @@ class TokenTree:
             out.append(node)
             node = self.parents[node]
         return out[::-1]
-
-    def ancestor_mask(self) -> torch.Tensor:
-        """``[n, n]`` bool: row i marks node i's ancestors and itself."""
-        return self._anc

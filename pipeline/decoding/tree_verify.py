@@ -2,7 +2,7 @@
 
 A draft tree (``DraftTree``) is a list of nodes in BFS order, each with a token and a parent (-1 =
 the last context token, the root). ``tree_verify_forward`` scores every node in ONE target pass
-with tree attention (4-D mask + position ids, ALGORITHMS.md A.2): row 0 is the root's row (the
+with tree attention (4-D mask + position ids, docs/ALGORITHMS.md A.2): row 0 is the root's row (the
 distribution of depth-0 nodes), row 1 + i is node i's row. The walks (A.3) return the accepted
 path (node indices, root to leaf) and what the next token is drawn from; ``CachedModel.compact``
 then moves the path's KV into place (``target.compact(len(context), path)``), an O(path) copy.

@@ -13,8 +13,9 @@ verified in one pass and the longest typical path is kept (the same as ``medusa`
 from __future__ import annotations
 
 from .base import Generation, Param, in_closed, nonneg_number, one_of
-from .medusa import medusa_generate, medusa_heads_of
 from .drafting import draft_chain
+from .medusa import medusa_generate
+from .medusa_heads import medusa_heads_of
 from .speculative import DraftVerifyDecoder
 from .tree_verify import int_list_at_least
 from .verification import greedy_verify, typical_verify

@@ -73,7 +73,7 @@ def lenient_greedy_verify(
 def block_weights(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification's per-length pass probabilities ``h [g]`` (for lengths 1..g) and residual rows.
 
-    Sun et al. (ICLR 2025), Algorithm 2, in log space (ALGORITHMS.md section 3.2):
+    Sun et al. (ICLR 2025), Algorithm 2, in log space (docs/ALGORITHMS.md section 3.2):
     ``pi_i = min(1, pi_{i-1} p(x_i)/q(x_i))``, ``R_i = relu(pi_i P[i] - Q[i])`` (Q[g] := 0),
     ``h_i = Z_i / (Z_i + 1 - pi_i)``; returns ``(h, R)`` with ``R [g+1, V]`` unnormalized.
     """
@@ -160,7 +160,7 @@ def multi_candidate_acceptance(
 
     Candidate j is accepted with probability ``min(1, p_j(c_j) / q_j(c_j))`` where p_j is the residual
     after j rejections (``p_{j+1} = norm(relu(p_j - q_j))``, w.r.t. the current q) and, without
-    replacement, ``q_{j+1}`` is q_j with c_j removed and renormalised (ALGORITHMS.md 8.1, 9).
+    replacement, ``q_{j+1}`` is q_j with c_j removed and renormalised (docs/ALGORITHMS.md 8.1, 9).
     Returns ``(a [m], p_m)``.
     """
     res, qq = p, q
@@ -188,7 +188,7 @@ def multi_candidate_verify(
 
 def one_hot_acceptance(p: torch.Tensor, cands: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic candidates (e.g. Medusa's top-k): accept c_j with probability ``p_j(c_j)``, where
-    p_{j+1} is p_j with c_j zeroed and renormalised (the one-hot recursive rule, ALGORITHMS.md A.3).
+    p_{j+1} is p_j with c_j zeroed and renormalised (the one-hot recursive rule, docs/ALGORITHMS.md A.3).
     Lossless for any fixed candidate list. Returns ``(a [m], p_m)``.
     """
     res = p
@@ -226,7 +226,7 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, k: int, iters: int = 60) -> torch
 def kseq_acceptance(p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K-SEQ (SpecTr) with k = m i.i.d. candidates from q: candidate j is accepted with probability
     ``min(1, p(c_j) / (rho* q(c_j)))``; when all are rejected the next token comes from
-    ``norm(relu(p - min(q, p/rho*) (1 - (1 - beta)^k) / beta))`` (ALGORITHMS.md 7.1). ``(a [m], residual)``.
+    ``norm(relu(p - min(q, p/rho*) (1 - (1 - beta)^k) / beta))`` (docs/ALGORITHMS.md 7.1). ``(a [m], residual)``.
     """
     k = cands.shape[0]
     rho = kseq_rho(p, q, k)

@@ -1,6 +1,6 @@
 """Warping: temperature, then top-k, then top-p, turned into a probability vector (fp32).
 
-Identical for target and draft rows (ALGORITHMS.md, Decisions 1). Temperature 0 means greedy: the
+Identical for target and draft rows (docs/ALGORITHMS.md, Decisions 1). Temperature 0 means greedy: the
 warped distribution is one-hot at the argmax. Sampling draws only from the ``generator`` passed in.
 """
 

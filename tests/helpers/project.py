@@ -1,9 +1,9 @@
-"""Helpers for the sweep, cell and tracking tests (no tests here): a tiny pair on disk and a conf/ copy.
+"""A project folder for sweep, cell and tracking tests: a tiny pair on disk and a conf/ copy.
 
 ``make_project(tmp)`` writes a tiny random Llama target and draft (``save_pretrained``) with an offline
-WordLevel tokenizer wrapped in ``PreTrainedTokenizerFast`` (with a chat template), a tiny MT-Bench-format
-question file, and a copy of the repository's ``conf/`` extended with ``pair/tiny.yaml``,
-``dataset/tiny_mt.yaml`` and ``sweep/tiny.yaml``. Cells on it take a second or two of compute.
+word-level tokenizer (with a chat template), a tiny MT-Bench-format question file, and a copy of the
+repository's ``conf/`` extended with ``pair/tiny.yaml``, ``dataset/tiny_mt.yaml`` and ``sweep/tiny.yaml``.
+Cells on it take a second or two of compute.
 """
 
 from __future__ import annotations
@@ -12,46 +12,11 @@ import json
 import shutil
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers.models import tiny_llama
+from helpers.tokenizers import word_tokenizer
+from pipeline import sweep
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
-)
-WORDS = (
-    "def return if else for in range the a of to and is x y n list int str print import "
-    "write function python number numbers value values true false none"
-).split()
-
-
-def make_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["[UNK]", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
-    words = list(dict.fromkeys(specials + WORDS + [chr(c) for c in range(33, 127)]))
-    vocab = {w: i for i, w in enumerate(words)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def make_model(vocab_size: int, seed: int, layers: int):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
-        num_key_value_heads=1, intermediate_size=32, max_position_embeddings=4096,
-        bos_token_id=1, eos_token_id=2, pad_token_id=None,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_project(root: Path) -> Path:
@@ -59,9 +24,9 @@ def make_project(root: Path) -> Path:
     root = Path(root)
     if (root / "conf" / "sweep" / "tiny.yaml").exists():
         return root
-    tok = make_tokenizer()
+    tok = word_tokenizer()
     for name, seed, layers in (("target", 0, 2), ("draft", 0, 1)):  # draft = target's first layer: acceptance > 0
-        model = make_model(len(tok), seed, layers)
+        model = tiny_llama(seed, vocab=len(tok), layers=layers, max_positions=4096, bos=1, eos=2, scale=8.0)
         model.save_pretrained(root / "models" / name)
         tok.save_pretrained(root / "models" / name)
     data = root / "data" / "tiny_mt"
@@ -104,7 +69,5 @@ def overrides(root: Path, *extra: str) -> list[str]:
 
 
 def run_sweep(root: Path, *extra: str):
-    from pipeline import sweep
-
     cfg = sweep.compose(overrides(root, *extra), root / "conf")
     return sweep.run(cfg, root=root)

@@ -1,0 +1,59 @@
+"""Leviathan et al.'s speculative-decoding arithmetic (2023, section 3): the one implementation.
+
+- ``expected_tokens(alpha, gamma)``: E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha) for an
+  i.i.d. per-token acceptance rate alpha and gamma drafted tokens;
+- ``leviathan_bound(alpha, gamma, c)``: the ideal improvement factor E[tokens] / (gamma c + 1), with
+  c = t_draft / t_target;
+- ``alpha_from_accepted``: the MLE of alpha from tokens emitted per step (token verification);
+- ``alpha_from_tokens_per_step``: the alpha whose expected tokens per step equals a measured mean.
+
+Used by the benchmark (``pipeline.bench``) and the analysis (``analysis.stats``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from scipy.optimize import brentq
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per step] = (1 - alpha^(gamma+1)) / (1 - alpha) for i.i.d. acceptance rate alpha."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def leviathan_bound(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan et al.'s speedup bound (1 - a^(g+1)) / ((1 - a)(g c + 1)); NaN where an input is missing."""
+    if any(v is None or not math.isfinite(float(v)) for v in (alpha, gamma, c)):
+        return math.nan
+    return expected_tokens(alpha, int(gamma)) / (gamma * c + 1.0)
+
+
+def alpha_from_accepted(accepted: Iterable[int], gamma: int) -> float:
+    """MLE of the per-token acceptance rate from tokens emitted per step (token verification).
+
+    A step that emitted n + 1 tokens examined min(n + 1, gamma) drafts and accepted n of them.
+    """
+    acc = examined = 0
+    for emitted in accepted:
+        n = emitted - 1
+        acc += n
+        examined += min(n + 1, gamma)
+    return acc / examined if examined else 0.0
+
+
+def alpha_from_tokens_per_step(tokens_per_step: float, gamma: int) -> float:
+    """The alpha in [0, 1] whose expected tokens/step equals the measured one (bisection on a monotone map).
+
+    Values outside [1, gamma + 1] are clipped to alpha 0 or 1; NaN in, NaN out.
+    """
+    if tokens_per_step is None or not math.isfinite(tokens_per_step) or gamma is None or gamma < 1:
+        return math.nan
+    if tokens_per_step <= 1.0:
+        return 0.0
+    if tokens_per_step >= gamma + 1:
+        return 1.0
+    return float(brentq(lambda a: expected_tokens(a, gamma) - tokens_per_step, 0.0, 1.0 - 1e-15, xtol=1e-12))

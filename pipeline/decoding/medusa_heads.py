@@ -1,0 +1,121 @@
+"""Medusa heads (Cai et al. 2024): the modules, their files, and how they ride on a target model.
+
+Head i (i = 1..K) reads the target's last hidden state h_t (the input of its LM head) and predicts
+token t+i+1: ``logits_i = LMHead(ResBlock_i^L(h_t))`` with ``ResBlock(x) = x + SiLU(Linear(x))``,
+Linear zero-initialised (a head starts as the LM head itself). The output projection is the target's
+own (tied) LM head, shared and frozen, never saved. ``python -m pipeline.train_medusa`` trains them;
+the decoders that use them are ``medusa`` and ``typical`` with ``drafter: medusa`` (``medusa.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .fast_forward import small_linear
+
+HEADS_FILE = "medusa_heads.safetensors"
+CONFIG_FILE = "medusa_config.json"
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(Linear(x))`` with the Linear zero-initialised: the identity at the start of training."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads: K stacks of ``num_layers`` ResBlocks; logits through the target's own LM head.
+
+    The LM head is not a parameter of this module (it is shared with the target and never saved);
+    pass it to ``forward``.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1) -> None:
+        super().__init__()
+        self.hidden_size, self.num_heads, self.num_layers = hidden_size, num_heads, num_layers
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads)
+        )
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> ``[K, ..., H]``: each head's transformed hidden state."""
+        return torch.stack([block(hidden) for block in self.blocks])
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """``[..., H]`` -> logits ``[K, ..., V]``."""
+        feats = self.features(hidden.to(self.blocks[0][0].linear.weight.dtype)).to(lm_head.weight.dtype)
+        if type(lm_head) is nn.Linear and not torch.is_grad_enabled():  # decoding: a few rows, the fast form
+            return small_linear(feats, lm_head.weight, lm_head.bias)
+        return lm_head(feats)
+
+    def config_dict(self) -> dict:
+        return {"hidden_size": self.hidden_size, "num_heads": self.num_heads, "num_layers": self.num_layers}
+
+
+def save_medusa_heads(heads: MedusaHeads, directory: str | Path, dtype: torch.dtype = torch.bfloat16, **info) -> Path:
+    """Write ``medusa_config.json`` (architecture + ``info``) and the heads' weights (safetensors)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in heads.state_dict().items()}
+    save_file(state, directory / HEADS_FILE)
+    config = {**heads.config_dict(), "dtype": str(dtype).replace("torch.", ""), **info}
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> MedusaHeads:
+    """Load heads saved by ``save_medusa_heads``; with ``target``, check the shapes and attach them to it.
+
+    A relative ``path`` is looked up from the current directory, then from the repository root.
+    """
+    directory = Path(path)
+    if not directory.is_absolute() and not directory.exists():
+        directory = Path(__file__).resolve().parents[2] / directory
+    if not (directory / CONFIG_FILE).exists():
+        raise ValueError(
+            f"no Medusa heads at {path!r} (expected {CONFIG_FILE} and {HEADS_FILE}); train them with "
+            f"`python -m pipeline.train_medusa pair=<pair> out_dir={path}`"
+        )
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    heads = MedusaHeads(config["hidden_size"], config["num_heads"], config.get("num_layers", 1))
+    heads.load_state_dict({k: v.float() for k, v in load_file(directory / HEADS_FILE).items()})
+    heads.eval().requires_grad_(False)
+    if target is not None:
+        attach_medusa_heads(target, heads)
+    return heads
+
+
+def attach_medusa_heads(target: nn.Module, heads: MedusaHeads) -> nn.Module:
+    """Put ``heads`` on ``target`` (as ``target.medusa_heads``, on its device and dtype) after checking shapes."""
+    hidden = target.get_output_embeddings().weight.shape[1]
+    if heads.hidden_size != hidden:
+        raise ValueError(f"Medusa heads expect hidden size {heads.hidden_size}, the target has {hidden}")
+    weight = target.get_output_embeddings().weight
+    heads.to(weight.device, weight.dtype)
+    # plain attribute (not a registered submodule): the target's state dict and forward stay untouched
+    object.__setattr__(target, "medusa_heads", heads)
+    return target
+
+
+def medusa_heads_of(target: nn.Module, method: str) -> MedusaHeads:
+    """The heads attached to ``target``, or a clear error saying how to provide them."""
+    heads = getattr(target, "medusa_heads", None)
+    if heads is None:
+        raise ValueError(
+            f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
+            f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
+            f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
+        )
+    return heads

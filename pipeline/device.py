@@ -1,0 +1,98 @@
+"""The device and the machine: synchronisation, peak memory, machine and library info, git commit.
+
+The one implementation used by the measurement window (``pipeline.measure``), the step-cost probe and
+the benchmark (``pipeline.bench``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from pipeline.energy import cuda_uuid
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for all queued work on ``device`` (a no-op on the CPU)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+    elif dev.type == "xpu":
+        torch.xpu.synchronize(dev)
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def peak_memory(device: torch.device | str) -> dict[str, Any]:
+    """Peak device memory since the last reset (bytes); on the CPU only the process's lifetime peak RSS."""
+    dev = torch.device(device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    if dev.type == "cuda":
+        return {
+            "allocated_bytes": int(torch.cuda.max_memory_allocated(dev)),
+            "reserved_bytes": int(torch.cuda.max_memory_reserved(dev)),
+            "process_max_rss_bytes": rss,
+        }
+    return {"allocated_bytes": None, "reserved_bytes": None, "process_max_rss_bytes": rss}
+
+
+def environment_info(device: torch.device | str) -> dict[str, Any]:
+    """Device name and UUID, library versions and git commit, for the cell's record (step 1)."""
+    dev = torch.device(device)
+    info: dict[str, Any] = {
+        "device": str(dev),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "host_cpu": platform.processor() or platform.machine(),
+        "git_commit": git_commit(),
+    }
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        info["gpu_name"] = torch.cuda.get_device_name(index)
+        info["gpu_uuid"] = cuda_uuid(torch.device("cuda", index))
+        info["cuda"] = torch.version.cuda
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+        except Exception:  # noqa: BLE001 - the record says it is missing
+            info["driver"] = None
+    return info
+
+
+def git_commit() -> str | None:
+    """The repository's HEAD commit, or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info(device: torch.device | str) -> dict[str, Any]:
+    """``environment_info`` plus what a benchmark reports about the host (platform, cores, threads)."""
+    info = environment_info(device)
+    info.update(
+        platform=platform.platform(),
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+    )
+    return info

@@ -1,0 +1,20 @@
+"""The sweep: configuration -> plan -> cells on Ray -> MLflow (``python -m pipeline.sweep``).
+
+    plan.py        compose the Hydra config, expand and validate the grid, the cells and their keys
+    ray_runner.py  start/join Ray, size the actors, run the cells
+    driver.py      skip finished cells, run the rest, log every result, print the tables
+    summary.py     the per-cell and mean ± std tables
+    __main__.py    the command line
+
+The names below are the package's API (tests, notebooks).
+"""
+
+from pipeline.sweep.driver import run
+from pipeline.sweep.plan import CONF_DIR, HARNESS_VERSION, Plan, SweepConfigError, compose, expand
+from pipeline.sweep.ray_runner import actor_options, run_cells, start_ray
+from pipeline.sweep.summary import summary_tables
+
+__all__ = [
+    "CONF_DIR", "HARNESS_VERSION", "Plan", "SweepConfigError", "actor_options", "compose", "expand", "run",
+    "run_cells", "start_ray", "summary_tables",
+]

@@ -1,0 +1,33 @@
+"""Run a sweep: methods x pairs x datasets x seeds, one Ray actor per cell, every cell in MLflow.
+
+    python -m pipeline.sweep                                   # the smoke sweep (make run)
+    python -m pipeline.sweep sweep=mtad_table5 cluster=ray cluster.accelerator_type=A100
+    python -m pipeline.sweep method=mtad method.tau=0.3 seeds=[0]
+
+Exit status: 0 when every cell finished, 1 when some failed, 2 on a configuration error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pipeline.sweep.driver import run
+from pipeline.sweep.plan import SweepConfigError
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        outcome = run(cfg)
+    except SweepConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if outcome["failed"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,353 @@
+"""The sweep's plan: compose the Hydra config, expand the grid into cells, validate it before Ray starts.
+
+Flow (docs/DESIGN.md sections 1 and 7), steps 1-3 of ``python -m pipeline.sweep``:
+
+1. Hydra composes ``conf/config.yaml`` with a ``sweep/`` and a ``cluster/`` config and the overrides.
+2. The grid is expanded into cells; every method/pair/dataset name is looked up in its config group
+   and every method's parameters validated (``check_method``), pairs and data paths checked, before
+   Ray starts: configuration errors stop here with a message naming the fix.
+3. ``ar`` baseline cells are added for every (pair, dataset, seed) that has other methods.
+
+A cell's key is the hash of its identity (``HARNESS_VERSION``, method and resolved parameters, pair,
+dataset, seed, measurement protocol, judge, hardware): the same configuration gives the same key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from huggingface_hub import try_to_load_from_cache
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.data import DATASETS
+from pipeline.data.slices import load_slice
+from pipeline.decoding import check_method
+from pipeline.models import ModelNotAvailableError, PairSpec
+from pipeline.tracking import cell_key
+
+HARNESS_VERSION = "1"  # bump when a change to the harness changes what a cell measures (new cell keys)
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+GROUP_KEYS = {"method": "methods", "pair": "pairs", "dataset": "datasets"}
+DATASET_KEYS = ("name", "path", "split", "start", "limit", "ids", "max_new_tokens", "max_turns", "time_budget_s", "options")
+SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds")
+# Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
+OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
+
+
+class SweepConfigError(ValueError):
+    """A sweep configuration that cannot run; raised before Ray starts."""
+
+
+@dataclass
+class Plan:
+    """The expanded sweep: cells in run order and what was checked."""
+
+    name: str
+    cells: list[dict[str, Any]]
+    sample_counts: dict[str, int] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------- composition
+
+
+def compose(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> DictConfig:
+    """Compose the sweep config outside ``@hydra.main`` (tests, notebooks); leaves Hydra initialised."""
+    GlobalHydra.instance().clear()
+    initialize_config_dir(config_dir=str(Path(config_dir or CONF_DIR).resolve()), version_base="1.3")
+    return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def _group_options(group: str) -> list[str]:
+    return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+
+
+def _group_option(cfg: DictConfig, group: str, name: str) -> dict[str, Any]:
+    """``conf/<group>/<name>.yaml`` resolved in the context of ``cfg`` (so ``${data_root}`` works)."""
+    options = _group_options(group)
+    if name not in options:
+        raise SweepConfigError(
+            f"unknown {group} {name!r} in sweep.{GROUP_KEYS[group]}; valid {group}s: {options} "
+            f"(add conf/{group}/{name}.yaml or pick one of these)"
+        )
+    node = hydra_compose(config_name="config", overrides=[f"{group}={name}"])[group]
+    context = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    OmegaConf.set_struct(context, False)
+    context[group] = node
+    return OmegaConf.to_container(context[group], resolve=True)
+
+
+def _plain(node: Any) -> Any:
+    """A plain Python value of a config node (resolved), whatever it is."""
+    if isinstance(node, (DictConfig,)) or OmegaConf.is_list(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def _entries(items: Any, group: str) -> list[tuple[str, dict[str, Any]]]:
+    """Sweep list entries -> (config name, overrides); an entry is a name or {<group>: name, ...}."""
+    out = []
+    for item in items or []:
+        if isinstance(item, str):
+            out.append((item, {}))
+        elif isinstance(item, Mapping) and group in item:
+            rest = {k: v for k, v in item.items() if k != group}
+            out.append((str(item[group]), rest))
+        else:
+            raise SweepConfigError(
+                f"sweep.{GROUP_KEYS[group]}: entry {item!r} must be a {group} config name or a mapping "
+                f"with a `{group}:` key, e.g. {{{group}: <name>, <key>: <value>}}"
+            )
+    return out
+
+
+def _selected(cfg: DictConfig, group: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """A command-line selection (``method=mtad method.tau=0.3``) replacing the sweep's list."""
+    node = cfg.get(group)
+    if node is None:
+        return None
+    resolved = OmegaConf.to_container(node, resolve=True)
+    name = resolved.get("name")
+    return [(name, {"__resolved__": resolved})]
+
+
+# ---------------------------------------------------------------------------------- expansion
+
+
+def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
+    if "__resolved__" in overrides:
+        base = dict(overrides["__resolved__"])
+        default = _group_option(cfg, "method", name) if name in _group_options("method") else {}
+        label = overrides.get("label")
+    else:
+        base = _group_option(cfg, "method", name)
+        default = dict(base)
+        label = overrides.get("label")
+        base.update({k: v for k, v in overrides.items() if k != "label"})
+    base.update(common)
+    method_name = base.pop("name", name)
+    changed = {k: v for k, v in base.items() if default.get(k) != v}
+    if not label:
+        label = method_name + (("(" + ",".join(f"{k}={v}" for k, v in sorted(changed.items())) + ")") if changed else "")
+    return {"config_name": name, "name": method_name, "params": base, "label": label}
+
+
+def _pair_entry(cfg: DictConfig, name: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    pair = dict(overrides["__resolved__"]) if "__resolved__" in overrides else _group_option(cfg, "pair", name)
+    pair.update({k: v for k, v in overrides.items() if k != "__resolved__"})
+    pair.setdefault("name", name)
+    try:
+        PairSpec.from_config(pair)
+    except ValueError as err:
+        raise SweepConfigError(f"pair {name!r}: {err} (fix conf/pair/{name}.yaml or the override)") from None
+    return pair
+
+
+def _dataset_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], root: Path) -> dict[str, Any]:
+    ds = dict(overrides["__resolved__"]) if "__resolved__" in overrides else _group_option(cfg, "dataset", name)
+    extra = {k: v for k, v in overrides.items() if k != "__resolved__"}
+    unknown = sorted(set(extra) - set(DATASET_KEYS))
+    if unknown:
+        raise SweepConfigError(f"dataset {name!r}: unknown key(s) {unknown}; valid keys: {list(DATASET_KEYS)}")
+    ds.update(extra)
+    ds.setdefault("name", name)
+    unknown = sorted(set(ds) - set(DATASET_KEYS))
+    if unknown:
+        raise SweepConfigError(
+            f"dataset {name!r}: unknown key(s) {unknown} (conf/dataset/{name}.yaml); valid keys: {list(DATASET_KEYS)}"
+        )
+    if ds["name"] not in DATASETS:
+        raise SweepConfigError(f"dataset config {name!r} names dataset {ds['name']!r}; valid datasets: {sorted(DATASETS)}")
+    ds = {k: ds.get(k) for k in DATASET_KEYS}
+    ds["options"] = dict(ds["options"] or {})
+    ds["config_path"] = ds["path"]  # as configured (part of the key); `path` becomes absolute
+    if ds["path"] is not None:
+        path = Path(str(ds["path"])).expanduser()
+        path = path if path.is_absolute() else (root / path)
+        if not path.exists():
+            raise SweepConfigError(
+                f"dataset {name!r}: data path {path} does not exist; set `data_root=<folder>` (or the "
+                f"PIPELINE_DATA_ROOT environment variable) to the folder holding the offline copies, or "
+                f"`dataset.path=<path>` / null for the Hub copy"
+            )
+        ds["path"] = str(path.resolve())
+    if not isinstance(ds["max_new_tokens"], int) or ds["max_new_tokens"] < 1:
+        raise SweepConfigError(f"dataset {name!r}: max_new_tokens must be an integer >= 1, got {ds['max_new_tokens']!r}")
+    return ds
+
+
+def _check_models_available(pair: Mapping[str, Any]) -> None:
+    """Offline (HF_HUB_OFFLINE=1): every model must be a local folder, an installed package or cached."""
+    spec = PairSpec.from_config(pair)
+    for role, model in (("target", spec.target), ("draft", spec.draft)):
+        if model is None:
+            continue
+        try:
+            location = model.location()
+        except ModelNotAvailableError as err:
+            raise SweepConfigError(f"pair {pair['name']!r} {role}: {err}") from None
+        if Path(location).exists() or os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false"):
+            continue
+        cached = try_to_load_from_cache(location, "config.json", revision=model.revision)
+        if not isinstance(cached, str):
+            raise SweepConfigError(
+                f"pair {pair['name']!r} {role} model {model.id!r} is not available offline (HF_HUB_OFFLINE=1 "
+                "and not in the Hugging Face cache): download it where the Hub is reachable "
+                "(`huggingface-cli download <id>`), point the pair's `id` at a local folder, unset "
+                "HF_HUB_OFFLINE on a machine with Hub access, or use pair=smollm2-offline"
+            )
+
+
+def _declared_keys(section: str, root: Path) -> set[str]:
+    """The keys ``conf/config.yaml`` declares for ``section`` (``cluster``: any file of ``conf/cluster/``)."""
+    conf = root / "conf" if (root / "conf" / "config.yaml").exists() else CONF_DIR
+    if section == "cluster":
+        files = sorted((conf / "cluster").glob("*.yaml"))
+        return set().union(*(set(OmegaConf.load(f) or {}) for f in files)) - {"defaults"}
+    node = OmegaConf.load(conf / "config.yaml").get(section)
+    return set(node or {}) | set(OPTIONAL_KEYS.get(section, ()))
+
+
+def _check_section_keys(cfg: DictConfig, section: str, root: Path) -> None:
+    node = cfg.get(section)
+    if node is None:
+        return
+    valid = _declared_keys(section, root)
+    unknown = sorted(set(node) - valid)
+    if unknown:
+        where = "conf/cluster/*.yaml" if section == "cluster" else "conf/config.yaml"
+        raise SweepConfigError(
+            f"unknown key(s) {unknown} in `{section}:` (a sweep file or an override); valid keys: {sorted(valid)} "
+            f"(declared in {where})"
+        )
+
+
+def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
+    """Expand and validate the grid (no Ray, no models): the cells in run order."""
+    root = Path(root or CONF_DIR.parent)
+    sweep = cfg.sweep
+    if sweep is None or not sweep.get("name"):
+        raise SweepConfigError("no sweep selected: pass sweep=<name>; valid sweeps: " + str(_group_options("sweep")))
+    unknown = sorted(set(sweep) - set(SWEEP_KEYS))
+    if unknown:
+        raise SweepConfigError(f"sweep {sweep.name!r}: unknown key(s) {unknown} under `sweep:`; valid keys: {list(SWEEP_KEYS)}")
+    for section in ("measure", "judge", "cluster", "tracking"):
+        _check_section_keys(cfg, section, root)
+    common = _plain(sweep.get("method_overrides")) or {}
+    method_items = _selected(cfg, "method") or _entries(_plain(sweep.get("methods")), "method")
+    pair_items = _selected(cfg, "pair") or _entries(_plain(sweep.get("pairs")), "pair")
+    dataset_items = _selected(cfg, "dataset") or _entries(_plain(sweep.get("datasets")), "dataset")
+    seeds = _plain(cfg.seeds) if cfg.get("seeds") is not None else _plain(sweep.get("seeds"))
+    if isinstance(seeds, int):
+        seeds = [seeds]
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise SweepConfigError(f"seeds must be a non-empty list of integers, got {seeds!r} (e.g. seeds=[0,1,2])")
+    for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
+        if not items:
+            raise SweepConfigError(f"sweep.{what} is empty")
+
+    errors: list[str] = []
+
+    def attempt(fn, *args):
+        try:
+            return fn(*args)
+        except SweepConfigError as err:
+            errors.append(str(err))
+        except ValueError as err:
+            errors.append(str(err))
+        return None
+
+    methods = [m for m in (attempt(_method_entry, cfg, n, o, common) for n, o in method_items) if m]
+    baseline_name = sweep.get("baseline")
+    baseline = attempt(_method_entry, cfg, baseline_name, {}, common) if baseline_name else None
+    pairs = [p for p in (attempt(_pair_entry, cfg, n, o) for n, o in pair_items) if p]
+    datasets = [d for d in (attempt(_dataset_entry, cfg, n, o, root) for n, o in dataset_items) if d]
+    for pair in pairs:
+        attempt(_check_models_available, pair)
+    resolved_params: dict[tuple[str, str], dict[str, Any]] = {}
+    for m in methods + ([baseline] if baseline else []):
+        for pair in pairs:
+            try:
+                resolved_params[(m["label"], pair["name"])] = check_method(m["name"], m["params"], has_draft=bool(pair.get("draft")))
+            except ValueError as err:
+                errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or conf/method/{m['config_name']}.yaml)")
+    counts: dict[str, int] = {}
+    for ds in datasets:
+        try:
+            measured, _, _ = load_slice(ds)
+            if not measured:
+                raise ValueError("the slice is empty (check start/limit/ids)")
+            counts[ds["name"]] = len(measured)
+        except Exception as err:  # noqa: BLE001 - any loader failure is a configuration error here
+            errors.append(f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}")
+    judge = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {"enabled": False}
+    if judge.get("enabled") and judge.get("kind") not in ("transformers", "openai"):
+        errors.append(f"judge.kind={judge.get('kind')!r}; valid: transformers, openai")
+    if errors:
+        raise SweepConfigError("the sweep cannot run:\n  - " + "\n  - ".join(errors))
+
+    measure = OmegaConf.to_container(cfg.measure, resolve=True)
+    cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+    fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
+    cells: dict[str, dict[str, Any]] = {}
+    for pair, ds, seed in itertools.product(pairs, datasets, seeds):
+        group = list(methods)
+        if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in methods):
+            group = [baseline] + [m for m in methods if m["label"] != baseline["label"]]
+        for m in group:
+            cell = _make_cell(sweep.name, m, resolved_params[(m["label"], pair["name"])], pair, ds, seed, measure, judge, cluster, fault)
+            cell["baseline"] = baseline is not None and m["label"] == baseline["label"]
+            cells.setdefault(cell["key"], cell)
+    return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts)
+
+
+def _make_cell(sweep_name, method, params, pair, ds, seed, measure, judge, cluster, fault) -> dict[str, Any]:
+    pair_identity = {k: v for k, v in pair.items() if k not in ("device",)}
+    ds_identity = {k: v for k, v in ds.items() if k not in ("path",)}
+    measure_identity = dict(measure)
+    judge_used = judge if (judge.get("enabled") and ds["name"] == "mt_bench") else None
+    identity = {
+        "harness": HARNESS_VERSION,
+        "method": {"name": method["name"], "params": params},
+        "pair": pair_identity,
+        "dataset": ds_identity,
+        "seed": seed,
+        "measure": measure_identity,
+        "judge": judge_used,
+        "hardware": cluster.get("accelerator_type") or "any",
+    }
+    key = cell_key(identity)
+    config = {
+        "cell_key": key,
+        "sweep": sweep_name,
+        "label": method["label"],
+        "method": {"name": method["name"], "config": method["config_name"], **params},
+        "pair": pair,
+        "dataset": ds,
+        "seed": seed,
+        "measure": measure,
+        "judge": judge_used,
+        "hardware": identity["hardware"],
+        "harness_version": HARNESS_VERSION,
+    }
+    return {
+        "key": key,
+        "sweep": sweep_name,
+        "label": method["label"],
+        "method": {"name": method["name"], "params": params},
+        "pair": pair,
+        "dataset": ds,
+        "seed": seed,
+        "measure": measure,
+        "judge": judge_used,
+        "fault": fault,
+        "config": config,
+    }
+
+

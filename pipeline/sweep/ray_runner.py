@@ -1,0 +1,172 @@
+"""Ray: start or join the cluster, size one cell's actor, convert GGUF pairs once, run cells.
+
+Steps 5 of ``python -m pipeline.sweep`` (docs/DESIGN.md section 7): Ray runs the cells, one actor per
+cell, never more in flight than the cluster holds; a cell that raises, exceeds
+``cluster.cell_timeout_s`` or whose actor dies is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+from typing import Any, Mapping
+
+import ray
+from ray.exceptions import RayActorError, RayError
+from tqdm import tqdm
+
+from pipeline import models
+from pipeline.cell import CellActor, prepare_pair
+from pipeline.sweep.plan import Plan, SweepConfigError
+
+
+def start_ray(cluster: Mapping[str, Any]) -> bool:
+    """Start (local) or join (``address``) Ray unless already initialised; True when we started it."""
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": bool(cluster.get("log_to_driver", False)),
+        "logging_level": logging.ERROR,
+        "configure_logging": True,
+    }
+    runtime_env = {k: v for k, v in (cluster.get("runtime_env") or {}).items() if v not in (None, {}, [])}
+    if "excludes" in runtime_env and "working_dir" not in runtime_env:
+        runtime_env.pop("excludes")
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
+    if cluster.get("kind") == "local" and not cluster.get("address"):
+        kwargs.update(num_cpus=cluster.get("num_cpus") or os.cpu_count(), object_store_memory=cluster.get("object_store_memory"))
+        if cluster.get("num_gpus") is not None:
+            kwargs["num_gpus"] = cluster["num_gpus"]
+    else:
+        kwargs["address"] = cluster.get("address") or "auto"
+    ray.init(**kwargs)
+    return True
+
+
+def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """Resources of one cell's actor and how many such actors the cluster holds at once."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    accel = cluster.get("accelerator_type")
+    custom = dict(cluster.get("resources") or {})
+
+    def eligible(node) -> bool:
+        res = node.get("Resources", {})
+        if accel and f"accelerator_type:{accel}" not in res:
+            return False
+        return all(res.get(k, 0) >= v for k, v in custom.items())
+
+    pool = [n["Resources"] for n in nodes if eligible(n)]
+    total_gpus = sum(r.get("GPU", 0) for r in pool)
+    use_gpu = cluster.get("use_gpu", "auto")
+    use_gpu = total_gpus > 0 if use_gpu == "auto" else bool(use_gpu)
+    cpus = float(cluster.get("cpus_per_cell") or 1)
+    opts: dict[str, Any] = {"num_cpus": cpus, "max_restarts": 0, "max_task_retries": 0}
+    if use_gpu:
+        gpus = float(cluster.get("gpus_per_cell") or 1)
+        opts["num_gpus"] = gpus
+        capacity = sum(min(math.floor(r.get("GPU", 0) / gpus), math.floor(r.get("CPU", 0) / cpus) if cpus else 10**9) for r in pool)
+    else:
+        opts["num_gpus"] = 0
+        capacity = sum(math.floor(r.get("CPU", 0) / cpus) for r in pool) if cpus else len(pool)
+    if custom:
+        opts["resources"] = custom
+        capacity = min(capacity, sum(min(math.floor(r.get(k, 0) / v) for k, v in custom.items()) for r in pool))
+    if accel:
+        opts["accelerator_type"] = accel
+    strategy = cluster.get("scheduling_strategy") or "DEFAULT"
+    if strategy != "DEFAULT":
+        opts["scheduling_strategy"] = strategy
+    limit = cluster.get("max_in_flight")
+    capacity = int(limit) if limit else capacity
+    if capacity < 1:
+        need = f"{opts['num_gpus']} GPU" if use_gpu else f"{cpus} CPU"
+        raise SweepConfigError(
+            f"no node of the Ray cluster can hold a cell ({need}"
+            + (f", accelerator_type={accel}" if accel else "") + (f", resources={custom}" if custom else "")
+            + "): lower cluster.cpus_per_cell, fix cluster.accelerator_type/resources, or set cluster.max_in_flight "
+            "for an autoscaling cluster"
+        )
+    return opts, capacity
+
+
+def prepare_pairs(plan: Plan, opts: Mapping[str, Any]) -> None:
+    """Convert GGUF models once (a Ray task) before many actors would race to do it."""
+    todo = {}
+    for cell in plan.cells:
+        spec = models.PairSpec.from_config(cell["pair"])
+        for m in (spec.target, spec.draft):
+            if m is None or not m.gguf_file:
+                continue
+            if not models.is_converted(m):
+                todo[spec.name] = cell["pair"]
+    if todo:
+        task = ray.remote(prepare_pair).options(num_cpus=opts.get("num_cpus", 1), num_gpus=opts.get("num_gpus", 0))
+        print(f"preparing {len(todo)} pair(s) once (GGUF conversion): {', '.join(todo)}", flush=True)
+        ray.get([task.remote(p) for p in todo.values()])
+
+
+def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_result, progress: bool = True) -> None:
+    """Run cells on Ray, at most ``capacity`` in flight; ``on_result(cell, result)`` for each (driver side)."""
+    opts, capacity = actor_options(cluster)
+    remote_cls = ray.remote(CellActor)
+    timeout = float(cluster.get("cell_timeout_s") or 0) or None
+    pending = list(plan_cells)
+    in_flight: dict[Any, tuple[dict[str, Any], Any, float]] = {}
+    bar = tqdm(total=len(pending), unit="cell", disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    done = {"finished": 0, "failed": 0}
+    try:
+        while pending or in_flight:
+            while pending and len(in_flight) < capacity:
+                cell = pending.pop(0)
+                actor = remote_cls.options(**opts).remote()
+                ref = actor.run.remote(cell)
+                in_flight[ref] = (cell, actor, time.monotonic())
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+            now = time.monotonic()
+            finished_refs = []
+            for ref in ready:
+                cell, actor, t0 = in_flight[ref]
+                try:
+                    result = ray.get(ref)
+                except RayActorError as err:
+                    result = _failure(cell, f"actor died mid-cell: {type(err).__name__}: {_short(err)}", err, now - t0)
+                except RayError as err:
+                    result = _failure(cell, f"{type(err).__name__}: {_short(err)}", err, now - t0)
+                finished_refs.append((ref, result))
+            for ref, (cell, actor, t0) in list(in_flight.items()):
+                if timeout and ref not in ready and now - t0 > timeout:
+                    finished_refs.append((ref, _failure(cell, f"timed out after {timeout:.0f} s (cluster.cell_timeout_s)", None, now - t0)))
+            for ref, result in finished_refs:
+                cell, actor, _ = in_flight.pop(ref)
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+                done[result["status"] if result["status"] == "finished" else "failed"] += 1
+                on_result(cell, result)
+                bar.set_postfix(finished=done["finished"], failed=done["failed"], refresh=False)
+                bar.update(1)
+    finally:
+        bar.close()
+        for _, (cell, actor, _) in in_flight.items():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _short(err: BaseException, limit: int = 500) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:limit]
+
+
+def _failure(cell: Mapping[str, Any], error: str, err: BaseException | None, elapsed: float) -> dict[str, Any]:
+    tb = "".join(traceback.format_exception(err)) if err is not None else error
+    return {"cell_key": cell["key"], "status": "failed", "stage": "actor", "stages": {}, "error": error, "traceback": tb, "metrics": {"cell_wall_s": elapsed}}
+

@@ -1,0 +1,60 @@
+"""The sweep's closing tables: one row per cell, and mean ± std over seeds with the speedup."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+MISSING = "–"
+
+
+def fmt_mean_std(mean: float | None, std: float | None, digits: int = 2, latex: bool = False) -> str:
+    """``m ± s`` (``m`` alone for one seed, ``MISSING`` without a value): the one mean ± std format,
+    used by the sweep's closing table and the analysis tables."""
+    if mean is None or not math.isfinite(mean):
+        return MISSING
+    if std is None or not math.isfinite(std):
+        return f"{mean:.{digits}f}"
+    pm = " $\\pm$ " if latex else " ± "
+    return f"{mean:.{digits}f}{pm}{std:.{digits}f}"
+
+
+def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tuple[str, str]:
+    """(per-cell table, mean ± std table over seeds) as text."""
+    if not rows:
+        return "(no cells)", "(no cells)"
+    df = pd.DataFrame(rows)
+    for col in ("tokens_per_s", "j_per_token", "score", "accepted_per_step", "perplexity"):
+        if col not in df:
+            df[col] = float("nan")
+    df["seed"] = df["seed"].astype(int)
+    per_cell = df[["label", "pair", "dataset", "seed", "cell_status", "tokens_per_s", "j_per_token", "score", "cell_key"]].copy()
+    per_cell = per_cell.sort_values(["pair", "dataset", "label", "seed"])
+    per_cell.columns = ["method", "pair", "dataset", "seed", "status", "tokens/s", "J/token", "score", "cell_key"]
+    cell_text = per_cell.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
+
+    ok = df[df["cell_status"] == "finished"].copy()
+    if ok.empty:
+        return cell_text, "(no finished cells)"
+    if baseline_label is not None:
+        base = ok[ok["label"] == baseline_label].set_index(["pair", "dataset", "seed"])["tokens_per_s"]
+        ok["speedup"] = [
+            row.tokens_per_s / base.get((row.pair, row.dataset, row.seed), float("nan")) for row in ok.itertuples()
+        ]
+    else:
+        ok["speedup"] = float("nan")
+    out = []
+    for (pair, dataset, label), g in ok.groupby(["pair", "dataset", "label"], sort=True):
+        out.append({
+            "pair": pair, "dataset": dataset, "method": label, "seeds": len(g),
+            "tokens/s": fmt_mean_std(g["tokens_per_s"].mean(), g["tokens_per_s"].std()),
+            "speedup": fmt_mean_std(g["speedup"].mean(), g["speedup"].std()),
+            "accepted/step": fmt_mean_std(g["accepted_per_step"].mean(), g["accepted_per_step"].std()),
+            "J/token": fmt_mean_std(g["j_per_token"].mean(), g["j_per_token"].std(), 4),
+            "perplexity": fmt_mean_std(g["perplexity"].mean(), g["perplexity"].std()),
+            "score": fmt_mean_std(g["score"].mean(), g["score"].std()),
+        })
+    return cell_text, pd.DataFrame(out).to_string(index=False)
+

@@ -1,0 +1,427 @@
+"""Distil a small draft model for a pair's target (python -m pipeline.distill pair=<pair> ...).
+
+Stages, each cached so that a re-run continues where it stopped:
+
+1. teacher data (``pipeline.training.teacher_data``): the target's sampled answers to offline prompts and
+   teacher-forced standard-library code, with the teacher's top-k log-probs per position;
+2. held-out set: the target's sampled answers (T=1, top-k 10, top-p 0.9) to HumanEval and MT-Bench
+   prompts, never trained on, with the target's *warped* next-token rows: the alpha of section 3;
+3. training: a small Llama student (embedding initialised from the SVD of the target's), forward KL
+   to the teacher's top-k plus one rest-of-vocabulary bucket, with the output vocabulary restricted to
+   the ``vocab_map_size`` tokens carrying the most teacher mass (``restricted_head_map.json``) and random
+   negatives from outside the map so that the full tied head stays usable too;
+4. checkpoint + model card under ``out_dir``; held-out alpha and greedy agreement logged as it trains.
+
+The checkpoint is a stock ``LlamaForCausalLM`` (tied 49,152-token embedding, bf16) that works as a
+full-vocabulary draft anywhere. Its ``restricted_head_map.json`` lists the target ids of the
+restricted head; ``pipeline.decoding.vocab.restrict_head`` turns a loaded model into one whose logits
+cover only those ids and records the map as ``model.draft_token_map`` (logit i -> target id): the
+decoding engine's restricted-vocabulary contract (q = 0 elsewhere, verification stays exact).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from pipeline.data import humaneval
+from pipeline.decoding.vocab import restrict_head, save_token_map
+from pipeline.decoding.warping import warp
+from pipeline.measure import step_times
+from pipeline.models import DTYPES, REPO_ROOT, load_pair
+from pipeline.prompts import chat_ids
+from pipeline.training.cards import now, write_model_card
+from pipeline.training.teacher_data import generate_teacher_data, load_records, sample_answers
+
+WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
+
+
+# --------------------------------------------------------------------------------------------------
+# Student
+# --------------------------------------------------------------------------------------------------
+
+
+def make_student(target, *, hidden_size: int, num_layers: int, intermediate_size: int, num_heads: int,
+                 num_kv_heads: int, head_dim: int, seed: int, init_from_target: bool = True):
+    """A small Llama with the target's vocabulary; embedding = target embedding's top-d SVD projection."""
+    tc = target.config
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=head_dim, max_position_embeddings=tc.max_position_embeddings,
+        rope_theta=getattr(tc, "rope_theta", None) or tc.rope_parameters.get("rope_theta", 10000.0),
+        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id, hidden_act="silu",
+    )
+    student = LlamaForCausalLM(cfg)
+    if init_from_target:
+        emb = target.get_input_embeddings().weight.detach().float()
+        # top-d right singular vectors: E ~ (E V_d) V_d^T, so E V_d keeps most of the logit geometry
+        _, s, vh = torch.linalg.svd(emb - emb.mean(0), full_matrices=False)
+        proj = emb @ vh[:hidden_size].T
+        proj = proj * (emb.norm(dim=1).mean() / proj.norm(dim=1).mean())
+        student.get_input_embeddings().weight.data.copy_(proj)
+        # At init the residual stream is mostly the input token's own embedding, so with a unit final
+        # norm the student would predict "repeat the input" with logits ~sqrt(d)*|e|. Scale the final
+        # norm so that this self-logit is ~4 (unrelated tokens get std ~4/sqrt(d)): a near-uniform start.
+        student.model.norm.weight.data.fill_(4.0 / (hidden_size ** 0.5 * float(proj.norm(dim=1).mean())))
+    student.tie_weights()
+    return student
+
+
+# --------------------------------------------------------------------------------------------------
+# Held-out set and alpha
+# --------------------------------------------------------------------------------------------------
+
+
+def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None) -> list[str]:
+    """First-turn user texts of evenly spaced HumanEval and MT-Bench samples (never trained on)."""
+    out = []
+    if n_humaneval:
+        samples = humaneval.load()
+        step = max(1, len(samples) // n_humaneval)
+        out += [humaneval.chat_user_texts(s)[0] for s in samples[::step][:n_humaneval]]
+    if n_mtbench:
+        if not mt_bench_path:
+            raise ValueError("held-out MT-Bench prompts need heldout.mt_bench_path (a question.jsonl)")
+        path = Path(mt_bench_path)
+        if not path.is_absolute():
+            path = REPO_ROOT / path
+        if not path.exists():
+            raise ValueError(f"{path} not found: set heldout.mt_bench_path or PIPELINE_DATA_ROOT")
+        rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+        step = max(1, len(rows) // n_mtbench)
+        out += [r["turns"][0] for r in rows[::step][:n_mtbench]]
+    return out
+
+
+@torch.no_grad()
+def build_heldout(target, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int, batch_size: int = 16) -> dict:
+    """Target-sampled answers (eval warping) and the target's warped top-k rows at every answer position."""
+    gen = torch.Generator().manual_seed(seed)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    seqs = []
+    for i in range(0, len(prompts), batch_size):
+        recs = sample_answers(
+            target, [chat_ids(tokenizer, p) for p in prompts[i : i + batch_size]], max_new_tokens=max_new_tokens,
+            top_k_store=1, sample_top_k=WARP["top_k"], sample_top_p=WARP["top_p"], eos_id=tokenizer.eos_token_id,
+            pad_id=pad, gen=gen)
+        seqs += [(r.ids.long(), r.start) for r in recs]
+    rows = []
+    for ids, start in seqs:
+        logits = target(ids[None]).logits[0, start - 1 : len(ids) - 1]
+        p = warp(logits, **WARP)
+        vals, idx = p.topk(WARP["top_k"], dim=-1)
+        rows.append({"ids": ids, "start": start, "p_ids": idx, "p": vals, "argmax": logits.argmax(-1)})
+    return {"prompts": prompts, "rows": rows}
+
+
+@torch.no_grad()
+def evaluate_alpha(student, heldout: dict, token_map: torch.Tensor | None) -> dict[str, float]:
+    """alpha = mean over held-out answer positions of sum_v min(p_v, q_v) (warped rows) and greedy agreement.
+
+    With ``token_map``, the student's logits cover only the mapped ids (-inf elsewhere), as in the engine.
+    """
+    was_training = student.training
+    student.eval()
+    emb = student.get_input_embeddings().weight
+    head = emb if token_map is None else emb[token_map]
+    tot_a = tot_g = n = 0.0
+    for row in heldout["rows"]:
+        ids, start = row["ids"], row["start"]
+        h = student.model(ids[None]).last_hidden_state[0, start - 1 : len(ids) - 1]
+        logits = h @ head.T
+        if token_map is not None:
+            full = logits.new_full((logits.shape[0], emb.shape[0]), float("-inf"))
+            logits = full.index_copy_(-1, token_map, logits)
+        q = warp(logits.float(), **WARP)
+        qv = q.gather(-1, row["p_ids"])
+        tot_a += torch.minimum(row["p"], qv).sum().item()
+        tot_g += (logits.argmax(-1) == row["argmax"]).sum().item()
+        n += logits.shape[0]
+    student.train(was_training)
+    return {"alpha": tot_a / n, "greedy_agreement": tot_g / n, "positions": int(n)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+def choose_token_map(records: list[dict], vocab_size: int, size: int, always: list[int]) -> torch.Tensor:
+    """The ``size`` ids with the most teacher probability mass in the data (plus special ids), sorted."""
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    for r in records:
+        mass.index_add_(0, r["topk_ids"].reshape(-1).long(), r["topk_logp"].float().exp().reshape(-1).double())
+        mass.index_add_(0, r["ids"].long(), torch.full((len(r["ids"]),), 1e-3, dtype=torch.float64))
+    mass[torch.tensor(always, dtype=torch.long)] = float("inf")
+    if size <= 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    return mass.topk(size).indices.sort().values
+
+
+def make_batches(records: list[dict], tokens_per_batch: int, max_len: int, seed: int) -> list[list[int]]:
+    """Groups of record indices of similar length, about ``tokens_per_batch`` padded tokens each, shuffled."""
+    rng = random.Random(seed)
+    order = sorted(range(len(records)), key=lambda i: min(len(records[i]["ids"]), max_len) + rng.random())
+    batches, cur, width = [], [], 0
+    for i in order:
+        L = min(len(records[i]["ids"]), max_len)
+        if cur and max(width, L) * (len(cur) + 1) > tokens_per_batch:
+            batches.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, L)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(records: list[dict], idx: list[int], max_len: int, to_map: torch.Tensor, pad_id: int):
+    """Right-padded inputs, the flat indices of answer positions, and the teacher rows in map indices."""
+    b = len(idx)
+    width = max(min(len(records[i]["ids"]), max_len) for i in idx)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    flat_pos, t_ids, t_logp = [], [], []
+    for row, i in enumerate(idx):
+        r = records[i]
+        full, start = r["ids"].long(), r["start"]
+        cut = max(0, len(full) - max_len)  # drop the oldest prompt tokens of over-long sequences
+        seq = full[cut:]
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+        n_ans = len(full) - start
+        first = start - 1 - cut  # position (in seq) predicting the first answer token
+        keep = torch.arange(n_ans)[torch.arange(n_ans) + first >= 0]
+        flat_pos.append(row * width + first + keep)
+        t_ids.append(r["topk_ids"][keep].long())
+        t_logp.append(r["topk_logp"][keep].float())
+    t_ids = torch.cat(t_ids)
+    return ids, mask, torch.cat(flat_pos), to_map[t_ids], torch.cat(t_logp)
+
+
+def kd_loss(h: torch.Tensor, emb: torch.Tensor, token_map: torch.Tensor, neg_ids: torch.Tensor,
+            t_map_idx: torch.Tensor, t_logp: torch.Tensor) -> torch.Tensor:
+    """Forward KL(teacher || student) over the teacher's top-k (inside the map) plus one rest bucket.
+
+    Student log-probs are over the map plus sampled negatives from outside it (their log-sum-exp scaled
+    up to the size of the complement), so the restricted head is trained exactly and the full tied head
+    learns to keep outside tokens low.
+    """
+    z = h @ emb[token_map].T  # [M, N]
+    n_out = emb.shape[0] - token_map.numel()
+    if n_out > 0 and neg_ids.numel():
+        zn = h @ emb[neg_ids].T
+        lse_out = torch.logsumexp(zn, -1) + math.log(n_out / neg_ids.numel())
+        lse = torch.logaddexp(torch.logsumexp(z, -1), lse_out)
+    else:
+        lse = torch.logsumexp(z, -1)
+    valid = t_map_idx >= 0
+    zt = z.gather(-1, t_map_idx.clamp(min=0))
+    logq = (zt - lse[:, None]).masked_fill(~valid, float("-inf"))
+    p = t_logp.exp() * valid
+    rest_p = (1 - p.sum(-1)).clamp(min=1e-6)
+    q_top = logq.exp().sum(-1).clamp(max=1 - 1e-6)
+    kl_top = (p * (t_logp - logq.masked_fill(~valid, 0.0))).sum(-1)
+    kl_rest = rest_p * (rest_p.log() - torch.log1p(-q_top))
+    return (kl_top + kl_rest).mean()
+
+
+def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict | None, *, steps: int,
+          tokens_per_batch: int, max_len: int, lr: float, warmup: int, weight_decay: float, negatives: int,
+          eval_every: int, seed: int, pad_id: int, log=print, progress: bool = True) -> list[dict]:
+    """Train ``student`` in place for ``steps`` optimizer steps; returns the eval curve (time, alpha, ...)."""
+    torch.manual_seed(seed)
+    vocab = student.get_input_embeddings().weight.shape[0]
+    to_map = torch.full((vocab,), -1, dtype=torch.long)
+    to_map[token_map] = torch.arange(token_map.numel())
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[token_map] = False
+    outside = outside.nonzero().squeeze(-1)
+    decay, no_decay = [], []
+    for name, p in student.named_parameters():
+        (no_decay if p.ndim < 2 or "embed" in name else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+    gen = torch.Generator().manual_seed(seed)
+    student.train()
+    curve, epoch, batches, ema = [], 0, [], None
+    train_time = 0.0
+
+    def do_eval(step):
+        if heldout is None:
+            return
+        m = evaluate_alpha(student, heldout, token_map)
+        curve.append({"step": step, "train_s": round(train_time, 1), "loss": ema, **m})
+        log(f"eval step {step} train {train_time / 60:.1f} min loss {ema if ema is None else round(ema, 4)} "
+            f"alpha {m['alpha']:.4f} greedy {m['greedy_agreement']:.4f}")
+
+    do_eval(0)
+    bar = tqdm(range(steps), disable=not progress, mininterval=30, maxinterval=60)
+    for step in bar:
+        if not batches:
+            batches = make_batches(records, tokens_per_batch, max_len, seed + epoch)
+            epoch += 1
+        ts = time.time()
+        ids, mask, pos, t_idx, t_logp = collate(records, batches.pop(), max_len, to_map, pad_id)
+        h = student.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        h = h.reshape(-1, h.shape[-1])[pos]
+        neg = outside[torch.randint(len(outside), (negatives,), generator=gen)] if negatives and len(outside) else outside[:0]
+        loss = kd_loss(h, student.get_input_embeddings().weight, token_map, neg, t_idx, t_logp)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        train_time += time.time() - ts
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        bar.set_postfix(loss=f"{ema:.3f}", epoch=epoch, refresh=False)
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            do_eval(step + 1)
+    student.eval()
+    return curve
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint and model card
+# --------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(student, token_map: torch.Tensor | None, out_dir: Path, dtype: str = "bfloat16") -> None:
+    """A stock transformers checkpoint (tied embedding) plus ``restricted_head_map.json`` when restricted."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    student.to(DTYPES[dtype]).save_pretrained(out_dir)
+    student.float()
+    save_token_map(token_map, out_dir, student.config.vocab_size)
+
+
+def step_cost(model, *, context: int = 128, reps: int = 40) -> float:
+    """Median ms of one batch-1 single-token step with a KV cache after a ``context``-token prompt (the engine's path)."""
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.get_input_embeddings().weight.shape[0], (context,), generator=generator).tolist()
+    return 1e3 * step_times(model, prompt, 1, next(model.parameters()).device, reps=reps)[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def run(cfg) -> dict:
+    """The whole distillation run described by ``cfg`` (conf/distill.yaml)."""
+    torch.set_num_threads(int(cfg.threads))
+    log_file = Path(cfg.work_dir) / "distill.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        line = f"[{now()}] {msg}"
+        print(line, flush=True)
+        with open(log_file, "a") as f:
+            f.write(line + "\n")
+
+    pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
+    pair_cfg["draft"] = None  # the draft is what we are making
+    pair = load_pair(pair_cfg)
+    target, tok = pair.target.float().eval(), pair.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    work = Path(cfg.work_dir)
+    if not work.is_absolute():
+        work = REPO_ROOT / work
+    data_dir = work / "data"
+    d = cfg.data
+
+    # 1. teacher data
+    t0 = time.time()
+    generate_teacher_data(
+        target, tok, data_dir, n_prompts=d.n_prompts, tf_fraction=d.tf_fraction, batch_size=d.batch_size,
+        max_new_tokens=d.max_new_tokens, top_k_store=d.top_k_store, sample_top_k=d.sample_top_k,
+        sample_top_p=d.sample_top_p, seed=cfg.seed, time_budget_s=d.time_budget_s,
+        max_shards=d.get("max_shards"), log=log)
+    new_gen_s = time.time() - t0
+    stamp = data_dir / "wall_s.json"
+    wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0
+    stamp.write_text(json.dumps({"wall_s": wall + new_gen_s}))
+    records = load_records(data_dir)
+    n_tok = sum(len(r["topk_ids"]) for r in records)
+    log(f"data: {len(records)} records, {n_tok} answer tokens, generation wall {(wall + new_gen_s) / 60:.1f} min")
+
+    # 2. held-out set
+    h = cfg.heldout
+    held_file = work / f"heldout-he{h.n_humaneval}-mt{h.n_mtbench}-n{h.max_new_tokens}-s{h.seed}.pt"
+    if held_file.exists():
+        heldout = torch.load(held_file)
+    else:
+        prompts = heldout_prompts(h.n_humaneval, h.n_mtbench, h.get("mt_bench_path"))
+        heldout = build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed)
+        torch.save(heldout, held_file)
+    log(f"held-out: {len(heldout['rows'])} prompts, {sum(len(r['p']) for r in heldout['rows'])} positions")
+
+    # 3. student and training
+    s = cfg.student
+    token_map = choose_token_map(records, target.config.vocab_size, s.vocab_map_size,
+                                 always=[i for i in {tok.eos_token_id, tok.bos_token_id, pad_id} if i is not None])
+    in_map = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+    in_map[token_map] = True
+    cov = sum((r["topk_logp"].float().exp() * in_map[r["topk_ids"].long()]).sum().item() for r in records)
+    tot = sum(r["topk_logp"].float().exp().sum().item() for r in records)
+    log(f"token map: {token_map.numel()} ids, coverage of the teacher's top-k mass {cov / tot:.4f}")
+    student = make_student(target, hidden_size=s.hidden_size, num_layers=s.num_layers, intermediate_size=s.intermediate_size,
+                           num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, seed=cfg.seed,
+                           init_from_target=s.init_from_target)
+    tr = cfg.train
+    t1 = time.time()
+    curve = train(student, records, token_map, heldout, steps=tr.steps, tokens_per_batch=tr.tokens_per_batch,
+                  max_len=tr.max_len, lr=tr.lr, warmup=tr.warmup, weight_decay=tr.weight_decay, negatives=tr.negatives,
+                  eval_every=tr.eval_every, seed=cfg.seed, pad_id=pad_id, log=log, progress=cfg.progress)
+    train_wall = time.time() - t1
+    final = curve[-1] if curve else {}
+    final_full = evaluate_alpha(student, heldout, None)
+    log(f"final: alpha {final.get('alpha')} (restricted), {final_full['alpha']:.4f} (full head)")
+
+    # 4. checkpoint, cost ratio, model card
+    out_dir = Path(cfg.out_dir)
+    if not out_dir.is_absolute():
+        out_dir = REPO_ROOT / out_dir
+    save_checkpoint(student, token_map, out_dir, cfg.save_dtype)
+    figures = {}
+    if cfg.measure_cost:
+        tgt_ms = step_cost(target)
+        d_full = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
+        full_ms = step_cost(d_full)
+        d_res = restrict_head(AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval())
+        res_ms = step_cost(d_res)
+        figures = {"target_ms": tgt_ms, "draft_ms_full": full_ms, "draft_ms_restricted": res_ms,
+                   "c_full": full_ms / tgt_ms, "c_restricted": res_ms / tgt_ms}
+        log(f"cost: target {tgt_ms:.2f} ms, draft {full_ms:.2f} ms full head / {res_ms:.2f} ms restricted")
+    n_params = sum(p.numel() for p in student.parameters())
+    size = sum(f.stat().st_size for f in out_dir.glob("*.safetensors"))
+    info = {
+        "target": pair.spec.target.id, "seed": cfg.seed, "save_dtype": cfg.save_dtype,
+        "command": cfg.get("command_line") or "python -m pipeline.distill pair=" + pair.spec.name,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "student": {**OmegaConf.to_container(s), "vocab_size": target.config.vocab_size, "params": n_params,
+                    "bytes": size, "map_size": int(token_map.numel())},
+        "data": {**OmegaConf.to_container(d), "records": len(records), "tokens": n_tok,
+                 "gen_records": sum(r["kind"] == "gen" for r in records),
+                 "tf_records": sum(r["kind"] == "tf" for r in records), "wall_s": wall + new_gen_s,
+                 "map_coverage": cov / tot},
+        "train": {**OmegaConf.to_container(tr), "wall_s": train_wall},
+        "heldout": OmegaConf.to_container(h),
+        "curve": curve, "final": final, "final_full": final_full, "figures": figures,
+    }
+    write_model_card(out_dir, info)
+    log(f"wrote {out_dir}")
+    return info

@@ -1,0 +1,7 @@
+"""Test helpers (no tests here): tiny models, tokenizers, exact laws, a sweep project on disk.
+
+    models.py      tiny_llama: the one factory of tiny random causal LMs
+    tokenizers.py  the offline pair's tokenizer and a small word-level one with a chat template
+    exact.py       exact laws by enumeration and the chi-square test against them
+    project.py     a project folder (conf/ + tiny models + data) for sweeps, and how to run one
+"""

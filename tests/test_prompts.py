@@ -1,0 +1,73 @@
+"""One prompt-encoding path: the benchmark, ``pipeline.generate`` and a sweep cell feed the same ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from helpers.models import tiny_llama
+from helpers.tokenizers import offline_tokenizer, word_tokenizer
+from pipeline import bench as bench_mod
+from pipeline.data import format_sample
+from pipeline.data.base import Sample
+from pipeline.models import LoadedPair, PairSpec
+from pipeline.prompts import chat_ids, encode_chat, encode_prompt
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PROMPTS = ["Write a python function that returns the sum of a list.", "Name a colour."]
+
+
+def _bench_prompts(monkeypatch, tokenizer, prompts) -> list[list[int]]:
+    """``Bench(cfg).prompts`` for the offline pair's config, with tiny models in place of the real ones."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="bench", overrides=["pair.draft.restrict_head=false", f"prompts={list(prompts)!r}".replace("'", '"')])
+
+    def fake_load_pair(spec):
+        model = tiny_llama(0)
+        return LoadedPair(spec=spec, target=model, draft=model, tokenizer=tokenizer)
+
+    monkeypatch.setattr(bench_mod, "load_pair", fake_load_pair)
+    return bench_mod.Bench(cfg).prompts
+
+
+@pytest.mark.parametrize("make_tokenizer", [offline_tokenizer, word_tokenizer])
+def test_bench_and_a_sweep_cell_feed_identical_ids(monkeypatch, make_tokenizer):
+    tokenizer = make_tokenizer()
+    bench_ids = _bench_prompts(monkeypatch, tokenizer, PROMPTS)
+    for text, ids in zip(PROMPTS, bench_ids):
+        # a sweep cell formats an MT-Bench sample's first turn (pipeline.measure.run_window -> format_sample)
+        cell_ids = format_sample(Sample(id="1", dataset="mt_bench", turns=[text]), tokenizer, chat=True).input_ids
+        assert ids == cell_ids
+        assert ids == encode_prompt(tokenizer, text, chat=True)  # pipeline.generate
+        assert chat_ids(tokenizer, text) == ids  # the training tools
+
+
+def test_chat_encoding_is_the_template_text_tokenised_once():
+    tokenizer = offline_tokenizer()
+    text, ids = encode_chat(tokenizer, [{"role": "user", "content": "Hello"}])
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(ids) == text
+    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_chat_pair_without_a_template_is_refused():
+    tokenizer = word_tokenizer()
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="chat: false"):
+        encode_prompt(tokenizer, "Hello", chat=True)
+
+
+def test_training_ids_end_with_the_answer_and_eos():
+    tokenizer = offline_tokenizer()
+    prompt = chat_ids(tokenizer, "Hi")
+    full = chat_ids(tokenizer, "Hi", "Hello there")
+    assert full[: len(prompt)] == prompt and full[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(full[len(prompt) : -1]) == "Hello there"
+
+
+def test_spec_is_what_the_bench_loads():
+    assert PairSpec.from_config({"name": "x", "target": {"id": "a"}}).chat is True
