@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
 from pipeline import bench as bench_mod
 from pipeline.bench import Bench
@@ -17,8 +18,6 @@ FIELDS = {"impl", "method", "mode", "tokens_per_s", "ratio_to_transformers", "id
 
 
 def _cfg(*overrides: str):
-    from hydra.core.global_hydra import GlobalHydra
-
     GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="bench", overrides=list(overrides))

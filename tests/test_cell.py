@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from helpers.project import make_project, overrides
+from pipeline import sweep
+from pipeline.cell import run_cell
+from pipeline.data.slices import load_slice
 
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    from pipeline import sweep
-
     root = make_project(tmp_path_factory.mktemp("cellproj"))
     return sweep.expand(sweep.compose(overrides(root), root / "conf"), root)
 
@@ -20,8 +21,6 @@ def _cell(plan, label, dataset):
 
 
 def test_cell_runs_every_stage(plan):
-    from pipeline.cell import run_cell
-
     cell = _cell(plan, "spd", "humaneval")
     result = run_cell(cell)
     assert result["status"] == "finished", result.get("traceback")
@@ -38,8 +37,6 @@ def test_cell_runs_every_stage(plan):
 
 
 def test_mt_bench_without_judge_is_speed_only(plan):
-    from pipeline.cell import run_cell
-
     result = run_cell(_cell(plan, "ar", "mt_bench"))
     assert result["status"] == "finished", result.get("traceback")
     assert result["score_metric"] == "speed_only" and "score" not in result["metrics"]
@@ -48,8 +45,6 @@ def test_mt_bench_without_judge_is_speed_only(plan):
 
 
 def test_a_raising_cell_comes_back_failed_with_traceback(plan):
-    from pipeline.cell import run_cell
-
     cell = dict(_cell(plan, "block", "humaneval"), fault={"kind": "raise"})
     result = run_cell(cell)
     assert result["status"] == "failed" and result["stage"] == "generate"
@@ -57,8 +52,6 @@ def test_a_raising_cell_comes_back_failed_with_traceback(plan):
 
 
 def test_warmup_samples_are_outside_the_slice(plan):
-    from pipeline.data.slices import load_slice
-
     ds = dict(_cell(plan, "ar", "humaneval")["dataset"], warmup_samples=3)
     measured, warm, everything = load_slice(ds)
     assert [s.id for s in measured] == ["HumanEval/0", "HumanEval/1"]

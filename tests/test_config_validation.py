@@ -8,8 +8,10 @@ import pytest
 import yaml
 
 from pipeline import sweep
+from pipeline.data import DATASETS, dataset_module
 from pipeline.decoding import METHODS, method_class
 from pipeline.models import PairSpec, pair_config
+from pipeline.scoring.registry import SCORERS, scorer_for
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -55,9 +57,6 @@ def test_unknown_keys_in_any_group_are_refused_before_ray(override, message, tmp
 
 
 def test_every_dataset_names_a_registered_scorer_or_none():
-    from pipeline.data import DATASETS, dataset_module
-    from pipeline.scoring.registry import SCORERS, scorer_for
-
     named = {dataset_module(name).SCORER for name in DATASETS}
     assert named - {None} <= set(SCORERS)
     assert {"humaneval", "spider", "rouge", "mt_bench"} <= named

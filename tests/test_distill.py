@@ -6,13 +6,17 @@ import json
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from helpers.models import tiny_llama
 from pipeline.decoding.vocab import restrict_head
+from pipeline.decoding.warping import warp
 from pipeline.training.distill import (
     choose_token_map,
+    collate,
     evaluate_alpha,
     kd_loss,
+    make_batches,
     make_student,
     save_checkpoint,
     train,
@@ -36,8 +40,6 @@ def tiny_records(target, n: int = 24, seed: int = 0) -> list[dict]:
 
 
 def heldout_for(target, recs):
-    from pipeline.decoding.warping import warp
-
     rows = []
     with torch.no_grad():
         for r in recs[:6]:
@@ -105,7 +107,6 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
     assert c1[-1]["alpha"] > c1[0]["alpha"]  # held-out alpha rises from the initial student
 
     # the loss falls: first vs last batch loss of a fresh run, measured directly
-    from pipeline.training.distill import collate, make_batches
 
     to_map = torch.full((256,), -1, dtype=torch.long)
     to_map[token_map] = torch.arange(token_map.numel())
@@ -124,7 +125,6 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
 
     save_checkpoint(s1, token_map, tmp_path / "draft", "bfloat16")
     assert json.loads((tmp_path / "draft" / "restricted_head_map.json").read_text()) == token_map.tolist()
-    from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "draft", dtype=torch.float32).eval()
     ids = recs[0]["ids"].long()[None]

@@ -14,7 +14,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers.models import tiny_llama
 from pipeline.decoding import fast_forward
-from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
+from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, small_linear, unsupported_reason
 from pipeline.decoding.kv import CachedModel
 
 
@@ -178,8 +178,6 @@ def test_fast_matmul_only_for_cpu_float32(monkeypatch):
 
 @pytest.mark.parametrize("shape", [(24,), (3, 24), (1, 2, 24), (2, 5, 24)])
 def test_small_linear_matches_f_linear_for_any_leading_shape(shape, monkeypatch):
-    from pipeline.decoding.fast_forward import small_linear
-
     torch.manual_seed(len(shape))
     w, b, x = torch.randn(40, 24), torch.randn(40), torch.randn(*shape)
     torch.testing.assert_close(small_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)

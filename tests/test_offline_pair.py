@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from pipeline.decoding import build_decoder, make_generator
+from pipeline.decoding.kv import CachedModel
+from pipeline.models import load_pair_by_name
 from pipeline.prompts import encode_prompt, eos_ids
 
 
 @pytest.fixture(scope="module")
 def offline_pair():
-    from pipeline.models import load_pair_by_name
-
     return load_pair_by_name("smollm2-offline")
 
 
@@ -45,8 +45,6 @@ def test_sampling_on_the_offline_pair_is_reproducible(offline_pair):
 
 
 def test_draft_head_is_restricted_and_mapped_onto_the_target_vocabulary(offline_pair):
-    from pipeline.decoding.kv import CachedModel
-
     draft = CachedModel(offline_pair.draft, vocab_size=offline_pair.target.config.vocab_size)
     assert draft.token_map is not None and draft.vocab_size == 49152
     logits = draft.forward([1, 2, 3], keep=1)[-1]

