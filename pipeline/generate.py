@@ -26,7 +26,24 @@ def method_params(method_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[st
     return name, cfg
 
 
+def check_inputs(cfg: DictConfig) -> None:
+    """``prompt``, ``max_new_tokens`` and ``seed`` checked before anything loads (ValueError naming the fix)."""
+    prompt, max_new, seed = cfg.get("prompt"), cfg.get("max_new_tokens"), cfg.get("seed")
+    if not isinstance(prompt, str):
+        raise ValueError(
+            f"prompt must be a string, got {type(prompt).__name__} {prompt!r}; quote it for Hydra, "
+            f"e.g. prompt='\"{prompt}\"'"
+        )
+    if not prompt.strip():
+        raise ValueError('prompt is empty; pass some text, e.g. prompt="Hello"')
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new!r}; e.g. max_new_tokens=128")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}; e.g. seed=0")
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
+    check_inputs(cfg)  # before any model is loaded
     name, params = method_params(cfg.method)
     pair_spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
     check_method(name, params, has_draft=pair_spec.draft is not None)  # before any model is loaded

