@@ -35,8 +35,10 @@ $(STAMP): requirements.lock pyproject.toml
 setup: $(STAMP)
 	@$(ENSURE_BWRAP)
 
+# after the sweep, its tables and figures (reports/<sweep>/, also logged to the sweep's parent run for `mlflow ui`)
 run: $(STAMP)
 	$(PY) -m pipeline.sweep $(ARGS)
+	$(PY) -m analysis.report --latest --no-notebooks
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)

@@ -4,20 +4,26 @@
     python -m analysis.report --sweep mtad_table5 --tracking-uri sqlite:////data/mlflow.db --reference spd
 
 Writes ``table5.md`` and ``table5.tex`` (Table 5 layout + the speed-up/acceptance/significance table),
-``runs.csv`` (the tidy frame, one row per finished cell), ``figures/<name>.png|pdf``, and for each
+``runs.csv`` (the tidy frame, one row per finished cell), ``figures/<name>.png|pdf`` (also logged, with the
+tables, as artifacts ``report/`` of the sweep's latest parent run, so they open in the MLflow UI), and for each
 notebook of ``analysis/`` the executed copy ``notebooks/<name>.ipynb`` and ``<name>.html`` (nbclient
 runs them headless; their ``parameters`` cell is rewritten with the sweep, tracking URI and reference).
+Sweeps with Spec-Bench cells also get ``specbench/`` (answer files in Spec-Bench's format and its
+per-category leaderboard, ``specbench/leaderboard.md``; see ``analysis/specbench.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from analysis import figures, schema
+from analysis import figures, schema, specbench
 from analysis.runs import REPO_ROOT, default_tracking_uri, load_runs, load_samples
 from analysis.tables import build_tables
 
@@ -105,6 +111,7 @@ def write_report(
     notebooks: Sequence[str] | None = NOTEBOOKS,
     n_boot: int = 2000,
     timeout: int = 600,
+    log_to_mlflow: bool = True,
     log=print,
 ) -> dict[str, Any]:
     """Write the report of ``sweep`` under ``out`` (default ``reports/<sweep>``); returns what was written."""
@@ -117,12 +124,25 @@ def write_report(
     samples = load_samples(runs, uri)
     tables = build_tables(runs, samples, reference, cost_ratio=cost_ratio, n_boot=n_boot)
     written: dict[str, Any] = {"out": out_dir, "tables": tables.write(out_dir)}
+    if (runs["dataset"] == "spec_bench").any():  # Spec-Bench's per-category leaderboard and answer files
+        bench = specbench.write(sweep, out_dir / "specbench", uri, reference=tables.reference)
+        written["specbench"] = bench
+        written["tables"].append(bench["markdown"])
+        log(f"Spec-Bench: {len(bench['files'])} answer file(s) and {bench['markdown']}")
     runs_csv = out_dir / "runs.csv"
     runs.to_csv(runs_csv, index=False)
     written["runs_csv"] = runs_csv
     log(f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}")
     written["figures"] = figures.save_all(runs, out_dir / "figures")
     log(f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}")
+    if log_to_mlflow:
+        written["parent_run"] = log_to_parent_run(sweep, uri, written, tables.summary)
+        if written["parent_run"]:
+            from mlflow import MlflowClient
+
+            exp_id = MlflowClient(tracking_uri=uri).get_run(written["parent_run"]).info.experiment_id
+            log(f"figures and tables logged to the parent run {written['parent_run']} (its Artifacts tab, report/); "
+                f"`mlflow ui --backend-store-uri {uri}` then {view_url(exp_id)}")
     written["notebooks"] = {}
     params = parameters_source(sweep, uri, tables.reference)
     if notebooks:
@@ -133,9 +153,91 @@ def write_report(
     return written
 
 
+def _metric_name(*parts: Any) -> str:
+    """An MLflow-legal metric name (letters, digits, ``_-./ ``) from label parts: ``speedup.humaneval.mtad_tau_0.3_``."""
+    return ".".join(re.sub(r"[^0-9A-Za-z_\-/ ]", "_", str(p)) for p in parts)
+
+
+VIEW_KEY = "sweep"  # the MLflow UI's shared view: #/experiments/<id>/runs?viewStateShareKey=sweep
+VIEW_COLUMNS = (
+    *(f"tags.`{t}`" for t in ("label", "dataset", "seed", "cell_status")),
+    *(f"metrics.`{m}`" for m in ("tokens_per_s", "accepted_per_step", "score", "perplexity", "j_per_token", "decode_s")),
+    *(f"params.`{p}`" for p in ("method.name", "method.gamma", "pair.name", "dataset.max_new_tokens")),
+)
+
+
+def view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The runs table of an experiment in MLflow 3's model-training mode, with the sweep's columns."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+
+
+def share_view(client, experiment_id: str, extra_columns: Sequence[str] = ()) -> None:
+    """Store the runs-table view (columns: the cell's label, dataset, seed, speed, acceptance, score...)
+    as the experiment's shared view state (tag ``mlflow.sharedViewState.<VIEW_KEY>``, what the UI's
+    *Share* button writes), so :func:`view_url` opens on it."""
+    state = {"selectedColumns": [*VIEW_COLUMNS, *extra_columns], "orderByKey": "attributes.start_time",
+             "orderByAsc": False, "runsHiddenMode": "SHOW_ALL"}
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+
+
+def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], summary=None) -> str | None:
+    """Log the report's figures, tables and runs.csv as artifacts of the sweep's latest parent run.
+
+    Artifacts go under ``report/`` (figures under ``report/figures/``) so they open in the MLflow UI
+    from the parent run's page; the summary's per-method speed-up and accepted tokens per step are
+    logged as the parent's metrics (``speedup.<dataset>.<label>``, ``accepted_per_step.<dataset>.<label>``)
+    so that the runs table shows them. Returns the parent run id, or None when the sweep has none.
+    """
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(sweep)
+    if exp is None:
+        return None
+    parents = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.KIND_TAG} = 'sweep'",
+                                 order_by=["attributes.start_time DESC"], max_results=1)
+    if not parents:
+        return None
+    run_id = parents[0].info.run_id
+    for paths in written.get("figures", {}).values():
+        for path in paths:
+            client.log_artifact(run_id, str(path), "report/figures")
+    for path in [*written.get("tables", []), written.get("runs_csv")]:
+        if path:
+            client.log_artifact(run_id, str(path), "report")
+    metrics = []
+    if summary is not None and len(summary):
+        now = int(time.time() * 1000)
+        for row in summary.itertuples(index=False):
+            for col in ("speedup", "accepted_per_step"):
+                value = getattr(row, f"{col}_mean", math.nan)
+                if value is not None and math.isfinite(float(value)):
+                    metrics.append(Metric(_metric_name(col, row.dataset, row.label), float(value), now, 0))
+        for i in range(0, len(metrics), 1000):
+            client.log_batch(run_id, metrics=metrics[i : i + 1000])
+    client.set_tag(run_id, "report", "report/ (figures, tables, runs.csv) from python -m analysis.report")
+    share_view(client, exp.experiment_id, [f"metrics.`{m.key}`" for m in metrics if m.key.startswith("speedup.")][:12])
+    return run_id
+
+
+def latest_sweep(tracking_uri: str) -> str | None:
+    """The experiment (sweep) name of the parent run that started last in the store, or None."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    if not ids:
+        return None
+    runs = client.search_runs(ids, filter_string=f"tags.{schema.KIND_TAG} = 'sweep'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return client.get_experiment(runs[0].info.experiment_id).name if runs else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", default="", help="sweep (MLflow experiment) name; empty: smoke")
+    parser.add_argument("--latest", action="store_true", help="the sweep whose parent run started last (what `make run` just ran)")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db at the repo root)")
     parser.add_argument("--out", default=None, help="output folder (default: reports/<sweep>)")
     parser.add_argument("--reference", default=schema.BASELINE, help="method label the significance column compares against (default: ar)")
@@ -143,11 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates (default 2000)")
     parser.add_argument("--no-notebooks", action="store_true", help="tables and figures only")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per notebook cell")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log figures and tables to the sweep's parent run")
     args = parser.parse_args(argv)
-    sweep = args.sweep or "smoke"
+    sweep = args.sweep or (latest_sweep(args.tracking_uri or default_tracking_uri()) if args.latest else None) or "smoke"
     try:
         written = write_report(sweep, args.tracking_uri, args.out, reference=args.reference, cost_ratio=args.cost_ratio,
-                               notebooks=() if args.no_notebooks else NOTEBOOKS, n_boot=args.bootstrap, timeout=args.timeout)
+                               notebooks=() if args.no_notebooks else NOTEBOOKS, n_boot=args.bootstrap, timeout=args.timeout,
+                               log_to_mlflow=not args.no_mlflow)
     except LookupError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -66,6 +66,7 @@ class GenerationRecord:
     text: str | None = None  # detokenised after the window
     prediction: str | None = None  # answer_prefix + text cut at a stop string: what a scorer gets
     counted_tokens: int | None = None  # tokens up to the stop string (new_tokens without one)
+    category: str | None = None  # the sample's category (per-category reports, Spec-Bench export)
 
     @property
     def tokens_per_s(self) -> float:
@@ -283,7 +284,7 @@ def run_window(
                     prompt_ids=list(prompt.input_ids), tokens=list(gen.tokens), new_tokens=len(gen.tokens),
                     steps=gen.steps, draft_steps=gen.draft_steps, accepted=list(gen.accepted),
                     decode_s=dt, hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
-                    answer_prefix=prompt.answer_prefix,
+                    answer_prefix=prompt.answer_prefix, category=sample.category,
                 )
             )
             if turn + 1 < n_turns:

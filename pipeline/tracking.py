@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 KEY_LENGTH = 12
+# MLflow 3's UI reads this experiment tag to tell model-training experiments (runs table, charts,
+# compare view) from GenAI ones (traces/overview): a sweep is the former.
+EXPERIMENT_KIND_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
 
 
@@ -85,11 +88,14 @@ class Tracker:
             location = None
             if artifact_root:
                 location = (Path(artifact_root) / experiment).resolve().as_uri() if "://" not in artifact_root else f"{artifact_root.rstrip('/')}/{experiment}"
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location, tags=EXPERIMENT_KIND_TAGS)
         else:
             if found.lifecycle_stage == "deleted":
                 self.client.restore_experiment(found.experiment_id)
             self.experiment_id = found.experiment_id
+            for key, value in EXPERIMENT_KIND_TAGS.items():
+                if found.tags.get(key) != value:
+                    self.client.set_experiment_tag(self.experiment_id, key, value)
         self.parent_run_id: str | None = None
 
     # ------------------------------------------------------------------ queries

@@ -18,7 +18,7 @@ from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads  # n
 torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+DATA_ROOT = REPO_ROOT / "data"  # the project's own offline copy of the evaluation data (data/README.md)
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,6 @@ def tiny_pair():
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.exists():
-        pytest.skip(f"offline data folder {SHARED_DATA} not present")
-    return SHARED_DATA
+def data_root() -> Path:
+    """The project's data/ folder (part of the repository: a missing file is a failure, never a skip)."""
+    return DATA_ROOT

@@ -8,7 +8,6 @@ them must bump ``HARNESS_VERSION`` and say so in the README.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -91,19 +90,9 @@ PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {
 }
 
 
-def _data_folder() -> Path | None:
-    candidates = [os.environ.get("PIPELINE_DATA_ROOT"), REPO / "data", REPO.parent / "shared" / "data"]
-    for c in candidates:
-        if c and (Path(c) / "mt_bench").is_dir() and (Path(c) / "spec_bench").is_dir():
-            return Path(c).resolve()
-    return None
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    data = _data_folder()
-    if data is None:
-        pytest.skip("offline data folder (mt_bench, spec_bench, cnn_dailymail_sample) not found")
+    data = REPO / "data"  # the project's own copy (part of the repository: never skipped)
     root = tmp_path_factory.mktemp("keys")
     (root / "data").symlink_to(data, target_is_directory=True)
     return root

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from _fixtures_scoring import SHARED_DATA
+from _fixtures_scoring import DATA
 
 from pipeline.data import DATASETS, dataset_module, load_dataset, stop_strings
-
-needs_data = pytest.mark.skipif(not SHARED_DATA.exists(), reason="offline data folder not present")
 
 
 def test_registry_and_unknown_name():
@@ -29,10 +27,9 @@ def test_humaneval_from_the_package():
     assert samples[0].turns[0] == ref["prompt"]
 
 
-@needs_data
 def test_spider_ids_are_positions_in_dev_json():
-    samples = load_dataset("spider", SHARED_DATA / "spider")
-    dev = json.loads((SHARED_DATA / "spider" / "dev.json").read_text())
+    samples = load_dataset("spider", DATA / "spider")
+    dev = json.loads((DATA / "spider" / "dev.json").read_text())
     assert len(samples) == len(dev) == 710
     for i in (0, 355, 709):
         assert samples[i].id == str(i) and samples[i].turns == [dev[i]["question"]]
@@ -46,9 +43,8 @@ def test_spider_needs_databases():
         load_dataset("spider")
 
 
-@needs_data
 def test_mt_bench_two_turns_and_references():
-    samples = load_dataset("mt_bench", SHARED_DATA / "mt_bench")
+    samples = load_dataset("mt_bench", DATA / "mt_bench")
     assert len(samples) == 64 and all(s.num_turns == 2 for s in samples)
     by_cat = {}
     for s in samples:
@@ -58,26 +54,24 @@ def test_mt_bench_two_turns_and_references():
     assert samples[0].id == "81"
 
 
-@needs_data
 def test_spec_bench_groups_and_references():
-    samples = load_dataset("spec_bench", SHARED_DATA / "spec_bench")
+    samples = load_dataset("spec_bench", DATA / "spec_bench")
     assert len(samples) == 464
     groups = {}
     for s in samples:
         groups.setdefault(s.meta["group"], []).append(s)
     assert set(groups) == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
     assert all(len(groups[g]) == 80 for g in groups if g != "mt_bench") and len(groups["mt_bench"]) == 64
-    summ = load_dataset("spec_bench", SHARED_DATA / "spec_bench", groups=["summarization"])
+    summ = load_dataset("spec_bench", DATA / "spec_bench", groups=["summarization"])
     assert len(summ) == 80 and all(isinstance(s.reference, str) and s.reference for s in summ)
     with pytest.raises(ValueError, match="groups"):
-        load_dataset("spec_bench", SHARED_DATA / "spec_bench", groups=["poetry"])
+        load_dataset("spec_bench", DATA / "spec_bench", groups=["poetry"])
     with pytest.raises(ValueError, match="no official Hub copy"):
         load_dataset("spec_bench")
 
 
-@needs_data
 def test_cnn_dm_offline_sample_is_speed_only():
-    samples = load_dataset("cnn_dm", SHARED_DATA / "cnn_dailymail_sample" / "specbench_cnndm_80.jsonl")
+    samples = load_dataset("cnn_dm", DATA / "cnn_dailymail_sample" / "specbench_cnndm_80.jsonl")
     assert len(samples) == 80 and samples[0].id == "241"
     assert samples[0].reference is None and samples[0].turns[0].startswith("Summarize: ")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _fixtures_scoring import SHARED_DATA
+from _fixtures_scoring import DATA
 
 from helpers.tokenizers import offline_tokenizer
 from pipeline.data import format_sample, load_dataset, prediction_text
@@ -31,9 +31,8 @@ def test_humaneval_continuation_is_the_raw_prompt(tokenizer):
     assert prediction_text(prompt, "    return True\n") == "    return True\n"
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "spider").exists(), reason="offline Spider copy not present")
 def test_spider_prompts_have_schema_and_question(tokenizer):
-    sample = load_dataset("spider", SHARED_DATA / "spider", limit=1)[0]
+    sample = load_dataset("spider", DATA / "spider", limit=1)[0]
     base = format_sample(sample, tokenizer, chat=False)
     assert base.text.startswith("CREATE TABLE") and sample.turns[0] in base.text and base.text.endswith("SELECT")
     assert prediction_text(base, " count(*) FROM singer") == "SELECT count(*) FROM singer"

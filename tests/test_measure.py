@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from _fixtures_scoring import SHARED_DATA
+from _fixtures_scoring import DATA
 
 from helpers.models import tiny_llama
 from helpers.tokenizers import offline_tokenizer
@@ -185,12 +185,11 @@ def test_predictions_for_scoring_shapes(models, tokenizer):
     assert preds[0]["format"] == "chat" and isinstance(preds[1]["prediction"], str)
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "spider").exists(), reason="offline Spider copy not present")
 def test_continuation_prompt_answer_prefix(models, tokenizer):
     """Base-model prompts: Spider's continuation ends with SELECT, which the prediction starts with."""
     target, _ = models
     decoder = build_decoder("ar", target, None, temperature=0.0)
-    samples = load_dataset("spider", SHARED_DATA / "spider", limit=1)
+    samples = load_dataset("spider", DATA / "spider", limit=1)
     result = measure.run_window(
         decoder, samples, tokenizer=tokenizer, chat=False, eos_token_ids=[2], max_new_tokens=4, seed=0,
         warmup_generations=0, warmup_seconds=0, idle_seconds=0, stop_strings=[";"],

@@ -17,8 +17,7 @@ from pipeline.data.mt_bench import load_judge_prompts
 from pipeline.scoring import mt_bench as mb
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "mt_bench"
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason="offline MT-Bench copy not present")
+DATA = REPO / "data" / "mt_bench"
 KEY_ENV = "PIPELINE_TEST_JUDGE_KEY"
 KEY = "sk-test-not-a-real-key"
 

@@ -12,7 +12,7 @@ import pytest
 from pipeline.scoring import rouge
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench"
+SPEC_BENCH = REPO / "data" / "spec_bench"
 
 
 def test_identical_and_disjoint_texts():
@@ -57,7 +57,6 @@ def test_missing_reference_is_an_error():
         rouge.score_predictions([{"id": "7", "prediction": "x"}], {"7": None})
 
 
-@pytest.mark.skipif(not SPEC_BENCH.exists(), reason="offline Spec-Bench copy not present")
 def test_cli_on_spec_bench_summaries(tmp_path):
     from pipeline.data import load_dataset
 

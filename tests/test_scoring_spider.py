@@ -17,8 +17,7 @@ from pipeline.data import load_dataset
 from pipeline.scoring import spider as sp
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "spider"
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="offline Spider copy not present")
+DATA = REPO / "data" / "spider"
 
 
 def _sha(path: Path) -> str:
@@ -57,7 +56,6 @@ def _correct(db: Path, gold: str, pred: str) -> bool:
 # ----------------------------------------------------------------------------- acceptance figures
 
 
-@needs_data
 def test_gold_against_gold_is_100_percent_on_all_710(spider_samples):
     assert len(spider_samples) == 710
     preds = [{"id": s.id, "prediction": s.reference["query"]} for s in spider_samples]
@@ -117,8 +115,6 @@ def test_wrong_values_and_shapes(toy_db):
 )
 def test_writing_predictions_change_no_database_file(tmp_path, attack):
     src = DATA / "database" / "concert_singer" / "concert_singer.sqlite"
-    if not src.exists():
-        pytest.skip("offline Spider copy not present")
     db = tmp_path / "concert_singer.sqlite"
     shutil.copy(src, db)
     db.chmod(0o644)  # writable copy: only the scorer's read-only opening may protect it
@@ -170,7 +166,6 @@ def test_extract_sql(text, sql):
     assert sp.extract_sql(text) == sql
 
 
-@needs_data
 def test_cli_rescoring_saved_predictions(tmp_path, spider_samples):
     preds = tmp_path / "preds.jsonl"
     rows = [

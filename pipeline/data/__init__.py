@@ -1,6 +1,6 @@
 """Datasets: one module per dataset, a registry, and the two calls the sweep makes.
 
-    samples = load_dataset("spider", path="../shared/data/spider", limit=50)
+    samples = load_dataset("spider", path="data/spider", limit=50)
     prompt = format_sample(samples[0], tokenizer, chat=pair.spec.chat)
 
 Every module defines ``NAME``, ``SCORER`` (the scorer module name or None), ``STOP_STRINGS``,

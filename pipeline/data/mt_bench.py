@@ -62,7 +62,8 @@ def load(path: str | Path | None = None, split: str | None = None, reference_mod
             dataset=NAME,
             turns=list(r["prompt"]),
             category=r["category"],
-            reference=[x for x in (r.get("reference") or []) if x] or None,
+            # per turn, as the local files have it (dropping empty entries would shift later turns)
+            reference=list(r["reference"]) if any(r.get("reference") or []) else None,
         )
         for r in rows
     ]

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--mt-bench",
         default=None,
-        help="MT-Bench question.jsonl for the held-out prompts (default: $PIPELINE_DATA_ROOT or ../shared/data, "
+        help="MT-Bench question.jsonl for the held-out prompts (default: $PIPELINE_DATA_ROOT or the project's data/, "
         "then mt_bench/question.jsonl, relative to the repository root)",
     )
     ap.add_argument("--card", default=None, help="a draft directory: append the figures to its MODEL_CARD.md and metrics.json")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     tok = pair.tokenizer
     mt_bench = args.mt_bench
     if mt_bench is None and args.n_mtbench:
-        root = Path(os.environ.get("PIPELINE_DATA_ROOT", "../shared/data"))
+        root = Path(os.environ.get("PIPELINE_DATA_ROOT", "data"))
         mt_bench = str((root if root.is_absolute() else REPO_ROOT / root) / "mt_bench" / "question.jsonl")
     prompts = heldout_prompts(args.n_humaneval, args.n_mtbench, mt_bench)
     prompt_ids = [chat_ids(tok, p) for p in prompts]
