@@ -72,9 +72,8 @@ def test_cli_on_spec_bench_summaries(tmp_path):
     assert result["num_samples"] == 3 and result["score"] == pytest.approx(1.0)
 
 
-@pytest.mark.skipif(not SPEC_BENCH.exists(), reason="offline Spec-Bench copy not present")
 def test_readme_command_without_dataset_reads_spec_bench(tmp_path):
-    # the README's form: `python -m pipeline.scoring.rouge --data ../shared/data/spec_bench --predictions ...`
+    # the README's form: `python -m pipeline.scoring.rouge --data data/spec_bench --predictions ...`
     from pipeline.data import load_dataset
 
     samples = load_dataset("spec_bench", SPEC_BENCH, groups=["summarization"], limit=2)
