@@ -73,7 +73,9 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
     """One row per active cell run of experiment ``sweep``: id tags, canonical metrics, parsed params.
 
     Deleted (superseded) runs are never returned; failed cells are dropped unless
-    ``finished_only=False``. ``seed`` is an int; metrics a run did not log are NaN.
+    ``finished_only=False``. ``seed`` is an int; metrics a run did not log are NaN. A cell key with
+    several active runs (two drivers on one store before leases existed) is counted once, by its
+    newest finished run, with a warning naming the keys: pooling duplicates would shrink the spread.
     ``df.attrs`` holds ``sweep`` and ``tracking_uri``.
     """
     uri = tracking_uri or default_tracking_uri()
@@ -93,12 +95,13 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
     rows = []
     for r in runs:
         tags, metrics, params = r.data.tags, r.data.metrics, r.data.params
-        row: dict[str, Any] = {"run_id": r.info.run_id}
+        row: dict[str, Any] = {"run_id": r.info.run_id, "_time": r.info.end_time or r.info.start_time or 0}
         row.update({col: tags.get(tag) for col, tag in schema.TAGS.items()})
         row.update({col: metrics.get(name, math.nan) for col, name in schema.METRICS.items()})
         row.update({col: parse_param(params.get(name)) for col, name in schema.PARAMS.items()})
         row["_pair_config"] = {k: v for k, v in params.items() if k.startswith(schema.PAIR_PARAM_PREFIX)}
         rows.append(row)
+    rows = dedupe_runs(rows)
     _split_pairs_by_config(rows)
     columns = list(dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS, "pair_config"]))
     df = pd.DataFrame(rows, columns=columns)
@@ -111,6 +114,30 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
     df = df.sort_values(["pair", "dataset", "label", "seed"], kind="stable").reset_index(drop=True)
     df.attrs.update(sweep=sweep, tracking_uri=uri)
     return df
+
+
+def dedupe_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per ``cell_key``: the newest finished run (else the newest of any status); warns on duplicates."""
+    rank = {schema.STATUS_FINISHED: 1}
+    best: dict[Any, dict[str, Any]] = {}
+    extra: dict[Any, int] = {}
+    for row in rows:
+        key = row.get("cell_key") or row["run_id"]
+        have = best.get(key)
+        if have is not None:
+            extra[key] = extra.get(key, 0) + 1
+        order = (rank.get(row.get("status"), 0), row.get("_time") or 0, row["run_id"])
+        if have is None or order > (rank.get(have.get("status"), 0), have.get("_time") or 0, have["run_id"]):
+            best[key] = row
+    if extra:
+        warnings.warn(
+            f"{len(extra)} cell key(s) have more than one active run (e.g. {', '.join(map(str, list(extra)[:5]))}); "
+            "each is counted once, by its newest finished run. Delete the extra runs (mlflow runs delete) to silence this.",
+            stacklevel=3,
+        )
+    for row in best.values():
+        row.pop("_time", None)
+    return list(best.values())
 
 
 def _split_pairs_by_config(rows: list[dict[str, Any]]) -> None:

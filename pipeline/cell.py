@@ -16,6 +16,14 @@ Stages (docs/DESIGN.md section 1), each timed in ``result["stages"]``:
 4. ``score``: the dataset's scorer (HumanEval sandbox, Spider execution, ROUGE) or the MT-Bench judge
    (only with ``judge.enabled``; otherwise MT-Bench is measured for speed only).
 
+A failure in ``score`` keeps everything measured before it: the result is ``status: score_failed``
+with the metrics and the generation records, so the driver logs them and a later invocation re-scores
+the logged generations (``rescore``) instead of generating again.
+
+CPU isolation (``cell["isolation"]``, set by the driver's scheduler and recorded with the cell):
+``exclusive`` (one cell per node, all its cores, torch threads = cores), ``pinned`` (this process is
+bound to a disjoint core set with ``sched_setaffinity``, torch threads = its size) or ``shared``.
+
 Any exception (CUDA out of memory included) is caught and returned as ``status: failed`` with its
 traceback and the stage it happened in; an actor that dies is recorded as failed by the driver.
 """
@@ -40,6 +48,7 @@ from pipeline.energy import make_energy_meter
 from pipeline.measure import predictions_for_scoring, run_window, step_costs
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
+from pipeline.scoring import mt_bench
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
 from pipeline.scoring.registry import scorer_for
 
@@ -98,6 +107,84 @@ def score_cell(dataset: Mapping[str, Any], samples: list[Any], predictions: list
     return scorer(dataset, samples, predictions, judge=judge_cfg, max_turns=max_turns)
 
 
+def predictions_from_records(records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``measure.predictions_for_scoring`` from logged record dicts (samples.jsonl) instead of a window."""
+    by_id: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in records:
+        by_id.setdefault(str(rec["id"]), []).append(rec)
+    out = []
+    for sid, recs in by_id.items():
+        recs = sorted(recs, key=lambda r: int(r.get("turn") or 0))
+        prediction: Any = recs[0]["prediction"] if len(recs) == 1 else [r["prediction"] for r in recs]
+        out.append({"id": sid, "prediction": prediction, "format": recs[0].get("prompt_style")})
+    return out
+
+
+def judge_identity(cell: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The judge that scores this cell (None: none), as recorded on its run (tag ``judge``)."""
+    if cell["dataset"]["name"] != "mt_bench" or not (cell.get("judge") or {}).get("enabled"):
+        return None
+    return mt_bench.judge_identity(cell["judge"])
+
+
+def apply_isolation(isolation: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Bind this process to the cell's cores and set torch's threads to match; what was applied."""
+    iso = dict(isolation or {})
+    cores = iso.get("cores")
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(int(c) for c in cores))
+    threads = iso.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+        os.environ["OMP_NUM_THREADS"] = str(int(threads))  # Ray sets 1 (its num_cpus) for child libraries
+    iso["torch_threads"] = torch.get_num_threads()
+    if hasattr(os, "sched_getaffinity"):
+        iso["affinity"] = sorted(os.sched_getaffinity(0))
+    return iso
+
+
+def _score_stage(result: dict[str, Any], cell: Mapping[str, Any], dataset: Mapping[str, Any], samples: list[Any],
+                 predictions: list[dict[str, Any]], records: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
+    """Stage ``score``: scores onto metrics/records; a failure marks the result ``score_failed`` (never raises)."""
+    result["judge_identity"] = judge_identity(cell)
+    scores = None
+    try:
+        with _stage(result, "score"):
+            inject_fault(cell, "score")
+            scores = score_cell(dataset, samples, predictions, cell.get("judge"), dataset.get("max_turns"))
+    except Exception as err:  # noqa: BLE001 - the generations are kept; only the score is missing
+        result["status"] = "score_failed"
+        result["error"] = f"score stage: {type(err).__name__}: {err}"
+        result["traceback"] = traceback.format_exc()
+        result["score_metric"] = "pending"
+        return
+    result["status"] = "finished"
+    result["scores"] = scores
+    if scores is not None:
+        metrics["score"] = scores.get("score", float("nan"))
+        result["score_metric"] = scores.get("metric")
+        _attach_scores(records, scores)
+    else:
+        result["score_metric"] = "speed_only" if dataset["name"] == "mt_bench" else "none"
+
+
+def rescore(cell: Mapping[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Score a cell's logged generations again (no model of the pair loads): status, metrics, records, scores.
+
+    ``records`` are the cell's ``samples.jsonl`` records; the result has ``status`` (``finished`` or
+    ``score_failed``), ``metrics`` (``score``, ``stage_score_s``), the records with their verdicts, ``scores``.
+    """
+    dataset = dict(cell["dataset"])
+    result: dict[str, Any] = {"stages": {}, "status": "score_failed"}
+    samples, _, _ = load_slice({**dataset, "warmup_samples": 0})
+    records = [{k: v for k, v in r.items() if k != "score_detail"} for r in records]
+    metrics: dict[str, Any] = {}
+    _score_stage(result, cell, dataset, samples, predictions_from_records(records), records, metrics)
+    metrics.update({f"stage_{k}_s": v for k, v in result["stages"].items()})
+    result.update(metrics=metrics, records=records)
+    return result
+
+
 def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
     """Run every stage of one cell; never raises (failures come back as ``status: failed``)."""
     t_start = time.perf_counter()
@@ -114,9 +201,10 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
     try:
         measure = dict(cell["measure"])
         dataset = dict(cell["dataset"])
-        threads = measure.get("threads")
-        if threads:
-            torch.set_num_threads(int(threads))
+        iso = dict(cell.get("isolation") or {})
+        if measure.get("threads"):
+            iso["threads"] = int(measure["threads"])  # an explicit setting wins over the scheduler's
+        result["isolation"] = apply_isolation(iso)
         with _stage(result, "load"):
             inject_fault(cell, "load")
             spec = PairSpec.from_config(cell["pair"])
@@ -157,27 +245,19 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
             for rec, per in zip(records, ppl["per_sample"]):
                 rec["perplexity"] = per["perplexity"]
         del decoder, pair
-        scores = None
         if measure.get("score", True):
-            with _stage(result, "score"):
-                scores = score_cell(dataset, samples, predictions_for_scoring(window), cell.get("judge"), dataset.get("max_turns"))
-        if scores is not None:
-            metrics["score"] = scores.get("score", float("nan"))
-            result["score_metric"] = scores.get("metric")
-            _attach_scores(records, scores)
+            _score_stage(result, cell, dataset, samples, predictions_for_scoring(window), records, metrics)
         else:
-            result["score_metric"] = "speed_only" if dataset["name"] == "mt_bench" else "none"
+            result.update(status="finished", scores=None, score_metric="none")
         if device.type == "cuda":
             torch.cuda.empty_cache()
         metrics["cell_wall_s"] = time.perf_counter() - t_start
         metrics.update({f"stage_{k}_s": v for k, v in result["stages"].items()})
         info = window.to_dict()
         result.update(
-            status="finished",
-            stage="done",
+            stage="done" if result["status"] == "finished" else "score",
             metrics=metrics,
             records=records,
-            scores=scores,
             summary=summary,
             energy=info["energy"],
             idle=info["idle"],
@@ -186,6 +266,7 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
             settings=info["settings"],
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a record (OOM included)
+        result["status"] = "failed"
         result["error"] = f"{type(err).__name__}: {err}"
         result["traceback"] = traceback.format_exc()
         result["metrics"] = {"cell_wall_s": time.perf_counter() - t_start}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 from analysis import schema
 from pipeline import tracking
@@ -61,6 +62,52 @@ def test_runs_resume_and_supersede(tmp_path):
     assert {"samples.jsonl", "cell_config.yaml", "result.json", "scores.json"} <= files
     assert "traceback.txt" in {f.path for f in tr2.client.list_artifacts(failed_id)}
     assert not math.isnan(rows[0]["tokens_per_s"])
+
+
+def test_duplicate_finished_runs_are_reported_and_counted_once(tmp_path):
+    """A store written by two drivers before leases: two finished runs of one key (the `ar` 0.93 ± 0.10 bug)."""
+    import pytest
+
+    from analysis.runs import load_runs
+    from pipeline.sweep.summary import summary_tables
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tr = Tracker(uri, "t", str(tmp_path / "mlruns"))
+    cell = {**_cell("k1"), "label": "ar", "method": {"name": "ar", "params": {}}}
+    old = tr.log_cell(cell, {"status": "finished", "metrics": {"tokens_per_s": 10.0}})
+    new = tr.log_cell(cell, {"status": "finished", "metrics": {"tokens_per_s": 12.0}})
+    assert len(tr.cell_runs()) == 2  # both still active: nothing hides the duplicate from the queries
+    warned = []
+    rows = tr.rows(warn=warned.append)
+    assert [r["run_id"] for r in rows] == [new] and "more than one active run" in warned[0]
+    assert tr.finished_keys() == {"k1": new}
+    _, mean_text = summary_tables(rows, "ar")
+    assert "10.00" not in mean_text and "12.00" in mean_text
+    with pytest.warns(UserWarning, match="more than one active run"):
+        df = load_runs("t", uri)
+    assert df["run_id"].tolist() == [new] and df["tokens_per_s"].tolist() == [12.0] and old not in df["run_id"].tolist()
+
+
+def test_unusable_tracking_uris_fail_fast_with_the_fix(tmp_path):
+    import time
+
+    import pytest
+
+    from pipeline.tracking import TrackingError, check_tracking_uri
+
+    t0 = time.monotonic()
+    with pytest.raises(TrackingError, match="not reachable.*mlflow server"):
+        check_tracking_uri("http://127.0.0.1:9/", timeout_s=2)  # the discard port: connection refused
+    with pytest.raises(TrackingError, match="unknown scheme"):
+        check_tracking_uri("sqlit:///x.db")
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if not os.access(tmp_path / "ro", os.W_OK):  # root may write anyway
+        with pytest.raises(TrackingError, match="not writable"):
+            check_tracking_uri(f"sqlite:///{tmp_path}/ro/sub/mlflow.db")
+    with pytest.raises(TrackingError, match="is a folder"):
+        check_tracking_uri(f"sqlite:///{tmp_path}")
+    assert time.monotonic() - t0 < 30
+    check_tracking_uri(f"sqlite:///{tmp_path}/new/mlflow.db")  # a store to create: fine
 
 
 def test_a_cell_run_carries_every_name_the_analysis_reads(tmp_path):

@@ -202,15 +202,83 @@ class TransformersJudge:
         return {"kind": "transformers", "model": self.name, "max_new_tokens": self.max_new_tokens, "decoding": "greedy"}
 
 
-def make_judge(cfg: Mapping[str, Any]) -> Judge:
-    """A judge from its config: ``{kind: openai, base_url, model, api_key_env}`` or ``{kind: transformers, model}``."""
-    cfg = dict(cfg)
+OPENAI_KEYS = ("base_url", "model", "api_key_env", "temperature", "max_tokens", "timeout_s", "max_retries", "retry_sleep_s")
+TRANSFORMERS_KEYS = ("model", "dtype", "device", "max_new_tokens")
+# Where the judge is reached, not what judges: left out of the judge's identity (a moved endpoint
+# serving the same model does not re-judge anything).
+JUDGE_LOCATION_KEYS = ("base_url", "api_key_env", "timeout_s", "max_retries", "retry_sleep_s", "device", "enabled")
+
+
+def _judge_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(kind, constructor keyword arguments) of a judge config; one length setting for both kinds.
+
+    ``max_new_tokens`` (the config's name, the local judge's) and ``max_tokens`` (the OpenAI API's) are
+    the same setting: each judge gets it under its own name. Unknown keys are an error naming the valid ones.
+    """
+    cfg = {k: v for k, v in dict(cfg).items() if k != "enabled" and v is not None}
     kind = cfg.pop("kind", "openai")
     if kind == "openai":
-        return OpenAIJudge(**cfg)
-    if kind == "transformers":
-        return TransformersJudge.from_spec(cfg.pop("model"), **cfg)
-    raise ValueError(f"unknown judge kind {kind!r}; valid: openai, transformers")
+        if "max_new_tokens" in cfg:
+            cfg["max_tokens"] = cfg.pop("max_new_tokens")
+        valid = OPENAI_KEYS
+    elif kind == "transformers":
+        if "max_tokens" in cfg:
+            cfg["max_new_tokens"] = cfg.pop("max_tokens")
+        for k in ("base_url", "api_key_env", "timeout_s", "max_retries", "retry_sleep_s", "temperature"):
+            cfg.pop(k, None)  # endpoint settings left in the config from an openai judge: unused here
+        valid = TRANSFORMERS_KEYS
+    else:
+        raise ValueError(f"unknown judge kind {kind!r}; valid: openai, transformers (set judge.kind)")
+    unknown = sorted(set(cfg) - set(valid))
+    if unknown:
+        raise ValueError(f"judge (kind={kind}): unknown setting(s) {unknown}; valid: {list(valid)} plus max_new_tokens")
+    if kind == "openai":
+        missing = [k for k in ("base_url", "model") if not cfg.get(k)]
+        if missing:
+            raise ValueError(f"judge.kind=openai needs {missing}: set judge.base_url=http://host:port/v1 judge.model=<served model name>")
+    return kind, cfg
+
+
+def make_judge(cfg: Mapping[str, Any]) -> Judge:
+    """A judge from its config: ``{kind: openai, base_url, model, api_key_env, max_new_tokens}`` or ``{kind: transformers, model, max_new_tokens}``."""
+    kind, kwargs = _judge_kwargs(cfg)
+    if kind == "openai":
+        return OpenAIJudge(**kwargs)
+    return TransformersJudge.from_spec(kwargs.pop("model"), **kwargs)
+
+
+def judge_identity(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What makes two judges' scores comparable (kind, model, length, temperature); None when disabled."""
+    if not cfg or not cfg.get("enabled"):
+        return None
+    kind, kwargs = _judge_kwargs(cfg)
+    out = {"kind": kind, **{k: v for k, v in kwargs.items() if k not in JUDGE_LOCATION_KEYS}}
+    if "max_tokens" in out:
+        out["max_new_tokens"] = out.pop("max_tokens")
+    return out
+
+
+def check_endpoint(base_url: str, api_key_env: str | None = "OPENAI_API_KEY", model: str | None = None, timeout_s: float = 5.0) -> list[str]:
+    """GET ``{base_url}/models`` once with a short timeout; the served model ids, or ValueError naming the fix."""
+    url = base_url.rstrip("/") + "/models"
+    headers = {}
+    key = os.environ.get(api_key_env) if api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    fix = ("start the OpenAI-compatible server, or set judge.base_url to where it listens (up to /v1), "
+           "or judge.enabled=false / judge.kind=transformers")
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as response:
+            payload = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        hint = f" (the key in ${api_key_env} is missing or wrong)" if err.code in (401, 403) else ""
+        raise ValueError(f"judge endpoint {url} answered HTTP {err.code} {err.reason}{hint}: {fix}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"judge endpoint {url} is not reachable ({type(err).__name__}: {getattr(err, 'reason', err)}): {fix}") from None
+    served = [str(m.get("id")) for m in (payload.get("data") or []) if isinstance(m, Mapping)]
+    if model and served and model not in served:
+        raise ValueError(f"judge endpoint {url} does not serve model {model!r} (it serves {served}): set judge.model to one of them")
+    return served
 
 
 # --------------------------------------------------------------------------- scoring

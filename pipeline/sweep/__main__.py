@@ -9,20 +9,34 @@ Exit status: 0 when every cell finished, 1 when some failed, 2 on a configuratio
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 import hydra
 from omegaconf import DictConfig
 
 from pipeline.sweep.driver import run
 from pipeline.sweep.plan import SweepConfigError
+from pipeline.tracking import TrackingError
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (kill, a batch scheduler) ends the driver like Ctrl-C: the parent run is closed as KILLED."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    _sigterm_as_interrupt()
     try:
         outcome = run(cfg)
-    except SweepConfigError as err:
+    except (SweepConfigError, TrackingError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     if outcome["failed"]:

@@ -2,27 +2,150 @@
 
 Steps 4-6 of ``python -m pipeline.sweep`` (docs/DESIGN.md sections 1 and 7):
 
-4. MLflow is asked which cell keys have a finished run; those are skipped (failed cells run again).
-5. Ray runs the rest (``pipeline.sweep.ray_runner``).
+4. The tracking URI is checked (seconds, before Ray); runs left RUNNING by drivers that are gone are
+   closed as KILLED; MLflow is asked which cell keys have a finished run: those are skipped. Cells
+   whose scoring failed after generating (``score_failed``), and finished MT-Bench cells judged by
+   another judge than the configured one, are scored again from their logged generations (no
+   regeneration, in this process). An OpenAI-compatible judge is checked before any model loads.
+5. Ray runs the rest (``pipeline.sweep.ray_runner``); each cell is leased first (``Tracker.claim``),
+   so drivers sharing a store share the cells: a cell another driver holds is waited for at the end
+   and taken over if that driver dies; one another driver logged meanwhile is skipped.
 6. Each result is logged by the driver as it arrives; the end prints a per-cell table, the
    mean ± std table over seeds (speedup against the same sweep's baseline) and how to open the UI.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from pipeline.sweep.plan import CONF_DIR, expand
+from pipeline.cell import judge_identity, rescore
+from pipeline.scoring.mt_bench import _judge_kwargs, check_endpoint
+from pipeline.sweep.plan import CONF_DIR, Plan, SweepConfigError, expand
 from pipeline.sweep.ray_runner import actor_options, prepare_pairs, run_cells, start_ray
 from pipeline.sweep.summary import summary_tables
-from pipeline.tracking import Tracker, resolve_tracking_uri
+from pipeline.tracking import (
+    STATUS_FINISHED,
+    STATUS_LOGGING,
+    STATUS_SCORE_FAILED,
+    Tracker,
+    check_tracking_uri,
+    pick_active,
+    resolve_tracking_uri,
+)
+
+
+def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str, str]:
+    """(tracker, store URI, experiment); an unusable URI fails here in seconds (``TrackingError``)."""
+    tracking = OmegaConf.to_container(cfg.tracking, resolve=True)
+    uri = resolve_tracking_uri(tracking.get("uri") or "sqlite:///mlflow.db", root)
+    check_tracking_uri(uri)
+    art = tracking.get("artifact_root")
+    if art and "://" not in art and not Path(art).is_absolute():
+        art = str(root / art)
+    experiment = tracking.get("experiment") or plan.name
+    return Tracker(uri, experiment, art), uri, experiment
+
+
+
+def check_judge(cells: Iterable[Mapping[str, Any]]) -> None:
+    """An OpenAI-compatible judge that some cell needs must answer ``/models`` now, before any model loads."""
+    seen = set()
+    for cell in cells:
+        judge = cell.get("judge") or {}
+        if cell["dataset"]["name"] != "mt_bench" or not judge.get("enabled"):
+            continue
+        kind, kwargs = _judge_kwargs(judge)
+        if kind != "openai" or kwargs["base_url"] in seen:
+            continue
+        seen.add(kwargs["base_url"])
+        try:
+            check_endpoint(kwargs["base_url"], kwargs.get("api_key_env", "OPENAI_API_KEY"), kwargs.get("model"))
+        except ValueError as err:
+            raise SweepConfigError(str(err)) from None
+
+
+
+def _judge_tag(cell: Mapping[str, Any]) -> str:
+    ident = judge_identity(cell)
+    return json.dumps(ident, sort_keys=True) if ident else ""
+
+
+
+def classify(cells: list[dict[str, Any]], active: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(cells to run, cells whose logged generations are to be scored again, cells done).
+
+    Re-scored: ``score_failed`` cells (scoring/judging failed after generating), and finished MT-Bench
+    cells whose run was judged by another judge than the one configured now (tag ``judge``).
+    """
+    to_run, to_rescore, done = [], [], []
+    for cell in cells:
+        run = active.get(cell["key"])
+        status = run.data.tags.get("cell_status") if run is not None else None
+        if status == STATUS_SCORE_FAILED:
+            to_rescore.append(cell)
+        elif status == STATUS_FINISHED:
+            wanted = _judge_tag(cell)
+            (to_rescore if wanted and run.data.tags.get("judge", "") != wanted else done).append(cell)
+        else:
+            to_run.append(cell)
+    return to_run, to_rescore, done
+
+
+
+def claimer(tracker: Tracker, known: set[str]):
+    """``claim(cell)`` for ``run_cells``: take the cell's lease; skip it if another driver logged it meanwhile.
+
+    ``known``: ids of the cell runs seen when the plan was made; a newer run of the key (not left
+    mid-logging) means another driver ran the cell in the meantime: its outcome stands for this invocation.
+    """
+
+    def claim(cell: Mapping[str, Any]) -> str:
+        key = cell["key"]
+        if not tracker.claim(key):
+            return "wait"
+        now = tracker.key_runs(key)
+        if any(r.info.run_id not in known and r.data.tags.get("cell_status") != STATUS_LOGGING for r in now) or any(
+            r.data.tags.get("cell_status") == STATUS_FINISHED for r in now
+        ):
+            tracker.release(key)
+            return "skip"
+        return "run"
+
+    return claim
+
+
+
+def rescore_cells(tracker: Tracker, cells: list[dict[str, Any]], active: Mapping[str, Any], outcome: dict[str, Any]) -> None:
+    """Score logged generations again, in this process (no pair loads), each under its cell's lease."""
+    for cell in cells:
+        key = cell["key"]
+        if not tracker.claim(key):
+            print(f"re-score {cell['label']} [{key}]: held by another driver, left to it", flush=True)
+            continue
+        try:
+            run = tracker.key_runs(key)
+            run = next((r for r in run if r.info.run_id == active[key].info.run_id), None)
+            if run is None:
+                continue  # superseded meanwhile
+            records = tracker.samples(run.info.run_id)
+            result = rescore(cell, records)
+            tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.get("score_metric") or ""}
+            tracker.record_scores(run.info.run_id, result["status"], result["metrics"], result["records"], result.get("scores"), tags, result.get("error"))
+            outcome["rescored"] += 1
+            if result["status"] != STATUS_FINISHED:
+                outcome["failed"] += 1
+                print(f"RE-SCORE FAILED {cell['label']} {cell['dataset']['name']} seed={cell['seed']} [{key}]: {result.get('error')}", file=sys.stderr, flush=True)
+        finally:
+            tracker.release(key)
+
 
 
 def run(cfg: DictConfig, root: Path | None = None) -> dict[str, Any]:
@@ -31,66 +154,72 @@ def run(cfg: DictConfig, root: Path | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     plan = expand(cfg, root)  # every configuration error is raised here, before Ray
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
-    tracking = OmegaConf.to_container(cfg.tracking, resolve=True)
-    uri = resolve_tracking_uri(tracking.get("uri") or "sqlite:///mlflow.db", root)
-    art = tracking.get("artifact_root")
-    if art and "://" not in art and not Path(art).is_absolute():
-        art = str(root / art)
-    experiment = tracking.get("experiment") or plan.name
-    tracker = Tracker(uri, experiment, art)
-    finished = tracker.finished_keys()
-    failed_before = tracker.failed_runs()
-    todo = [c for c in plan.cells if c["key"] not in finished]
-    n_retry = sum(1 for c in todo if c["key"] in failed_before)
+    tracker, uri, experiment = open_tracker(cfg, root, plan)  # an unusable store fails here, before Ray
+    try:
+        return _run(cfg, plan, cluster, tracker, uri, experiment, t0)
+    finally:
+        tracker.close()
+
+
+
+def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, t0: float) -> dict[str, Any]:
+    closed = tracker.close_stale()
+    if closed:
+        print(f"closed {len(closed)} run(s) left RUNNING by a driver that is gone (status KILLED)", flush=True)
+    runs = tracker.cell_runs()
+    active = pick_active(runs)[0]
+    known = {r.info.run_id for r in runs}
+    todo, to_rescore, _ = classify(plan.cells, active)
+    n_retry = sum(1 for c in todo if c["key"] in active)
     print(
         f"sweep {plan.name!r}: {len(plan.cells)} cells ({', '.join(f'{k}: {v} samples' for k, v in plan.sample_counts.items())})",
         flush=True,
     )
-    print(f"cells: {len(plan.cells)} total, {len(plan.cells) - len(todo)} finished, {len(todo)} to run"
-          + (f" ({n_retry} failed before)" if n_retry else ""), flush=True)
-    outcome = {"total": len(plan.cells), "skipped": len(plan.cells) - len(todo), "ran": 0, "finished": 0, "failed": 0, "results": []}
-    if todo:
-        started_ray = start_ray(cluster)
+    n_done = len(plan.cells) - len(todo) - len(to_rescore)
+    print(f"cells: {len(plan.cells)} total, {n_done} finished, {len(todo)} to run"
+          + (f" ({n_retry} failed before)" if n_retry else "")
+          + (f", {len(to_rescore)} to score again from their logged generations" if to_rescore else ""), flush=True)
+    check_judge(todo + to_rescore)  # before any model loads
+    outcome = {"total": len(plan.cells), "skipped": n_done, "ran": 0, "finished": 0, "failed": 0, "rescored": 0,
+               "elsewhere": 0, "results": []}
+    if todo or to_rescore:
         tracker.start_parent(
             run_name=f"{plan.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
             tags={"sweep": plan.name, "cluster": cluster.get("kind"), "ray_address": cluster.get("address") or "local",
                   "command": " ".join(sys.argv)},
             params={"sweep.name": plan.name, "cells.total": len(plan.cells), "cells.to_run": len(todo),
-                    "cluster.kind": cluster.get("kind"), "ray.nodes": len([n for n in ray.nodes() if n.get("Alive")])},
+                    "cells.to_rescore": len(to_rescore), "cluster.kind": cluster.get("kind"),
+                    "cluster.cpu_isolation": cluster.get("cpu_isolation")},
         )
         status = "FAILED"
+        started_ray = False
         try:
-            opts, capacity = actor_options(cluster)
-            print(f"ray: {len([n for n in ray.nodes() if n.get('Alive')])} node(s), {capacity} cell(s) in flight "
-                  f"({'GPU' if opts.get('num_gpus') else 'CPU'} actors)", flush=True)
-            prepare_pairs(plan, opts)
-
-            def on_result(cell, result):
-                tracker.log_cell(cell, result)
-                outcome["ran"] += 1
-                outcome["finished" if result["status"] == "finished" else "failed"] += 1
-                outcome["results"].append({"cell_key": cell["key"], "status": result["status"], "node_id": result.get("node_id"), "error": result.get("error")})
-                if result["status"] != "finished":
-                    tqdm.write(f"FAILED {cell['label']} {cell['pair']['name']} {cell['dataset']['name']} seed={cell['seed']} [{cell['key']}]: {result.get('error')}", file=sys.stderr)
-
-            run_cells(todo, cluster, on_result, progress=bool(cfg.get("progress", True)))
+            if to_rescore:
+                rescore_cells(tracker, to_rescore, active, outcome)
+            if todo:
+                started_ray = start_ray(cluster)
+                _run_on_ray(cfg, plan, cluster, tracker, todo, known, outcome)
             status = "FINISHED"
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (ours, or Ray's handler once Ray is up)
             status = "KILLED"
             raise
         finally:
             tracker.end_parent(status, {"cells_total": len(plan.cells), "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
-                                        "cells_failed": outcome["failed"], "wall_s": time.perf_counter() - t0})
+                                        "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"],
+                                        "cells_elsewhere": outcome["elsewhere"], "wall_s": time.perf_counter() - t0})
             if started_ray:
                 ray.shutdown()
-    rows = tracker.rows(c["key"] for c in plan.cells)
+    rows = tracker.rows((c["key"] for c in plan.cells), warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
     base_label = next((c["label"] for c in plan.cells if c.get("baseline")), None)
     cell_text, mean_text = summary_tables(rows, base_label)
     print("\nper cell:\n" + cell_text)
     print(f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, dataset and seed):\n" + mean_text)
-    n_failed = sum(1 for r in rows if r.get("cell_status") != "finished")
+    n_failed = sum(1 for r in rows if r.get("cell_status") != STATUS_FINISHED)
     if n_failed:
-        print(f"\n{n_failed} cell(s) failed; run the same command again to retry only those (errors: MLflow tag `error`, artifact traceback.txt).")
+        print(f"\n{n_failed} cell(s) not finished; run the same command again to retry only those (cells whose scoring "
+              "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact traceback.txt).")
+    if outcome["elsewhere"]:
+        print(f"{outcome['elsewhere']} cell(s) were run by another driver sharing this store.")
     print(f"\nwall time: {time.perf_counter() - t0:.1f} s")
     print(f"MLflow: experiment {experiment!r} in {uri}\n  open the UI: mlflow ui --backend-store-uri {uri} --port 5000"
           f"  (then http://127.0.0.1:5000, experiment {experiment!r}; select runs -> Compare)")
@@ -99,3 +228,33 @@ def run(cfg: DictConfig, root: Path | None = None) -> dict[str, Any]:
     outcome["tracking_uri"] = uri
     outcome["plan"] = plan
     return outcome
+
+
+
+def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[dict[str, Any]], known: set[str], outcome: dict[str, Any]) -> None:
+    opts, capacity = actor_options(cluster)
+    print(f"ray: {len([n for n in ray.nodes() if n.get('Alive')])} node(s), {capacity} cell(s) in flight "
+          f"({'GPU' if opts.get('num_gpus') else 'CPU'} actors, isolation {opts['isolation']['mode']}, "
+          f"{opts['isolation']['threads']} thread(s) each)", flush=True)
+    prepare_pairs(plan, opts)
+
+    def on_result(cell, result):
+        try:
+            tracker.log_cell(cell, result)
+        except Exception as err:  # noqa: BLE001 - the store failed mid-write: the cell stays unfinished, retried next time
+            tracker.mark_log_failed(tracker.logging_run_id, f"{type(err).__name__}: {err}")
+            result = {**result, "status": "failed", "error": f"logging to MLflow failed: {type(err).__name__}: {err}"}
+        finally:
+            tracker.logging_run_id = None
+            tracker.release(cell["key"])
+        outcome["ran"] += 1
+        outcome["finished" if result["status"] == STATUS_FINISHED else "failed"] += 1
+        outcome["results"].append({"cell_key": cell["key"], "status": result["status"], "node_id": result.get("node_id"), "error": result.get("error")})
+        if result["status"] != STATUS_FINISHED:
+            tqdm.write(f"{'SCORE FAILED' if result['status'] == STATUS_SCORE_FAILED else 'FAILED'} {cell['label']} {cell['pair']['name']} "
+                       f"{cell['dataset']['name']} seed={cell['seed']} [{cell['key']}]: {result.get('error')}", file=sys.stderr)
+
+    def on_skip(cell):
+        outcome["elsewhere"] += 1
+
+    run_cells(todo, cluster, on_result, progress=bool(cfg.get("progress", True)), claim=claimer(tracker, known), on_skip=on_skip)

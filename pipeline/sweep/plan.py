@@ -30,15 +30,19 @@ from pipeline.data import DATASETS
 from pipeline.data.slices import load_slice
 from pipeline.decoding import check_method
 from pipeline.models import ModelNotAvailableError, PairSpec
+from pipeline.scoring.mt_bench import judge_identity
 from pipeline.tracking import cell_key
 
-HARNESS_VERSION = "1"  # bump when a change to the harness changes what a cell measures (new cell keys)
+HARNESS_VERSION = "2"  # bump when a change to the harness changes what a cell measures (new cell keys); 2: CPU isolation
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUP_KEYS = {"method": "methods", "pair": "pairs", "dataset": "datasets"}
 DATASET_KEYS = ("name", "path", "split", "start", "limit", "ids", "max_new_tokens", "max_turns", "time_budget_s", "options")
 SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
+
+
+ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
 
 
 class SweepConfigError(ValueError):
@@ -287,8 +291,14 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         except Exception as err:  # noqa: BLE001 - any loader failure is a configuration error here
             errors.append(f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}")
     judge = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {"enabled": False}
-    if judge.get("enabled") and judge.get("kind") not in ("transformers", "openai"):
-        errors.append(f"judge.kind={judge.get('kind')!r}; valid: transformers, openai")
+    if judge.get("enabled"):
+        try:
+            judge_identity(judge)
+        except ValueError as err:
+            errors.append(str(err))
+    isolation = (OmegaConf.to_container(cfg.cluster, resolve=True) or {}).get("cpu_isolation") or "exclusive"
+    if isolation not in ISOLATION_MODES:
+        errors.append(f"cluster.cpu_isolation={isolation!r}; valid: {', '.join(ISOLATION_MODES)}")
     if errors:
         raise SweepConfigError("the sweep cannot run:\n  - " + "\n  - ".join(errors))
 
@@ -312,6 +322,8 @@ def _make_cell(sweep_name, method, params, pair, ds, seed, measure, judge, clust
     ds_identity = {k: v for k, v in ds.items() if k not in ("path",)}
     measure_identity = dict(measure)
     judge_used = judge if (judge.get("enabled") and ds["name"] == "mt_bench") else None
+    # The judge scores the generations, it does not change them: not part of the key (a judge change
+    # re-judges the logged generations, see `driver.classify`). None here keeps the keys of earlier stores.
     identity = {
         "harness": HARNESS_VERSION,
         "method": {"name": method["name"], "params": params},
@@ -319,7 +331,7 @@ def _make_cell(sweep_name, method, params, pair, ds, seed, measure, judge, clust
         "dataset": ds_identity,
         "seed": seed,
         "measure": measure_identity,
-        "judge": judge_used,
+        "judge": None,
         "hardware": cluster.get("accelerator_type") or "any",
     }
     key = cell_key(identity)

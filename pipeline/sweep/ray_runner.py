@@ -50,7 +50,14 @@ def start_ray(cluster: Mapping[str, Any]) -> bool:
 
 
 def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-    """Resources of one cell's actor and how many such actors the cluster holds at once."""
+    """Resources of one cell's actor and how many such actors the cluster holds at once.
+
+    ``opts["isolation"]`` (popped by ``run_cells``) says how a CPU cell's measured window is kept
+    from sharing cores (``cluster.cpu_isolation``): ``exclusive`` (default: one cell per node holding
+    all of the node's CPUs, torch threads = those CPUs), ``pinned`` (``cpus_per_cell`` cores each, bound
+    to disjoint core sets by the driver; local clusters only) or ``shared`` (cells share the cores:
+    throughput runs, not speed measurement). GPU cells: ``gpu`` (one GPU each, ``cpus_per_cell`` threads).
+    """
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     accel = cluster.get("accelerator_type")
     custom = dict(cluster.get("resources") or {})
@@ -65,15 +72,28 @@ def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     total_gpus = sum(r.get("GPU", 0) for r in pool)
     use_gpu = cluster.get("use_gpu", "auto")
     use_gpu = total_gpus > 0 if use_gpu == "auto" else bool(use_gpu)
+    mode = cluster.get("cpu_isolation") or "exclusive"
     cpus = float(cluster.get("cpus_per_cell") or 1)
-    opts: dict[str, Any] = {"num_cpus": cpus, "max_restarts": 0, "max_task_retries": 0}
+    opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0}
     if use_gpu:
         gpus = float(cluster.get("gpus_per_cell") or 1)
         opts["num_gpus"] = gpus
         capacity = sum(min(math.floor(r.get("GPU", 0) / gpus), math.floor(r.get("CPU", 0) / cpus) if cpus else 10**9) for r in pool)
+        isolation = {"mode": "gpu", "threads": int(cpus)}
+    elif mode == "exclusive":
+        opts["num_gpus"] = 0
+        node_cpus = [r.get("CPU", 0) for r in pool if r.get("CPU", 0) >= 1]
+        cpus = float(min(node_cpus)) if node_cpus else cpus  # every core of the smallest eligible node
+        capacity = sum(1 for c in node_cpus if c >= cpus)
+        isolation = {"mode": "exclusive", "threads": int(cpus)}
     else:
         opts["num_gpus"] = 0
         capacity = sum(math.floor(r.get("CPU", 0) / cpus) for r in pool) if cpus else len(pool)
+        isolation = {"mode": mode, "threads": int(cpus)}
+        if mode == "pinned" and (cluster.get("kind") != "local" or cluster.get("address")):
+            raise SweepConfigError("cluster.cpu_isolation=pinned binds cells to core sets of this machine: use it with "
+                                   "cluster=local, or cpu_isolation=exclusive on a multi-node cluster")
+    opts["num_cpus"] = cpus
     if custom:
         opts["resources"] = custom
         capacity = min(capacity, sum(min(math.floor(r.get(k, 0) / v) for k, v in custom.items()) for r in pool))
@@ -83,7 +103,8 @@ def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     if strategy != "DEFAULT":
         opts["scheduling_strategy"] = strategy
     limit = cluster.get("max_in_flight")
-    capacity = int(limit) if limit else capacity
+    if limit:  # local: only lowers what the machine holds (more would queue cells in Ray, sharing cores)
+        capacity = min(int(limit), capacity) if cluster.get("kind") == "local" and not cluster.get("address") else int(limit)
     if capacity < 1:
         need = f"{opts['num_gpus']} GPU" if use_gpu else f"{cpus} CPU"
         raise SweepConfigError(
@@ -92,7 +113,18 @@ def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
             + "): lower cluster.cpus_per_cell, fix cluster.accelerator_type/resources, or set cluster.max_in_flight "
             "for an autoscaling cluster"
         )
+    opts["isolation"] = isolation
     return opts, capacity
+
+
+def core_sets(threads: int, capacity: int) -> list[list[int]]:
+    """Disjoint core sets of this process's CPUs for ``pinned`` isolation (at most ``capacity``)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    sets = [cores[i : i + threads] for i in range(0, len(cores) - threads + 1, threads)]
+    if not sets:
+        raise SweepConfigError(f"cluster.cpus_per_cell={threads} exceeds this machine's {len(cores)} core(s)")
+    return sets[:capacity]
+
 
 
 def prepare_pairs(plan: Plan, opts: Mapping[str, Any]) -> None:
@@ -111,22 +143,60 @@ def prepare_pairs(plan: Plan, opts: Mapping[str, Any]) -> None:
         ray.get([task.remote(p) for p in todo.values()])
 
 
-def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_result, progress: bool = True) -> None:
-    """Run cells on Ray, at most ``capacity`` in flight; ``on_result(cell, result)`` for each (driver side)."""
+def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_result, progress: bool = True,
+              claim=None, on_skip=None, poll_s: float = 2.0) -> None:
+    """Run cells on Ray, at most ``capacity`` in flight; ``on_result(cell, result)`` for each (driver side).
+
+    ``claim(cell)`` (optional) is asked before a cell starts: ``"run"`` (this driver holds its lease),
+    ``"skip"`` (another driver has done it: ``on_skip(cell)``) or ``"wait"`` (another live driver holds
+    it: asked again every ``poll_s`` seconds once nothing else is left, so a lease that ends with its
+    driver is picked up). Each cell gets ``isolation`` (see ``actor_options``) added to it.
+    """
     opts, capacity = actor_options(cluster)
+    isolation = opts.pop("isolation")
+    free_cores = core_sets(isolation["threads"], capacity) if isolation["mode"] == "pinned" else None
+    if free_cores is not None:
+        capacity = min(capacity, len(free_cores))
     remote_cls = ray.remote(CellActor)
     timeout = float(cluster.get("cell_timeout_s") or 0) or None
     pending = list(plan_cells)
+    waiting: list[dict[str, Any]] = []
+    last_poll = time.monotonic()
+    told_waiting = False
     in_flight: dict[Any, tuple[dict[str, Any], Any, float]] = {}
     bar = tqdm(total=len(pending), unit="cell", disable=not progress, dynamic_ncols=True, file=sys.stderr)
     done = {"finished": 0, "failed": 0}
     try:
-        while pending or in_flight:
+        while pending or in_flight or waiting:
             while pending and len(in_flight) < capacity:
                 cell = pending.pop(0)
+                verdict = claim(cell) if claim is not None else "run"
+                if verdict == "skip":
+                    if on_skip is not None:
+                        on_skip(cell)
+                    bar.update(1)
+                    continue
+                if verdict == "wait":
+                    waiting.append(cell)
+                    continue
+                iso = dict(isolation)
+                if free_cores is not None:
+                    iso["cores"] = free_cores.pop(0)
+                cell = {**cell, "isolation": iso}
                 actor = remote_cls.options(**opts).remote()
                 ref = actor.run.remote(cell)
                 in_flight[ref] = (cell, actor, time.monotonic())
+            if waiting and not pending:
+                if not told_waiting:
+                    tqdm.write(f"{len(waiting)} cell(s) are being run by another driver on this store; waiting for them "
+                               "(taken over if that driver stops)", file=sys.stderr)
+                    told_waiting = True
+                if time.monotonic() - last_poll >= poll_s:
+                    pending, waiting, last_poll = waiting, [], time.monotonic()
+                    continue
+            if not in_flight:
+                time.sleep(min(poll_s, 0.5))
+                continue
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
             now = time.monotonic()
             finished_refs = []
@@ -148,6 +218,9 @@ def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_r
                     ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
+                if free_cores is not None and cell["isolation"].get("cores"):
+                    free_cores.append(cell["isolation"]["cores"])
+                result.setdefault("isolation", cell["isolation"])
                 done[result["status"] if result["status"] == "finished" else "failed"] += 1
                 on_result(cell, result)
                 bar.set_postfix(finished=done["finished"], failed=done["failed"], refresh=False)

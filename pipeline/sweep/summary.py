@@ -29,7 +29,9 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
     for col in ("tokens_per_s", "j_per_token", "score", "accepted_per_step", "perplexity"):
         if col not in df:
             df[col] = float("nan")
-    df["seed"] = df["seed"].astype(int)
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
+    df = df.drop_duplicates(subset=["cell_key"], keep="first") if "cell_key" in df else df
     per_cell = df[["label", "pair", "dataset", "seed", "cell_status", "tokens_per_s", "j_per_token", "score", "cell_key"]].copy()
     per_cell = per_cell.sort_values(["pair", "dataset", "label", "seed"])
     per_cell.columns = ["method", "pair", "dataset", "seed", "status", "tokens/s", "J/token", "score", "cell_key"]
@@ -47,14 +49,19 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
         ok["speedup"] = float("nan")
     out = []
     for (pair, dataset, label), g in ok.groupby(["pair", "dataset", "label"], sort=True):
+        sp = g["speedup"].dropna()  # only seeds whose baseline finished count towards the speedup
+        speedup = fmt_mean_std(sp.mean(), sp.std()) if len(sp) else "-"
+        if 0 < len(sp) < len(g):
+            speedup += f" ({len(sp)}/{len(g)} seeds with a baseline)"
         out.append({
             "pair": pair, "dataset": dataset, "method": label, "seeds": len(g),
             "tokens/s": fmt_mean_std(g["tokens_per_s"].mean(), g["tokens_per_s"].std()),
-            "speedup": fmt_mean_std(g["speedup"].mean(), g["speedup"].std()),
+            "speedup": speedup,
             "accepted/step": fmt_mean_std(g["accepted_per_step"].mean(), g["accepted_per_step"].std()),
             "J/token": fmt_mean_std(g["j_per_token"].mean(), g["j_per_token"].std(), 4),
             "perplexity": fmt_mean_std(g["perplexity"].mean(), g["perplexity"].std()),
             "score": fmt_mean_std(g["score"].mean(), g["score"].std()),
         })
     return cell_text, pd.DataFrame(out).to_string(index=False)
+
 

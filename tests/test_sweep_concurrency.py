@@ -1,0 +1,105 @@
+"""Drivers sharing one MLflow store: leases, store creation, drivers that die, duplicates from older stores.
+
+The two-driver test starts two real ``python -m pipeline.sweep`` processes (each with its own local
+Ray) on one fresh SQLite store at the same moment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from helpers.project import make_project
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _driver(root: Path, *extra: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "pipeline.sweep", f"--config-path={root / 'conf'}", "sweep=tiny",
+            f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/mlruns", "progress=false",
+            "cluster.num_cpus=1", "sweep.methods=[spd]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]",
+            "seeds=[0,1]", *extra]
+    return subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_two_drivers_on_one_new_store_run_each_cell_once(tmp_path):
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    root = make_project(tmp_path)
+    drivers = [_driver(root), _driver(root)]  # same moment, fresh store: both create/migrate it
+    outputs = [d.communicate(timeout=900)[0] for d in drivers]
+    for d, out in zip(drivers, outputs):
+        assert d.returncode == 0, out[-4000:]
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    every = client.search_runs([exp], "tags.kind = 'cell'", run_view_type=ViewType.ALL)
+    keys = [r.data.tags["cell_key"] for r in every]
+    assert len(keys) == 4 and len(set(keys)) == 4, keys  # 2 methods (spd + ar) x 2 seeds, each run once
+    assert all(r.data.tags["cell_status"] == "finished" for r in every)
+    parents = client.search_runs([exp], "tags.kind = 'sweep'")
+    ran = [int(p.data.metrics["cells_ran"]) for p in parents]
+    assert sorted(p.info.status for p in parents) == ["FINISHED", "FINISHED"] and sum(ran) == 4, ran
+    assert all("4 total" in out and "finished" in out for out in outputs)
+
+
+def test_a_driver_killed_without_warning_leaves_nothing_running(tmp_path):
+    """SIGKILL: no handler runs; its parent lock dies with it, and the next driver closes the run as KILLED."""
+    from pipeline.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from pipeline.tracking import Tracker
+        tr = Tracker({uri!r}, "t", {str(tmp_path / 'mlruns')!r})
+        tr.start_parent("doomed", {{}}, {{}})
+        assert tr.claim("k1")
+        print(tr.parent_run_id, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True)
+    parent_id = proc.stdout.readline().strip()
+    assert parent_id, "the child driver did not start"
+    other = Tracker(uri, "t", str(tmp_path / "mlruns"))
+    assert not other.claim("k1")  # leased by the live driver
+    assert other.close_stale() == []  # alive: not stale
+    proc.kill()
+    proc.wait(timeout=30)
+    assert other.claim("k1")  # the lease ended with its driver
+    assert other.close_stale() == [parent_id]
+    run = other.client.get_run(parent_id)
+    assert run.info.status == "KILLED" and "driver gone" in run.data.tags["closed_as_stale"]
+    other.close()
+
+
+def test_a_driver_stopped_by_sigterm_closes_its_parent_run(tmp_path):
+    from pipeline.tracking import Tracker
+
+    root = make_project(tmp_path)
+    proc = _driver(root, "+fault_injection={kind: sleep, seconds: 600, stage: load}")
+    tracker = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # wait until the parent run exists (Ray up, a cell in flight)
+        time.sleep(1)
+        if (root / "mlflow.db").exists():
+            tracker = tracker or Tracker(f"sqlite:///{root}/mlflow.db", "tiny")  # waits for the driver's schema creation
+            client, exp = tracker.client, tracker.experiment_id
+            if client.search_runs([exp], "tags.kind = 'sweep'"):
+                break
+    time.sleep(3)
+    proc.terminate()
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0
+    (parent,) = client.search_runs([exp], "tags.kind = 'sweep'")
+    assert parent.info.status == "KILLED", out[-3000:]
