@@ -13,7 +13,7 @@ from helpers.tokenizers import offline_tokenizer, word_tokenizer
 from pipeline import bench as bench_mod
 from pipeline.data import format_sample
 from pipeline.data.base import Sample
-from pipeline.models import LoadedPair, PairSpec
+from pipeline.models import LoadedPair
 from pipeline.prompts import chat_ids, encode_chat, encode_prompt
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -68,6 +68,3 @@ def test_training_ids_end_with_the_answer_and_eos():
     assert full[: len(prompt)] == prompt and full[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(full[len(prompt) : -1]) == "Hello there"
 
-
-def test_spec_is_what_the_bench_loads():
-    assert PairSpec.from_config({"name": "x", "target": {"id": "a"}}).chat is True
