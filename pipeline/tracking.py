@@ -509,8 +509,10 @@ class Tracker:
 
     def record_scores(self, run_id: str, status: str, metrics: Mapping[str, Any], records: list[dict[str, Any]],
                       scores: Mapping[str, Any] | None, tags: Mapping[str, Any], error: str | None = None) -> None:
-        """Re-scoring of a logged cell, in place: its generations stay; scores, samples' verdicts, then status."""
-        self.client.set_tag(run_id, "cell_status", STATUS_LOGGING)
+        """Re-scoring of a logged cell, in place: its generations stay; scores, samples' verdicts, tags, status last.
+
+        A write that fails midway leaves the old status and ``judge`` tag: the next invocation scores again.
+        """
         self._log_metrics(run_id, metrics)
         if scores is not None:
             self.client.log_text(run_id, json.dumps(scores, indent=1, default=str), "scores.json")

@@ -246,3 +246,19 @@ def test_an_unreachable_tracking_server_fails_in_seconds_before_ray(tmp_path, mo
     with pytest.raises(TrackingError, match="not reachable.*tracking.uri"):
         sweep.run(cfg, root=root)
     assert time.monotonic() - t0 < 60
+
+
+def test_pinned_isolation_binds_each_cell_to_its_own_cores(ray_session, tmp_path):
+    from pipeline.sweep.ray_runner import core_sets
+
+    sets = core_sets(1, 8)
+    assert all(len(s) == 1 for s in sets) and len({c for s in sets for c in s}) == len(sets)  # disjoint
+    root = make_project(tmp_path)
+    out = run_sweep(root, "sweep.methods=[ar]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
+                    "seeds=[0,1]", "cluster.cpu_isolation=pinned", "cluster.cpus_per_cell=1")
+    assert out["finished"] == 2
+    client, exp = _client(out)
+    for run in client.search_runs([exp], "tags.kind = 'cell'"):
+        p = run.data.params
+        assert run.data.tags["cpu_isolation"] == "pinned" and p["isolation.torch_threads"] == "1"
+        assert len(json.loads(p["isolation.affinity"])) == 1 and p["isolation.affinity"] == p["isolation.cores"]

@@ -135,17 +135,20 @@ def rescore_cells(tracker: Tracker, cells: list[dict[str, Any]], active: Mapping
             run = next((r for r in run if r.info.run_id == active[key].info.run_id), None)
             if run is None:
                 continue  # superseded meanwhile
-            records = tracker.samples(run.info.run_id)
-            result = rescore(cell, records)
-            tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.get("score_metric") or ""}
-            tracker.record_scores(run.info.run_id, result["status"], result["metrics"], result["records"], result.get("scores"), tags, result.get("error"))
+            try:
+                records = tracker.samples(run.info.run_id)
+                result = rescore(cell, records)
+                tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.get("score_metric") or ""}
+                tracker.record_scores(run.info.run_id, result["status"], result["metrics"], result["records"], result.get("scores"), tags, result.get("error"))
+                error = result.get("error") if result["status"] != STATUS_FINISHED else None
+            except Exception as err:  # noqa: BLE001 - the run keeps its status and generations: tried again next time
+                error = f"{type(err).__name__}: {err}"
             outcome["rescored"] += 1
-            if result["status"] != STATUS_FINISHED:
+            if error:
                 outcome["failed"] += 1
-                print(f"RE-SCORE FAILED {cell['label']} {cell['dataset']['name']} seed={cell['seed']} [{key}]: {result.get('error')}", file=sys.stderr, flush=True)
+                print(f"RE-SCORE FAILED {cell['label']} {cell['dataset']['name']} seed={cell['seed']} [{key}]: {error}", file=sys.stderr, flush=True)
         finally:
             tracker.release(key)
-
 
 
 def run(cfg: DictConfig, root: Path | None = None) -> dict[str, Any]:
@@ -163,6 +166,8 @@ def run(cfg: DictConfig, root: Path | None = None) -> dict[str, Any]:
 
 
 def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, t0: float) -> dict[str, Any]:
+    if tracker.leases is None:
+        print(f"note: {uri} is a remote store: cells are not leased, so run one driver per experiment on it", flush=True)
     closed = tracker.close_stale()
     if closed:
         print(f"closed {len(closed)} run(s) left RUNNING by a driver that is gone (status KILLED)", flush=True)
