@@ -3,9 +3,13 @@
     python -m pipeline.bench pair=smollm2-offline gamma=4 repeats=3
 
 For every mode (greedy, sample) it times, on the same pair, prompts and settings:
-transformers ``generate()`` (autoregressive) and assisted generation (``assistant_model=draft``,
-``num_assistant_tokens = gamma``, schedule ``constant``, confidence threshold off), and our
-``ar``, ``spd``, ``block``, ``mtad``. tokens/s is the median over ``repeats`` timed passes after
+transformers ``generate()`` (autoregressive), assisted generation where it can run
+(``assistant_model=draft`` with ``num_assistant_tokens = gamma``, schedule ``constant``, confidence
+threshold off, for ``drafter: model`` with a full-vocabulary draft head; ``prompt_lookup_num_tokens =
+gamma``, ``max_matching_ngram_size = max_ngram`` for ``drafter: ngram``; a row says why not otherwise:
+a restricted draft head, or EAGLE, which transformers does not run), and our ``ar``, ``spd``,
+``block``, ``mtad`` with every drafter of ``drafters`` (``pair`` = the pair's configured drafter;
+methods that cannot use a drafter get a row saying so). tokens/s is the median over ``repeats`` timed passes after
 ``warmup`` untimed ones. It also measures the single-token step time of the target (t_ar) and the
 draft (t_draft), the time of one verification forward over gamma + 1 tokens (t_verify), the
 acceptance rate alpha, and reports Leviathan's bound in both forms:
@@ -34,12 +38,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bounds import alpha_from_accepted, leviathan_bound
-from pipeline.decoding import build_decoder, check_method, make_generator, method_class
+from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_generator, method_class
+from pipeline.decoding.drafters import NgramDrafter
+from pipeline.decoding.eagle import EagleRunner
 from pipeline.decoding.fast_forward import lean_forward_for, unsupported_reason
 from pipeline.decoding.speculative import DraftVerifyDecoder
 from pipeline.device import machine_info, synchronize
 from pipeline.measure import step_costs
-from pipeline.models import PairSpec, load_pair
+from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,8 +56,10 @@ class Row:
     impl: str  # ours | transformers
     method: str
     mode: str  # greedy | sample
-    tokens_per_s: float
+    tokens_per_s: float | None
     tokens: int
+    drafter: str | None = None  # model | eagle | ngram (None: ar)
+    note: str | None = None  # why a row was not run
     ratio_to_transformers: float | None = None
     identical_to_transformers: bool | None = None
     tokens_per_step: float | None = None
@@ -92,23 +100,60 @@ class _ForwardClock:
 class Bench:
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
+        spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
+        ctx = drafter_context(spec)
+        self.skipped: dict[tuple[str, str], str] = {}  # (method, drafter) -> why it is not run
+        self.drafters: list[str] = []
+        for d in cfg.drafters:
+            if d != "pair" and d not in DRAFTERS:
+                raise ValueError(f"unknown drafter {d!r} in drafters: choose from pair, {', '.join(DRAFTERS)}")
+            d = (ctx.default or "model") if d == "pair" else d
+            if d == "model" and not ctx.has_draft:
+                raise ValueError(f"drafters has model but pair {spec.name!r} has no draft model")
+            if d == "eagle" and not ctx.has_eagle:
+                raise ValueError(f"drafters has eagle but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle)")
+            if d not in self.drafters:
+                self.drafters.append(d)
+        self.ctx = ctx
         for mode in cfg.modes:  # bad methods or parameters fail before any model is loaded
             if mode not in ("greedy", "sample"):
                 raise ValueError(f"unknown mode {mode!r}: modes are greedy and sample")
             for method in cfg.methods:
-                check_method(method, self.method_params(method, mode))
-        spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
-        if spec.draft is None:
-            raise ValueError(f"pair {spec.name!r} has no draft model: the benchmark compares speculative methods")
+                check_method(method, self.method_params(method, mode), drafters=ctx)
+                for d in self.drafters if "drafter" in method_class(method).params else ():
+                    try:
+                        check_method(method, {**self.method_params(method, mode), "drafter": d}, drafters=ctx)
+                    except ValueError as err:
+                        self.skipped[(method, d)] = str(err)
         self.pair = load_pair(spec)
-        if getattr(self.pair.draft, "draft_token_map", None) is not None:
-            raise ValueError(
-                "transformers' assisted generation needs a draft over the full vocabulary, and the same draft "
-                "must serve both implementations: run with pair.draft.restrict_head=false"
-            )
+        self.draft_full_vocab = self.pair.draft is not None and getattr(self.pair.draft, "draft_token_map", None) is None
         self.device = next(self.pair.target.parameters()).device
         self.prompts = [encode_prompt(self.pair.tokenizer, p, spec.chat) for p in cfg.prompts]
         self.eos = [] if cfg.ignore_eos else eos_ids(self.pair.tokenizer, self.pair.target)
+
+    def runs(self) -> list[tuple[str, str | None]]:
+        """(method, drafter) of our rows: ar once, every other method with every drafter it can use."""
+        out = []
+        for m in self.cfg.methods:
+            if "drafter" not in method_class(m).params:
+                out.append((m, None))
+            else:
+                out += [(m, d) for d in self.drafters if (m, d) not in self.skipped]
+        return out
+
+    def transformers_rows(self) -> dict[str, str | None]:
+        """Drafter -> None when transformers' assisted generation runs with it, else why not."""
+        out: dict[str, str | None] = {}
+        for d in self.drafters:
+            if d == "model":
+                out[d] = None if self.draft_full_vocab else (
+                    "transformers' assisted generation needs the draft's full-vocabulary head; this pair's draft has a "
+                    "restricted head (rerun with pair.draft.restrict_head=false to time it)")
+            elif d == "ngram":
+                out[d] = None
+            else:
+                out[d] = "transformers has no EAGLE drafting (assisted generation takes a draft model or prompt lookup)"
+        return out
 
     def _mode_params(self, mode: str) -> dict[str, Any]:
         if mode == "greedy":
@@ -152,9 +197,11 @@ class Bench:
     def _with_forward_timers(self, run_one, acc: list[float]):
         """Wrap a runner so acc = [seconds inside model forwards, seconds in total] accumulate."""
         acc[:] = [0.0, 0.0]
-        models = [self.pair.target, self.pair.draft]
+        models = [m for m in (self.pair.target, self.pair.draft) if m is not None]
         # our engine may run a model through its lean forward instead of model(...): time both
         models += [lean for m in list(models) if (lean := lean_forward_for(m)) is not None]
+        if getattr(self.pair.target, "eagle_head", None) is not None:
+            models.append(self.pair.target.eagle_head)
 
         def timed(i, ids):
             clock = _ForwardClock(models, self.device)
@@ -169,24 +216,29 @@ class Bench:
 
         return timed
 
-    def method_params(self, method: str, mode: str) -> dict[str, Any]:
-        """Warping of ``mode``, ``gamma`` for methods that take it, then ``method_params.<method>``."""
+    def method_params(self, method: str, mode: str, drafter: str | None = None) -> dict[str, Any]:
+        """Warping of ``mode``, ``gamma`` for methods that take it, then ``method_params.<method>``, then ``drafter``."""
         params = self._mode_params(mode)
         if "gamma" in method_class(method).params:
             params["gamma"] = self.cfg.gamma
         extra = OmegaConf.select(self.cfg, f"method_params.{method}", default=None)
         if extra:
             params.update(OmegaConf.to_container(extra, resolve=True))
+        if drafter is not None:
+            params["drafter"] = drafter
         return params
 
-    def is_chain(self, method: str, mode: str) -> bool:
-        """A draft-model chain of gamma tokens verified in one target pass: the bound applies."""
+    def is_chain(self, method: str, mode: str, drafter: str | None = None) -> bool:
+        """A chain of gamma draft tokens verified in one target pass: the bound applies (mtad with a
+        draft model drafts beams: it is counted as a chain of its best beam, as before)."""
         cls = method_class(method)
-        values = check_method(method, self.method_params(method, mode))
-        return issubclass(cls, DraftVerifyDecoder) and bool(cls.draft_needed(values))
+        if not issubclass(cls, DraftVerifyDecoder):
+            return False
+        values = check_method(method, self.method_params(method, mode, drafter), drafters=self.ctx)
+        return values["drafter"] in DRAFTERS
 
-    def ours(self, method: str, mode: str):
-        params = self.method_params(method, mode)
+    def ours(self, method: str, mode: str, drafter: str | None = None):
+        params = self.method_params(method, mode, drafter)
         dec = build_decoder(method, self.pair.target, self.pair.draft if method != "ar" else None, **params)
 
         def run_one(i, ids):
@@ -196,7 +248,7 @@ class Bench:
 
         return run_one
 
-    def transformers(self, assisted: bool, mode: str):
+    def transformers(self, assisted: bool, mode: str, drafter: str = "model"):
         target, draft = self.pair.target, self.pair.draft
         kwargs: dict[str, Any] = dict(max_new_tokens=self.cfg.max_new_tokens, pad_token_id=self.pair.tokenizer.pad_token_id or 0)
         if self.cfg.ignore_eos:
@@ -206,7 +258,10 @@ class Bench:
         else:
             s = self.cfg.sampling
             kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-        if assisted:
+        if assisted and drafter == "ngram":
+            ngram = OmegaConf.select(self.cfg, "method_params.spd.max_ngram", default=None) or 3
+            kwargs.update(prompt_lookup_num_tokens=self.cfg.gamma, max_matching_ngram_size=int(ngram))
+        elif assisted:
             draft.generation_config.num_assistant_tokens = self.cfg.gamma
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             draft.generation_config.assistant_confidence_threshold = 0.0
@@ -222,12 +277,22 @@ class Bench:
             x = torch.tensor([ids], device=self.device)
             with torch.inference_mode():
                 out = target.generate(x, attention_mask=torch.ones_like(x), **kwargs)
-            return out[0, len(ids) :].tolist(), None
+            # prompt lookup in transformers can overshoot max_new_tokens by its last accepted block: count only
+            # max_new_tokens (conservative for transformers' tokens/s; the same tokens as ours)
+            return out[0, len(ids) :].tolist()[: self.cfg.max_new_tokens], None
 
         return run_one
 
     def _probe_costs(self) -> dict[str, float]:
-        return step_costs(self.pair.target, self.pair.draft, self.prompts[0], self.cfg.gamma, self.device, self.cfg.probe_reps)
+        """t_ar, t_verify and, per drafter, the cost of one draft token (``t_draft_<drafter>``)."""
+        target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
+        costs = step_costs(target, self.pair.draft or target, prompt, self.cfg.gamma, self.device, reps)
+        costs["t_draft_model"] = costs.pop("t_draft") if self.pair.draft is not None else float("nan")
+        if "eagle" in self.drafters:
+            costs["t_draft_eagle"] = eagle_step_time(target, prompt, self.device, reps)
+        if "ngram" in self.drafters:
+            costs["t_draft_ngram"] = ngram_step_time(target, prompt, self.cfg.gamma, reps)
+        return costs
 
     def run(self) -> tuple[list[Row], dict[str, Any]]:
         """All rows. Ratios, speedups and efficiencies are medians of per-pass values (each pass
@@ -238,53 +303,110 @@ class Bench:
         rows: list[Row] = []
         all_probes: list[dict[str, float]] = []
         med = statistics.median
+        hf_drafters = self.transformers_rows()
         for mode in cfg.modes:
-            runners = {("transformers", "ar"): self.transformers(False, mode), ("transformers", "spd"): self.transformers(True, mode)}
-            runners.update({("ours", m): self.ours(m, mode) for m in cfg.methods})
+            runners = {("transformers", "ar", None): self.transformers(False, mode)}
+            for d, why in hf_drafters.items():
+                if why is None:
+                    runners[("transformers", "spd", d)] = self.transformers(True, mode, d)
+            runners.update({("ours", m, d): self.ours(m, mode, d) for m, d in self.runs()})
             timers = {}
-            for key in runners:  # time spent inside the two models' forwards, per runner
+            for key in runners:  # time spent inside the models' forwards, per runner
                 runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
             results, probes = self._timed(runners, self._probe_costs)
             all_probes += probes
-            hf_ar, hf_sd = results[("transformers", "ar")], results[("transformers", "spd")]
+            hf_ar = results[("transformers", "ar", None)]
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))
-            rows.append(Row("transformers", "spd", mode, med(hf_sd[0]), hf_sd[1]))
-            ours_ar = results.get(("ours", "ar"))
-            for method in cfg.methods:
-                rates, tokens, outs, gens = results[("ours", method)]
-                peer = hf_ar if method == "ar" else hf_sd
-                ratio = med([r / p for r, p in zip(rates, peer[0])])
-                row = Row("ours", method, mode, med(rates), tokens, ratio_to_transformers=ratio)
+            for d, why in hf_drafters.items():
+                if why is None:
+                    hf = results[("transformers", "spd", d)]
+                    rows.append(Row("transformers", "spd", mode, med(hf[0]), hf[1], drafter=d))
+                else:
+                    rows.append(Row("transformers", "spd", mode, None, 0, drafter=d, note=why))
+            ours_ar = results.get(("ours", "ar", None))
+            for method, d in self.runs():
+                rates, tokens, outs, gens = results[("ours", method, d)]
+                peer = hf_ar if method == "ar" else results.get(("transformers", "spd", d))
+                row = Row("ours", method, mode, med(rates), tokens, drafter=d)
+                if peer is not None:
+                    row.ratio_to_transformers = med([r / p for r, p in zip(rates, peer[0])])
                 if mode == "greedy":
                     row.identical_to_transformers = outs == hf_ar[2]
                 steps = sum(g.steps for g in gens)
                 new = sum(len(g.tokens) for g in gens)
                 row.tokens_per_step = new / steps
-                # overhead: wall time outside both models' forwards, as a share of the decode time
+                # overhead: wall time outside the models' forwards, as a share of the decode time
                 passes = cfg.warmup + cfg.repeats
-                in_forward, total = timers[("ours", method)][0] / passes, timers[("ours", method)][1] / passes
+                in_forward, total = timers[("ours", method, d)][0] / passes, timers[("ours", method, d)][1] / passes
                 row.overhead_per_step = max(0.0, (total - in_forward) / total)
-                if method != "ar" and self.is_chain(method, mode):
+                if ours_ar and method != "ar":
+                    speedups = [r / a for r, a in zip(rates, ours_ar[0])]
+                    row.speedup = med(speedups)
+                if method != "ar" and self.is_chain(method, mode, d):
+                    key = f"t_draft_{d}"
                     alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
-                    bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p["t_draft"] + p["t_verify"]) for p in probes]
-                    c = med([p["t_draft"] / p["t_ar"] for p in probes])
+                    bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p[key] + p["t_verify"]) for p in probes]
+                    c = med([p[key] / p["t_ar"] for p in probes])
                     row.alpha, row.c = alpha, c
                     row.bound_ideal = leviathan_bound(alpha, gamma, c)
                     row.bound = med(bounds)
                     if ours_ar:
-                        speedups = [r / a for r, a in zip(rates, ours_ar[0])]
-                        row.speedup = med(speedups)
                         row.efficiency = med([s / b for s, b in zip(speedups, bounds)])
                 rows.append(row)
-        costs = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in ("t_ar", "t_draft", "t_verify")}
-        costs["c"] = med([p["t_draft"] / p["t_ar"] for p in all_probes])
+            for (method, d), why in self.skipped.items():
+                rows.append(Row("ours", method, mode, None, 0, drafter=d, note=why))
+        costs = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in all_probes[0]}
+        for d in self.drafters:
+            costs[f"c_{d}"] = med([p[f"t_draft_{d}"] / p["t_ar"] for p in all_probes])
+        # the first drafter's figures under the historical names
+        costs["t_draft_ms"] = costs[f"t_draft_{self.drafters[0]}_ms"]
+        costs["c"] = costs[f"c_{self.drafters[0]}"]
         return rows, costs
+
+
+def eagle_step_time(target, prompt, device, reps: int) -> float:
+    """Median time of one EAGLE draft token (head forward + LM-head row), after the prompt's features."""
+    from pipeline.decoding.kv import CachedModel
+
+    cm = CachedModel(target)
+    runner = EagleRunner(target, target.eagle_head, cm.vocab_size)
+    times = []
+    with torch.inference_mode():
+        hidden = cm.prefill_hidden(prompt[:-1])
+        runner.step(hidden, torch.tensor(prompt[1:], device=cm.device), 0)
+        length = runner.length
+        feature = hidden[-1:]
+        token = torch.tensor(prompt[-1:], device=cm.device)
+        for _ in range(reps):
+            synchronize(device)
+            t0 = time.perf_counter()
+            out = runner.step(feature, token, length)
+            runner.logits(out[-1]).softmax(-1)
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+            runner.rollback(length)
+    return statistics.median(times)
+
+
+def ngram_step_time(target, prompt, gamma: int, reps: int) -> float:
+    """Median time of one n-gram proposal (per draft token) over the prompt."""
+    from pipeline.decoding.warping import Warper
+
+    d = NgramDrafter(target.config.vocab_size, next(target.parameters()).device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        d.propose(list(prompt), gamma, Warper(1.0, 0, 1.0), None)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / gamma
 
 
 def engine_info(pair) -> str:
     """Which forward our decoders use for each model (lean or transformers'), and the matmul form."""
     parts = []
     for role, model in (("target", pair.target), ("draft", pair.draft)):
+        if model is None:
+            continue
         lean = lean_forward_for(model)
         if lean is None:
             parts.append(f"{role} through transformers' forward ({unsupported_reason(model) or 'PIPELINE_LEAN_FORWARD=0'})")
@@ -315,24 +437,32 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
         "tokens/s: median over passes; ratio, speedup and efficiency: medians of per-pass values (every pass "
         "runs all rows back to back after measuring the step costs).",
         "",
-        f"Step costs (medians over passes, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, t_draft {costs['t_draft_ms']:.2f} ms, "
-        f"t_verify(gamma+1) {costs['t_verify_ms']:.2f} ms, c = t_draft / t_ar = {costs['c']:.3f}. "
+        f"Step costs (medians over passes, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, "
+        f"t_verify(gamma+1) {costs['t_verify_ms']:.2f} ms; one draft token: "
+        + ", ".join(f"{k[8:-3]} {v:.3f} ms (c {costs['c_' + k[8:-3]]:.3f})" for k, v in costs.items() if k.startswith("t_draft_") and k != "t_draft_ms")
+        + ". "
         "bound (measured costs) = tokens/step x t_ar / (gamma t_draft + t_verify); bound (ideal) = "
         "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); efficiency = speedup vs our ar / bound (measured costs); "
         "overhead/step = share of our decode time spent outside the two models' forward passes.",
         "",
         f"Our engine: {info.get('engine', '')}.",
         "",
-        "| impl | method | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| impl | method | drafter | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    notes = []
     for r in rows:
+        if r.note:
+            notes.append(f"- {r.impl} {r.method} ({r.drafter}, {r.mode}) not run: {r.note}")
+            continue
         lines.append(
-            f"| {r.impl} | {r.method} | {r.mode} | {_fmt(r.tokens_per_s)} | {_fmt(r.ratio_to_transformers)} | "
+            f"| {r.impl} | {r.method} | {_fmt(r.drafter)} | {r.mode} | {_fmt(r.tokens_per_s)} | {_fmt(r.ratio_to_transformers)} | "
             f"{_fmt(r.identical_to_transformers)} | {_fmt(r.tokens_per_step)} | {_fmt(r.alpha, 3)} | {_fmt(r.c, 3)} | "
             f"{_fmt(r.bound)} | {_fmt(r.bound_ideal)} | {_fmt(r.speedup)} | {_fmt(r.efficiency)} | "
             f"{_fmt(None if r.overhead_per_step is None else 100 * r.overhead_per_step, 1)}{'%' if r.overhead_per_step is not None else ''} |"
         )
+    if notes:
+        lines += ["", "Rows not run:", *sorted(set(notes))]
     lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "engine"), ""]
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.device import synchronize
-from pipeline.models import PairSpec, load_pair
+from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
 
 
@@ -46,7 +46,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     check_inputs(cfg)  # before any model is loaded
     name, params = method_params(cfg.method)
     pair_spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
-    check_method(name, params, has_draft=pair_spec.draft is not None)  # before any model is loaded
+    check_method(name, params, drafters=drafter_context(pair_spec))  # before any model is loaded
     pair = load_pair(pair_spec)
     decoder = build_decoder(name, pair.target, pair.draft, **params)
     ids = encode_prompt(pair.tokenizer, cfg.prompt, pair_spec.chat)

@@ -15,6 +15,11 @@ A pair is described by ``conf/pair/<name>.yaml`` (see README). Each model spec h
   without the weights (``conf/pair/random-llama3-8b-1b.yaml``); such a model's text is meaningless;
 - ``tokenizer``: take the tokenizer from another model spec (needed by ``random_init`` models).
 
+Pair-level keys besides ``target``/``draft``: ``medusa: <dir>`` (Medusa heads), ``eagle: <dir>`` (an
+EAGLE-1/2 head, ``pipeline.decoding.eagle``; published checkpoints load as they are) and
+``drafter: model | eagle | ngram`` (what ``drafter: pair``, the default of every draft-based method,
+means for this pair).
+
 GGUF files are converted once into a safetensors copy under the cache folder
 (``$PIPELINE_CACHE`` or ``~/.cache/pipeline``) because the conversion dominates load time.
 """
@@ -36,6 +41,8 @@ import yaml
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from pipeline.decoding.base import DRAFTERS, DrafterContext
+from pipeline.decoding.eagle import load_eagle_head
 from pipeline.decoding.medusa_heads import load_medusa_heads
 from pipeline.decoding.vocab import map_file, restrict_head
 
@@ -108,7 +115,11 @@ class ModelSpec:
 
 
 # Keys of a pair config naming add-ons of the target (kept in ``PairSpec.extra``), with what they hold.
-PAIR_ATTACHMENTS = {"medusa": "a folder of Medusa heads for the target (pipeline.train_medusa)"}
+PAIR_ATTACHMENTS = {
+    "medusa": "a folder of Medusa heads for the target (pipeline.train_medusa)",
+    "eagle": "a folder with an EAGLE-1/2 head for the target (pipeline.train_eagle, or a published checkpoint)",
+    "drafter": "the pair's default drafter (model | eagle | ngram): what `drafter: pair` means",
+}
 
 
 @dataclass
@@ -137,6 +148,12 @@ class PairSpec:
                 f"unknown pair config key(s) {unknown}; valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
             )
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
+        if extra.get("drafter") is not None and extra["drafter"] not in DRAFTERS:
+            raise ValueError(f"pair drafter: {extra['drafter']!r} must be one of {list(DRAFTERS)}")
+        if extra.get("drafter") == "eagle" and not extra.get("eagle"):
+            raise ValueError("pair drafter: eagle needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
+        if extra.get("drafter") == "model" and not draft:
+            raise ValueError("pair drafter: model needs a `draft:` model spec")
         if cfg.get("dtype", "float32") not in DTYPES:
             raise ValueError(f"unknown dtype {cfg.get('dtype')!r}; choose one of {sorted(DTYPES)}")
         return cls(
@@ -145,6 +162,11 @@ class PairSpec:
             extra=extra,
             **{k: cfg[k] for k in cfg},
         )
+
+
+def drafter_context(spec: PairSpec) -> DrafterContext:
+    """What the pair offers to drafting (draft model, EAGLE head, default drafter), before any model loads."""
+    return DrafterContext(has_draft=spec.draft is not None, has_eagle=bool(spec.extra.get("eagle")), default=spec.extra.get("drafter"))
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -309,6 +331,12 @@ def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
                 f"draft vocabulary ({draft.config.vocab_size}) is larger than the target's "
                 f"({target.config.vocab_size}): the pair's models must share a tokenizer"
             )
+    if spec.extra.get("eagle"):
+        # an EAGLE-1/2 head beside the pair (`eagle: models/<dir>`): attached as `target.eagle_head`
+        load_eagle_head(spec.extra["eagle"], target)
+    if spec.extra.get("drafter"):
+        # the pair's default drafter (methods' `drafter: pair`), read by the decoders
+        object.__setattr__(target, "default_drafter", spec.extra["drafter"])
     if spec.extra.get("medusa"):
         # Medusa heads beside the pair (`medusa: models/<dir>`): attached as `target.medusa_heads`
         load_medusa_heads(spec.extra["medusa"], target)

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("analysis", ("analysis",)),
     ("commands", (
         "pipeline.sweep.__main__", "pipeline.generate", "pipeline.bench", "pipeline.distill",
-        "pipeline.distill_speed", "pipeline.train_medusa", "analysis.report",
+        "pipeline.distill_speed", "pipeline.train_medusa", "pipeline.train_eagle", "analysis.report",
     )),
 ]
 COMMANDS = set(LAYERS[-1][1])

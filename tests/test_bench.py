@@ -33,9 +33,24 @@ def test_bound_formulas():
     assert alpha_from_accepted([1, 3, 4], gamma=3) == pytest.approx((0 + 2 + 3) / (1 + 3 + 3))
 
 
-def test_restricted_head_draft_is_refused():
-    with pytest.raises(ValueError, match="restrict_head=false"):
-        Bench(_cfg("pair.draft.restrict_head=true"))
+def test_default_pair_as_shipped_with_every_drafter():
+    """The restricted-head draft runs in our rows; transformers' assisted row says why it cannot; prompt
+    lookup runs in both; methods that cannot use a drafter get a row saying so."""
+    cfg = _cfg(
+        "gamma=2", "repeats=1", "warmup=0", "probe_reps=2", "max_new_tokens=5", "methods=[ar,spd,specinfer]",
+        "drafters=[model,ngram]", "modes=[greedy]", "prompts=[Repeat after me: one two three one two three.]",
+    )
+    bench = Bench(cfg)
+    rows, costs = bench.run()
+    got = {(r.impl, r.method, r.drafter): r for r in rows}
+    assert "restricted head" in got[("transformers", "spd", "model")].note
+    assert got[("transformers", "spd", "ngram")].tokens == 5
+    assert "cannot use drafter: ngram" in got[("ours", "specinfer", "ngram")].note
+    for key in [("ours", "spd", "model"), ("ours", "spd", "ngram"), ("ours", "specinfer", "model")]:
+        assert got[key].tokens == 5 and got[key].identical_to_transformers is True
+    assert got[("ours", "spd", "ngram")].c < 0.1 and costs["t_draft_ngram_ms"] >= 0
+    md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
+    assert "Rows not run:" in md and "| ours | spd | ngram | greedy |" in md
 
 
 def test_bench_rows_on_the_offline_pair(tmp_path):
@@ -47,6 +62,7 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
         "probe_reps=2",
         "max_new_tokens=6",
         "methods=[ar,spd,block]",
+        "drafters=[model]",
         "prompts=[Write a haiku about the sea.]",
     )
     bench = Bench(cfg)
@@ -81,6 +97,7 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
         ("methods=[ar,nope]", "unknown method 'nope'"),
         ("method_params.mtad.tau=2", r"tau=2 must be a number in \[0.0, 1.0\]"),
         ("modes=[greedy,beam]", "unknown mode 'beam'"),
+        ("drafters=[nope]", "unknown drafter 'nope'"),
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
@@ -89,10 +106,16 @@ def test_bad_bench_settings_fail_before_any_model_loads(override, message, monke
         Bench(_cfg(override))
 
 
+def test_eagle_without_a_head_fails_before_any_model_loads(monkeypatch):
+    monkeypatch.setattr(bench_mod, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match="no `eagle:` head"):
+        Bench(_cfg("drafters=[eagle]", "++pair.eagle=null", "++pair.drafter=model"))
+
+
 def test_tree_methods_are_benched_without_a_chain_bound():
     cfg = _cfg(
         "pair.draft.restrict_head=false", "gamma=2", "repeats=1", "warmup=0", "probe_reps=2", "max_new_tokens=4",
-        "methods=[ar,specinfer]", "modes=[greedy]", "prompts=[Name a colour.]",
+        "methods=[ar,specinfer]", "drafters=[model]", "modes=[greedy]", "prompts=[Name a colour.]",
     )
     rows, _ = Bench(cfg).run()
     tree = [r for r in rows if r.method == "specinfer"][0]

@@ -205,7 +205,7 @@ def test_medusa_exact_acceptance_is_lossless(tiny_pair, law2):
         (lambda t, d: build_decoder("spectr", t, None), "needs a draft model"),
         (lambda t, d: build_decoder("typical", t, d, epsilon=1.5), "epsilon=1.5 must be a number in [0.0, 1.0]"),
         (lambda t, d: build_decoder("typical", t, d, delta=-1), "delta=-1 must be a number >= 0"),
-        (lambda t, d: build_decoder("typical", t, None), "drafter: draft needs a draft model"),
+        (lambda t, d: build_decoder("typical", t, None), "drafter: model needs a draft model"),
         (lambda t, d: build_decoder("typical", tiny_llama(0), d, drafter="medusa"), "train_medusa"),
         (lambda t, d: build_decoder("medusa", tiny_llama(0), None), "add `medusa: models/<dir>` to the pair"),
         (lambda t, d: build_decoder("medusa", t, None, acceptance="exact", recovery="argmax"), "recovery=sample"),
@@ -223,7 +223,7 @@ def test_check_method_fills_defaults():
     assert check_method("specinfer", {})["k_config"] == [4, 2, 2]
     assert check_method("spectr", {})["num_drafts"] == 4
     assert check_method("typical", {"drafter": "medusa"}, has_draft=False)["epsilon"] == 0.09
-    with pytest.raises(ValueError, match="drafter: draft needs a draft model.*set drafter: medusa"):
+    with pytest.raises(ValueError, match="drafter: model needs a draft model.*set drafter: ngram \\| medusa"):
         check_method("typical", {}, has_draft=False)  # before any model is loaded
     assert check_method("bild", {})["rollback"] == 2.0
 

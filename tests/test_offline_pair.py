@@ -24,12 +24,13 @@ def test_pair_loads_with_chat_template(offline_pair):
     assert eos_ids(offline_pair.tokenizer, offline_pair.target) == [2]
 
 
+@pytest.mark.parametrize("drafter", ["model", "eagle", "ngram"])
 @pytest.mark.parametrize("method", ["spd", "block", "mtad"])
-def test_greedy_identity_on_the_offline_target(offline_pair, method):
+def test_greedy_identity_on_the_offline_target(offline_pair, method, drafter):
     ids = encode_prompt(offline_pair.tokenizer, "Write a Python function that reverses a string.", chat=True)
     eos = eos_ids(offline_pair.tokenizer, offline_pair.target)
     ref = build_decoder("ar", offline_pair.target, temperature=0).generate(ids, max_new_tokens=32, eos_token_ids=eos)
-    got = build_decoder(method, offline_pair.target, offline_pair.draft, temperature=0, gamma=4).generate(
+    got = build_decoder(method, offline_pair.target, offline_pair.draft, temperature=0, gamma=4, drafter=drafter).generate(
         ids, max_new_tokens=32, eos_token_ids=eos
     )
     assert got.tokens == ref.tokens
@@ -42,6 +43,12 @@ def test_sampling_on_the_offline_pair_is_reproducible(offline_pair):
     a = dec.generate(ids, max_new_tokens=16, generator=make_generator(1)).tokens
     b = dec.generate(ids, max_new_tokens=16, generator=make_generator(1)).tokens
     assert a == b and len(a) >= 1
+
+
+def test_the_shipped_eagle_head_is_attached_with_its_restricted_head(offline_pair):
+    head = offline_pair.target.eagle_head
+    assert head.hidden_size == offline_pair.target.config.hidden_size
+    assert head.token_map is not None and head.token_map.numel() < 49152
 
 
 def test_draft_head_is_restricted_and_mapped_onto_the_target_vocabulary(offline_pair):

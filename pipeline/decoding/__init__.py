@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .ar import AutoregressiveDecoder
-from .base import Decoder, Generation, validate_params
+from .base import DRAFTERS, Decoder, DrafterContext, Generation, validate_params
 from .beam import BeamSearchDecoder
 from .bild import BiLDDecoder
 from .block import BlockVerificationDecoder
@@ -54,12 +54,18 @@ def method_class(name: str) -> type[Decoder]:
         raise ValueError(f"unknown method {name!r}; valid methods: {sorted(METHODS)}") from None
 
 
-def check_method(name: str, params: dict[str, Any] | None = None, has_draft: bool = True) -> dict[str, Any]:
+def check_method(
+    name: str, params: dict[str, Any] | None = None, has_draft: bool = True, drafters: DrafterContext | None = None
+) -> dict[str, Any]:
     """Validate a method name and its parameters without any model (used before loading anything).
 
-    Returns the resolved parameters (defaults filled in).
+    ``drafters``: what the pair offers (``DrafterContext.of_pair(pair_config)``: draft model, EAGLE
+    head, default drafter); default: a draft model iff ``has_draft``. Returns the resolved
+    parameters (defaults filled in, ``drafter: pair`` resolved).
     """
-    return validate_params(method_class(name), dict(params or {}), has_draft=has_draft)
+    if drafters is not None:
+        has_draft = drafters.has_draft
+    return validate_params(method_class(name), dict(params or {}), has_draft=has_draft, drafters=drafters)
 
 
 def build_decoder(name: str, target, draft=None, **params: Any) -> Decoder:
@@ -67,4 +73,4 @@ def build_decoder(name: str, target, draft=None, **params: Any) -> Decoder:
     return method_class(name)(target, draft, **params)
 
 
-__all__ = ["METHODS", "Decoder", "Generation", "Warper", "build_decoder", "check_method", "make_generator", "method_class", "warp"]
+__all__ = ["DRAFTERS", "METHODS", "DrafterContext", "Decoder", "Generation", "Warper", "build_decoder", "check_method", "make_generator", "method_class", "warp"]

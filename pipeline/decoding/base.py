@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -77,6 +77,42 @@ def boolean(v: Any) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
+DRAFTERS = ("model", "eagle", "ngram")  # who proposes tokens (drafters.py)
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a pair offers, known before any model loads: its draft model, EAGLE head and default drafter."""
+
+    has_draft: bool = True
+    has_eagle: bool = False
+    default: str | None = None
+
+    @classmethod
+    def of_pair(cls, pair: Mapping[str, Any]) -> "DrafterContext":
+        """From a pair config mapping (``conf/pair/<name>.yaml``)."""
+        default = pair.get("drafter")
+        if default is not None and default not in DRAFTERS:
+            raise ValueError(f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {list(DRAFTERS)}")
+        return cls(has_draft=bool(pair.get("draft")), has_eagle=bool(pair.get("eagle")), default=default)
+
+    @classmethod
+    def of_models(cls, target, draft) -> "DrafterContext":
+        return cls(
+            has_draft=draft is not None,
+            has_eagle=getattr(target, "eagle_head", None) is not None,
+            default=getattr(target, "default_drafter", None),
+        )
+
+    def available(self) -> set[str]:
+        out = {"ngram"}
+        if self.has_draft:
+            out.add("model")
+        if self.has_eagle:
+            out.add("eagle")
+        return out
+
+
 WARP_PARAMS: dict[str, Param] = {
     "temperature": Param(DEFAULT_TEMPERATURE, nonneg_number, "0 = greedy"),
     "top_k": Param(DEFAULT_TOP_K, int_at_least(0), "0 = off"),
@@ -97,7 +133,7 @@ class Decoder:
     params: ClassVar[dict[str, Param]] = {}
 
     def __init__(self, target, draft=None, **params: Any) -> None:
-        values = validate_params(type(self), params, has_draft=draft is not None)
+        values = validate_params(type(self), params, has_draft=draft is not None, drafters=DrafterContext.of_models(target, draft))
         for key, value in values.items():
             setattr(self, key, value)
         self.warper = Warper(values["temperature"], values["top_k"], values["top_p"])
@@ -115,6 +151,10 @@ class Decoder:
     def draft_alternative(cls) -> str:
         """Appended to the missing-draft error: another way out, if the method has one."""
         return ""
+
+    @classmethod
+    def resolve_drafter(cls, values: dict[str, Any], ctx: "DrafterContext") -> None:
+        """Resolve and check a ``drafter`` parameter against what the pair offers (drafters.py)."""
 
     @classmethod
     def check_combination(cls, values: dict[str, Any]) -> None:
@@ -175,8 +215,13 @@ class Decoder:
         return int(sample(self.warper(logits), generator))
 
 
-def validate_params(cls: type[Decoder], params: dict[str, Any], has_draft: bool) -> dict[str, Any]:
-    """Fill defaults and check every parameter of ``cls``; raise ValueError naming the fix."""
+def validate_params(
+    cls: type[Decoder], params: dict[str, Any], has_draft: bool, drafters: "DrafterContext | None" = None
+) -> dict[str, Any]:
+    """Fill defaults and check every parameter of ``cls``; raise ValueError naming the fix.
+
+    ``drafters``: what the pair offers (draft model, EAGLE head, default drafter); default: a draft
+    model iff ``has_draft``."""
     spec = cls.all_params()
     unknown = sorted(set(params) - set(spec))
     if unknown:
@@ -188,6 +233,7 @@ def validate_params(cls: type[Decoder], params: dict[str, Any], has_draft: bool)
         problem = spec[key].check(value)
         if problem:
             raise ValueError(f"method {cls.name!r}: parameter {key}={value!r} {problem}")
+    cls.resolve_drafter(values, drafters if drafters is not None else DrafterContext(has_draft=has_draft))
     needed = cls.draft_needed(values)
     if needed and not has_draft:
         why = f" with {needed}" if isinstance(needed, str) else ""

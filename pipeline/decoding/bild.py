@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .base import Decoder, Generation, Param, cut_at_eos, in_closed, int_at_least, nonneg_number
+from .drafters import drafter_param, resolve_drafter
 from .warping import sample
 
 
@@ -24,10 +25,15 @@ class BiLDDecoder(Decoder):
     name = "bild"
     needs_draft = True
     params = {
+        "drafter": drafter_param(("model",)),
         "max_small_steps": Param(10, int_at_least(1), "N: small-model tokens before a forced large step"),
         "fallback": Param(0.9, in_closed(0.0, 1.0), "fall back to the large model when max q < fallback"),
         "rollback": Param(2.0, nonneg_number, "roll back a small token when -log p_large(x) > rollback"),
     }
+
+    @classmethod
+    def resolve_drafter(cls, values, ctx) -> None:
+        resolve_drafter(cls.name, values, ("model",), ctx)
 
     def _pick(self, probs: torch.Tensor, logits: torch.Tensor, generator) -> int:
         return int(logits.argmax(-1)) if self.warper.greedy else int(sample(probs, generator))

@@ -1,4 +1,4 @@
-"""block: block verification (Sun et al., ICLR 2025), over the same chain draft as ``spd``.
+"""block: block verification (Sun et al., ICLR 2025), over the same chain draft as ``spd`` (any ``drafter``).
 
 Every prefix length i gets its own coin against h_i; the longest passing length is kept (no early
 stop), then the next token comes from the block residual. Lossless, and never accepts fewer tokens
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from .drafting import draft_chain
 from .speculative import DraftVerifyDecoder
 from .verification import block_verify, greedy_verify
 from .warping import sample
@@ -20,8 +19,8 @@ class BlockVerificationDecoder(DraftVerifyDecoder):
     lossless = True
 
     def propose(self, context, gamma, generator):
-        draft = draft_chain(self.draft, context, gamma, self.warper, generator)
-        return draft.tokens, draft.probs
+        draft = self.draft_chain(context, gamma, generator)
+        return None if draft is None else (draft.tokens, draft.probs)
 
     def verify(self, logits, tokens, probs, generator):
         if self.warper.greedy:  # block verification adds nothing for one-hot targets

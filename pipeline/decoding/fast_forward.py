@@ -187,7 +187,7 @@ class LeanForward(nn.Module):
         hidden_out: list | None = None,
     ) -> torch.Tensor:
         """``mask``: None for a causal chain after the cache, else an additive float or boolean mask
-        ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all).
+        ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none, only ``hidden_out``).
         ``hidden_out``: if given, the LM head's input rows are appended to it."""
         x = self._embed[0](input_ids)
         n = input_ids.shape[1]
@@ -216,11 +216,13 @@ class LeanForward(nn.Module):
             x = x + self._linear(a, wo)
             h = _rms_norm(x, w_post, eps_post)
             x = x + self._linear(act(self._linear(h, wg)) * self._linear(h, wu), wd)
-        if keep:
+        if keep > 0:
             x = x[:, -keep:]
         x = _rms_norm(x, *self._norm)
         if hidden_out is not None:
             hidden_out.append(x)
+        if keep < 0:  # only the hidden states are wanted (a drafter reading the target's features)
+            return None
         head = self._head[0]
         return self._linear(x, (head.weight, head.bias))
 

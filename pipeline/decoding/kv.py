@@ -183,6 +183,19 @@ class CachedModel:
             return
         self._run(self._ids(tokens), keep=1)
 
+    def prefill_hidden(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Write ``tokens`` into the cache (no step counted) and return their last hidden states
+        ``[n, hidden]`` (the LM head's input; the head itself is skipped on the lean path)."""
+        if len(tokens) == 0:
+            return torch.zeros(0, self.model.config.hidden_size, device=self.device, dtype=self.dtype)
+        saved = self.capture_hidden
+        self.capture_hidden = True
+        try:
+            self._run(self._ids(tokens), keep=-1 if self.lean is not None else 0)
+        finally:
+            self.capture_hidden = saved
+        return self.hidden
+
     def forward(self, tokens: Sequence[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
         """Append ``tokens`` (a causal chain after the cache) and return the last ``keep`` logit rows."""
         logits = self._run(self._ids(tokens), keep=keep)

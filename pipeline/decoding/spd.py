@@ -2,6 +2,7 @@
 
 A chain of gamma draft tokens; accept x_i with probability min(1, p/q) until the first
 rejection, then draw from norm(relu(p - q)), or the bonus row when all pass. Lossless.
+The chain comes from the ``drafter`` (a draft model, an EAGLE head, or n-gram lookup).
 ``lenience`` < 1 relaxes acceptance to min(1, p / (l q)) (lossy, Leviathan App. A.5).
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from .base import Param, in_half_open
-from .drafting import draft_chain
 from .speculative import DraftVerifyDecoder
 from .verification import greedy_verify, lenient_greedy_verify, token_verify
 from .warping import sample
@@ -25,8 +25,8 @@ class SpeculativeDecoder(DraftVerifyDecoder):
     }
 
     def propose(self, context, gamma, generator):
-        draft = draft_chain(self.draft, context, gamma, self.warper, generator)
-        return draft.tokens, draft.probs
+        draft = self.draft_chain(context, gamma, generator)
+        return None if draft is None else (draft.tokens, draft.probs)
 
     def verify(self, logits, tokens, probs, generator):
         if self.warper.greedy:

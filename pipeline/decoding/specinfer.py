@@ -12,6 +12,7 @@ greedy acceptance (exactly ``ar`` greedy).
 from __future__ import annotations
 
 from .base import Decoder, Generation, Param
+from .drafters import drafter_param, resolve_drafter
 from .tree_verify import int_list_at_least, mss_tree_walk, sample_token_tree, tree_generate
 
 
@@ -20,7 +21,14 @@ class SpecInferDecoder(Decoder):
     needs_draft = True
     lossless = True
     replacement = True
-    params = {"k_config": Param([4, 2, 2], int_list_at_least(1), "children per node at each depth")}
+    params = {
+        "drafter": drafter_param(("model",)),
+        "k_config": Param([4, 2, 2], int_list_at_least(1), "children per node at each depth"),
+    }
+
+    @classmethod
+    def resolve_drafter(cls, values, ctx) -> None:
+        resolve_drafter(cls.name, values, ("model",), ctx)
 
     @property
     def tree_depth(self) -> int:

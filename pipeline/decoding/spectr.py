@@ -12,6 +12,7 @@ Temperature 0: the chains start from the draft's top-k distinct tokens, greedy a
 from __future__ import annotations
 
 from .base import Decoder, Generation, Param, int_at_least
+from .drafters import drafter_param, resolve_drafter
 from .tree_verify import kseq_chain_walk, sample_token_tree, tree_generate
 
 
@@ -20,9 +21,14 @@ class SpecTrDecoder(Decoder):
     needs_draft = True
     lossless = True
     params = {
+        "drafter": drafter_param(("model",)),
         "num_drafts": Param(4, int_at_least(1), "k i.i.d. draft chains"),
         "gamma": Param(4, int_at_least(1), "tokens per draft chain"),
     }
+
+    @classmethod
+    def resolve_drafter(cls, values, ctx) -> None:
+        resolve_drafter(cls.name, values, ("model",), ctx)
 
     @property
     def tree_depth(self) -> int:

@@ -1,6 +1,7 @@
 """typical: typical acceptance (Medusa-2, Cai et al. 2024) over a draft model's chain, or over Medusa heads.
 
-``drafter: draft`` (the MTAD paper's baseline): the draft proposes gamma tokens as for ``spd``; one
+``drafter: model`` (the MTAD paper's baseline; ``draft`` is an alias), ``eagle`` or ``ngram``: the
+drafter proposes a chain of up to gamma tokens as for ``spd``; one
 target pass scores them; the longest prefix whose tokens all satisfy
 ``p(x_i) > min(epsilon, delta * exp(-H(p_i)))`` is kept (p = the warped target row), and the next
 token is drawn from the target row after it (``recovery: argmax`` takes its argmax, as Medusa's
@@ -12,8 +13,8 @@ verified in one pass and the longest typical path is kept (the same as ``medusa`
 
 from __future__ import annotations
 
-from .base import Generation, Param, in_closed, nonneg_number, one_of
-from .drafting import draft_chain
+from .base import DRAFTERS, Generation, Param, in_closed, nonneg_number, one_of
+from .drafters import resolve_drafter
 from .medusa import medusa_generate
 from .medusa_heads import medusa_heads_of
 from .speculative import DraftVerifyDecoder
@@ -24,28 +25,31 @@ from .warping import sample
 
 class TypicalDecoder(DraftVerifyDecoder):
     name = "typical"
-    needs_draft = False  # only with drafter: draft (draft_needed)
+    needs_draft = False  # only with drafter: model (draft_needed)
     params = {
         **DraftVerifyDecoder.params,
         "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
         "delta": Param(0.3, nonneg_number, "posterior alpha: the entropy-scaled threshold factor"),
-        "drafter": Param("draft", one_of("draft", "medusa"), "a draft model's chain, or the pair's Medusa heads"),
+        "drafter": Param("pair", one_of("pair", "draft", *DRAFTERS, "medusa"), "a chain drafter (model | eagle | ngram; draft = model), the pair's drafter (pair), or the pair's Medusa heads (medusa)"),
         "recovery": Param("sample", one_of("sample", "argmax"), "next token after the kept prefix"),
         "k_config": Param([4, 2, 2], int_list_at_least(1), "Medusa tree (drafter: medusa): top-k per depth"),
     }
     acceptance = "typical"  # what medusa_generate reads
 
     @classmethod
-    def draft_needed(cls, values):
-        return "drafter: draft" if values["drafter"] == "draft" else False
+    def resolve_drafter(cls, values, ctx) -> None:
+        if values["drafter"] == "draft":
+            values["drafter"] = "model"
+        if values["drafter"] != "medusa":
+            resolve_drafter(cls.name, values, DRAFTERS, ctx)
 
     @classmethod
     def draft_alternative(cls) -> str:
-        return ", or set drafter: medusa"
+        return ", or set drafter: ngram | medusa (or eagle, with an EAGLE head in the pair)"
 
     def __init__(self, target, draft=None, **params) -> None:
         super().__init__(target, draft, **params)
-        if self.drafter == "medusa":  # drafter: draft has its CachedModel from Decoder (draft_needed)
+        if self.drafter == "medusa":
             self.heads = medusa_heads_of(target, "typical (drafter: medusa)")
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
@@ -54,8 +58,8 @@ class TypicalDecoder(DraftVerifyDecoder):
         return super()._generate(prompt, max_new_tokens, eos, generator)
 
     def propose(self, context, gamma, generator):
-        draft = draft_chain(self.draft, context, gamma, self.warper, generator)
-        return draft.tokens, None
+        draft = self.draft_chain(context, gamma, generator)
+        return None if draft is None else (draft.tokens, None)
 
     def verify(self, logits, tokens, proposal, generator):
         if self.warper.greedy:

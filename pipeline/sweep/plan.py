@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.data import DATASETS
 from pipeline.data.slices import load_slice
-from pipeline.decoding import check_method
+from pipeline.decoding import DrafterContext, check_method
 from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.scoring.mt_bench import judge_identity
 from pipeline.tracking import cell_key
@@ -278,7 +278,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     for m in methods + ([baseline] if baseline else []):
         for pair in pairs:
             try:
-                resolved_params[(m["label"], pair["name"])] = check_method(m["name"], m["params"], has_draft=bool(pair.get("draft")))
+                resolved_params[(m["label"], pair["name"])] = check_method(m["name"], m["params"], drafters=DrafterContext.of_pair(pair))
             except ValueError as err:
                 errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or conf/method/{m['config_name']}.yaml)")
     counts: dict[str, int] = {}

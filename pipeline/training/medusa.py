@@ -211,6 +211,32 @@ def train_heads(
     heads.eval()
 
 
+def feature_data(model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: Path, log) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The offline training/held-out text and the frozen target's last hidden states over it (cached in ``cache``).
+
+    Tags ``train`` (stdlib source + the target's sampled answers), ``heldout_stdlib``, ``heldout_answers``;
+    each ``(hidden [N, H], token ids [N], sequence ids [N])`` (``hidden_states``). Used by Medusa and EAGLE training.
+    """
+    if cache.exists():
+        log(f"loaded cached data {cache}")
+        return torch.load(cache)
+    train_prompts, held_prompts = build_prompts(seed)
+    train_prompts = train_prompts[: data_cfg["n_prompts"]]
+    held_prompts = held_prompts[: data_cfg["n_heldout_prompts"]]
+    src_train, src_held = stdlib_chunks(data_cfg["n_stdlib_files"], data_cfg["n_heldout_stdlib_files"], data_cfg["stdlib_chars"], seed)
+    limit = data_cfg["max_len"]
+    seqs_train = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_train]
+    seqs_held = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_held]
+    gen_train = sample_answers(model, tokenizer, train_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed, log)
+    gen_held = sample_answers(model, tokenizer, held_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed + 1, log)
+    data = {}
+    for tag, seqs in (("train", seqs_train + gen_train), ("heldout_stdlib", seqs_held), ("heldout_answers", gen_held)):
+        data[tag] = hidden_states(model, seqs, log, tag)
+    torch.save(data, cache)
+    log(f"data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
+    return data
+
+
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(int(cfg["threads"]))
     torch.manual_seed(cfg["seed"])
@@ -231,25 +257,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     lm_head = model.get_output_embeddings()
     data_cfg = cfg["data"]
 
-    cache = work / "data.pt"
-    if cache.exists():
-        data = torch.load(cache)
-        log(f"loaded cached data {cache}")
-    else:
-        train_prompts, held_prompts = build_prompts(cfg["seed"])
-        train_prompts = train_prompts[: data_cfg["n_prompts"]]
-        held_prompts = held_prompts[: data_cfg["n_heldout_prompts"]]
-        src_train, src_held = stdlib_chunks(data_cfg["n_stdlib_files"], data_cfg["n_heldout_stdlib_files"], data_cfg["stdlib_chars"], cfg["seed"])
-        limit = data_cfg["max_len"]
-        seqs_train = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_train]
-        seqs_held = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_held]
-        gen_train = sample_answers(model, tokenizer, train_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], cfg["seed"], log)
-        gen_held = sample_answers(model, tokenizer, held_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], cfg["seed"] + 1, log)
-        data = {}
-        for tag, seqs in (("train", seqs_train + gen_train), ("heldout_stdlib", seqs_held), ("heldout_answers", gen_held)):
-            data[tag] = hidden_states(model, seqs, log, tag)
-        torch.save(data, cache)
-        log("data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
+    data = feature_data(model, tokenizer, cfg["data"], cfg["seed"], work / "data.pt", log)
 
     k = cfg["heads"]["num_heads"]
     heads = MedusaHeads(model.config.hidden_size, k, cfg["heads"]["num_layers"])

@@ -1,0 +1,248 @@
+"""EAGLE-1/2 draft head: a feature-level autoregressive drafter on the target's last hidden states.
+
+Architecture (Li et al. 2024, SafeAILab/EAGLE ``eagle/model/cnets.py``): at position t the head
+takes the target's last hidden state f_t (the LM head's input: after the final norm) and the
+embedding of the next token x_{t+1}, ``fc(cat(emb(x_{t+1}), f_t))`` (2h -> h, with bias), runs one
+Llama decoder layer (its input layer norm removed, as in EAGLE) with its own KV cache, and predicts
+f_{t+1}; the target's own LM head turns a predicted feature into draft logits, optionally over a
+restricted vocabulary (``restricted_head_map.json``: q = 0 elsewhere, verification stays exact).
+
+Checkpoint layout (that of the published EAGLE heads): ``config.json`` (a Llama config with
+``num_hidden_layers: 1``; ``bias`` for fc, default true) and ``model.safetensors`` or
+``pytorch_model.bin`` with ``fc.weight``, ``fc.bias``, ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
+``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.post_attention_layernorm.weight`` and
+optionally ``embed_tokens.weight`` (when absent the target's input embedding is used). EAGLE-3
+heads (``fc`` 3h -> h, ``midlayer``, d2t/t2d maps) are a different layout and are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .kv import PreallocatedLayer
+from .vocab import MAP_FILE
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class EagleHead(nn.Module):
+    """fc(cat(emb, feature)) -> one Llama decoder layer -> predicted next feature ``[n, h]``."""
+
+    def __init__(self, config, bias: bool = True, embed_tokens: bool = False) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        config._attn_implementation = "sdpa"
+        self.config = config
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h) if embed_tokens else None
+        self.fc = nn.Linear(2 * h, h, bias=bias)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config, 0)])
+        self.layers[0].input_layernorm = nn.Identity()  # EAGLE drops the first layer's input norm
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache=None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``features [b, n, h]`` (f_t), ``embeds [b, n, h]`` (emb of x_{t+1}), ``positions [b, n]``;
+        ``mask``: None = causal over the cache + these rows, else a boolean ``[b, 1, n, cache + n]``."""
+        x = self.fc(torch.cat([embeds, features], -1))
+        n = x.shape[1]
+        start = cache.get_seq_length() if cache is not None else 0
+        if mask is None:
+            mask = (torch.arange(start + n, device=x.device)[None, :] <= torch.arange(start, start + n, device=x.device)[:, None])
+            mask = mask[None, None].expand(x.shape[0], 1, n, start + n)
+        pos_emb = self.rotary(x, positions)
+        return self.layers[0](x, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=cache is not None, position_embeddings=pos_emb)
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+
+def eagle_config(target_config, **overrides):
+    """A one-layer Llama config for an EAGLE head of ``target_config``'s width."""
+    from transformers import LlamaConfig
+
+    fields = {
+        k: getattr(target_config, k)
+        for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                  "vocab_size", "max_position_embeddings", "hidden_act", "head_dim")
+        if getattr(target_config, k, None) is not None
+    }
+    rope = getattr(target_config, "rope_parameters", None)
+    if rope:
+        fields["rope_parameters"] = dict(rope)
+    fields.update(overrides)
+    fields["num_hidden_layers"] = 1
+    return LlamaConfig(**fields)
+
+
+def save_eagle_head(head: EagleHead, directory: str | Path, token_map: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.bfloat16, **info) -> Path:
+    """Write the published layout: ``config.json`` + ``model.safetensors`` (+ the restricted-head map)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    save_file(state, directory / WEIGHTS_FILE)
+    config = head.config.to_dict()
+    config.pop("_attn_implementation_autoset", None)
+    config["architectures"] = ["EagleHead"]
+    config["bias"] = head.fc.bias is not None
+    config["torch_dtype"] = str(dtype).replace("torch.", "")
+    if info:
+        config["pipeline_info"] = info
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    if token_map is not None:
+        (directory / MAP_FILE).write_text(json.dumps([int(t) for t in token_map.tolist()]))
+    elif (directory / MAP_FILE).exists():
+        (directory / MAP_FILE).unlink()
+    return directory
+
+
+def resolve_dir(path: str | Path) -> Path:
+    directory = Path(path).expanduser()
+    if not directory.is_absolute() and not directory.exists():
+        directory = REPO_ROOT / directory
+    return directory
+
+
+def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleHead:
+    """Load an EAGLE-1/2 head (published layout); with ``target``, check shapes and attach it as
+    ``target.eagle_head`` (its token map, if any, as ``eagle_head.token_map``)."""
+    from transformers import LlamaConfig
+
+    directory = resolve_dir(path)
+    if not (directory / CONFIG_FILE).exists():
+        raise ValueError(
+            f"no EAGLE head at {path!r} (expected {CONFIG_FILE} and {WEIGHTS_FILE}); train one with "
+            f"`python -m pipeline.train_eagle pair=<pair> out_dir={path}`"
+        )
+    raw = json.loads((directory / CONFIG_FILE).read_text())
+    if (directory / WEIGHTS_FILE).exists():
+        from safetensors.torch import load_file
+
+        state = load_file(directory / WEIGHTS_FILE)
+    elif (directory / "pytorch_model.bin").exists():
+        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"EAGLE head at {directory}: neither {WEIGHTS_FILE} nor pytorch_model.bin found")
+    if "midlayer.self_attn.q_proj.weight" in state or "d2t" in state:
+        raise ValueError(f"{directory} is an EAGLE-3 head (midlayer / d2t); only EAGLE-1/2 heads are supported")
+    bias = bool(raw.pop("bias", "fc.bias" in state))
+    raw.pop("pipeline_info", None)
+    raw.pop("architectures", None)
+    raw["num_hidden_layers"] = 1
+    config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("torch_dtype", "dtype")})
+    head = EagleHead(config, bias=bias, embed_tokens="embed_tokens.weight" in state)
+    expected = {k for k in head.state_dict() if not k.startswith("rotary.")}
+    got = {k for k in state if not k.startswith("rotary.")}
+    missing, unexpected = sorted(expected - got), sorted(got - expected)
+    if missing or unexpected:
+        raise ValueError(f"EAGLE head at {directory}: missing tensors {missing}, unexpected tensors {unexpected}")
+    head.load_state_dict({k: v.float() for k, v in state.items() if k in expected}, strict=False)
+    head.eval().requires_grad_(False)
+    head.token_map = None
+    if (directory / MAP_FILE).exists():
+        head.token_map = torch.tensor(json.loads((directory / MAP_FILE).read_text()), dtype=torch.long)
+    if target is not None:
+        attach_eagle_head(target, head)
+    return head
+
+
+def attach_eagle_head(target: nn.Module, head: EagleHead) -> nn.Module:
+    """Put ``head`` on ``target`` as ``target.eagle_head`` (target device and dtype) after checking shapes."""
+    weight = target.get_output_embeddings().weight
+    if head.hidden_size != weight.shape[1]:
+        raise ValueError(f"EAGLE head expects hidden size {head.hidden_size}, the target has {weight.shape[1]}")
+    if getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= weight.shape[0]:
+        raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
+    head.to(weight.device, weight.dtype)
+    object.__setattr__(target, "eagle_head", head)
+    return target
+
+
+def eagle_head_of(target: nn.Module, method: str) -> EagleHead:
+    head = getattr(target, "eagle_head", None)
+    if head is None:
+        raise ValueError(
+            f"method {method!r} with drafter: eagle needs an EAGLE head on the target: add "
+            "`eagle: models/<dir>` to the pair config (train one with `python -m pipeline.train_eagle pair=<pair>`), "
+            "or call pipeline.decoding.eagle.load_eagle_head(path, target)"
+        )
+    return head
+
+
+class EagleRunner:
+    """An EAGLE head bound to a target: its KV cache, the features it has been given, and draft logits."""
+
+    def __init__(self, target_model: nn.Module, head: EagleHead, vocab_size: int) -> None:
+        self.head = head
+        self.embed = head.embed_tokens if head.embed_tokens is not None else target_model.get_input_embeddings()
+        lm = target_model.get_output_embeddings()
+        self.token_map = getattr(head, "token_map", None)
+        W = lm.weight.detach()
+        self.device = W.device
+        if self.token_map is not None:
+            self.token_map = self.token_map.to(self.device)
+            W = W[self.token_map].contiguous()
+        self.W = W
+        self.bias = None if lm.bias is None else (lm.bias.detach() if self.token_map is None else lm.bias.detach()[self.token_map])
+        self.vocab_size = vocab_size
+        self.cache = None
+        self.reset()
+
+    def reset(self) -> None:
+        from transformers.cache_utils import Cache
+
+        self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        self.features = torch.zeros(0, self.head.hidden_size, device=self.device, dtype=self.W.dtype)
+        self.forwards = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def rollback(self, length: int) -> None:
+        for layer in self.cache.layers:
+            layer.truncate(length)
+
+    def observe(self, hidden: torch.Tensor, start: int) -> None:
+        """The target's features of positions ``start .. start + rows`` (later ones are dropped)."""
+        self.features = torch.cat([self.features[:start], hidden.to(self.features.dtype).reshape(-1, self.features.shape[-1])])
+
+    def step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Run rows (f_p, x_{p+1}) for p = start.. after the cache; predicted features ``[n, h]``."""
+        n = tokens.numel()
+        positions = torch.arange(start, start + n, device=self.device)[None]
+        out = self.head(features[None], self.embed(tokens.reshape(1, -1)), positions, self.cache)
+        self.forwards += 1
+        return out[0]
+
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target vocabulary (-inf outside a restricted map), fp32."""
+        z = F.linear(feature, self.W, self.bias).float()
+        if self.token_map is None:
+            if z.shape[-1] < self.vocab_size:
+                z = torch.cat([z, z.new_full((*z.shape[:-1], self.vocab_size - z.shape[-1]), float("-inf"))], -1)
+            return z
+        full = z.new_full((*z.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.token_map, z)

@@ -1,0 +1,236 @@
+"""Drafters (draft model, EAGLE head, n-gram lookup) under the chain methods: exactness against the
+enumerated warped target law, greedy identity with ``ar``, MTAD's tau = 1 limit, the EAGLE head's
+published checkpoint layout, n-gram lookup, and validation before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.exact import WARP, chi_square_pvalue, exact_law
+from helpers.models import tiny_llama
+from pipeline.decoding import build_decoder, check_method, make_generator
+from pipeline.decoding.base import DrafterContext
+from pipeline.decoding.drafters import NgramDrafter
+from pipeline.decoding.eagle import EagleHead, EagleRunner, attach_eagle_head, eagle_config, load_eagle_head, save_eagle_head
+from pipeline.decoding.warping import Warper
+
+PROMPT = [0, 3, 5, 0, 3]  # repeats: the n-gram drafter finds matches from the first step
+
+
+def with_eagle(model, seed: int = 7, embed: bool = False):
+    torch.manual_seed(seed)
+    head = EagleHead(eagle_config(model.config), embed_tokens=embed)
+    with torch.no_grad():  # random but not tiny: drafts differ from the target's rows
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    head.token_map = None
+    attach_eagle_head(model, head)
+    return model
+
+
+@pytest.fixture(scope="module")
+def eagle_pair():
+    return with_eagle(tiny_llama(0)), tiny_llama(1)
+
+
+@pytest.fixture(scope="module")
+def law(eagle_pair):
+    return exact_law(eagle_pair[0], PROMPT, 2, Warper(**WARP))
+
+
+def samples_of(decoder, n, length=2, max_new=4, seed=99):
+    gen = make_generator(seed)
+    return [tuple(decoder.generate(PROMPT, max_new_tokens=max_new, generator=gen).tokens[:length]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "ngram"])  # drafter: model: test_decoding_engine.py
+@pytest.mark.parametrize("method", ["spd", "block"])
+def test_lossless_with_every_drafter(eagle_pair, law, method, drafter):
+    decoder = build_decoder(method, *eagle_pair, drafter=drafter, gamma=3, **WARP)
+    out = samples_of(decoder, 2500)
+    assert chi_square_pvalue(out, law) > 1e-3
+    if drafter != "model":
+        assert decoder.draft is None  # no draft model cache is built for other drafters
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "ngram"])
+def test_mtad_tau_one_samples_like_ar(eagle_pair, law, drafter):
+    decoder = build_decoder("mtad", *eagle_pair, drafter=drafter, tau=1.0, gamma=3, **WARP)
+    assert chi_square_pvalue(samples_of(decoder, 2000), law) > 1e-3
+    out = decoder.generate(PROMPT, max_new_tokens=12, generator=make_generator(0))
+    assert out.accepted == [1] * 12
+
+
+@pytest.fixture(scope="module")
+def greedy_eagle_pair():
+    return with_eagle(tiny_llama(10, vocab=64, hidden=32, layers=2)), tiny_llama(11, vocab=64, hidden=32, layers=1)
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle", "ngram"])
+@pytest.mark.parametrize("method", ["spd", "block", "mtad", "typical"])
+def test_greedy_identity_with_every_drafter(greedy_eagle_pair, method, drafter):
+    ar = build_decoder("ar", greedy_eagle_pair[0], temperature=0)
+    other = build_decoder(method, *greedy_eagle_pair, temperature=0, gamma=4, drafter=drafter)
+    for prompt in ([0], [5, 9, 2, 5, 9], list(range(1, 20)) * 2):
+        ref = ar.generate(prompt, max_new_tokens=40).tokens
+        got = other.generate(prompt, max_new_tokens=40)
+        assert got.tokens == ref
+        assert sum(got.accepted) == 40 and len(got.accepted) == got.steps
+
+
+def test_eagle_head_with_the_targets_layer_reproduces_the_target():
+    """Head wiring (fc -> decoder layer with rotary positions and its KV cache -> the target's LM
+    head): a 1-layer target's own layer in the head, fc passing the embedding, gives the target's logits."""
+    target = tiny_llama(20, vocab=64, hidden=32, layers=1)
+    head = EagleHead(eagle_config(target.config))
+    h = target.config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.bias.zero_()
+        head.fc.weight[:, :h] = torch.eye(h)  # x = emb(next token)
+        head.layers[0].load_state_dict(target.model.layers[0].state_dict(), strict=False)
+        head.layers[0].input_layernorm = target.model.layers[0].input_layernorm
+    # the head's output is the target's pre-final-norm state; fold the final norm into the LM head
+    head.token_map = None
+    attach_eagle_head(target, head)
+    runner = EagleRunner(target, head, 64)
+    runner.W = (target.lm_head.weight * target.model.norm.weight).detach()
+    tokens = torch.tensor([3, 9, 14, 2, 7])
+    with torch.no_grad():
+        ref = target(tokens[None]).logits[0]
+        feats = torch.zeros(len(tokens), h)
+        out = runner.step(feats, tokens, 0)  # the target's own layer over the same tokens and positions
+        normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + target.config.rms_norm_eps)
+        got = runner.logits(normed)
+    assert torch.allclose(got, ref, atol=1e-4)
+
+
+def test_eagle_incremental_matches_one_pass():
+    target = with_eagle(tiny_llama(3, vocab=32, hidden=32, layers=2))
+    runner = EagleRunner(target, target.eagle_head, 32)
+    f, x = torch.randn(12, 32), torch.randint(0, 32, (12,))
+    with torch.no_grad():
+        full = runner.step(f, x, 0)
+        runner.reset()
+        a = runner.step(f[:5], x[:5], 0)
+        runner.step(torch.randn(3, 32), torch.randint(0, 32, (3,)), 5)  # a draft that is then rolled back
+        runner.rollback(5)
+        b = runner.step(f[5:], x[5:], 5)
+    assert torch.allclose(torch.cat([a, b]), full, atol=1e-5)
+
+
+def _published_checkpoint(tmp_path, embed: bool):
+    """A random EAGLE-1 checkpoint written tensor by tensor in the published layout (not via save_eagle_head)."""
+    from safetensors.torch import save_file
+
+    h, inter, heads, kv, vocab = 32, 64, 4, 2, 64
+    d = h // heads
+    g = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
+    state = {
+        "fc.weight": r(h, 2 * h), "fc.bias": r(h),
+        "layers.0.self_attn.q_proj.weight": r(heads * d, h), "layers.0.self_attn.k_proj.weight": r(kv * d, h),
+        "layers.0.self_attn.v_proj.weight": r(kv * d, h), "layers.0.self_attn.o_proj.weight": r(h, heads * d),
+        "layers.0.mlp.gate_proj.weight": r(inter, h), "layers.0.mlp.up_proj.weight": r(inter, h),
+        "layers.0.mlp.down_proj.weight": r(h, inter), "layers.0.post_attention_layernorm.weight": 1 + r(h),
+    }
+    if embed:
+        state["embed_tokens.weight"] = r(vocab, h)
+    save_file(state, tmp_path / "model.safetensors")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
+              "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": vocab,
+              "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "hidden_act": "silu", "torch_dtype": "float16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return state
+
+
+@pytest.mark.parametrize("embed", [False, True])
+def test_published_layout_loads_and_computes_eagle(tmp_path, embed):
+    state = _published_checkpoint(tmp_path, embed)
+    target = tiny_llama(4, vocab=64, hidden=32, layers=1)
+    head = load_eagle_head(tmp_path, target)
+    assert target.eagle_head is head and (head.embed_tokens is not None) == embed
+    f, tok = torch.randn(1, 32), torch.tensor([7])
+    emb = state["embed_tokens.weight"][tok] if embed else target.get_input_embeddings().weight[tok].detach()
+    # reference by hand, one position: attention over a single key is the value itself
+    x = F.linear(torch.cat([emb, f], -1), state["fc.weight"], state["fc.bias"])
+    v = F.linear(x, state["layers.0.self_attn.v_proj.weight"]).view(1, 2, 8).repeat_interleave(2, 1).reshape(1, 32)
+    x = x + F.linear(v, state["layers.0.self_attn.o_proj.weight"])
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * state["layers.0.post_attention_layernorm.weight"]
+    ref = x + F.linear(F.silu(F.linear(n, state["layers.0.mlp.gate_proj.weight"])) * F.linear(n, state["layers.0.mlp.up_proj.weight"]), state["layers.0.mlp.down_proj.weight"])
+    with torch.no_grad():
+        got = EagleRunner(target, head, 64).step(f, tok, 0)
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_bad_checkpoints_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    state = _published_checkpoint(tmp_path, False)
+    del state["fc.bias"]
+    state["layers.0.input_layernorm.weight"] = torch.ones(32)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="unexpected tensors .*input_layernorm"):
+        load_eagle_head(tmp_path)
+    save_file({**load_file(tmp_path / "model.safetensors"), "midlayer.self_attn.q_proj.weight": torch.zeros(1)}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        load_eagle_head(tmp_path)
+    with pytest.raises(ValueError, match="train_eagle"):
+        load_eagle_head(tmp_path / "nothing")
+
+
+def test_save_and_load_round_trip_with_a_restricted_head(tmp_path):
+    target = with_eagle(tiny_llama(6, vocab=64, hidden=32, layers=1))
+    token_map = torch.tensor([1, 5, 9, 30, 63])
+    save_eagle_head(target.eagle_head, tmp_path, token_map=token_map, dtype=torch.float32)
+    other = tiny_llama(6, vocab=64, hidden=32, layers=1)
+    head = load_eagle_head(tmp_path, other)
+    runner = EagleRunner(other, head, 64)
+    with torch.no_grad():
+        z = runner.logits(runner.step(torch.randn(2, 32), torch.tensor([1, 2]), 0))
+    assert torch.isfinite(z).sum(-1).tolist() == [5, 5]
+    assert torch.isfinite(z[:, token_map]).all()
+
+
+def test_ngram_lookup():
+    d = NgramDrafter(vocab_size=50, device="cpu", max_ngram=3, min_ngram=1)
+    assert d.lookup([1, 2, 3, 4, 1, 2, 3], 2) == [4, 1]  # the trigram [1 2 3] matched
+    assert d.lookup([1, 2, 9, 7, 2, 8, 2], 3) == [8, 2]  # unigram 2: most recent earlier match, cut at the end
+    assert d.lookup([5, 6, 7], 3) == []  # no match
+    ctx = [4, 4, 7, 1, 4, 4]  # bigram [4 4] matched at 0 (the longest n wins over unigram matches)
+    assert d.lookup(ctx, 3) == [7, 1, 4]
+    draft = d.propose([1, 2, 3, 1, 2], 2, Warper(1.0, 0, 1.0), None)
+    assert draft.tokens.tolist() == [3, 1] and draft.probs.sum(-1).tolist() == [1.0, 1.0]
+    assert draft.probs[0, 3] == 1.0
+    assert NgramDrafter(50, "cpu", max_ngram=3, min_ngram=2).lookup([1, 2, 9, 2], 3) == []
+
+
+def test_ngram_without_match_takes_plain_target_steps(eagle_pair):
+    decoder = build_decoder("spd", *eagle_pair, drafter="ngram", temperature=0, gamma=4)
+    out = decoder.generate([0, 1, 2, 3, 4, 5, 6, 7], max_new_tokens=1)
+    assert out.steps == 1 and out.draft_steps == 0
+
+
+def test_drafter_validation_before_any_model():
+    pair = {"name": "p", "target": {"id": "t"}, "draft": {"id": "d"}}
+    ctx = DrafterContext.of_pair(pair)
+    assert check_method("spd", {}, drafters=ctx)["drafter"] == "model"
+    assert check_method("spd", {"drafter": "ngram"}, has_draft=False)["drafter"] == "ngram"
+    with pytest.raises(ValueError, match="eagle: models/"):
+        check_method("block", {"drafter": "eagle"}, drafters=ctx)
+    eagle_ctx = DrafterContext.of_pair({**pair, "eagle": "models/x", "drafter": "eagle"})
+    assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == "eagle"
+    assert check_method("specinfer", {}, drafters=eagle_ctx)["drafter"] == "model"  # pair: the method's fallback
+    for method in ("spectr", "specinfer", "mcss", "bild"):
+        with pytest.raises(ValueError, match="cannot use drafter: ngram"):
+            check_method(method, {"drafter": "ngram"}, drafters=ctx)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        check_method("spd", {"drafter": "model"}, has_draft=False)
+    with pytest.raises(ValueError, match="min_ngram"):
+        check_method("spd", {"drafter": "ngram", "min_ngram": 3, "max_ngram": 2})
+    with pytest.raises(ValueError, match="drafter"):
+        DrafterContext.of_pair({**pair, "drafter": "medusa"})
