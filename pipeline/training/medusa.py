@@ -233,7 +233,7 @@ def feature_data(model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: P
     for tag, seqs in (("train", seqs_train + gen_train), ("heldout_stdlib", seqs_held), ("heldout_answers", gen_held)):
         data[tag] = hidden_states(model, seqs, log, tag)
     torch.save(data, cache)
-    log(f"data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
+    log("data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
     return data
 
 
@@ -255,7 +255,6 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     model = load_model(spec.target, "float32", "cpu").requires_grad_(False)
     tokenizer = load_tokenizer(spec.target)
     lm_head = model.get_output_embeddings()
-    data_cfg = cfg["data"]
 
     data = feature_data(model, tokenizer, cfg["data"], cfg["seed"], work / "data.pt", log)
 
