@@ -136,7 +136,9 @@ def test_host_files_are_not_readable_and_not_echoed(tmp_path, problems):
     target.chmod(0o600)  # root-only, as in the report; the sandbox must hide it, not permissions
     assert not he.run_sandboxed(f"assert open({str(target)!r}).read() == {secret!r}").passed
     for path in ("/root/.bashrc", "/root/.ssh", "/home", "/etc/passwd", "/etc/hostname", "/proc/1/environ",
-                 "/run", str(REPO), str(tmp_path)):
+                 "/run", str(REPO / "README.md"), str(REPO / "pipeline"), str(tmp_path)):
+        # (the repository's folder itself may exist as a path when the virtual environment lives in it:
+        # only the environment is bound there, none of the project's files)
         assert not he.run_sandboxed(f"import os\nassert os.path.exists({path!r})").passed, path
     # of the directories above the interpreter, only the path to it exists
     prefix = Path(sys.base_prefix).resolve()

@@ -165,11 +165,12 @@ def bwrap_command(limits: SandboxLimits, seccomp_fd: int, python_args: list[str]
     for key, value in (("LANG", "C.UTF-8"), ("HOME", "/tmp"), ("TMPDIR", "/tmp"), ("OMP_NUM_THREADS", "1"),
                        ("OPENBLAS_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1")):
         cmd += ["--setenv", key, value]
+    # the tmpfs first: a Python prefix or virtual environment under /tmp is bound on top of it, not hidden
+    cmd += ["--size", str(limits.disk_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
     cmd += _system_binds()
     for d in dirs:
         cmd += ["--ro-bind", d, d]
     cmd += ["--dev-bind", "/dev/null", "/dev/null"]
-    cmd += ["--size", str(limits.disk_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
     cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--seccomp", str(seccomp_fd)]
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
