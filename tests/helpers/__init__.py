@@ -4,4 +4,5 @@
     tokenizers.py  the offline pair's tokenizer and a small word-level one with a chat template
     exact.py       exact laws by enumeration and the chi-square test against them
     project.py     a project folder (conf/ + tiny models + data) for sweeps, and how to run one
+    judge.py       an OpenAI-compatible judge server on loopback (MT-Bench scoring, the sweep's judge stage)
 """
