@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.judge import JudgeServer
 from pipeline.data import load_dataset
@@ -148,8 +149,6 @@ def test_cli_with_http_judge(tmp_path, monkeypatch, samples):
 
 def test_local_transformers_judge_on_the_offline_model(samples, templates):
     """End to end with SmolLM2-135M as judge: per-category scores come out (a tiny judge rarely rates)."""
-    import torch
-
     torch.set_num_threads(1)
     judge = mb.TransformersJudge.from_spec("smollm2-offline", device="cpu", max_new_tokens=24)
     chosen = [next(s for s in samples.values() if s.category == c) for c in ("writing", "math")]
