@@ -1,11 +1,13 @@
-"""Checkpoint folders of the heads that ride on a target (Medusa heads, EAGLE heads): a JSON config
-beside the weights (safetensors, or a PyTorch ``.bin`` state dict as some published heads ship).
+"""The heads that ride on a target (Medusa heads, EAGLE heads): their checkpoint folders, a JSON config
+beside the weights (safetensors, or a PyTorch ``.bin`` state dict as some published heads ship), and
+how they are attached to the target model.
 
 ``read_checkpoint`` finds the folder (a relative path from the current directory, else from the
 repository root), reads the config and the first weights file present, and refuses a folder without
 them with a message naming the command that trains one; ``write_checkpoint`` writes the weights in a
 given dtype and the config. What the config holds and how the state becomes a module is the head's
-own business (``medusa_heads.py``, ``eagle.py``).
+own business (``medusa_heads.py``, ``eagle.py``). ``attach`` puts a head on the target as a plain
+attribute after checking its width; ``attached`` reads it back or says how to provide one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,3 +64,24 @@ def write_checkpoint(
     save_file({k: v.detach().to(dtype).contiguous() for k, v in state.items()}, directory / weights_file)
     (directory / config_file).write_text(json.dumps(config, indent=2, default=str) + "\n")
     return directory
+
+
+def attach(target: nn.Module, head: nn.Module, attr: str, what: str) -> nn.Module:
+    """Put ``head`` (with a ``hidden_size``) on ``target`` as ``target.<attr>``, on the target's device and dtype.
+
+    A plain attribute, not a registered submodule: the target's state dict and forward stay untouched.
+    """
+    weight = target.get_output_embeddings().weight
+    if head.hidden_size != weight.shape[1]:
+        raise ValueError(f"{what} expects hidden size {head.hidden_size}, the target has {weight.shape[1]}")
+    head.to(weight.device, weight.dtype)
+    object.__setattr__(target, attr, head)
+    return target
+
+
+def attached(target: nn.Module, attr: str, missing: str) -> nn.Module:
+    """``target.<attr>``, or a ValueError with ``missing`` (what the method needs and how to provide it)."""
+    head = getattr(target, attr, None)
+    if head is None:
+        raise ValueError(missing)
+    return head

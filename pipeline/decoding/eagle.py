@@ -27,7 +27,7 @@ from transformers import LlamaConfig
 from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from .checkpoints import read_checkpoint, write_checkpoint
+from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
 from .kv import PreallocatedLayer
 from .vocab import read_token_map, save_token_map
 
@@ -136,25 +136,18 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
 
 def attach_eagle_head(target: nn.Module, head: EagleHead) -> nn.Module:
     """Put ``head`` on ``target`` as ``target.eagle_head`` (target device and dtype) after checking shapes."""
-    weight = target.get_output_embeddings().weight
-    if head.hidden_size != weight.shape[1]:
-        raise ValueError(f"EAGLE head expects hidden size {head.hidden_size}, the target has {weight.shape[1]}")
-    if getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= weight.shape[0]:
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= vocab:
         raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
-    head.to(weight.device, weight.dtype)
-    object.__setattr__(target, "eagle_head", head)
-    return target
+    return attach(target, head, "eagle_head", "EAGLE head")
 
 
 def eagle_head_of(target: nn.Module, method: str) -> EagleHead:
-    head = getattr(target, "eagle_head", None)
-    if head is None:
-        raise ValueError(
-            f"method {method!r} with drafter: eagle needs an EAGLE head on the target: add "
-            "`eagle: models/<dir>` to the pair config (train one with `python -m pipeline.train_eagle pair=<pair>`), "
-            "or call pipeline.decoding.eagle.load_eagle_head(path, target)"
-        )
-    return head
+    return attached(target, "eagle_head", (
+        f"method {method!r} with drafter: eagle needs an EAGLE head on the target: add "
+        "`eagle: models/<dir>` to the pair config (train one with `python -m pipeline.train_eagle pair=<pair>`), "
+        "or call pipeline.decoding.eagle.load_eagle_head(path, target)"
+    ))
 
 
 class EagleRunner:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoints import read_checkpoint, write_checkpoint
+from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
 from .fast_forward import small_linear
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -85,23 +85,13 @@ def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> Medu
 
 def attach_medusa_heads(target: nn.Module, heads: MedusaHeads) -> nn.Module:
     """Put ``heads`` on ``target`` (as ``target.medusa_heads``, on its device and dtype) after checking shapes."""
-    hidden = target.get_output_embeddings().weight.shape[1]
-    if heads.hidden_size != hidden:
-        raise ValueError(f"Medusa heads expect hidden size {heads.hidden_size}, the target has {hidden}")
-    weight = target.get_output_embeddings().weight
-    heads.to(weight.device, weight.dtype)
-    # plain attribute (not a registered submodule): the target's state dict and forward stay untouched
-    object.__setattr__(target, "medusa_heads", heads)
-    return target
+    return attach(target, heads, "medusa_heads", "Medusa heads")
 
 
 def medusa_heads_of(target: nn.Module, method: str) -> MedusaHeads:
     """The heads attached to ``target``, or a clear error saying how to provide them."""
-    heads = getattr(target, "medusa_heads", None)
-    if heads is None:
-        raise ValueError(
-            f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
-            f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
-            f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
-        )
-    return heads
+    return attached(target, "medusa_heads", (
+        f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
+        f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
+        f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
+    ))
