@@ -3,7 +3,7 @@
 ``start_run`` sets the torch threads and the seed, makes the work folder and opens the run's log (a
 file in the work folder, echoed on stdout); ``load_frozen_target`` loads a pair's target in float32
 on the CPU with its parameters frozen, and its tokenizer; ``warmup_cosine`` is the learning rate of
-the heads' training loops (linear warm-up, cosine decay to zero). Relative paths of a training
+the heads' training loops (linear warm-up, cosine decay to zero), ``scheduled_steps`` their loop with its early stops. Relative paths of a training
 config (``work_dir``, ``out_dir``) are read from the repository root (``repo_path``), whatever the
 current directory.
 """
@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -69,3 +69,23 @@ def load_frozen_target(pair_cfg: Mapping[str, Any]) -> tuple[PairSpec, Any, Any]
 def warmup_cosine(lr: float, step: int, warmup: int, steps: int) -> float:
     """Learning rate at ``step`` (1-based): linear warm-up over ``warmup`` steps times a cosine decay to 0 at ``steps``."""
     return lr * min(1.0, step / max(warmup, 1)) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+
+def scheduled_steps(opt: torch.optim.Optimizer, *, lr: float, warmup: int, steps: int, deadline: float | None = None,
+                    stop_after: int | None = None, log: Callable[[str], None] = print) -> Iterator[tuple[int, float]]:
+    """(step, rate) for steps 1..``steps``, the ``warmup_cosine`` rate set on ``opt`` first.
+
+    Stops early, saying so in the log, after ``stop_after`` steps (the schedule stays that of ``steps``:
+    deterministic) or once the wall clock passes ``deadline`` (a safety net).
+    """
+    for step in range(1, steps + 1):
+        if stop_after is not None and step > stop_after:
+            log(f"stop_after_steps reached at step {step - 1} (the schedule stays that of {steps} steps)")
+            return
+        if deadline is not None and time.time() > deadline:
+            log(f"time budget reached at step {step}")
+            return
+        rate = warmup_cosine(lr, step, warmup, steps)
+        for group in opt.param_groups:
+            group["lr"] = rate
+        yield step, rate

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from pipeline.decoding.eagle import EagleHead, eagle_config, save_eagle_head
 from pipeline.decoding.warping import Warper
-from pipeline.training.common import load_frozen_target, repo_path, start_run, warmup_cosine
+from pipeline.training.common import load_frozen_target, repo_path, scheduled_steps, start_run
 from pipeline.training.teacher_data import feature_data
 
 
@@ -98,17 +98,9 @@ def train_eagle(head: EagleHead, seqs, W: torch.Tensor, embed, *, steps: int, ba
     picks = windows(seqs, length)
     head.train()
     done = 0
-    bar = tqdm(range(1, steps + 1), desc="eagle", mininterval=5.0)
-    for step in bar:
-        if stop_after is not None and step > stop_after:
-            log(f"stop_after_steps reached at step {step - 1} (the schedule stays that of {steps} steps)")
-            break
-        if deadline is not None and time.time() > deadline:
-            log(f"time budget reached at step {step}")
-            break
-        rate = warmup_cosine(lr, step, warmup, steps)
-        for group in opt.param_groups:
-            group["lr"] = rate
+    bar = tqdm(scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, stop_after=stop_after, log=log),
+               total=steps, desc="eagle", mininterval=5.0)
+    for step, rate in bar:
         idx = torch.randint(0, len(picks), (batch,), generator=gen).tolist()
         f, e, tgt, mask, pos = window_batch(seqs, [picks[i] for i in idx], length, embed, noise, gen)
         pred = head(f, e, pos)[mask]

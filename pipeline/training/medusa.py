@@ -19,14 +19,13 @@ data sizes, held-out top-1 accuracy of every head, the command) and ``medusa_hea
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.medusa_heads import MedusaHeads, save_medusa_heads
-from pipeline.training.common import load_frozen_target, repo_path, start_run, warmup_cosine
+from pipeline.training.common import load_frozen_target, repo_path, scheduled_steps, start_run
 from pipeline.training.teacher_data import feature_data
 
 
@@ -84,13 +83,7 @@ def train_heads(
     gen = torch.Generator().manual_seed(seed)
     n = hidden.shape[0]
     heads.train()
-    for step in range(1, steps + 1):
-        if deadline is not None and time.time() > deadline:
-            log(f"time budget reached at step {step}")
-            break
-        rate = warmup_cosine(lr, step, warmup, steps)
-        for group in opt.param_groups:
-            group["lr"] = rate
+    for step, rate in scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, log=log):
         idx = torch.randint(0, n, (batch_tokens,), generator=gen)
         logits = heads.features(hidden[idx]) @ W.T  # [K, B, V']
         y = y_fit[idx]
