@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from pipeline.models import REPO_ROOT, PairSpec, load_model, load_tokenizer
+from pipeline.training.cards import now
 
 
 def repo_path(path: str | Path) -> Path:
@@ -38,7 +39,7 @@ class TrainingRun:
 
     def log(self, msg: str) -> None:
         """``[wall clock +elapsed] msg`` appended to the log file; on stdout too where ``echo(msg)``."""
-        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')} {time.time() - self.t0:+8.1f}s] {msg}"
+        line = f"[{now()} {time.time() - self.t0:+8.1f}s] {msg}"
         with open(self.log_file, "a") as f:
             f.write(line + "\n")
         if self.echo(msg):
