@@ -32,7 +32,7 @@ TAGS: dict[str, str] = {
     "pair": "pair",
     "dataset": "dataset",
     "seed": "seed",
-    "status": CELL_STATUS_TAG,  # finished | failed
+    "status": CELL_STATUS_TAG,  # finished | score_failed | failed; logging while its run is written (pipeline.tracking STATUS_*)
     "stage": "stage",
     "device": "device",  # GPU name, or "cpu": ratios only compare cells on the same device model
     "gpu_uuid": "gpu_uuid",

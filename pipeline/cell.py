@@ -3,12 +3,11 @@
     result = run_cell(cell)            # in-process (tests, debugging)
     actor = ray.remote(CellActor).options(num_gpus=1).remote(); ray.get(actor.run.remote(cell))
 
-``cell`` is the plain dict that ``pipeline.sweep`` builds (``key``, ``label``, ``method``, ``pair``,
-``dataset``, ``seed``, ``measure``, ``judge``, ``config``); the result is a plain dict (status, metrics,
-per-generation records, scorer details, device, stage times, error and traceback). Only the driver
-writes to MLflow (docs/DESIGN.md section 7).
+``cell`` is a ``Cell`` that ``pipeline.sweep.plan`` builds; the result a ``CellResult`` (status, metrics,
+per-generation records, scorer details, device, stage times, error and traceback); both are defined in
+``pipeline/cell_types.py`` and re-exported here. Only the driver writes to MLflow (docs/DESIGN.md section 7).
 
-Stages (docs/DESIGN.md section 1), each timed in ``result["stages"]``:
+Stages (docs/DESIGN.md section 1), each timed in ``result.stages``:
 
 1. ``load``: the pair and the decoder; the dataset slice plus warm-up samples from outside it.
 2. ``generate``: ``pipeline.measure.run_window`` (warm-up, idle power, one window over the slice).
@@ -20,7 +19,7 @@ A failure in ``score`` keeps everything measured before it: the result is ``stat
 with the metrics and the generation records, so the driver logs them and a later invocation re-scores
 the logged generations (``rescore``) instead of generating again.
 
-CPU isolation (``cell["isolation"]``, set by the driver's scheduler and recorded with the cell):
+CPU isolation (``cell.isolation``, set by the driver's scheduler and recorded with the cell):
 ``exclusive`` (one cell per node, all its cores, torch threads = cores), ``pinned`` (this process is
 bound to a disjoint core set with ``sched_setaffinity``, torch threads = its size) or ``shared``.
 
@@ -36,11 +35,13 @@ import socket
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator, Mapping
 
 import ray
 import torch
 
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
 from pipeline.data import dataset_module, stop_strings
 from pipeline.data.slices import load_slice
 from pipeline.decoding import build_decoder
@@ -52,6 +53,11 @@ from pipeline.scoring import mt_bench
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
 from pipeline.scoring.registry import scorer_for
 
+__all__ = [
+    "Cell", "CellActor", "CellResult", "apply_isolation", "inject_fault", "judge_identity", "predictions_from_records",
+    "prepare_pair", "rescore", "run_cell", "score_cell",
+]
+
 
 def _node_id() -> str | None:
     try:
@@ -62,17 +68,17 @@ def _node_id() -> str | None:
     return None
 
 
-def inject_fault(cell: Mapping[str, Any], stage: str) -> None:
-    """Test-only: fail this cell as ``cell['fault']`` says (``raise``, ``exit`` the process, ``sleep``).
+def inject_fault(cell: Cell, stage: str) -> None:
+    """Test-only: fail this cell as ``cell.fault`` says (``raise``, ``exit`` the process, ``sleep``).
 
     ``fault`` is a mapping or a list of them: ``{kind, stage (default generate), methods, datasets,
     seeds, labels, seconds}``; a fault applies to cells matching every list given.
     """
-    faults = cell.get("fault") or []
+    faults = cell.fault or []
     for fault in [faults] if isinstance(faults, Mapping) else faults:
         if fault.get("stage", "generate") != stage:
             continue
-        fields = (("methods", cell["method"]["name"]), ("datasets", cell["dataset"]["name"]), ("seeds", cell["seed"]), ("labels", cell["label"]))
+        fields = (("methods", cell.method), ("datasets", cell.dataset_name), ("seeds", cell.seed), ("labels", cell.label))
         if all(fault.get(f) is None or v in fault[f] for f, v in fields):
             _fail(fault, stage)
 
@@ -90,13 +96,13 @@ def _fail(fault: Mapping[str, Any], stage: str) -> None:
 
 
 @contextmanager
-def _stage(result: dict[str, Any], name: str) -> Iterator[None]:
-    result["stage"] = name
+def _stage(result: CellResult, name: str) -> Iterator[None]:
+    result.stage = name
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        result["stages"][name] = round(time.perf_counter() - t0, 4)
+        result.stages[name] = round(time.perf_counter() - t0, 4)
 
 
 def score_cell(dataset: Mapping[str, Any], samples: list[Any], predictions: list[dict[str, Any]], judge_cfg: Mapping[str, Any] | None, max_turns: int | None) -> dict[str, Any] | None:
@@ -120,11 +126,11 @@ def predictions_from_records(records: list[Mapping[str, Any]]) -> list[dict[str,
     return out
 
 
-def judge_identity(cell: Mapping[str, Any]) -> dict[str, Any] | None:
+def judge_identity(cell: Cell) -> dict[str, Any] | None:
     """The judge that scores this cell (None: none), as recorded on its run (tag ``judge``)."""
-    if cell["dataset"]["name"] != "mt_bench" or not (cell.get("judge") or {}).get("enabled"):
+    if cell.dataset_name != "mt_bench" or not (cell.judge or {}).get("enabled"):
         return None
-    return mt_bench.judge_identity(cell["judge"])
+    return mt_bench.judge_identity(cell.judge)
 
 
 def apply_isolation(isolation: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -143,73 +149,64 @@ def apply_isolation(isolation: Mapping[str, Any] | None) -> dict[str, Any]:
     return iso
 
 
-def _score_stage(result: dict[str, Any], cell: Mapping[str, Any], dataset: Mapping[str, Any], samples: list[Any],
+def _score_stage(result: CellResult, cell: Cell, dataset: Mapping[str, Any], samples: list[Any],
                  predictions: list[dict[str, Any]], records: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
     """Stage ``score``: scores onto metrics/records; a failure marks the result ``score_failed`` (never raises)."""
-    result["judge_identity"] = judge_identity(cell)
+    result.judge_identity = judge_identity(cell)
     scores = None
     try:
         with _stage(result, "score"):
             inject_fault(cell, "score")
-            scores = score_cell(dataset, samples, predictions, cell.get("judge"), dataset.get("max_turns"))
+            scores = score_cell(dataset, samples, predictions, cell.judge, dataset.get("max_turns"))
     except Exception as err:  # noqa: BLE001 - the generations are kept; only the score is missing
-        result["status"] = "score_failed"
-        result["error"] = f"score stage: {type(err).__name__}: {err}"
-        result["traceback"] = traceback.format_exc()
-        result["score_metric"] = "pending"
+        result.status = STATUS_SCORE_FAILED
+        result.error = f"score stage: {type(err).__name__}: {err}"
+        result.traceback = traceback.format_exc()
+        result.score_metric = "pending"
         return
-    result["status"] = "finished"
-    result["scores"] = scores
+    result.status = STATUS_FINISHED
+    result.scores = scores
     if scores is not None:
         metrics["score"] = scores.get("score", float("nan"))
-        result["score_metric"] = scores.get("metric")
+        result.score_metric = scores.get("metric")
         _attach_scores(records, scores)
     else:
-        result["score_metric"] = "speed_only" if dataset["name"] == "mt_bench" else "none"
+        result.score_metric = "speed_only" if dataset["name"] == "mt_bench" else "none"
 
 
-def rescore(cell: Mapping[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+def rescore(cell: Cell, records: list[dict[str, Any]]) -> CellResult:
     """Score a cell's logged generations again (no model of the pair loads): status, metrics, records, scores.
 
     ``records`` are the cell's ``samples.jsonl`` records; the result has ``status`` (``finished`` or
     ``score_failed``), ``metrics`` (``score``, ``stage_score_s``), the records with their verdicts, ``scores``.
     """
-    dataset = dict(cell["dataset"])
-    result: dict[str, Any] = {"stages": {}, "status": "score_failed"}
+    dataset = dict(cell.dataset)
+    result = CellResult(cell_key=cell.key, status=STATUS_SCORE_FAILED)
     samples, _, _ = load_slice({**dataset, "warmup_samples": 0})
     records = [{k: v for k, v in r.items() if k != "score_detail"} for r in records]
     metrics: dict[str, Any] = {}
     _score_stage(result, cell, dataset, samples, predictions_from_records(records), records, metrics)
-    metrics.update({f"stage_{k}_s": v for k, v in result["stages"].items()})
-    result.update(metrics=metrics, records=records)
-    return result
+    metrics.update({f"stage_{k}_s": v for k, v in result.stages.items()})
+    return replace(result, metrics=metrics, records=records)
 
 
-def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
+def run_cell(cell: Cell) -> CellResult:
     """Run every stage of one cell; never raises (failures come back as ``status: failed``)."""
     t_start = time.perf_counter()
-    result: dict[str, Any] = {
-        "cell_key": cell["key"],
-        "status": "failed",
-        "stage": "start",
-        "stages": {},
-        "node_id": _node_id(),
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),
-        "metrics": {},
-    }
+    result = CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="start", node_id=_node_id(),
+                        hostname=socket.gethostname(), pid=os.getpid())
     try:
-        measure = dict(cell["measure"])
-        dataset = dict(cell["dataset"])
-        iso = dict(cell.get("isolation") or {})
+        measure = dict(cell.measure)
+        dataset = dict(cell.dataset)
+        iso = dict(cell.isolation or {})
         if measure.get("threads"):
             iso["threads"] = int(measure["threads"])  # an explicit setting wins over the scheduler's
-        result["isolation"] = apply_isolation(iso)
+        result.isolation = apply_isolation(iso)
         with _stage(result, "load"):
             inject_fault(cell, "load")
-            spec = PairSpec.from_config(cell["pair"])
+            spec = PairSpec.from_config(cell.pair)
             pair = load_pair(spec)
-            decoder = build_decoder(cell["method"]["name"], pair.target, pair.draft, **cell["method"]["params"])
+            decoder = build_decoder(cell.method, pair.target, pair.draft, **cell.params)
             samples, warm, _ = load_slice({**dataset, "warmup_samples": measure.get("warmup_samples", 3)})
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, measure.get("energy_meter", "auto"))
@@ -218,7 +215,7 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
             window = run_window(
                 decoder, samples, tokenizer=pair.tokenizer, chat=spec.chat,
                 eos_token_ids=eos_ids(pair.tokenizer, pair.target), max_new_tokens=int(dataset["max_new_tokens"]),
-                seed=int(cell["seed"]), device=device, meter=meter, warmup_samples=warm,
+                seed=int(cell.seed), device=device, meter=meter, warmup_samples=warm,
                 warmup_generations=int(measure.get("warmup_generations", 3)),
                 warmup_seconds=float(measure.get("warmup_seconds", 10.0)),
                 idle_seconds=float(measure.get("idle_seconds", 10.0)),
@@ -248,14 +245,15 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
         if measure.get("score", True):
             _score_stage(result, cell, dataset, samples, predictions_for_scoring(window), records, metrics)
         else:
-            result.update(status="finished", scores=None, score_metric="none")
+            result.status, result.scores, result.score_metric = STATUS_FINISHED, None, "none"
         if device.type == "cuda":
             torch.cuda.empty_cache()
         metrics["cell_wall_s"] = time.perf_counter() - t_start
-        metrics.update({f"stage_{k}_s": v for k, v in result["stages"].items()})
+        metrics.update({f"stage_{k}_s": v for k, v in result.stages.items()})
         info = window.to_dict()
-        result.update(
-            stage="done" if result["status"] == "finished" else "score",
+        result = replace(
+            result,
+            stage="done" if result.finished else "score",
             metrics=metrics,
             records=records,
             summary=summary,
@@ -266,10 +264,10 @@ def run_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
             settings=info["settings"],
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a record (OOM included)
-        result["status"] = "failed"
-        result["error"] = f"{type(err).__name__}: {err}"
-        result["traceback"] = traceback.format_exc()
-        result["metrics"] = {"cell_wall_s": time.perf_counter() - t_start}
+        result.status = STATUS_FAILED
+        result.error = f"{type(err).__name__}: {err}"
+        result.traceback = traceback.format_exc()
+        result.metrics = {"cell_wall_s": time.perf_counter() - t_start}
     return result
 
 
@@ -290,7 +288,7 @@ def _attach_scores(records: list[dict[str, Any]], scores: Mapping[str, Any]) -> 
 class CellActor:
     """The Ray actor of one cell (made remote by the driver with the cell's resources)."""
 
-    def run(self, cell: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, cell: Cell) -> CellResult:
         return run_cell(cell)
 
 

@@ -15,7 +15,8 @@
   key are tagged ``superseded_by=<new run id>`` and *deleted* (MLflow's soft delete: hidden from the UI
   and from searches, restorable with ``mlflow runs restore`` until ``mlflow gc``). So at any time each
   cell key has exactly one active run: finished, or the latest failure.
-- Only the driver (``pipeline.sweep``) writes; actors return plain dicts.
+- Only the driver (``pipeline.sweep``) writes; actors return a ``CellResult`` (``pipeline/cell_types.py``),
+  logged with its ``Cell`` by ``Tracker.log_cell``.
 - Concurrency: drivers sharing a local store (sqlite file or file store) coordinate through lock
   files beside it (``<store>.locks/``): a driver holds an exclusive ``flock`` on ``cell-<key>.lock``
   while it runs and logs that cell, and on ``parent-<run id>.lock`` while its parent run is open; the
@@ -36,6 +37,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import threading
 import time
 import urllib.error
@@ -43,12 +45,21 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, ViewType
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
+
 KEY_LENGTH = 12
 # MLflow 3's UI reads this experiment tag to tell model-training experiments (runs table, charts,
 # compare view) from GenAI ones (traces/overview): a sweep is the former.
 EXPERIMENT_KIND_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
-STATUS_FINISHED, STATUS_FAILED, STATUS_SCORE_FAILED, STATUS_LOGGING = "finished", "failed", "score_failed", "logging"
+# A cell run's ``cell_status`` tag: a result's status (finished, score_failed, failed: pipeline/cell_types.py),
+# or ``logging`` while its run is being written (never taken as an outcome).
+STATUS_LOGGING = "logging"
 HEARTBEAT_S = 15.0  # how often a driver refreshes its parent run's heartbeat tag
 STALE_AFTER_S = 120.0  # a RUNNING parent without a heartbeat for this long is taken as dead (remote stores)
 LOCAL_SCHEMES = ("sqlite", "file", "")
@@ -247,9 +258,6 @@ class Tracker:
     """The MLflow side of one sweep invocation."""
 
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: str | None = None):
-        import mlflow
-        from mlflow import MlflowClient
-
         check_tracking_uri(tracking_uri)
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment
@@ -286,8 +294,6 @@ class Tracker:
 
     def cell_runs(self, status: str | None = None) -> list[Any]:
         """Active cell runs of the experiment (optionally only those with ``cell_status=status``)."""
-        from mlflow.entities import ViewType
-
         flt = "tags.kind = 'cell'" + (f" and tags.cell_status = '{status}'" if status else "")
         runs, token = [], None
         while True:
@@ -307,8 +313,6 @@ class Tracker:
 
     def key_runs(self, key: str) -> list[Any]:
         """Active cell runs of one key."""
-        from mlflow.entities import ViewType
-
         return list(self.client.search_runs([self.experiment_id], filter_string=f"tags.kind = 'cell' and tags.cell_key = '{key}'",
                                             run_view_type=ViewType.ACTIVE_ONLY, max_results=1000))
 
@@ -387,8 +391,6 @@ class Tracker:
         ``STALE_AFTER_S`` (remote stores). A cell run left ``logging`` whose key is not leased is closed
         too (it never counted as finished; the cell runs again and supersedes it).
         """
-        from mlflow.entities import ViewType
-
         closed = []
         now = time.time()
         parents = self.client.search_runs([self.experiment_id], filter_string="tags.kind = 'sweep' and attributes.status = 'RUNNING'",
@@ -433,57 +435,55 @@ class Tracker:
         if self.leases is not None:
             self.leases.release_all()
 
-    def log_cell(self, cell: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+    def log_cell(self, cell: Cell, result: CellResult) -> str:
         """One run for one cell's result; supersedes (tags and deletes) older failed runs of its key."""
-        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-
-        status = result.get("status", "failed")
-        device = result.get("device") or {}
+        device = result.device or {}
         tags = {
             "kind": "cell",
-            "cell_key": cell["key"],
-            "method": cell["method"]["name"],
-            "label": cell["label"],
-            "pair": cell["pair"]["name"],
-            "dataset": cell["dataset"]["name"],
-            "seed": cell["seed"],
+            "cell_key": cell.key,
+            "method": cell.method,
+            "label": cell.label,
+            "pair": cell.pair_name,
+            "dataset": cell.dataset_name,
+            "seed": cell.seed,
             "cell_status": STATUS_LOGGING,  # the outcome is written last (see the module docstring)
-            "stage": result.get("stage", ""),
+            "stage": result.stage,
             "device": device.get("gpu_name") or device.get("device") or "",
             "gpu_uuid": device.get("gpu_uuid") or "",
-            "node_id": result.get("node_id") or "",
-            "hostname": result.get("hostname") or "",
-            "git_commit": device.get("git_commit") or result.get("git_commit") or "",
-            "score_metric": result.get("score_metric") or "",
-            "sweep": cell.get("sweep", ""),
-            "judge": json.dumps(result.get("judge_identity"), sort_keys=True) if result.get("judge_identity") else "",
-            "cpu_isolation": (result.get("isolation") or {}).get("mode", ""),
+            "node_id": result.node_id or "",
+            "hostname": result.hostname or "",
+            "git_commit": device.get("git_commit") or "",
+            "score_metric": result.score_metric or "",
+            "sweep": cell.sweep,
+            "judge": json.dumps(result.judge_identity, sort_keys=True) if result.judge_identity else "",
+            "cpu_isolation": (result.isolation or {}).get("mode", ""),
         }
-        if status != STATUS_FINISHED:
-            tags["error"] = (result.get("error") or "unknown error")[:5000]
+        if not result.finished:
+            tags["error"] = (result.error or "unknown error")[:5000]
         if self.parent_run_id:
             tags[MLFLOW_PARENT_RUN_ID] = self.parent_run_id
-        run = self.client.create_run(self.experiment_id, tags=_str_tags(tags), run_name=f"{cell['label']}|{cell['dataset']['name']}|s{cell['seed']}")
+        run = self.client.create_run(self.experiment_id, tags=_str_tags(tags), run_name=f"{cell.label}|{cell.dataset_name}|s{cell.seed}")
         run_id = run.info.run_id
         self.logging_run_id = run_id  # for mark_log_failed when a write below raises
-        params = flatten(cell["config"])
-        if result.get("isolation"):
-            params.update(flatten({"isolation": result["isolation"]}))
+        config = cell.config
+        params = flatten(config)
+        if result.isolation:
+            params.update(flatten({"isolation": result.isolation}))
         self._log_params(run_id, params)
-        self._log_metrics(run_id, result.get("metrics") or {})
-        self.client.log_dict(run_id, dict(cell["config"]), "cell_config.yaml")
-        if result.get("records"):
-            lines = "\n".join(json.dumps(r, default=str) for r in result["records"])
-            self.client.log_text(run_id, lines + "\n", "samples.jsonl")
-        if result.get("scores"):
-            self.client.log_text(run_id, json.dumps(result["scores"], indent=1, default=str), "scores.json")
-        summary = {k: result.get(k) for k in ("status", "error", "stage", "stages", "summary", "energy", "idle", "warmup", "device", "settings", "node_id", "hostname", "perplexity")}
-        self.client.log_text(run_id, json.dumps(summary, indent=1, default=str), "result.json")
-        if result.get("traceback"):
-            self.client.log_text(run_id, result["traceback"], "traceback.txt")
-        self.client.set_tag(run_id, "cell_status", status)  # last: only now may resume take the outcome
-        self.client.set_terminated(run_id, "FINISHED" if status == STATUS_FINISHED else "FAILED")
-        self.supersede(cell["key"], keep=run_id)
+        self._log_metrics(run_id, result.metrics)
+        self.client.log_dict(run_id, config, CONFIG_ARTIFACT)
+        if result.records:
+            lines = "\n".join(json.dumps(r, default=str) for r in result.records)
+            self.client.log_text(run_id, lines + "\n", SAMPLES_ARTIFACT)
+        if result.scores:
+            self.client.log_text(run_id, json.dumps(result.scores, indent=1, default=str), SCORES_ARTIFACT)
+        summary = {k: getattr(result, k) for k in RESULT_FIELDS}
+        self.client.log_text(run_id, json.dumps(summary, indent=1, default=str), RESULT_ARTIFACT)
+        if result.traceback:
+            self.client.log_text(run_id, result.traceback, TRACEBACK_ARTIFACT)
+        self.client.set_tag(run_id, "cell_status", result.status)  # last: only now may resume take the outcome
+        self.client.set_terminated(run_id, "FINISHED" if result.finished else "FAILED")
+        self.supersede(cell.key, keep=run_id)
         return run_id
 
     def mark_log_failed(self, run_id: str | None, error: str) -> None:
@@ -497,35 +497,33 @@ class Tracker:
 
     def samples(self, run_id: str) -> list[dict[str, Any]]:
         """The generation records a run logged (``samples.jsonl``)."""
-        text = self._read_text(run_id, "samples.jsonl")
+        text = self._read_text(run_id, SAMPLES_ARTIFACT)
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def _read_text(self, run_id: str, name: str) -> str:
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
             local = self.client.download_artifacts(run_id, name, tmp)
             return Path(local).read_text()
 
-    def record_scores(self, run_id: str, status: str, metrics: Mapping[str, Any], records: list[dict[str, Any]],
-                      scores: Mapping[str, Any] | None, tags: Mapping[str, Any], error: str | None = None) -> None:
-        """Re-scoring of a logged cell, in place: its generations stay; scores, samples' verdicts, tags, status last.
+    def record_scores(self, run_id: str, result: CellResult, tags: Mapping[str, Any]) -> None:
+        """Re-scoring of a logged cell, in place (``pipeline.cell.rescore``'s result): its generations stay;
+        the metrics, scores, samples' verdicts, ``tags`` and error are written, the status last.
 
         A write that fails midway leaves the old status and ``judge`` tag: the next invocation scores again.
         """
-        self._log_metrics(run_id, metrics)
-        if scores is not None:
-            self.client.log_text(run_id, json.dumps(scores, indent=1, default=str), "scores.json")
-        self.client.log_text(run_id, "\n".join(json.dumps(r, default=str) for r in records) + "\n", "samples.jsonl")
+        self._log_metrics(run_id, result.metrics)
+        if result.scores is not None:
+            self.client.log_text(run_id, json.dumps(result.scores, indent=1, default=str), SCORES_ARTIFACT)
+        self.client.log_text(run_id, "\n".join(json.dumps(r, default=str) for r in result.records) + "\n", SAMPLES_ARTIFACT)
         for k, v in tags.items():
             self.client.set_tag(run_id, k, str(v))
-        if error:
-            self.client.set_tag(run_id, "error", error[:5000])
+        if result.error:
+            self.client.set_tag(run_id, "error", result.error[:5000])
         else:
             with contextlib.suppress(Exception):
                 self.client.delete_tag(run_id, "error")
-        self.client.set_tag(run_id, "cell_status", status)
-        self.client.set_terminated(run_id, "FINISHED" if status == STATUS_FINISHED else "FAILED")
+        self.client.set_tag(run_id, "cell_status", result.status)
+        self.client.set_terminated(run_id, "FINISHED" if result.finished else "FAILED")
 
     def supersede(self, key: str, keep: str) -> list[str]:
         """Tag and delete every other active non-finished run of ``key`` (failed, score_failed, left mid-logging)."""
@@ -539,15 +537,11 @@ class Tracker:
         return gone
 
     def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
         items = [Param(str(k)[:250], _param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):  # log_batch takes at most 100 params per call
             self.client.log_batch(run_id, params=items[i : i + 100])
 
     def _log_metrics(self, run_id: str, metrics: Mapping[str, Any]) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         items = [Metric(k, v, now, 0) for k, v in numeric_metrics(metrics).items()]
         for i in range(0, len(items), 1000):
@@ -571,7 +565,7 @@ KIND_TAG = "kind"  # every run: "cell" (one per cell) or "sweep" (the parent run
 KIND_CELL = "cell"
 KIND_SWEEP = "sweep"
 CELL_STATUS_TAG = "cell_status"
-CELL_FINISHED = "finished"
+CELL_FINISHED = STATUS_FINISHED
 CELL_TAGS = (
     "cell_key", "method", "label", "pair", "dataset", "seed", "cell_status", "stage", "device", "gpu_uuid",
     "node_id", "hostname", "git_commit", "score_metric", "sweep",
@@ -582,3 +576,5 @@ RESULT_ARTIFACT = "result.json"
 SCORES_ARTIFACT = "scores.json"
 CONFIG_ARTIFACT = "cell_config.yaml"
 TRACEBACK_ARTIFACT = "traceback.txt"
+# The fields of a CellResult written to RESULT_ARTIFACT (``result.json``).
+RESULT_FIELDS = ("status", "error", "stage", "stages", "summary", "energy", "idle", "warmup", "device", "settings", "node_id", "hostname")

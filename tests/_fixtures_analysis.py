@@ -8,7 +8,9 @@ tokens/step, score and perplexity equal the hand-chosen values below.
 
 from __future__ import annotations
 
-from typing import Any
+from helpers.cells import make_cell
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
+from pipeline.tracking import Tracker, cell_key
 
 SWEEP = "fixture"
 PAIR = "tiny"
@@ -45,24 +47,21 @@ METHODS = {"ar": ("ar", {}), "spd": ("spd", {"gamma": 4}), "mtad": ("mtad", {"ga
            "mtad(tau=0.3)": ("mtad", {"gamma": 4, "tau": 0.3, "num_beams": 4})}
 
 
-def _cell(label: str, dataset: str, seed: int) -> dict[str, Any]:
-    from pipeline.tracking import cell_key
-
+def _cell(label: str, dataset: str, seed: int) -> Cell:
     name, params = METHODS[label]
     params = {"temperature": 1.0, "top_k": 10, "top_p": 0.9, **params}
     ds = {"name": dataset, "limit": 4, "max_new_tokens": 64}
     identity = {"method": {"name": name, "params": params}, "pair": {"name": PAIR}, "dataset": ds, "seed": seed}
-    key = cell_key(identity)
-    config = {"cell_key": key, "sweep": SWEEP, "label": label, "method": {"name": name, "config": name, **params},
-              "pair": {"name": PAIR, "chat": True}, "dataset": ds, "seed": seed, "hardware": "any", "harness_version": "1"}
-    return {"key": key, "sweep": SWEEP, "label": label, "method": {"name": name, "params": params}, "pair": {"name": PAIR},
-            "dataset": ds, "seed": seed, "config": config}
+    return make_cell(cell_key(identity), sweep=SWEEP, label=label, method=name, params=params, pair={"name": PAIR, "chat": True},
+                     dataset=ds, seed=seed, harness="1")
 
 
-def _result(label: str, dataset: str, seed: int) -> dict[str, Any]:
+def _result(label: str, dataset: str, seed: int) -> CellResult:
+    key = _cell(label, dataset, seed).key
     tps = TOKENS_PER_S[(dataset, label)][seed]
     if tps is None:
-        return {"status": "failed", "stage": "generate", "error": "RuntimeError: injected", "traceback": "Traceback ...", "metrics": {"cell_wall_s": 1.0}}
+        return CellResult(key, status=STATUS_FAILED, stage="generate", error="RuntimeError: injected", traceback="Traceback ...",
+                          metrics={"cell_wall_s": 1.0})
     acc = ACCEPTED_PER_STEP[label][seed]
     ppl = PERPLEXITY[label][seed]
     records = []
@@ -90,15 +89,13 @@ def _result(label: str, dataset: str, seed: int) -> dict[str, Any]:
     else:
         metrics.update(j_per_token=None, energy_j=None)
         energy = {"meter": "none", "available": False, "energy_j": None, "reason": "no energy meter (fixture)"}
-    return {"status": "finished", "stage": "done", "metrics": metrics, "records": records, "scores": scores,
-            "score_metric": score_metric, "device": {"device": "cuda:0", "gpu_name": DEVICE, "git_commit": "abc"},
-            "summary": dict(metrics), "energy": energy}
+    return CellResult(key, status=STATUS_FINISHED, stage="done", metrics=metrics, records=records, scores=scores,
+                      score_metric=score_metric, device={"device": "cuda:0", "gpu_name": DEVICE, "git_commit": "abc"},
+                      summary=dict(metrics), energy=energy)
 
 
 def build_store(root) -> str:
     """Log the fixture sweep into ``sqlite:///<root>/mlflow.db`` (artifacts under ``<root>/mlruns``)."""
-    from pipeline.tracking import Tracker
-
     uri = f"sqlite:///{root}/mlflow.db"
     tracker = Tracker(uri, SWEEP, str(root / "mlruns"))
     tracker.start_parent("fixture run", {"sweep": SWEEP}, {"cells.total": 24})

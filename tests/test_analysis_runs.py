@@ -103,6 +103,8 @@ def test_ablation_figure_only_where_a_param_varies(runs):
 
 def test_one_pair_name_with_two_configs_is_reported_apart(tmp_path):
     """Runs of pair 'tiny' with two different drafts (a retrained draft) must never be pooled."""
+    from dataclasses import replace
+
     from _fixtures_analysis import PAIR, _cell, _result
 
     from pipeline.tracking import Tracker, cell_key
@@ -111,11 +113,9 @@ def test_one_pair_name_with_two_configs_is_reported_apart(tmp_path):
     tracker = Tracker(uri, "two-drafts", str(tmp_path / "mlruns"))
     tracker.start_parent("two drafts", {"sweep": "two-drafts"}, {"cells.total": 2})
     for draft in ("models/draft-v1", "models/draft-v2"):
-        cell = _cell("spd", "mt_bench", 0)
-        cell["sweep"] = cell["config"]["sweep"] = "two-drafts"
-        cell["config"]["pair"]["draft"] = {"id": draft}
-        cell["key"] = cell["config"]["cell_key"] = cell_key({"base": cell["key"], "draft": draft})
-        tracker.log_cell(cell, _result("spd", "mt_bench", 0))
+        base = _cell("spd", "mt_bench", 0)
+        cell = replace(base, sweep="two-drafts", pair={**base.pair, "draft": {"id": draft}}, key=cell_key({"base": base.key, "draft": draft}))
+        tracker.log_cell(cell, replace(_result("spd", "mt_bench", 0), cell_key=cell.key))
     tracker.end_parent("FINISHED", {"cells_ran": 2})
     with pytest.warns(UserWarning, match=r"pair 'tiny' has runs with 2 different configs \(differing: pair.draft.id\)"):
         df = load_runs("two-drafts", uri)

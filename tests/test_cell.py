@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from helpers.project import make_project, overrides
 from pipeline import sweep
 from pipeline.cell import run_cell
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED
 from pipeline.data.slices import load_slice
 
 
@@ -17,42 +20,45 @@ def plan(tmp_path_factory):
 
 
 def _cell(plan, label, dataset):
-    return next(c for c in plan.cells if c["label"] == label and c["dataset"]["name"] == dataset)
+    return next(c for c in plan.cells if c.label == label and c.dataset_name == dataset)
 
 
 def test_cell_runs_every_stage(plan):
     cell = _cell(plan, "spd", "humaneval")
     result = run_cell(cell)
-    assert result["status"] == "finished", result.get("traceback")
-    assert set(result["stages"]) == {"load", "generate", "costs", "perplexity", "score"}
-    m = result["metrics"]
+    assert result.status == STATUS_FINISHED, result.traceback
+    assert set(result.stages) == {"load", "generate", "costs", "perplexity", "score"}
+    assert result.cell_key == cell.key and result.stage == "done" and result.isolation["torch_threads"] >= 1
+    m = result.metrics
     # step costs for Leviathan's bound, measured after the window
     assert m["t_target_step_ms"] > 0 and m["t_draft_step_ms"] > 0 and m["t_verify_ms"] > 0
     assert m["cost_ratio_c"] == m["t_draft_step_ms"] / m["t_target_step_ms"]
     assert m["generations"] == 2 and m["new_tokens"] > 0 and m["tokens_per_s"] > 0
-    assert m["perplexity"] > 1 and 0.0 <= m["score"] <= 1.0 and result["score_metric"] == "pass@1"
+    assert m["perplexity"] > 1 and 0.0 <= m["score"] <= 1.0 and result.score_metric == "pass@1"
     assert m["draft_steps"] > 0  # speculative method: the draft ran
-    assert len(result["records"]) == 2 and all("prediction" in r and "perplexity" in r for r in result["records"])
-    assert result["warmup"]["generations"] == 1 and result["warmup"]["on_measured_samples"] is False
+    assert len(result.records) == 2 and all("prediction" in r and "perplexity" in r for r in result.records)
+    assert result.warmup["generations"] == 1 and result.warmup["on_measured_samples"] is False
+    assert result.scores["metric"] == "pass@1" and result.judge_identity is None
 
 
 def test_mt_bench_without_judge_is_speed_only(plan):
     result = run_cell(_cell(plan, "ar", "mt_bench"))
-    assert result["status"] == "finished", result.get("traceback")
-    assert result["score_metric"] == "speed_only" and "score" not in result["metrics"]
-    assert "costs" not in result["stages"]  # no draft, no cost ratio
-    assert result["metrics"]["generations"] == 4  # 2 samples x 2 turns
+    assert result.status == STATUS_FINISHED, result.traceback
+    assert result.score_metric == "speed_only" and "score" not in result.metrics
+    assert "costs" not in result.stages  # no draft, no cost ratio
+    assert result.metrics["generations"] == 4  # 2 samples x 2 turns
 
 
 def test_a_raising_cell_comes_back_failed_with_traceback(plan):
-    cell = dict(_cell(plan, "block", "humaneval"), fault={"kind": "raise"})
+    cell = replace(_cell(plan, "block", "humaneval"), fault={"kind": "raise"})
     result = run_cell(cell)
-    assert result["status"] == "failed" and result["stage"] == "generate"
-    assert "injected fault" in result["error"] and "Traceback" in result["traceback"]
+    assert result.status == STATUS_FAILED and result.stage == "generate"
+    assert "injected fault" in result.error and "Traceback" in result.traceback
+    assert result.metrics["cell_wall_s"] > 0 and result.records == [] and result.scores is None
 
 
 def test_warmup_samples_are_outside_the_slice(plan):
-    ds = dict(_cell(plan, "ar", "humaneval")["dataset"], warmup_samples=3)
+    ds = dict(_cell(plan, "ar", "humaneval").dataset, warmup_samples=3)
     measured, warm, everything = load_slice(ds)
     assert [s.id for s in measured] == ["HumanEval/0", "HumanEval/1"]
     assert len(warm) == 3 and not {s.id for s in warm} & {s.id for s in measured}

@@ -104,5 +104,5 @@ def project(tmp_path_factory) -> Path:
 def test_cell_keys_are_unchanged(case, project):
     overrides, expected = PINNED[case]
     plan = sweep.expand(sweep.compose(overrides), project)
-    got = [(c["label"], c["dataset"]["name"], c["seed"], c["key"]) for c in plan.cells]
+    got = [(c.label, c.dataset_name, c.seed, c.key) for c in plan.cells]
     assert got == expected

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from helpers.exact import WARP, chi_square_pvalue, exact_law
 from helpers.models import tiny_llama
@@ -125,8 +126,6 @@ def test_eagle_incremental_matches_one_pass():
 
 def _published_checkpoint(tmp_path, embed: bool):
     """A random EAGLE-1 checkpoint written tensor by tensor in the published layout (not via save_eagle_head)."""
-    from safetensors.torch import save_file
-
     h, inter, heads, kv, vocab = 32, 64, 4, 2, 64
     d = h // heads
     g = torch.Generator().manual_seed(5)
@@ -168,8 +167,6 @@ def test_published_layout_loads_and_computes_eagle(tmp_path, embed):
 
 
 def test_bad_checkpoints_are_refused(tmp_path):
-    from safetensors.torch import load_file, save_file
-
     state = _published_checkpoint(tmp_path, False)
     del state["fc.bias"]
     state["layers.0.input_layernorm.weight"] = torch.ones(32)

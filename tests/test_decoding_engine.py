@@ -171,7 +171,8 @@ def test_tree_attention_matches_plain_forwards():
     levels = [([2, 5, 2], [-1, -1, -1]), ([8, 1, 6, 3], [0, 0, 1, 2]), ([11, 12], [3, 5])]
     node_logits = []
     for tokens, parents in levels:
-        ids, pos, mask = tree.add(tokens, parents)
+        tree.extend(tokens, parents)
+        ids, pos, mask = tree.feed()
         node_logits.append(cm.forward_tree(ids, pos, mask, len(context)))
     node_logits = torch.cat(node_logits)
     with torch.no_grad():

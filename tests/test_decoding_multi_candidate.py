@@ -7,7 +7,8 @@ import itertools
 import pytest
 import torch
 
-from pipeline.decoding.tree_verify import DraftTree, kseq_chain_walk, mss_tree_walk, one_hot_tree_walk, typical_tree_walk
+from pipeline.decoding.tree import TokenTree
+from pipeline.decoding.tree_verify import kseq_chain_walk, mss_tree_walk, one_hot_tree_walk, typical_tree_walk
 from pipeline.decoding.verification import (
     kseq_acceptance,
     kseq_rho,
@@ -242,7 +243,7 @@ def test_mcss_accepts_at_least_as_many_tokens_as_specinfer_on_the_same_tree_shap
 
 
 def _tree(tokens_parents):
-    tree = DraftTree()
+    tree = TokenTree(0)
     for token, parent in tokens_parents:
         tree.add(token, parent)
     return tree

@@ -11,7 +11,8 @@ from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads
-from pipeline.decoding.tree_verify import DraftTree, sample_token_tree, tree_verify_forward
+from pipeline.decoding.tree import TokenTree
+from pipeline.decoding.tree_verify import sample_token_tree, tree_verify_forward
 from pipeline.decoding.warping import Warper
 
 
@@ -238,4 +239,27 @@ def test_greedy_children_are_distinct_and_sampled_children_follow_the_draft():
     draft.reset()
     tree = sample_token_tree(draft, [1, 2, 3], [40], Warper(1.0, 3, 1.0), make_generator(0), replacement=False)
     assert len(tree) == 3  # without replacement: never more children than the warped support
-    assert isinstance(tree, DraftTree)
+    assert isinstance(tree, TokenTree)
+
+
+def test_verification_inputs_do_not_depend_on_what_the_draft_has_fed():
+    """``with_root`` reuses the ancestor rows of the fed nodes: the same mask and positions as a tree never fed."""
+    shape = [(5, -1), (6, -1), (7, 0), (8, 0), (9, 1), (10, 2), (11, 4)]
+    fresh, fed = TokenTree(4), TokenTree(4)
+    for tree in (fresh, fed):
+        tree.extend([t for t, _ in shape[:2]], [p for _, p in shape[:2]])
+    fed.feed()
+    for tree in (fresh, fed):
+        tree.extend([t for t, _ in shape[2:5]], [p for _, p in shape[2:5]])
+    fed.feed()
+    for tree in (fresh, fed):
+        tree.extend([t for t, _ in shape[5:]], [p for _, p in shape[5:]])
+    ids, positions, mask = fed.with_root(3)
+    for got, want in zip((ids, positions, mask), fresh.with_root(3)):
+        assert torch.equal(got, want)
+    assert ids.tolist() == [3, 5, 6, 7, 8, 9, 10, 11]
+    assert positions.tolist() == [3, 4, 4, 5, 5, 5, 6, 6]
+    assert mask[0].tolist() == [True] + [False] * 7  # the root sees only itself among the tree slots
+    assert mask[1 + 6].nonzero().flatten().tolist() == [0, 2, 5, 7]  # node 6: root, node 1, node 4, itself
+    with pytest.raises(ValueError, match="parent must be added before it"):
+        fresh.add(1, len(fresh))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipeline.decoding.verification import (
+    bild_verify,
     block_expected_accepted,
     block_verify,
     block_weights,
@@ -203,6 +204,17 @@ def test_mtad_limits_and_longest_prefix():
     assert int(acc) == 0 and torch.equal(row, P[0])
     acc, row = mtad_verify(P, log_q, x, 0.0)
     assert int(acc) == 3 and torch.equal(row, P[3])
+
+
+def test_bild_rolls_back_at_the_first_token_the_large_model_finds_unlikely():
+    """Cross-entropy on the raw logits: -log p(x_i) > rollback rolls x_i back with everything after it."""
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.05, 0.9, 0.05], [0.3, 0.3, 0.4], [0.1, 0.1, 0.8]])) + 3.0
+    x = torch.tensor([0, 1, 0])  # -log p: 0.36, 0.11, 1.20
+    for rollback, n in ((2.0, 3), (1.0, 2), (0.2, 0), (0.0, 0)):
+        got, row = bild_verify(logits, x, rollback)
+        assert int(got) == n and torch.equal(row, logits[n])
+    got, _ = bild_verify(logits, torch.tensor([2, 1, 2]), 1.0)  # a later token passing does not undo the rollback
+    assert int(got) == 0
 
 
 def test_warp_topk_then_topp_keeps_crossing_token():

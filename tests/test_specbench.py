@@ -22,7 +22,9 @@ from transformers import PreTrainedTokenizerFast
 
 from analysis import specbench
 from analysis.report import write_report
+from helpers.cells import make_cell
 from helpers.vendor.spec_bench import speed
+from pipeline.cell_types import STATUS_FINISHED, CellResult
 from pipeline.tracking import Tracker, cell_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,16 +85,13 @@ def _build_store(root: Path) -> str:
             ds = {"name": "spec_bench", "limit": len(questions), "max_new_tokens": 32}
             identity = {"method": label, "dataset": ds, "seed": seed}
             key = cell_key(identity)
-            cell = {"key": key, "sweep": "sb", "label": label, "method": {"name": label, "params": {}},
-                    "pair": {"name": "tiny"}, "dataset": ds, "seed": seed,
-                    "config": {"cell_key": key, "label": label, "method": {"name": label}, "pair": {"name": "tiny"},
-                               "dataset": ds, "seed": seed}}
+            cell = make_cell(key, sweep="sb", label=label, method=label, params={}, pair={"name": "tiny"}, dataset=ds, seed=seed)
             records = _records(label, seed, questions)
             tokens, decode = sum(r["new_tokens"] for r in records), sum(r["decode_s"] for r in records)
             metrics = {"tokens_per_s": tokens / decode, "decode_s": decode, "new_tokens": tokens,
                        "accepted_per_step": tokens / sum(r["steps"] for r in records)}
-            tracker.log_cell(cell, {"status": "finished", "stage": "done", "metrics": metrics, "records": records,
-                                    "score_metric": "speed_only", "device": {"device": "cpu"}})
+            tracker.log_cell(cell, CellResult(key, status=STATUS_FINISHED, stage="done", metrics=metrics, records=records,
+                                              score_metric="speed_only", device={"device": "cpu"}))
     tracker.end_parent("FINISHED", {})
     return uri
 

@@ -13,7 +13,11 @@ import textwrap
 import time
 from pathlib import Path
 
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+
 from helpers.project import make_project
+from pipeline.tracking import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,9 +38,6 @@ def _driver(root: Path, *extra: str) -> subprocess.Popen:
 
 
 def test_two_drivers_on_one_new_store_run_each_cell_once(tmp_path):
-    from mlflow import MlflowClient
-    from mlflow.entities import ViewType
-
     root = make_project(tmp_path)
     drivers = [_driver(root), _driver(root)]  # same moment, fresh store: both create/migrate it
     outputs = [d.communicate(timeout=900)[0] for d in drivers]
@@ -56,8 +57,6 @@ def test_two_drivers_on_one_new_store_run_each_cell_once(tmp_path):
 
 def test_a_driver_killed_without_warning_leaves_nothing_running(tmp_path):
     """SIGKILL: no handler runs; its parent lock dies with it, and the next driver closes the run as KILLED."""
-    from pipeline.tracking import Tracker
-
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code = textwrap.dedent(f"""
         import os, sys, time
@@ -84,8 +83,6 @@ def test_a_driver_killed_without_warning_leaves_nothing_running(tmp_path):
 
 
 def test_a_driver_stopped_by_sigterm_closes_its_parent_run(tmp_path):
-    from pipeline.tracking import Tracker
-
     root = make_project(tmp_path)
     proc = _driver(root, "+fault_injection={kind: sleep, seconds: 600, stage: load}")
     tracker = None

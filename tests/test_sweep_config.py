@@ -49,12 +49,12 @@ def test_missing_data_path_names_the_fix(root):
 def test_grid_adds_baselines_and_keys_are_stable(root):
     cfg = sweep.compose(overrides(root, "seeds=[0,1]"), root / "conf")
     a, b = sweep.expand(cfg, root), sweep.expand(cfg, root)
-    assert [c["key"] for c in a.cells] == [c["key"] for c in b.cells]
-    assert len(a.cells) == 3 * 2 * 2 and sum(c["baseline"] for c in a.cells) == 4
+    assert [c.key for c in a.cells] == [c.key for c in b.cells]
+    assert len(a.cells) == 3 * 2 * 2 and sum(c.baseline for c in a.cells) == 4
     changed = sweep.expand(sweep.compose(overrides(root, "seeds=[0,1]", "+sweep.method_overrides.top_k=5"), root / "conf"), root)
-    assert not {c["key"] for c in changed.cells} & {c["key"] for c in a.cells}
+    assert not {c.key for c in changed.cells} & {c.key for c in a.cells}
     single = sweep.expand(sweep.compose(overrides(root, "method=mtad", "method.tau=0.3"), root / "conf"), root)
-    assert sorted({c["label"] for c in single.cells}) == ["ar", "mtad(tau=0.3)"]
+    assert sorted({c.label for c in single.cells}) == ["ar", "mtad(tau=0.3)"]
 
 
 def test_summary_tables_speedup_against_the_same_seed_baseline():
@@ -77,7 +77,6 @@ def test_every_shipped_sweep_expands(name):
 
     offline = [] if name in ("smoke", "all_methods") else ["sweep.pairs=[smollm2-offline]"]
     plan = sweep.expand(sweep.compose([f"sweep={name}", "progress=false", *offline]))
-    assert plan.cells and len({c["key"] for c in plan.cells}) == len(plan.cells)
+    assert plan.cells and len({c.key for c in plan.cells}) == len(plan.cells)
     if name == "all_methods":
-
-        assert {c["method"]["name"] for c in plan.cells} == set(METHODS)
+        assert {c.method for c in plan.cells} == set(METHODS)

@@ -118,7 +118,7 @@ def test_judge_settings_are_not_part_of_the_cell_key(tmp_path):
     for extra in ([], ["judge.enabled=true", "judge.kind=openai", "judge.base_url=http://a:1/v1", "judge.model=m"],
                   ["judge.enabled=true", "judge.kind=openai", "judge.base_url=http://b:2/v1", "judge.model=m"]):
         cfg = sweep.compose(["sweep=tiny", "sweep.datasets=[tiny_mt]", *extra], root / "conf")
-        keys.append(sorted(c["key"] for c in sweep.expand(cfg, root).cells))
+        keys.append(sorted(c.key for c in sweep.expand(cfg, root).cells))
     assert keys[0] == keys[1] == keys[2]
     cfg = sweep.compose(["sweep=tiny", "judge.enabled=true", "judge.kind=openai", "judge.model=m"], root / "conf")
     with pytest.raises(sweep.SweepConfigError, match="judge.base_url"):

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import time
+
+import pytest
 
 from analysis import schema
+from analysis.runs import load_runs
+from helpers.cells import make_cell
 from pipeline import tracking
-from pipeline.tracking import Tracker, cell_key, flatten, numeric_metrics, resolve_tracking_uri
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, CellResult
+from pipeline.sweep.summary import summary_tables
+from pipeline.tracking import Tracker, TrackingError, cell_key, check_tracking_uri, flatten, numeric_metrics, resolve_tracking_uri
 
 
 def test_cell_key_is_stable_and_sensitive():
@@ -30,26 +37,31 @@ def test_relative_sqlite_uri_is_anchored(tmp_path):
     assert resolve_tracking_uri("http://host:5000", tmp_path) == "http://host:5000"
 
 
-def _cell(key: str, seed: int = 0) -> dict:
-    config = {"cell_key": key, "method": {"name": "spd", "gamma": 4}, "seed": seed}
-    return {"key": key, "label": "spd", "method": {"name": "spd", "params": {"gamma": 4}}, "pair": {"name": "tiny"},
-            "dataset": {"name": "humaneval"}, "seed": seed, "config": config, "sweep": "t"}
+def _cell(key: str, seed: int = 0):
+    return make_cell(key, seed=seed)
+
+
+def _ok(key: str, **metrics) -> CellResult:
+    return CellResult(key, status=STATUS_FINISHED, metrics=metrics or {"tokens_per_s": 10.0, "bad": float("nan")},
+                      records=[{"id": "a", "text": "x"}], scores={"score": 1.0})
+
+
+def _failed(key: str) -> CellResult:
+    return CellResult(key, status=STATUS_FAILED, error="boom", traceback="Traceback...")
 
 
 def test_runs_resume_and_supersede(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tr = Tracker(uri, "t", str(tmp_path / "mlruns"))
     tr.start_parent("t run", {"sweep": "t"}, {"n": 2})
-    ok = {"status": "finished", "metrics": {"tokens_per_s": 10.0, "bad": float("nan")},
-          "records": [{"id": "a", "text": "x"}], "scores": {"score": 1.0}}
-    tr.log_cell(_cell("k1"), ok)
-    failed_id = tr.log_cell(_cell("k2"), {"status": "failed", "error": "boom", "traceback": "Traceback...", "metrics": {}})
+    tr.log_cell(_cell("k1"), _ok("k1"))
+    failed_id = tr.log_cell(_cell("k2"), _failed("k2"))
     tr.end_parent("FINISHED", {"cells_ran": 2})
     assert set(tr.finished_keys()) == {"k1"} and set(tr.failed_runs()) == {"k2"}
 
     tr2 = Tracker(uri, "t", str(tmp_path / "mlruns"))  # the next invocation
     tr2.start_parent("t run 2", {}, {})
-    new_id = tr2.log_cell(_cell("k2"), ok)
+    new_id = tr2.log_cell(_cell("k2"), _ok("k2"))
     assert set(tr2.finished_keys()) == {"k1", "k2"} and tr2.failed_runs() == {}
     old = tr2.client.get_run(failed_id)
     assert old.info.lifecycle_stage == "deleted" and old.data.tags["superseded_by"] == new_id
@@ -66,16 +78,11 @@ def test_runs_resume_and_supersede(tmp_path):
 
 def test_duplicate_finished_runs_are_reported_and_counted_once(tmp_path):
     """A store written by two drivers before leases: two finished runs of one key (the `ar` 0.93 ± 0.10 bug)."""
-    import pytest
-
-    from analysis.runs import load_runs
-    from pipeline.sweep.summary import summary_tables
-
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tr = Tracker(uri, "t", str(tmp_path / "mlruns"))
-    cell = {**_cell("k1"), "label": "ar", "method": {"name": "ar", "params": {}}}
-    old = tr.log_cell(cell, {"status": "finished", "metrics": {"tokens_per_s": 10.0}})
-    new = tr.log_cell(cell, {"status": "finished", "metrics": {"tokens_per_s": 12.0}})
+    cell = make_cell("k1", method="ar")
+    old = tr.log_cell(cell, CellResult("k1", status=STATUS_FINISHED, metrics={"tokens_per_s": 10.0}))
+    new = tr.log_cell(cell, CellResult("k1", status=STATUS_FINISHED, metrics={"tokens_per_s": 12.0}))
     assert len(tr.cell_runs()) == 2  # both still active: nothing hides the duplicate from the queries
     warned = []
     rows = tr.rows(warn=warned.append)
@@ -89,12 +96,6 @@ def test_duplicate_finished_runs_are_reported_and_counted_once(tmp_path):
 
 
 def test_unusable_tracking_uris_fail_fast_with_the_fix(tmp_path):
-    import time
-
-    import pytest
-
-    from pipeline.tracking import TrackingError, check_tracking_uri
-
     t0 = time.monotonic()
     with pytest.raises(TrackingError, match="not reachable.*mlflow server"):
         check_tracking_uri("http://127.0.0.1:9/", timeout_s=2)  # the discard port: connection refused
@@ -114,9 +115,9 @@ def test_a_cell_run_carries_every_name_the_analysis_reads(tmp_path):
     """The names in pipeline.tracking (which analysis/schema.py imports) are what log_cell writes."""
     tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "t", str(tmp_path / "mlruns"))
     tr.start_parent("t", {}, {})
-    ok = {"status": tracking.CELL_FINISHED, "metrics": {"tokens_per_s": 1.0}, "records": [{"id": "a"}], "scores": {"score": 1.0}}
+    ok = CellResult("k1", status=tracking.CELL_FINISHED, metrics={"tokens_per_s": 1.0}, records=[{"id": "a"}], scores={"score": 1.0})
     run = tr.client.get_run(tr.log_cell(_cell("k1"), ok))
-    failed = tr.client.get_run(tr.log_cell(_cell("k2"), {"status": "failed", "error": "boom", "traceback": "tb", "metrics": {}}))
+    failed = tr.client.get_run(tr.log_cell(_cell("k2"), _failed("k2")))
     assert run.data.tags[tracking.KIND_TAG] == tracking.KIND_CELL
     assert run.data.tags[tracking.CELL_STATUS_TAG] == tracking.CELL_FINISHED
     assert set(tracking.CELL_TAGS) <= set(run.data.tags)

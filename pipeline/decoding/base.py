@@ -52,6 +52,20 @@ def int_at_least(lo: int) -> Callable[[Any], str | None]:
     return check
 
 
+def int_list_at_least(lo: int) -> Callable[[Any], str | None]:
+    """A non-empty list of integers >= lo (e.g. a tree's branching per depth)."""
+
+    def check(v: Any) -> str | None:
+        ok = (
+            isinstance(v, (list, tuple))
+            and len(v) > 0
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v)
+        )
+        return None if ok else f"must be a non-empty list of integers >= {lo}"
+
+    return check
+
+
 def in_closed(lo: float, hi: float) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
         return None if _is_number(v) and lo <= v <= hi else f"must be a number in [{lo}, {hi}]"

@@ -65,12 +65,11 @@ class BeamSearchDecoder(Decoder):
                     new_tokens.append(tok)
             if not new_seqs or self._done(finished, new_scores, step):
                 break
-            ids, positions, mask = tree.add(new_tokens, new_parents)
-            first = len(tree) - len(new_tokens)
+            nodes = tree.extend(new_tokens, new_parents)
+            ids, positions, mask = tree.feed()
             logp = self._step_scores(target.forward_tree(ids, positions, mask, start))
             scores = torch.stack(new_scores)
             seqs = new_seqs
-            nodes = list(range(first, first + len(new_tokens)))
         best = max(finished, key=lambda f: f[0])[1] if finished else seqs[0]
         return Generation(best, target.forwards, 0, [1] * len(best))
 

@@ -76,9 +76,8 @@ def beam_sample(
     vocab = logits.shape[-1]
     for _ in range(1, depth):
         parents = [n[-1] if n else -1 for n in nodes]
-        first = len(tree)
-        ids, positions, mask = tree.add(beams[:, -1].tolist(), parents)
-        fed = list(range(first, first + len(parents)))
+        fed = tree.extend(beams[:, -1].tolist(), parents)
+        ids, positions, mask = tree.feed()
         out = model.forward_tree(ids, positions, mask, start)  # [W, V]
         if greedy:
             step = torch.log_softmax(out, -1)

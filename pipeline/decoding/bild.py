@@ -10,78 +10,72 @@ next token. Both caches are rolled back to what was kept. Lossy by design. Limit
 ``rollback: 0`` or ``fallback: 1`` give the target's own sampling (every small token is rolled
 back / the small model never decodes). Confidence is read from the warped small row (from the raw
 softmax at temperature 0, as the greedy reference does).
+
+This is the draft-then-verify loop of ``speculative.DraftVerifyDecoder`` with a draft of variable
+length (``propose``: the small model's confident run, at most ``max_small_steps`` tokens, ending
+at EOS) and the rollback policy as its verifier (``verification.bild_verify``). When the small
+model is unsure at once, the iteration is a plain large-model step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .base import Decoder, Generation, Param, cut_at_eos, in_closed, int_at_least, nonneg_number
-from .drafters import drafter_param, resolve_drafter
+from .base import Param, in_closed, int_at_least, nonneg_number
+from .drafters import drafter_param
+from .speculative import DraftVerifyDecoder
+from .verification import bild_verify
 from .warping import sample
 
 
-class BiLDDecoder(Decoder):
+class BiLDDecoder(DraftVerifyDecoder):
     name = "bild"
     needs_draft = True
+    supported_drafters = ("model",)
     params = {
-        "drafter": drafter_param(("model",)),
+        "drafter": drafter_param(supported_drafters),
         "max_small_steps": Param(10, int_at_least(1), "N: small-model tokens before a forced large step"),
         "fallback": Param(0.9, in_closed(0.0, 1.0), "fall back to the large model when max q < fallback"),
         "rollback": Param(2.0, nonneg_number, "roll back a small token when -log p_large(x) > rollback"),
     }
 
     @classmethod
-    def resolve_drafter(cls, values, ctx) -> None:
-        resolve_drafter(cls.name, values, ("model",), ctx)
+    def draft_needed(cls, values):
+        return True  # the small model is the draft model (no other drafter)
 
-    def _pick(self, probs: torch.Tensor, logits: torch.Tensor, generator) -> int:
-        return int(logits.argmax(-1)) if self.warper.greedy else int(sample(probs, generator))
+    @classmethod
+    def draft_alternative(cls) -> str:
+        return ""
 
-    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        target, draft, warper = self.target, self.draft, self.warper
-        self._start(prompt)
-        context = list(prompt)
-        out: list[int] = []
-        accepted: list[int] = []
-        while len(out) < max_new_tokens:
-            committed = len(context)
-            pending: list[int] = []
-            budget = min(self.max_small_steps, max_new_tokens - len(out) - 1)
-            stop = False
-            while len(pending) < budget:
-                logits = draft.forward(context[draft.length :], keep=1)[-1]
-                q = warper(logits)
-                confidence = logits.softmax(-1).max() if warper.greedy else q.max()
-                if float(confidence) < self.fallback:
-                    break
-                t = self._pick(q, logits, generator)
-                pending.append(t)
-                context.append(t)
-                if t in eos:
-                    stop = True
-                    break
-            logits = target.forward(context[target.length :], keep=len(pending) + 1)  # [len(pending) + 1, V]
-            keep = len(pending)
-            if pending:
-                ce = -torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(pending, device=logits.device)[:, None])[:, 0]
-                bad = (ce > self.rollback).nonzero()
-                if bad.numel():
-                    keep = int(bad[0, 0])
-            del context[committed + keep :]
-            emitted = pending[:keep]
-            if keep == len(pending) and stop:
-                y = None  # the small model ended with EOS and the large model kept it
-            else:
-                row = logits[keep]
-                y = self._pick(warper(row), row, generator)
-                context.append(y)
-                emitted = emitted + [y]
-            target.rollback(len(context) - 1)
-            draft.rollback(min(draft.length, len(context) - 1))
-            emitted, stop = cut_at_eos(emitted, eos)
-            out += emitted
-            accepted.append(len(emitted))
-            if stop:
+    @property
+    def gamma(self) -> int:
+        """The loop's draft budget: the small model's longest run."""
+        return self.max_small_steps
+
+    def _generate(self, prompt, max_new_tokens, eos, generator):
+        self.eos = eos  # the small model stops at EOS
+        return super()._generate(prompt, max_new_tokens, eos, generator)
+
+    def propose(self, context, gamma, generator):
+        draft, warper = self.draft, self.warper
+        pending: list[int] = []
+        feed = context[draft.length :]
+        while len(pending) < gamma:
+            logits = draft.forward(feed, keep=1)[-1]
+            q = warper(logits)
+            confidence = logits.softmax(-1).max() if warper.greedy else q.max()
+            if float(confidence) < self.fallback:
                 break
-        return Generation(out, target.forwards, draft.forwards, accepted)
+            t = int(logits.argmax(-1)) if warper.greedy else int(sample(q, generator))
+            pending.append(t)
+            feed = [t]
+            if t in self.eos:
+                break
+        if not pending:
+            return None
+        return torch.tensor(pending, device=draft.device), None
+
+    def verify(self, logits, tokens, proposal, generator):
+        n, row = bild_verify(logits, tokens, self.rollback)
+        y = row.argmax(-1) if self.warper.greedy else sample(self.warper(row), generator)
+        return n, y

@@ -26,16 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Decoder, Generation, Param, emit, in_closed, nonneg_number, one_of
-from .medusa_heads import MedusaHeads, medusa_heads_of
-from .tree_verify import (
-    cartesian_tree,
-    greedy_tree_walk,
-    int_list_at_least,
-    one_hot_tree_walk,
-    tree_verify_forward,
-    typical_tree_walk,
-)
+from .base import Param, in_closed, int_list_at_least, nonneg_number, one_of
+from .medusa_heads import medusa_heads_of
+from .speculative import TreeVerifyDecoder
+from .tree_verify import cartesian_tree, one_hot_tree_walk, typical_tree_walk
 from .warping import sample
 
 MEDUSA_PARAMS = {
@@ -55,68 +49,12 @@ def check_medusa_combination(method: str, values) -> None:
         )
 
 
-def medusa_generate(decoder: Decoder, heads: MedusaHeads, prompt, max_new_tokens, eos, generator) -> Generation:
-    """The Medusa loop over ``decoder.target`` (shared by ``medusa`` and ``typical`` with ``drafter: medusa``)."""
-    target, warper = decoder.target, decoder.warper
-    lm_head = target.model.get_output_embeddings()
-    target.reset()
-    target.prefill(prompt[:-1])
-    context = list(prompt)
-    out: list[int] = []
-    accepted: list[int] = []
-    target.capture_hidden = True
-    try:
-        # the first token comes from the target alone; its hidden state seeds the first tree
-        logits = target.forward(context[-1:], keep=1)
-        emitted = [_next(logits[-1], warper, generator, decoder.recovery)]
-        head_row = target.hidden[-1]
-        while True:
-            if emit(emitted, eos, max_new_tokens, out, context, accepted):
-                break
-            depth = min(len(decoder.k_config), heads.num_heads, max_new_tokens - len(out) - 1)
-            length = len(context)
-            if depth == 0:
-                logits = target.forward(context[-1:], keep=1)
-                emitted = [_next(logits[-1], warper, generator, decoder.recovery)]
-                head_row = target.hidden[-1]
-                continue
-            head_logits = heads(head_row, lm_head)  # [K, V]
-            tree = cartesian_tree(head_logits[:depth], decoder.k_config[:depth])
-            logits = tree_verify_forward(target, context, tree)  # [1 + n, V]
-            states = target.hidden
-            if warper.greedy:
-                path, y = greedy_tree_walk(logits.argmax(-1), tree)
-                end_row = 1 + path[-1] if path else 0
-            elif decoder.acceptance == "typical":
-                P = warper(logits)
-                path, end_row = typical_tree_walk(P, tree, decoder.epsilon, decoder.delta)
-                y = _next_from_probs(P[end_row], generator, decoder.recovery)
-            else:
-                path, dist = one_hot_tree_walk(warper(logits), tree, generator)
-                end_row = 1 + path[-1] if path else 0
-                y = int(sample(dist, generator))
-            target.compact(length, path)
-            head_row = states[end_row]
-            emitted = [tree.tokens[i] for i in path] + [y]
-    finally:
-        target.capture_hidden = False
-    return Generation(out, target.forwards, 0, accepted)
+class MedusaDecoder(TreeVerifyDecoder):
+    """Medusa heads + Cartesian token tree + typical (lossy) or exact one-hot tree acceptance.
 
-
-def _next(logits: torch.Tensor, warper, generator, mode: str) -> int:
-    if warper.greedy:
-        return int(logits.argmax(-1))
-    return _next_from_probs(warper(logits), generator, mode)
-
-
-def _next_from_probs(probs: torch.Tensor, generator, mode: str) -> int:
-    if mode == "argmax":
-        return int(probs.argmax(-1))
-    return int(sample(probs, generator))
-
-
-class MedusaDecoder(Decoder):
-    """Medusa heads + Cartesian token tree + typical (lossy) or exact one-hot tree acceptance."""
+    The first token of a generation comes from a plain target step (the heads need its hidden
+    state); after every step the hidden state at the end of the accepted path seeds the next tree.
+    """
 
     name = "medusa"
     needs_draft = False
@@ -129,6 +67,39 @@ class MedusaDecoder(Decoder):
     def __init__(self, target, draft=None, **params) -> None:
         super().__init__(target, draft, **params)
         self.heads = medusa_heads_of(target, self.name)
+        self.lm_head = target.get_output_embeddings()
+        self.tree_depth = min(len(self.k_config), self.heads.num_heads)
+        self.head_row: torch.Tensor | None = None  # the target's hidden state the heads read next
 
-    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        return medusa_generate(self, self.heads, prompt, max_new_tokens, eos, generator)
+    def _start(self, prompt: list[int]) -> None:
+        self.target.capture_hidden = False  # the prompt's hidden states are not needed
+        super()._start(prompt)
+        self.target.capture_hidden = True
+        self.head_row = None
+
+    def propose(self, context, depth, generator):
+        if self.head_row is None:
+            return None
+        head_logits = self.heads(self.head_row, self.lm_head)  # [K, V]
+        return cartesian_tree(head_logits[:depth], self.k_config[:depth], len(context))
+
+    def verify(self, P, tree, generator):
+        if self.acceptance == "typical":
+            path, end_row = typical_tree_walk(P, tree, self.epsilon, self.delta)
+            return path, self._recover(P[end_row], generator)
+        path, dist = one_hot_tree_walk(P, tree, generator)
+        return path, int(sample(dist, generator))
+
+    def commit(self, length, tree, path) -> None:
+        self.head_row = self.target.hidden[1 + path[-1] if path else 0]  # row 0: the root's (or a plain step's)
+
+    def _next_token(self, logits: torch.Tensor, generator) -> int:
+        if self.warper.greedy:
+            return int(logits.argmax(-1))
+        return self._recover(self.warper(logits), generator)
+
+    def _recover(self, probs: torch.Tensor, generator) -> int:
+        """The next token from a warped target row: sampled, or its argmax (Medusa's "fast" mode)."""
+        if self.recovery == "argmax":
+            return int(probs.argmax(-1))
+        return int(sample(probs, generator))

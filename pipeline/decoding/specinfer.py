@@ -11,12 +11,14 @@ greedy acceptance (exactly ``ar`` greedy).
 
 from __future__ import annotations
 
-from .base import Decoder, Generation, Param
+from .base import Param, int_list_at_least
 from .drafters import drafter_param, resolve_drafter
-from .tree_verify import int_list_at_least, mss_tree_walk, sample_token_tree, tree_generate
+from .speculative import TreeVerifyDecoder
+from .tree_verify import mss_tree_walk, sample_token_tree
+from .warping import sample
 
 
-class SpecInferDecoder(Decoder):
+class SpecInferDecoder(TreeVerifyDecoder):
     name = "specinfer"
     needs_draft = True
     lossless = True
@@ -34,11 +36,9 @@ class SpecInferDecoder(Decoder):
     def tree_depth(self) -> int:
         return len(self.k_config)
 
-    def _propose(self, context, depth, generator):
+    def propose(self, context, depth, generator):
         return sample_token_tree(self.draft, context, list(self.k_config[:depth]), self.warper, generator, self.replacement)
 
-    def _walk(self, P, tree, generator):
-        return mss_tree_walk(P, tree, generator, self.replacement)
-
-    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        return tree_generate(self, prompt, max_new_tokens, eos, generator, self._propose, self._walk)
+    def verify(self, P, tree, generator):
+        path, dist = mss_tree_walk(P, tree, generator, self.replacement)
+        return path, int(sample(dist, generator))

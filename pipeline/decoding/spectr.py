@@ -11,12 +11,14 @@ Temperature 0: the chains start from the draft's top-k distinct tokens, greedy a
 
 from __future__ import annotations
 
-from .base import Decoder, Generation, Param, int_at_least
+from .base import Param, int_at_least
 from .drafters import drafter_param, resolve_drafter
-from .tree_verify import kseq_chain_walk, sample_token_tree, tree_generate
+from .speculative import TreeVerifyDecoder
+from .tree_verify import kseq_chain_walk, sample_token_tree
+from .warping import sample
 
 
-class SpecTrDecoder(Decoder):
+class SpecTrDecoder(TreeVerifyDecoder):
     name = "spectr"
     needs_draft = True
     lossless = True
@@ -34,9 +36,10 @@ class SpecTrDecoder(Decoder):
     def tree_depth(self) -> int:
         return self.gamma
 
-    def _propose(self, context, depth, generator):
+    def propose(self, context, depth, generator):
         k_config = [self.num_drafts] + [1] * (depth - 1)
         return sample_token_tree(self.draft, context, k_config, self.warper, generator, replacement=True)
 
-    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        return tree_generate(self, prompt, max_new_tokens, eos, generator, self._propose, kseq_chain_walk)
+    def verify(self, P, tree, generator):
+        path, dist = kseq_chain_walk(P, tree, generator)
+        return path, int(sample(dist, generator))

@@ -1,10 +1,18 @@
-"""The draft-then-verify loop shared by every chain speculative method (spd, block, mtad).
+"""The two speculative loops: draft a chain or a tree, verify it in one target forward, keep what passed.
 
-One iteration: the drafter (``drafters.py``: a draft model, an EAGLE head or n-gram lookup) proposes g tokens; one target forward over ``[last token] + draft``
-gives g + 1 rows; the method's verifier says how many drafts to keep and what comes next; both
-caches are rolled back to what was kept (docs/ALGORITHMS.md appendix A.1). A method file supplies only
-``propose`` and ``verify``. Near ``max_new_tokens`` the draft is shortened so no work is wasted; when
-the drafter has nothing to propose (n-gram lookup without a match) the iteration is a plain target step.
+``DraftVerifyDecoder`` (spd, block, mtad, typical, bild): the drafter (``drafters.py``: a draft
+model, an EAGLE head or n-gram lookup) proposes g tokens; one target forward over ``[last token] +
+draft`` gives g + 1 rows; the method's verifier says how many drafts to keep and what comes next;
+both caches are rolled back to what was kept (docs/ALGORITHMS.md appendix A.1).
+
+``TreeVerifyDecoder`` (spectr, specinfer, mcss, medusa): the method proposes a token tree
+(``tree.TokenTree``); one target forward with tree attention scores every node
+(``tree_verify.tree_verify_forward``); the method's walk returns the accepted path and the next
+token; the path's KV is compacted into place in the target's cache (and the draft's).
+
+A method file supplies only ``propose`` and ``verify``. Near ``max_new_tokens`` the draft is
+shortened so no work is wasted; when the method has nothing to propose (n-gram lookup without a
+match, Medusa before the first hidden state) the iteration is a plain target step.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import torch
 
 from .base import DRAFTERS, Decoder, Generation, Param, emit, int_at_least
 from .drafters import NGRAM_PARAMS, Drafter, build_drafter, drafter_param, resolve_drafter
+from .tree import TokenTree
+from .tree_verify import commit_draft, greedy_tree_walk, tree_verify_forward
 
 
 class DraftVerifyDecoder(Decoder):
@@ -105,3 +115,55 @@ class DraftVerifyDecoder(Decoder):
     def draft_chain(self, context: list[int], gamma: int, generator):
         """The drafter's chain (``ChainDraft``) or None when it has nothing to propose."""
         return self.drafter_impl.propose(context, gamma, self.warper, generator)
+
+
+class TreeVerifyDecoder(Decoder):
+    """Draft a token tree, verify it in one target forward, walk it, keep the path's KV, repeat.
+
+    Subclasses set ``tree_depth`` (the most levels a tree may have) and supply ``propose`` and
+    ``verify``; ``commit`` is where a proposer keeps its state in step with the accepted path (by
+    default: the draft model keeps the accepted nodes it has cached). Temperature 0 uses
+    ``greedy_tree_walk`` for every method (exactly ``ar`` greedy).
+    """
+
+    tree_depth: int
+
+    def propose(self, context: list[int], depth: int, generator) -> TokenTree | None:
+        """A tree of at most ``depth`` levels after ``context`` (None: nothing proposed, a plain target step)."""
+        raise NotImplementedError
+
+    def verify(self, P: torch.Tensor, tree: TokenTree, generator) -> tuple[list[int], int]:
+        """From the warped target rows ``P [1 + n, V]`` (row 0: the root's): the accepted path (node
+        indices, root down) and the next token."""
+        raise NotImplementedError
+
+    def commit(self, length: int, tree: TokenTree | None, path: list[int]) -> None:
+        """The target kept ``path`` of ``tree`` after ``length`` context tokens (``tree`` None: a plain step)."""
+        if tree is not None:
+            commit_draft(self.draft, length, tree, path)
+
+    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
+        target, warper = self.target, self.warper
+        self._start(prompt)
+        context = list(prompt)
+        out: list[int] = []
+        accepted: list[int] = []
+        while len(out) < max_new_tokens:
+            length = len(context)
+            depth = min(self.tree_depth, max_new_tokens - len(out) - 1)
+            tree = self.propose(context, depth, generator) if depth > 0 else None
+            if tree is None:  # one token left, or nothing proposed: a plain target step
+                emitted = [self._next_token(target.forward(context[-1:], keep=1)[-1], generator)]
+                self.commit(length, None, [])
+            else:
+                logits = tree_verify_forward(target, context, tree)
+                if warper.greedy:
+                    path, y = greedy_tree_walk(logits.argmax(-1), tree)
+                else:
+                    path, y = self.verify(warper(logits), tree, generator)
+                target.compact(length, path)
+                self.commit(length, tree, path)
+                emitted = [tree.tokens[i] for i in path] + [y]
+            if emit(emitted, eos, max_new_tokens, out, context, accepted):
+                break
+        return Generation(out, target.forwards, self.draft.forwards if self.draft is not None else 0, accepted)

@@ -1,7 +1,9 @@
-"""Token-tree drafting and verification shared by specinfer, mcss, spectr, medusa and typical-over-tree.
+"""Token trees for spectr, specinfer, mcss and medusa: how they are drafted, scored and walked.
 
-A draft tree (``DraftTree``) is a list of nodes in BFS order, each with a token and a parent (-1 =
-the last context token, the root). ``tree_verify_forward`` scores every node in ONE target pass
+The loop that uses them is ``speculative.TreeVerifyDecoder``. A draft tree (``tree.TokenTree``)
+holds nodes in BFS order, each with a token and a parent (-1 = the last context token, the root):
+``sample_token_tree`` draws one from the draft model level by level, ``cartesian_tree`` builds
+Medusa's from its heads' top-k. ``tree_verify_forward`` scores every node in ONE target pass
 with tree attention (4-D mask + position ids, docs/ALGORITHMS.md A.2): row 0 is the root's row (the
 distribution of depth-0 nodes), row 1 + i is node i's row. The walks (A.3) return the accepted
 path (node indices, root to leaf) and what the next token is drawn from; ``CachedModel.compact``
@@ -15,63 +17,12 @@ level); ``commit_draft`` compacts the accepted ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
-
 import torch
 
-from .base import Generation, emit
 from .kv import CachedModel
 from .tree import TokenTree
 from .verification import kseq_verify, multi_candidate_verify, one_hot_acceptance, typical_acceptance
-from .warping import Warper, sample, sample_k
-
-
-def int_list_at_least(lo: int) -> Callable[[Any], str | None]:
-    """Param check: a non-empty list of integers >= lo (e.g. a tree's branching per depth)."""
-
-    def check(v: Any) -> str | None:
-        ok = (
-            isinstance(v, (list, tuple))
-            and len(v) > 0
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v)
-        )
-        return None if ok else f"must be a non-empty list of integers >= {lo}"
-
-    return check
-
-
-@dataclass
-class DraftTree:
-    """Nodes in BFS order. ``children[i + 1]`` lists node i's children in drawing order
-    (``children[0]``: the root's). ``q_rows[i + 1]`` is the draft row node i's children were drawn
-    from (sampled trees only). ``fed`` = how many nodes (a BFS prefix) are in the draft's cache."""
-
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    depths: list[int] = field(default_factory=list)
-    children: list[list[int]] = field(default_factory=lambda: [[]])
-    q_rows: dict[int, torch.Tensor] = field(default_factory=dict)
-    fed: int = 0
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def add(self, token: int, parent: int) -> int:
-        node = len(self.tokens)
-        self.tokens.append(int(token))
-        self.parents.append(parent)
-        self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
-        self.children.append([])
-        self.children[parent + 1].append(node)
-        return node
-
-    def path(self, node: int) -> list[int]:
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
+from .warping import Warper, sample_k
 
 
 def _draw_children(q: torch.Tensor, logits: torch.Tensor, k: int, replacement: bool, greedy: bool, generator) -> list[int]:
@@ -93,25 +44,22 @@ def sample_token_tree(
     warper: Warper,
     generator: torch.Generator | None,
     replacement: bool = True,
-) -> DraftTree:
+) -> TokenTree:
     """Sample a tree from the draft: ``k_config[d]`` children under every depth-(d-1) node, each level
     drawn from the draft's row at its parent (one draft forward per level, the level's nodes fed as
     a tree). ``k_config = [k, 1, ..., 1]`` with replacement gives k i.i.d. chains (SpecTr)."""
-    tree = DraftTree()
     logits = draft.forward(context[draft.length :], keep=1)[-1]
-    start = draft.length  # == len(context)
+    tree = TokenTree(draft.length)  # == len(context): the nodes follow the context in the draft's cache
     q = warper(logits)
     tree.q_rows[0] = q
     for t in _draw_children(q, logits, k_config[0], replacement, warper.greedy, generator):
         tree.add(t, -1)
-    fed_tree = TokenTree(start)
     level = list(range(len(tree)))
     for k in k_config[1:]:
         if not level:
             break
-        ids, positions, mask = fed_tree.add([tree.tokens[i] for i in level], [tree.parents[i] for i in level])
-        rows = draft.forward_tree(ids, positions, mask, start)
-        tree.fed = len(fed_tree)
+        ids, positions, mask = tree.feed()  # the nodes not yet fed: this level
+        rows = draft.forward_tree(ids, positions, mask, tree.start)
         qs = warper(rows)
         nxt = []
         for node, row_logits, q in zip(level, rows, qs):
@@ -122,10 +70,11 @@ def sample_token_tree(
     return tree
 
 
-def cartesian_tree(head_logits: torch.Tensor, k_config: list[int]) -> DraftTree:
-    """Medusa's tree: depth d holds the ``k_config[d]`` most likely tokens of ``head_logits[d]`` under
-    every depth-(d-1) node, in rank order (the heads see only the root, so siblings sets repeat)."""
-    tree = DraftTree()
+def cartesian_tree(head_logits: torch.Tensor, k_config: list[int], start: int) -> TokenTree:
+    """Medusa's tree after a context of ``start`` tokens: depth d holds the ``k_config[d]`` most likely
+    tokens of ``head_logits[d]`` under every depth-(d-1) node, in rank order (the heads see only the
+    root, so sibling sets repeat)."""
+    tree = TokenTree(start)
     level = [-1]
     for d, k in enumerate(k_config[: head_logits.shape[0]]):
         top = head_logits[d].topk(min(k, head_logits.shape[-1])).indices.tolist()
@@ -133,20 +82,22 @@ def cartesian_tree(head_logits: torch.Tensor, k_config: list[int]) -> DraftTree:
     return tree
 
 
-def tree_verify_forward(target: CachedModel, context: list[int], tree: DraftTree) -> torch.Tensor:
+def tree_verify_forward(target: CachedModel, context: list[int], tree: TokenTree) -> torch.Tensor:
     """One target pass over ``[ctx[-1]] + nodes`` with tree attention; logits ``[1 + n, V]``.
 
     The target's cache must hold ``ctx[:-1]``; afterwards it also holds the root and every node.
     """
     start = len(context) - 1
-    if target.length != start:
-        raise RuntimeError(f"target cache holds {target.length} positions, expected {start}")
-    fed = TokenTree(start)
-    ids, positions, mask = fed.add([context[-1]] + tree.tokens, [-1] + [p + 1 for p in tree.parents])
+    if target.length != start or tree.start != len(context):
+        raise RuntimeError(
+            f"target cache holds {target.length} positions and the tree starts at {tree.start}; "
+            f"expected {start} and {len(context)}"
+        )
+    ids, positions, mask = tree.with_root(context[-1])
     return target.forward_tree(ids, positions, mask, start)
 
 
-def commit_draft(draft: CachedModel, context_length: int, tree: DraftTree, path: list[int]) -> None:
+def commit_draft(draft: CachedModel, context_length: int, tree: TokenTree, path: list[int]) -> None:
     """Keep the accepted nodes that the draft has in its cache (a prefix of ``path``) after the context."""
     keep = [i for i in path if i < tree.fed]
     draft.compact(context_length, keep)
@@ -157,7 +108,7 @@ def commit_draft(draft: CachedModel, context_length: int, tree: DraftTree, path:
 # ------------------------------------------------------------------------------------------------
 
 
-def greedy_tree_walk(target_argmax: torch.Tensor, tree: DraftTree) -> tuple[list[int], int]:
+def greedy_tree_walk(target_argmax: torch.Tensor, tree: TokenTree) -> tuple[list[int], int]:
     """Temperature 0: follow the child equal to the target's argmax; the next token is the argmax at the end."""
     am = target_argmax.tolist()
     path: list[int] = []
@@ -171,7 +122,7 @@ def greedy_tree_walk(target_argmax: torch.Tensor, tree: DraftTree) -> tuple[list
         node = nxt
 
 
-def mss_tree_walk(P: torch.Tensor, tree: DraftTree, generator, replacement: bool = True) -> tuple[list[int], torch.Tensor]:
+def mss_tree_walk(P: torch.Tensor, tree: TokenTree, generator, replacement: bool = True) -> tuple[list[int], torch.Tensor]:
     """SpecInfer (``replacement``) / MCSS (without): multi-candidate rule at each node from the root."""
     path: list[int] = []
     node = -1
@@ -190,7 +141,7 @@ def mss_tree_walk(P: torch.Tensor, tree: DraftTree, generator, replacement: bool
         path.append(node)
 
 
-def kseq_chain_walk(P: torch.Tensor, tree: DraftTree, generator) -> tuple[list[int], torch.Tensor]:
+def kseq_chain_walk(P: torch.Tensor, tree: TokenTree, generator) -> tuple[list[int], torch.Tensor]:
     """SpecTr over k i.i.d. chains (a tree with ``k_config = [k, 1, 1, ...]``): K-SEQ at each depth on the
     chains that agree with the accepted prefix; every chain carrying the accepted token stays alive."""
     alive = list(tree.children[0])
@@ -211,7 +162,7 @@ def kseq_chain_walk(P: torch.Tensor, tree: DraftTree, generator) -> tuple[list[i
     return tree.path(last), P[last + 1]
 
 
-def one_hot_tree_walk(P: torch.Tensor, tree: DraftTree, generator, greedy: bool = False) -> tuple[list[int], torch.Tensor]:
+def one_hot_tree_walk(P: torch.Tensor, tree: TokenTree, generator, greedy: bool = False) -> tuple[list[int], torch.Tensor]:
     """Deterministic children (Medusa's top-k, EAGLE-style): the one-hot recursive rule at each node.
 
     Lossless. With one-hot rows (``greedy``) it follows the argmax child and draws no random number.
@@ -237,7 +188,7 @@ def one_hot_tree_walk(P: torch.Tensor, tree: DraftTree, generator, greedy: bool 
         path.append(node)
 
 
-def typical_tree_walk(P: torch.Tensor, tree: DraftTree, epsilon: float, delta: float) -> tuple[list[int], int]:
+def typical_tree_walk(P: torch.Tensor, tree: TokenTree, epsilon: float, delta: float) -> tuple[list[int], int]:
     """Typical acceptance over a tree (Medusa-2): every node passes or not under its parent's row; the
     longest passing root-to-node path wins, ties broken by the sum of log-probabilities. Returns
     (path, row index whose distribution gives the next token)."""
@@ -262,41 +213,3 @@ def typical_tree_walk(P: torch.Tensor, tree: DraftTree, epsilon: float, delta: f
     if best[2] < 0:
         return [], 0
     return tree.path(best[2]), best[2] + 1
-
-
-# ------------------------------------------------------------------------------------------------
-# The loop shared by the draft-model tree methods (specinfer, mcss, spectr)
-# ------------------------------------------------------------------------------------------------
-
-
-def tree_generate(decoder, prompt, max_new_tokens, eos, generator, propose, walk):
-    """Draft a tree, verify it in one target pass, walk it, keep the path's KV, repeat.
-
-    ``propose(context, depth, generator) -> DraftTree`` (depth = levels allowed this iteration) and
-    ``walk(P, tree, generator) -> (path, next-token distribution)`` are the method's parts. Temperature
-    0 uses ``greedy_tree_walk`` for every method.
-    """
-    target, draft, warper = decoder.target, decoder.draft, decoder.warper
-    decoder._start(prompt)
-    context = list(prompt)
-    out: list[int] = []
-    accepted: list[int] = []
-    while len(out) < max_new_tokens:
-        length = len(context)
-        depth = min(decoder.tree_depth, max_new_tokens - len(out) - 1)
-        if depth == 0:  # one token left: a plain target step
-            emitted = [decoder._next_token(target.forward(context[-1:], keep=1)[-1], generator)]
-        else:
-            tree = propose(context, depth, generator)
-            logits = tree_verify_forward(target, context, tree)
-            if warper.greedy:
-                path, y = greedy_tree_walk(logits.argmax(-1), tree)
-            else:
-                path, dist = walk(warper(logits), tree, generator)
-                y = int(sample(dist, generator))
-            target.compact(length, path)
-            commit_draft(draft, length, tree, path)
-            emitted = [tree.tokens[i] for i in path] + [y]
-        if emit(emitted, eos, max_new_tokens, out, context, accepted):
-            break
-    return Generation(out, target.forwards, draft.forwards, accepted)

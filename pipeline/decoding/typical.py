@@ -13,12 +13,11 @@ verified in one pass and the longest typical path is kept (the same as ``medusa`
 
 from __future__ import annotations
 
-from .base import DRAFTERS, Generation, Param, in_closed, nonneg_number, one_of
+from .base import DRAFTERS, Generation, Param, in_closed, int_list_at_least, nonneg_number, one_of
 from .drafters import resolve_drafter
-from .medusa import medusa_generate
+from .medusa import MedusaDecoder
 from .medusa_heads import medusa_heads_of
 from .speculative import DraftVerifyDecoder
-from .tree_verify import int_list_at_least
 from .verification import greedy_verify, typical_verify
 from .warping import sample
 
@@ -34,7 +33,6 @@ class TypicalDecoder(DraftVerifyDecoder):
         "recovery": Param("sample", one_of("sample", "argmax"), "next token after the kept prefix"),
         "k_config": Param([4, 2, 2], int_list_at_least(1), "Medusa tree (drafter: medusa): top-k per depth"),
     }
-    acceptance = "typical"  # what medusa_generate reads
 
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:
@@ -49,12 +47,15 @@ class TypicalDecoder(DraftVerifyDecoder):
 
     def __init__(self, target, draft=None, **params) -> None:
         super().__init__(target, draft, **params)
-        if self.drafter == "medusa":
-            self.heads = medusa_heads_of(target, "typical (drafter: medusa)")
+        self.medusa: MedusaDecoder | None = None
+        if self.drafter == "medusa":  # a tree, not a chain: the medusa method with typical acceptance
+            medusa_heads_of(target, "typical (drafter: medusa)")
+            shared = {k: getattr(self, k) for k in MedusaDecoder.all_params() if k != "acceptance"}
+            self.medusa = MedusaDecoder(target, acceptance="typical", **shared)
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        if self.drafter == "medusa":
-            return medusa_generate(self, self.heads, prompt, max_new_tokens, eos, generator)
+        if self.medusa is not None:
+            return self.medusa._generate(prompt, max_new_tokens, eos, generator)
         return super()._generate(prompt, max_new_tokens, eos, generator)
 
     def propose(self, context, gamma, generator):

@@ -134,6 +134,19 @@ def mtad_verify(
     return acc, P[acc]
 
 
+def bild_verify(logits: torch.Tensor, x: torch.Tensor, rollback: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """BiLD's rollback policy: the longest prefix whose tokens all have cross-entropy
+    ``-log p(x_i) <= rollback`` under the large model's RAW logits ``[g+1, V]`` (not warped).
+
+    Returns ``(n, logits[n])``: the large model's row at the first rolled-back token (or the bonus
+    row), from which the caller draws the next token. Lossy by design.
+    """
+    g = x.shape[0]
+    ce = -torch.log_softmax(logits[:g], -1).gather(-1, x.reshape(-1, 1)).squeeze(-1)
+    n = (~(ce > rollback)).long().cumprod(0).sum()
+    return n, logits[n]
+
+
 # --------------------------------------------------------------------------------------------------
 # Multi-candidate rules at one position / tree node (SpecInfer, MCSS, SpecTr, one-hot trees, typical)
 #

@@ -19,19 +19,21 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from pipeline.cell import judge_identity, rescore
+from pipeline.cell import Cell, CellResult, judge_identity, rescore
 from pipeline.scoring.mt_bench import _judge_kwargs, check_endpoint
 from pipeline.sweep.plan import CONF_DIR, Plan, SweepConfigError, expand
 from pipeline.sweep.ray_runner import actor_options, prepare_pairs, run_cells, start_ray
 from pipeline.sweep.summary import summary_tables
 from pipeline.tracking import (
+    STATUS_FAILED,
     STATUS_FINISHED,
     STATUS_LOGGING,
     STATUS_SCORE_FAILED,
@@ -55,12 +57,12 @@ def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str,
 
 
 
-def check_judge(cells: Iterable[Mapping[str, Any]]) -> None:
+def check_judge(cells: Iterable[Cell]) -> None:
     """An OpenAI-compatible judge that some cell needs must answer ``/models`` now, before any model loads."""
     seen = set()
     for cell in cells:
-        judge = cell.get("judge") or {}
-        if cell["dataset"]["name"] != "mt_bench" or not judge.get("enabled"):
+        judge = cell.judge or {}
+        if cell.dataset_name != "mt_bench" or not judge.get("enabled"):
             continue
         kind, kwargs = _judge_kwargs(judge)
         if kind != "openai" or kwargs["base_url"] in seen:
@@ -73,13 +75,13 @@ def check_judge(cells: Iterable[Mapping[str, Any]]) -> None:
 
 
 
-def _judge_tag(cell: Mapping[str, Any]) -> str:
+def _judge_tag(cell: Cell) -> str:
     ident = judge_identity(cell)
     return json.dumps(ident, sort_keys=True) if ident else ""
 
 
 
-def classify(cells: list[dict[str, Any]], active: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], list[Cell], list[Cell]]:
     """(cells to run, cells whose logged generations are to be scored again, cells done).
 
     Re-scored: ``score_failed`` cells (scoring/judging failed after generating), and finished MT-Bench
@@ -87,7 +89,7 @@ def classify(cells: list[dict[str, Any]], active: Mapping[str, Any]) -> tuple[li
     """
     to_run, to_rescore, done = [], [], []
     for cell in cells:
-        run = active.get(cell["key"])
+        run = active.get(cell.key)
         status = run.data.tags.get("cell_status") if run is not None else None
         if status == STATUS_SCORE_FAILED:
             to_rescore.append(cell)
@@ -100,15 +102,15 @@ def classify(cells: list[dict[str, Any]], active: Mapping[str, Any]) -> tuple[li
 
 
 
-def claimer(tracker: Tracker, known: set[str]):
+def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
     """``claim(cell)`` for ``run_cells``: take the cell's lease; skip it if another driver logged it meanwhile.
 
     ``known``: ids of the cell runs seen when the plan was made; a newer run of the key (not left
     mid-logging) means another driver ran the cell in the meantime: its outcome stands for this invocation.
     """
 
-    def claim(cell: Mapping[str, Any]) -> str:
-        key = cell["key"]
+    def claim(cell: Cell) -> str:
+        key = cell.key
         if not tracker.claim(key):
             return "wait"
         now = tracker.key_runs(key)
@@ -123,12 +125,12 @@ def claimer(tracker: Tracker, known: set[str]):
 
 
 
-def rescore_cells(tracker: Tracker, cells: list[dict[str, Any]], active: Mapping[str, Any], outcome: dict[str, Any]) -> None:
+def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any], outcome: dict[str, Any]) -> None:
     """Score logged generations again, in this process (no pair loads), each under its cell's lease."""
     for cell in cells:
-        key = cell["key"]
+        key = cell.key
         if not tracker.claim(key):
-            print(f"re-score {cell['label']} [{key}]: held by another driver, left to it", flush=True)
+            print(f"re-score {cell.label} [{key}]: held by another driver, left to it", flush=True)
             continue
         try:
             run = tracker.key_runs(key)
@@ -138,15 +140,15 @@ def rescore_cells(tracker: Tracker, cells: list[dict[str, Any]], active: Mapping
             try:
                 records = tracker.samples(run.info.run_id)
                 result = rescore(cell, records)
-                tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.get("score_metric") or ""}
-                tracker.record_scores(run.info.run_id, result["status"], result["metrics"], result["records"], result.get("scores"), tags, result.get("error"))
-                error = result.get("error") if result["status"] != STATUS_FINISHED else None
+                tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.score_metric or ""}
+                tracker.record_scores(run.info.run_id, result, tags)
+                error = None if result.finished else result.error
             except Exception as err:  # noqa: BLE001 - the run keeps its status and generations: tried again next time
                 error = f"{type(err).__name__}: {err}"
             outcome["rescored"] += 1
             if error:
                 outcome["failed"] += 1
-                print(f"RE-SCORE FAILED {cell['label']} {cell['dataset']['name']} seed={cell['seed']} [{key}]: {error}", file=sys.stderr, flush=True)
+                print(f"RE-SCORE FAILED {cell.label} {cell.dataset_name} seed={cell.seed} [{key}]: {error}", file=sys.stderr, flush=True)
         finally:
             tracker.release(key)
 
@@ -175,7 +177,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     active = pick_active(runs)[0]
     known = {r.info.run_id for r in runs}
     todo, to_rescore, _ = classify(plan.cells, active)
-    n_retry = sum(1 for c in todo if c["key"] in active)
+    n_retry = sum(1 for c in todo if c.key in active)
     print(
         f"sweep {plan.name!r}: {len(plan.cells)} cells ({', '.join(f'{k}: {v} samples' for k, v in plan.sample_counts.items())})",
         flush=True,
@@ -214,8 +216,8 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
                                         "cells_elsewhere": outcome["elsewhere"], "wall_s": time.perf_counter() - t0})
             if started_ray:
                 ray.shutdown()
-    rows = tracker.rows((c["key"] for c in plan.cells), warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
-    base_label = next((c["label"] for c in plan.cells if c.get("baseline")), None)
+    rows = tracker.rows((c.key for c in plan.cells), warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
+    base_label = next((c.label for c in plan.cells if c.baseline), None)
     cell_text, mean_text = summary_tables(rows, base_label)
     print("\nper cell:\n" + cell_text)
     print(f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, dataset and seed):\n" + mean_text)
@@ -236,30 +238,29 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
 
 
 
-def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[dict[str, Any]], known: set[str], outcome: dict[str, Any]) -> None:
+def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], known: set[str], outcome: dict[str, Any]) -> None:
     opts, capacity = actor_options(cluster)
     print(f"ray: {len([n for n in ray.nodes() if n.get('Alive')])} node(s), {capacity} cell(s) in flight "
           f"({'GPU' if opts.get('num_gpus') else 'CPU'} actors, isolation {opts['isolation']['mode']}, "
           f"{opts['isolation']['threads']} thread(s) each)", flush=True)
     prepare_pairs(plan, opts)
 
-    def on_result(cell, result):
+    def on_result(cell: Cell, result: CellResult) -> None:
         try:
             tracker.log_cell(cell, result)
         except Exception as err:  # noqa: BLE001 - the store failed mid-write: the cell stays unfinished, retried next time
             tracker.mark_log_failed(tracker.logging_run_id, f"{type(err).__name__}: {err}")
-            result = {**result, "status": "failed", "error": f"logging to MLflow failed: {type(err).__name__}: {err}"}
+            result = replace(result, status=STATUS_FAILED, error=f"logging to MLflow failed: {type(err).__name__}: {err}")
         finally:
             tracker.logging_run_id = None
-            tracker.release(cell["key"])
+            tracker.release(cell.key)
         outcome["ran"] += 1
-        outcome["finished" if result["status"] == STATUS_FINISHED else "failed"] += 1
-        outcome["results"].append({"cell_key": cell["key"], "status": result["status"], "node_id": result.get("node_id"), "error": result.get("error")})
-        if result["status"] != STATUS_FINISHED:
-            tqdm.write(f"{'SCORE FAILED' if result['status'] == STATUS_SCORE_FAILED else 'FAILED'} {cell['label']} {cell['pair']['name']} "
-                       f"{cell['dataset']['name']} seed={cell['seed']} [{cell['key']}]: {result.get('error')}", file=sys.stderr)
+        outcome["finished" if result.finished else "failed"] += 1
+        outcome["results"].append({"cell_key": cell.key, "status": result.status, "node_id": result.node_id, "error": result.error})
+        if not result.finished:
+            tqdm.write(f"{'SCORE FAILED' if result.status == STATUS_SCORE_FAILED else 'FAILED'} {cell.describe()}: {result.error}", file=sys.stderr)
 
-    def on_skip(cell):
+    def on_skip(cell: Cell) -> None:
         outcome["elsewhere"] += 1
 
     run_cells(todo, cluster, on_result, progress=bool(cfg.get("progress", True)), claim=claimer(tracker, known), on_skip=on_skip)

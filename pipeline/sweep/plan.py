@@ -8,8 +8,9 @@ Flow (docs/DESIGN.md sections 1 and 7), steps 1-3 of ``python -m pipeline.sweep`
    Ray starts: configuration errors stop here with a message naming the fix.
 3. ``ar`` baseline cells are added for every (pair, dataset, seed) that has other methods.
 
-A cell's key is the hash of its identity (``HARNESS_VERSION``, method and resolved parameters, pair,
-dataset, seed, measurement protocol, judge, hardware): the same configuration gives the same key.
+A cell is a ``pipeline.cell_types.Cell``; its key is the hash of its identity (``HARNESS_VERSION``,
+method and resolved parameters, pair, dataset, seed, measurement protocol, hardware; the judge is not
+part of it): the same configuration gives the same key.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.cell_types import Cell
 from pipeline.data import DATASETS
 from pipeline.data.slices import load_slice
 from pipeline.decoding import DrafterContext, check_method
@@ -54,7 +56,7 @@ class Plan:
     """The expanded sweep: cells in run order and what was checked."""
 
     name: str
-    cells: list[dict[str, Any]]
+    cells: list[Cell]
     sample_counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -305,23 +307,23 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     measure = OmegaConf.to_container(cfg.measure, resolve=True)
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
-    cells: dict[str, dict[str, Any]] = {}
+    cells: dict[str, Cell] = {}
     for pair, ds, seed in itertools.product(pairs, datasets, seeds):
         group = list(methods)
         if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in methods):
             group = [baseline] + [m for m in methods if m["label"] != baseline["label"]]
         for m in group:
-            cell = _make_cell(sweep.name, m, resolved_params[(m["label"], pair["name"])], pair, ds, seed, measure, judge, cluster, fault)
-            cell["baseline"] = baseline is not None and m["label"] == baseline["label"]
-            cells.setdefault(cell["key"], cell)
+            is_baseline = baseline is not None and m["label"] == baseline["label"]
+            cell = _make_cell(sweep.name, m, resolved_params[(m["label"], pair["name"])], pair, ds, seed, measure, judge, cluster, fault, is_baseline)
+            cells.setdefault(cell.key, cell)
     return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts)
 
 
-def _make_cell(sweep_name, method, params, pair, ds, seed, measure, judge, cluster, fault) -> dict[str, Any]:
+def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any], pair: dict[str, Any], ds: dict[str, Any], seed: int,
+               measure: dict[str, Any], judge: Mapping[str, Any], cluster: Mapping[str, Any], fault: Any, baseline: bool) -> Cell:
     pair_identity = {k: v for k, v in pair.items() if k not in ("device",)}
     ds_identity = {k: v for k, v in ds.items() if k not in ("path",)}
-    measure_identity = dict(measure)
-    judge_used = judge if (judge.get("enabled") and ds["name"] == "mt_bench") else None
+    hardware = cluster.get("accelerator_type") or "any"
     # The judge scores the generations, it does not change them: not part of the key (a judge change
     # re-judges the logged generations, see `driver.classify`). None here keeps the keys of earlier stores.
     identity = {
@@ -330,36 +332,24 @@ def _make_cell(sweep_name, method, params, pair, ds, seed, measure, judge, clust
         "pair": pair_identity,
         "dataset": ds_identity,
         "seed": seed,
-        "measure": measure_identity,
+        "measure": dict(measure),
         "judge": None,
-        "hardware": cluster.get("accelerator_type") or "any",
+        "hardware": hardware,
     }
-    key = cell_key(identity)
-    config = {
-        "cell_key": key,
-        "sweep": sweep_name,
-        "label": method["label"],
-        "method": {"name": method["name"], "config": method["config_name"], **params},
-        "pair": pair,
-        "dataset": ds,
-        "seed": seed,
-        "measure": measure,
-        "judge": judge_used,
-        "hardware": identity["hardware"],
-        "harness_version": HARNESS_VERSION,
-    }
-    return {
-        "key": key,
-        "sweep": sweep_name,
-        "label": method["label"],
-        "method": {"name": method["name"], "params": params},
-        "pair": pair,
-        "dataset": ds,
-        "seed": seed,
-        "measure": measure,
-        "judge": judge_used,
-        "fault": fault,
-        "config": config,
-    }
-
-
+    return Cell(
+        key=cell_key(identity),
+        sweep=sweep_name,
+        label=method["label"],
+        method=method["name"],
+        params=params,
+        method_config=method["config_name"],
+        pair=pair,
+        dataset=ds,
+        seed=seed,
+        measure=measure,
+        hardware=hardware,
+        harness=HARNESS_VERSION,
+        judge=dict(judge) if (judge.get("enabled") and ds["name"] == "mt_bench") else None,
+        baseline=baseline,
+        fault=fault,
+    )

@@ -13,7 +13,8 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import Any, Callable, Mapping
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from pipeline import models
 from pipeline.cell import CellActor, prepare_pair
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
 from pipeline.sweep.plan import Plan, SweepConfigError
 
 
@@ -131,26 +133,26 @@ def prepare_pairs(plan: Plan, opts: Mapping[str, Any]) -> None:
     """Convert GGUF models once (a Ray task) before many actors would race to do it."""
     todo = {}
     for cell in plan.cells:
-        spec = models.PairSpec.from_config(cell["pair"])
+        spec = models.PairSpec.from_config(cell.pair)
         for m in (spec.target, spec.draft):
             if m is None or not m.gguf_file:
                 continue
             if not models.is_converted(m):
-                todo[spec.name] = cell["pair"]
+                todo[spec.name] = cell.pair
     if todo:
         task = ray.remote(prepare_pair).options(num_cpus=opts.get("num_cpus", 1), num_gpus=opts.get("num_gpus", 0))
         print(f"preparing {len(todo)} pair(s) once (GGUF conversion): {', '.join(todo)}", flush=True)
         ray.get([task.remote(p) for p in todo.values()])
 
 
-def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_result, progress: bool = True,
-              claim=None, on_skip=None, poll_s: float = 2.0) -> None:
+def run_cells(plan_cells: list[Cell], cluster: Mapping[str, Any], on_result: Callable[[Cell, CellResult], None], progress: bool = True,
+              claim: Callable[[Cell], str] | None = None, on_skip: Callable[[Cell], None] | None = None, poll_s: float = 2.0) -> None:
     """Run cells on Ray, at most ``capacity`` in flight; ``on_result(cell, result)`` for each (driver side).
 
     ``claim(cell)`` (optional) is asked before a cell starts: ``"run"`` (this driver holds its lease),
     ``"skip"`` (another driver has done it: ``on_skip(cell)``) or ``"wait"`` (another live driver holds
     it: asked again every ``poll_s`` seconds once nothing else is left, so a lease that ends with its
-    driver is picked up). Each cell gets ``isolation`` (see ``actor_options``) added to it.
+    driver is picked up). Each cell runs with its ``isolation`` set (see ``actor_options``).
     """
     opts, capacity = actor_options(cluster)
     isolation = opts.pop("isolation")
@@ -160,10 +162,10 @@ def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_r
     remote_cls = ray.remote(CellActor)
     timeout = float(cluster.get("cell_timeout_s") or 0) or None
     pending = list(plan_cells)
-    waiting: list[dict[str, Any]] = []
+    waiting: list[Cell] = []
     last_poll = time.monotonic()
     told_waiting = False
-    in_flight: dict[Any, tuple[dict[str, Any], Any, float]] = {}
+    in_flight: dict[Any, tuple[Cell, Any, float]] = {}
     bar = tqdm(total=len(pending), unit="cell", disable=not progress, dynamic_ncols=True, file=sys.stderr)
     done = {"finished": 0, "failed": 0}
     try:
@@ -182,7 +184,7 @@ def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_r
                 iso = dict(isolation)
                 if free_cores is not None:
                     iso["cores"] = free_cores.pop(0)
-                cell = {**cell, "isolation": iso}
+                cell = replace(cell, isolation=iso)
                 actor = remote_cls.options(**opts).remote()
                 ref = actor.run.remote(cell)
                 in_flight[ref] = (cell, actor, time.monotonic())
@@ -218,10 +220,11 @@ def run_cells(plan_cells: list[dict[str, Any]], cluster: Mapping[str, Any], on_r
                     ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
-                if free_cores is not None and cell["isolation"].get("cores"):
-                    free_cores.append(cell["isolation"]["cores"])
-                result.setdefault("isolation", cell["isolation"])
-                done[result["status"] if result["status"] == "finished" else "failed"] += 1
+                if free_cores is not None and cell.isolation.get("cores"):
+                    free_cores.append(cell.isolation["cores"])
+                if result.isolation is None:  # failed before applying it (or the actor died): what was asked
+                    result = replace(result, isolation=cell.isolation)
+                done["finished" if result.status == STATUS_FINISHED else "failed"] += 1
                 on_result(cell, result)
                 bar.set_postfix(finished=done["finished"], failed=done["failed"], refresh=False)
                 bar.update(1)
@@ -239,7 +242,8 @@ def _short(err: BaseException, limit: int = 500) -> str:
     return (text[0] if text else type(err).__name__)[:limit]
 
 
-def _failure(cell: Mapping[str, Any], error: str, err: BaseException | None, elapsed: float) -> dict[str, Any]:
+def _failure(cell: Cell, error: str, err: BaseException | None, elapsed: float) -> CellResult:
+    """The result of a cell whose actor died, raised through Ray or timed out."""
     tb = "".join(traceback.format_exception(err)) if err is not None else error
-    return {"cell_key": cell["key"], "status": "failed", "stage": "actor", "stages": {}, "error": error, "traceback": tb, "metrics": {"cell_wall_s": elapsed}}
+    return CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="actor", error=error, traceback=tb, metrics={"cell_wall_s": elapsed})
 

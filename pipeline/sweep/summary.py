@@ -7,6 +7,8 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.tracking import STATUS_FINISHED
+
 MISSING = "–"
 
 
@@ -37,7 +39,7 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
     per_cell.columns = ["method", "pair", "dataset", "seed", "status", "tokens/s", "J/token", "score", "cell_key"]
     cell_text = per_cell.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
 
-    ok = df[df["cell_status"] == "finished"].copy()
+    ok = df[df["cell_status"] == STATUS_FINISHED].copy()
     if ok.empty:
         return cell_text, "(no finished cells)"
     if baseline_label is not None:

@@ -1,0 +1,146 @@
+"""The typed cell of a sweep and its result: what the planner builds, an actor runs and the driver logs.
+
+    Cell        one point of the grid (method, pair, dataset slice, seed), resolved and validated
+    CellResult  what ``pipeline.cell.run_cell`` (or ``rescore``) returns for a cell
+
+Data only, no behaviour beyond views of the fields: both pickle across Ray. They live here, apart
+from ``pipeline/cell.py`` (the executor: torch, Ray, models; it re-exports them), because the layers
+below and beside the executor name them: the planner (``pipeline.sweep.plan``) builds cells without
+importing the executor, and the MLflow layer (``pipeline.tracking``, a layer below the cells) logs
+a cell and its result. This module imports nothing of the project.
+
+A cell's configuration groups (``pair``, ``dataset``, ``measure``, ``judge``) stay the resolved config
+mappings that the loaders take (``PairSpec.from_config``, ``load_slice``); the MLflow params and
+``cell_config.yaml`` of a cell are ``Cell.config``, computed from the fields (the MLflow layout of
+docs/DESIGN.md section 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The outcome of a cell (``CellResult.status``; MLflow tag ``cell_status``, see pipeline/tracking.py,
+# which adds ``logging`` for a run whose write is not complete).
+STATUS_FINISHED = "finished"  # every stage ran (scores included where the dataset has a scorer)
+STATUS_SCORE_FAILED = "score_failed"  # generations and measurements kept; scoring/judging to redo
+STATUS_FAILED = "failed"  # a stage raised, the actor died or timed out, or logging failed
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with ``dataclasses.replace``)."""
+
+    key: str
+    """Hash of the cell's identity (``pipeline.tracking.cell_key``): what resume and the MLflow tag ``cell_key`` use."""
+    sweep: str
+    """Name of the sweep that planned it (MLflow experiment by default)."""
+    label: str
+    """The sweep entry's label, unique per method configuration (``mtad(tau=0.3)``)."""
+    method: str
+    """The method's registry name (``pipeline.decoding.METHODS``)."""
+    params: dict[str, Any]
+    """The method's parameters, resolved and checked (``check_method``): what ``build_decoder`` takes."""
+    method_config: str
+    """The ``conf/method/<name>.yaml`` the entry came from."""
+    pair: dict[str, Any]
+    """The pair's resolved config (``PairSpec.from_config`` reads it)."""
+    dataset: dict[str, Any]
+    """The dataset slice's resolved config (``DATASET_KEYS`` plus ``config_path``, the path as configured;
+    ``path`` is absolute): what ``load_slice`` takes."""
+    seed: int
+    """Sampling seed of the measured window."""
+    measure: dict[str, Any]
+    """The measurement protocol (``measure:`` of the config: warm-up, idle power, meters, threads)."""
+    hardware: str
+    """The accelerator type the cell is measured on (``cluster.accelerator_type``) or ``any``."""
+    harness: str
+    """``HARNESS_VERSION`` the cell was planned under (part of its key; param ``harness_version``)."""
+    judge: dict[str, Any] | None = None
+    """The judge config that scores the cell (MT-Bench with ``judge.enabled`` only), else None."""
+    baseline: bool = False
+    """True for the sweep's baseline cells (the speedup's denominator)."""
+    fault: Any = None
+    """Test-only fault injection (``fault_injection``: a mapping or a list, see ``pipeline.cell.inject_fault``)."""
+    isolation: dict[str, Any] | None = None
+    """CPU isolation the runner gives the cell (``mode``, ``threads``, ``cores``); None until scheduled."""
+
+    @property
+    def dataset_name(self) -> str:
+        return str(self.dataset["name"])
+
+    @property
+    def pair_name(self) -> str:
+        return str(self.pair["name"])
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """What MLflow records of the cell: its params (flattened) and ``cell_config.yaml``."""
+        return {
+            "cell_key": self.key,
+            "sweep": self.sweep,
+            "label": self.label,
+            "method": {"name": self.method, "config": self.method_config, **self.params},
+            "pair": self.pair,
+            "dataset": self.dataset,
+            "seed": self.seed,
+            "measure": self.measure,
+            "judge": self.judge,
+            "hardware": self.hardware,
+            "harness_version": self.harness,
+        }
+
+    def describe(self) -> str:
+        """``label pair dataset seed=N [key]``, for messages."""
+        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed} [{self.key}]"
+
+
+@dataclass
+class CellResult:
+    """The outcome of one cell, filled stage by stage by ``run_cell`` (only the driver writes it to MLflow)."""
+
+    cell_key: str
+    """The cell's key."""
+    status: str = STATUS_FAILED
+    """``STATUS_FINISHED``, ``STATUS_SCORE_FAILED`` or ``STATUS_FAILED`` (the default until every stage ran)."""
+    stage: str = "start"
+    """The stage reached: ``load``, ``generate``, ``costs``, ``perplexity``, ``score``, ``done``; ``actor``
+    when the actor died or timed out (tag ``stage``)."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage (metrics ``stage_<name>_s``)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """The cell's metrics (``WindowResult.summary``, step costs, perplexity, score, stage times, wall time)."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """One record per generation (``GenerationRecord.to_dict`` with perplexity and ``score_detail``): ``samples.jsonl``."""
+    scores: dict[str, Any] | None = None
+    """The scorer's result (``scores.json``); None without a scorer, before scoring or when it failed."""
+    score_metric: str | None = None
+    """``pass@1``, ``execution_accuracy``, ``rougeL``, ... ; ``speed_only``, ``none`` or ``pending`` (tag ``score_metric``)."""
+    judge_identity: dict[str, Any] | None = None
+    """The judge that scored the cell (tag ``judge``), None without one."""
+    summary: dict[str, Any] | None = None
+    """``WindowResult.summary()`` of the measured window (``result.json``)."""
+    energy: dict[str, Any] | None = None
+    """Energy reading of the window with its meter, or why it is unavailable (``result.json``)."""
+    idle: dict[str, Any] | None = None
+    """Idle power measured before the window (``result.json``)."""
+    warmup: dict[str, Any] | None = None
+    """What the warm-up ran (``result.json``)."""
+    device: dict[str, Any] | None = None
+    """Machine, device, library versions and git commit (tags ``device``, ``gpu_uuid``, ``git_commit``)."""
+    settings: dict[str, Any] | None = None
+    """Decoding settings of the window (``result.json``)."""
+    isolation: dict[str, Any] | None = None
+    """CPU isolation applied (params ``isolation.*``, tag ``cpu_isolation``)."""
+    node_id: str | None = None
+    """Ray node that ran the cell (tag ``node_id``)."""
+    hostname: str | None = None
+    pid: int | None = None
+    error: str | None = None
+    """``Type: message`` of the failure (tag ``error``), None when finished."""
+    traceback: str | None = None
+    """Full traceback of the failure (``traceback.txt``)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.status == STATUS_FINISHED
