@@ -15,6 +15,7 @@ per-category leaderboard, ``specbench/leaderboard.md``; see ``analysis/specbench
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import re
@@ -22,6 +23,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric
 
 from analysis import figures, schema, specbench
 from analysis.runs import REPO_ROOT, default_tracking_uri, load_runs, load_samples
@@ -43,7 +47,7 @@ def parameters_source(sweep: str, tracking_uri: str, reference: str) -> str:
 
 
 def _prepare(name: str, parameters: str):
-    import nbformat
+    import nbformat  # noqa: PLC0415 - notebook execution only (--no-notebooks skips it); nbformat/nbclient/nbconvert are the `test` extra
 
     nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
     for cell in nb.cells:
@@ -56,9 +60,9 @@ def _prepare(name: str, parameters: str):
 
 
 async def _execute(name: str, out_dir: Path, parameters: str, timeout: int, html: bool) -> dict[str, Any]:
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    import nbformat  # noqa: PLC0415 - notebook execution only (--no-notebooks skips it); nbformat/nbclient/nbconvert are the `test` extra
+    from nbclient import NotebookClient  # noqa: PLC0415 - as above
+    from nbclient.exceptions import CellExecutionError  # noqa: PLC0415 - as above
 
     nb = _prepare(name, parameters)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}})
@@ -74,7 +78,7 @@ async def _execute(name: str, out_dir: Path, parameters: str, timeout: int, html
     html_path = None
     if html:
         try:
-            from nbconvert import HTMLExporter
+            from nbconvert import HTMLExporter  # noqa: PLC0415 - optional: without it only the .ipynb is written
         except ImportError:  # nbconvert is optional: the executed .ipynb is still written
             pass
         else:
@@ -91,8 +95,6 @@ def execute_notebooks(names: Sequence[str], out_dir: str | Path, parameters: str
     ``<out_dir>/<name>.html``. A failing cell does not raise: the partly executed notebook is saved
     and ``error`` holds the failure. Returns name -> ``{notebook, html, error, seconds}``.
     """
-    import asyncio
-
     out = Path(out_dir)
 
     async def run_all():
@@ -138,8 +140,6 @@ def write_report(
     if log_to_mlflow:
         written["parent_run"] = log_to_parent_run(sweep, uri, written, tables.summary)
         if written["parent_run"]:
-            from mlflow import MlflowClient
-
             exp_id = MlflowClient(tracking_uri=uri).get_run(written["parent_run"]).info.experiment_id
             log(f"figures and tables logged to the parent run {written['parent_run']} (its Artifacts tab, report/); "
                 f"`mlflow ui --backend-store-uri {uri}` then {view_url(exp_id)}")
@@ -188,9 +188,6 @@ def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], su
     logged as the parent's metrics (``speedup.<dataset>.<label>``, ``accepted_per_step.<dataset>.<label>``)
     so that the runs table shows them. Returns the parent run id, or None when the sweep has none.
     """
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
-
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(sweep)
     if exp is None:
@@ -223,8 +220,6 @@ def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], su
 
 def latest_sweep(tracking_uri: str) -> str | None:
     """The experiment (sweep) name of the parent run that started last in the store, or None."""
-    from mlflow import MlflowClient
-
     client = MlflowClient(tracking_uri=tracking_uri)
     ids = [e.experiment_id for e in client.search_experiments()]
     if not ids:

@@ -36,6 +36,7 @@ import pandas as pd
 
 from analysis import schema
 from analysis.runs import REPO_ROOT, _client, _no_progress_bars, default_tracking_uri, load_runs
+from pipeline.data import load_dataset
 
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 GROUP_TITLES = {
@@ -101,8 +102,6 @@ def _categories_from_data(path: str | Path | None, dataset: str) -> dict[str, st
     """sample id -> category from the dataset itself (for records logged before ``category`` was)."""
     if not path:
         return {}
-    from pipeline.data import load_dataset
-
     try:
         return {s.id: s.category for s in load_dataset(dataset, path) if s.category}
     except Exception:  # noqa: BLE001 - categories are optional: unknown ones stay None

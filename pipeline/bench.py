@@ -42,7 +42,9 @@ from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_genera
 from pipeline.decoding.drafters import NgramDrafter
 from pipeline.decoding.eagle import EagleRunner
 from pipeline.decoding.fast_forward import lean_forward_for, unsupported_reason
+from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.speculative import DraftVerifyDecoder
+from pipeline.decoding.warping import Warper
 from pipeline.device import machine_info, synchronize
 from pipeline.measure import step_costs
 from pipeline.models import PairSpec, drafter_context, load_pair
@@ -366,8 +368,6 @@ class Bench:
 
 def eagle_step_time(target, prompt, device, reps: int) -> float:
     """Median time of one EAGLE draft token (head forward + LM-head row), after the prompt's features."""
-    from pipeline.decoding.kv import CachedModel
-
     cm = CachedModel(target)
     runner = EagleRunner(target, target.eagle_head, cm.vocab_size)
     times = []
@@ -390,8 +390,6 @@ def eagle_step_time(target, prompt, device, reps: int) -> float:
 
 def ngram_step_time(target, prompt, gamma: int, reps: int) -> float:
     """Median time of one n-gram proposal (per draft token) over the prompt."""
-    from pipeline.decoding.warping import Warper
-
     d = NgramDrafter(target.config.vocab_size, next(target.parameters()).device)
     times = []
     for _ in range(reps):

@@ -68,7 +68,7 @@ def environment_info(device: torch.device | str) -> dict[str, Any]:
         info["gpu_uuid"] = cuda_uuid(torch.device("cuda", index))
         info["cuda"] = torch.version.cuda
         try:
-            import pynvml
+            import pynvml  # noqa: PLC0415 - CUDA devices only (the driver version), as in energy.NvmlMeter
 
             pynvml.nvmlInit()
             driver = pynvml.nvmlSystemGetDriverVersion()

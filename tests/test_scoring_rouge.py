@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.data import load_dataset
 from pipeline.scoring import rouge
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,8 +59,6 @@ def test_missing_reference_is_an_error():
 
 
 def test_cli_on_spec_bench_summaries(tmp_path):
-    from pipeline.data import load_dataset
-
     samples = load_dataset("spec_bench", SPEC_BENCH, groups=["summarization"], limit=3)
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(json.dumps({"id": s.id, "prediction": s.reference}) + "\n" for s in samples))
@@ -74,8 +73,6 @@ def test_cli_on_spec_bench_summaries(tmp_path):
 
 def test_readme_command_without_dataset_reads_spec_bench(tmp_path):
     # the README's form: `python -m pipeline.scoring.rouge --data data/spec_bench --predictions ...`
-    from pipeline.data import load_dataset
-
     samples = load_dataset("spec_bench", SPEC_BENCH, groups=["summarization"], limit=2)
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(json.dumps({"id": s.id, "prediction": s.reference}) + "\n" for s in samples))

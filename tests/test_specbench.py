@@ -3,9 +3,10 @@ reads with the speed-up and mean accepted tokens of our report's per-category le
 
 The store is made through ``pipeline.tracking`` with Spec-Bench questions of every task group (ids and
 categories from the project's data/spec_bench), methods ar and spd, seeds 0 and 1 (Spec-Bench's
-"runs"). ``speed`` below is Spec-Bench's function (hemingkx/Spec-Bench, evaluation/speed.py,
-Apache-2.0) with only its printing left out; it re-tokenises the baseline's answers with a tokenizer
-that adds a BOS token, as Vicuna's does (hence its ``- 1``).
+"runs"). ``speed`` is Spec-Bench's function (hemingkx/Spec-Bench, evaluation/speed.py, Apache-2.0),
+vendored as published in ``helpers/vendor/spec_bench.py`` with only its printing left out; it
+re-tokenises the baseline's answers with a tokenizer that adds a BOS token, as Vicuna's does (hence
+its ``- 1``).
 """
 
 from __future__ import annotations
@@ -16,80 +17,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from analysis import specbench
 from analysis.report import write_report
+from helpers.cells import make_cell
+from helpers.vendor.spec_bench import speed
+from pipeline.cell_types import STATUS_FINISHED, CellResult
+from pipeline.tracking import Tracker, cell_key
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(40)]
 SEEDS = (0, 1)
 
 
-# ---- hemingkx/Spec-Bench evaluation/speed.py (Apache-2.0), `speed` as published, report printing removed
-def speed(jsonl_file, jsonl_file_base, tokenizer, task=None, report=True):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    mt_bench_list = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
-
-    data = []
-    with open(jsonl_file, "r", encoding="utf-8") as file:
-        for line in file:
-            json_obj = json.loads(line)
-            if task == "overall":
-                data.append(json_obj)
-            elif task == "mt_bench":
-                if json_obj["category"] in mt_bench_list:
-                    data.append(json_obj)
-            else:
-                if json_obj["category"] == task:
-                    data.append(json_obj)
-
-    speeds = []
-    accept_lengths_list = []
-    for datapoint in data:
-        tokens = sum(datapoint["choices"][0]["new_tokens"])
-        times = sum(datapoint["choices"][0]["wall_time"])
-        accept_lengths_list.extend(datapoint["choices"][0]["accept_lengths"])
-        speeds.append(tokens / times)
-
-    data = []
-    with open(jsonl_file_base, "r", encoding="utf-8") as file:
-        for line in file:
-            json_obj = json.loads(line)
-            if task == "overall":
-                data.append(json_obj)
-            elif task == "mt_bench":
-                if json_obj["category"] in mt_bench_list:
-                    data.append(json_obj)
-            else:
-                if json_obj["category"] == task:
-                    data.append(json_obj)
-
-    total_time = 0
-    total_token = 0
-    speeds0 = []
-    for datapoint in data:
-        answer = datapoint["choices"][0]["turns"]
-        tokens = 0
-        for i in answer:
-            tokens += len(tokenizer(i).input_ids) - 1
-        times = sum(datapoint["choices"][0]["wall_time"])
-        speeds0.append(tokens / times)
-        total_time += times
-        total_token += tokens
-
-    tokens_per_second = np.array(speeds).mean()
-    tokens_per_second_baseline = np.array(speeds0).mean()
-    speedup_ratio = np.array(speeds).mean() / np.array(speeds0).mean()
-    return tokens_per_second, tokens_per_second_baseline, speedup_ratio, accept_lengths_list
-# ---- end of Spec-Bench's code
-
-
 def _tokenizer_dir(path: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {w: i for i, w in enumerate(["[UNK]", "<s>", "</s>", *WORDS])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -133,10 +76,6 @@ def _records(label: str, seed: int, questions: list[dict]) -> list[dict]:
 
 
 def _build_store(root: Path) -> str:
-    from helpers.cells import make_cell
-    from pipeline.cell_types import STATUS_FINISHED, CellResult
-    from pipeline.tracking import Tracker, cell_key
-
     uri = f"sqlite:///{root}/mlflow.db"
     tracker = Tracker(uri, "sb", str(root / "mlruns"))
     tracker.start_parent("sb run", {"sweep": "sb"}, {})

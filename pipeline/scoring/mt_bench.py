@@ -29,6 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
+from pipeline.data import load_dataset
+from pipeline.data.mt_bench import load_judge_prompts
+from pipeline.scoring import print_json, read_predictions
+
 NEED_REF_CATS = ("math", "reasoning", "coding")  # FastChat's categories judged against a reference
 ONE_SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
 ONE_SCORE_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
@@ -167,7 +171,7 @@ class TransformersJudge:
     @classmethod
     def from_spec(cls, spec: str | Mapping[str, Any], *, dtype: str = "float32", device: str = "auto", max_new_tokens: int = 512) -> "TransformersJudge":
         """From a pair name (its target model), a Hub id / local directory, or a model spec mapping."""
-        from pipeline import models
+        from pipeline import models  # noqa: PLC0415 - the local judge only: torch + transformers (~4 s) not paid by the HTTP judge's CLI
 
         if isinstance(spec, str):
             try:
@@ -183,7 +187,7 @@ class TransformersJudge:
         return cls(model, tokenizer, model_spec.id, max_new_tokens)
 
     def complete(self, system: str, user: str) -> str:
-        import torch
+        import torch  # noqa: PLC0415 - the local judge only (as above)
 
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -363,10 +367,6 @@ def summarize(details: list[dict[str, Any]], judge_info: Mapping[str, Any]) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.data import load_dataset
-    from pipeline.data.mt_bench import load_judge_prompts
-    from pipeline.scoring import print_json, read_predictions
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="MT-Bench folder (question.jsonl, reference_answer/, judge_prompts.jsonl)")
     parser.add_argument("--predictions", required=True, help="JSONL of {id: question_id, prediction: [answer1, answer2]}")

@@ -14,10 +14,15 @@ re-tokenisation need not reproduce the generated ids.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import torch
+
+from pipeline import models
+from pipeline.scoring import print_json
 
 
 @torch.inference_mode()
@@ -79,12 +84,6 @@ def pairs_from_records(records: Sequence[Mapping[str, Any]], tokenizer: Any = No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import json
-    from pathlib import Path
-
-    from pipeline import models
-    from pipeline.scoring import print_json
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", required=True, help="pair whose target scores the generations (conf/pair/<name>.yaml)")
     parser.add_argument("--predictions", required=True, help="JSONL records with prompt_ids + tokens (or text)")

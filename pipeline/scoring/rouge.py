@@ -12,12 +12,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from pipeline.data import load_dataset
+from pipeline.scoring import print_json, read_predictions
+
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 HEADLINE = "rougeL"
 
 
 def _scorer(types: Sequence[str], use_stemmer: bool):
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # noqa: PLC0415 - 2.5 s of nltk, paid only by cells that score ROUGE (the registry imports this module in every cell)
 
     return rouge_scorer.RougeScorer(list(types), use_stemmer=use_stemmer)
 
@@ -92,8 +95,6 @@ REFERENCE_DATASETS = ("cnn_dm", "spec_bench")
 
 def _load_references_dataset(name: str | None, path: str | None, split: str | None) -> list:
     """Samples of ``name``; without a name, of the first reference dataset whose loader reads ``path``."""
-    from pipeline.data import load_dataset
-
     if name or not path:
         return load_dataset(name or "cnn_dm", path, split)
     errors = []
@@ -107,8 +108,6 @@ def _load_references_dataset(name: str | None, path: str | None, split: str | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.scoring import print_json, read_predictions
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="local dataset path (default: the Hub)")
     parser.add_argument("--dataset", default=None, choices=REFERENCE_DATASETS,

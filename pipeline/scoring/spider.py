@@ -32,6 +32,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
+import sqlparse
+
+from pipeline.data import load_dataset
+from pipeline.scoring import print_json, read_predictions
+
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -106,8 +111,6 @@ def connect_read_only(db_path: str | Path) -> sqlite3.Connection:
 
 def remove_distinct(sql: str) -> str:
     """``sql`` without its ``DISTINCT`` keywords (the official evaluation's ``remove_distinct``)."""
-    import sqlparse
-
     statements = sqlparse.parse(sql)
     if not statements:
         return sql
@@ -299,9 +302,6 @@ def score_predictions(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.data import load_dataset
-    from pipeline.scoring import print_json, read_predictions
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="Spider folder (dev.json + database/) or a dev.json")
     parser.add_argument("--database-dir", default=None, help="databases folder, if not <data>/database")

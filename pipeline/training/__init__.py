@@ -1,8 +1,11 @@
 """Training tools for the pipeline's own models (not part of a sweep; command lines in pipeline/*.py).
 
-    teacher_data.py  offline prompts, the target's sampled answers and top-k log-probs (draft distillation)
+    common.py        run setup (threads, seed, work folder, log), the frozen target, the heads' schedule
+    teacher_data.py  the offline teacher data (one copy): prompts, the target's sampled answers and top-k
+                     log-probs (draft distillation), and the feature corpus with the target's hidden states (heads)
     distill.py       distil a small draft for a pair's target (``python -m pipeline.distill``)
     medusa.py        train Medusa heads for a target (``python -m pipeline.train_medusa``)
+    eagle.py         train an EAGLE-1/2 head for a target (``python -m pipeline.train_eagle``)
     speed.py         tokens/s of the methods with a pair's draft on held-out prompts (``python -m pipeline.distill_speed``)
     cards.py         the model cards written next to the checkpoints
 """

@@ -36,10 +36,11 @@ from pipeline.data import humaneval
 from pipeline.decoding.vocab import restrict_head, save_token_map
 from pipeline.decoding.warping import warp
 from pipeline.measure import step_times
-from pipeline.models import DTYPES, REPO_ROOT, load_pair
+from pipeline.models import DTYPES, load_pair
 from pipeline.prompts import chat_ids
-from pipeline.training.cards import now, write_model_card
-from pipeline.training.teacher_data import generate_teacher_data, load_records, sample_answers
+from pipeline.training.cards import write_model_card
+from pipeline.training.common import repo_path, start_run
+from pipeline.training.teacher_data import generate_teacher_data, load_records, padding_id, sample_answers
 
 WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
 
@@ -93,9 +94,7 @@ def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None)
     if n_mtbench:
         if not mt_bench_path:
             raise ValueError("held-out MT-Bench prompts need heldout.mt_bench_path (a question.jsonl)")
-        path = Path(mt_bench_path)
-        if not path.is_absolute():
-            path = REPO_ROOT / path
+        path = repo_path(mt_bench_path)
         if not path.exists():
             raise ValueError(f"{path} not found: set heldout.mt_bench_path or PIPELINE_DATA_ROOT")
         rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
@@ -108,7 +107,7 @@ def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None)
 def build_heldout(target, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int, batch_size: int = 16) -> dict:
     """Target-sampled answers (eval warping) and the target's warped top-k rows at every answer position."""
     gen = torch.Generator().manual_seed(seed)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = padding_id(tokenizer)
     seqs = []
     for i in range(0, len(prompts), batch_size):
         recs = sample_answers(
@@ -322,24 +321,15 @@ def step_cost(model, *, context: int = 128, reps: int = 40) -> float:
 
 def run(cfg) -> dict:
     """The whole distillation run described by ``cfg`` (conf/distill.yaml)."""
-    torch.set_num_threads(int(cfg.threads))
-    log_file = Path(cfg.work_dir) / "distill.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-
-    def log(msg: str) -> None:
-        line = f"[{now()}] {msg}"
-        print(line, flush=True)
-        with open(log_file, "a") as f:
-            f.write(line + "\n")
+    # the student and the training loop seed themselves (make_student, train): no global seed here
+    job = start_run(threads=cfg.threads, seed=None, work_dir=cfg.work_dir, log_name="distill.log")
+    log, work = job.log, job.work
 
     pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
     pair_cfg["draft"] = None  # the draft is what we are making
     pair = load_pair(pair_cfg)
     target, tok = pair.target.float().eval(), pair.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    work = Path(cfg.work_dir)
-    if not work.is_absolute():
-        work = REPO_ROOT / work
+    pad_id = padding_id(tok)
     data_dir = work / "data"
     d = cfg.data
 
@@ -392,9 +382,7 @@ def run(cfg) -> dict:
     log(f"final: alpha {final.get('alpha')} (restricted), {final_full['alpha']:.4f} (full head)")
 
     # 4. checkpoint, cost ratio, model card
-    out_dir = Path(cfg.out_dir)
-    if not out_dir.is_absolute():
-        out_dir = REPO_ROOT / out_dir
+    out_dir = repo_path(cfg.out_dir)
     save_checkpoint(student, token_map, out_dir, cfg.save_dtype)
     figures = {}
     if cfg.measure_cost:

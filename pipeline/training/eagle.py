@@ -1,6 +1,6 @@
 """Train an EAGLE-1/2 head for a pair's target with the target frozen (CLI: ``pipeline.train_eagle``).
 
-Data: the offline corpus of ``pipeline.training.medusa.feature_data`` (standard-library source shown
+Data: the offline feature corpus of ``pipeline.training.teacher_data.feature_data`` (standard-library source shown
 as chat answers + the target's own sampled answers to instruction prompts written there; no
 evaluation prompt is ever used), with the frozen target's last hidden states (post final norm, the
 LM head's input). Held-out text: other stdlib files and other prompts.
@@ -18,18 +18,18 @@ decoding warps them (T = 1, top-k 10, top-p 0.9), teacher-forced over the held-o
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from pipeline.decoding.eagle import EagleHead, eagle_config, save_eagle_head
 from pipeline.decoding.warping import Warper
-from pipeline.models import REPO_ROOT, PairSpec, load_model, load_tokenizer
-from pipeline.training.medusa import feature_data
+from pipeline.training.common import load_frozen_target, repo_path, scheduled_steps, start_run
+from pipeline.training.teacher_data import feature_data
 
 
 def split_sequences(hidden: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -93,24 +93,14 @@ def train_eagle(head: EagleHead, seqs, W: torch.Tensor, embed, *, steps: int, ba
 
     ``stop_after``: stop after that many steps without changing the schedule (deterministic, unlike
     ``deadline``, the wall-clock safety net)."""
-    from tqdm.auto import tqdm
-
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed)
     picks = windows(seqs, length)
     head.train()
     done = 0
-    bar = tqdm(range(1, steps + 1), desc="eagle", mininterval=5.0)
-    for step in bar:
-        if stop_after is not None and step > stop_after:
-            log(f"stop_after_steps reached at step {step - 1} (the schedule stays that of {steps} steps)")
-            break
-        if deadline is not None and time.time() > deadline:
-            log(f"time budget reached at step {step}")
-            break
-        rate = lr * min(1.0, step / max(warmup, 1)) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        for group in opt.param_groups:
-            group["lr"] = rate
+    bar = tqdm(scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, stop_after=stop_after, log=log),
+               total=steps, desc="eagle", mininterval=5.0)
+    for step, rate in bar:
         idx = torch.randint(0, len(picks), (batch,), generator=gen).tolist()
         f, e, tgt, mask, pos = window_batch(seqs, [picks[i] for i in idx], length, embed, noise, gen)
         pred = head(f, e, pos)[mask]
@@ -136,32 +126,19 @@ def train_eagle(head: EagleHead, seqs, W: torch.Tensor, embed, *, steps: int, ba
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    torch.set_num_threads(int(cfg["threads"]))
-    torch.manual_seed(cfg["seed"])
-    work = Path(cfg["work_dir"])
-    work.mkdir(parents=True, exist_ok=True)
-    log_file = open(work / "train.log", "a")
-    t0 = time.time()
-
-    def log(msg: str) -> None:
-        line = f"[{time.time() - t0:7.1f}s] {msg}"
-        log_file.write(line + "\n")
-        log_file.flush()
-        if not msg.startswith("step ") or "held-out" in msg:
-            print(line, flush=True)
-
-    spec = PairSpec.from_config(cfg["pair"])
-    model = load_model(spec.target, "float32", "cpu").requires_grad_(False)
-    tokenizer = load_tokenizer(spec.target)
-    data = feature_data(model, tokenizer, cfg["data"], cfg["seed"], work / "data.pt", log)
+    # the console shows the progress bar, the held-out figures and the rest; every line goes to train.log
+    job = start_run(threads=cfg["threads"], seed=cfg["seed"], work_dir=cfg["work_dir"],
+                    echo=lambda msg: not msg.startswith("step ") or "held-out" in msg)
+    log, t0 = job.log, job.t0
+    spec, model, tokenizer = load_frozen_target(cfg["pair"])
+    data = feature_data(model, tokenizer, cfg["data"], cfg["seed"], job.work / "data.pt", log)
     embed = model.get_input_embeddings()
     lm = model.get_output_embeddings().weight.detach()
 
     token_map = None
     vmap = cfg["head"].get("vocab_map")
     if vmap:
-        path = Path(vmap) if Path(vmap).is_absolute() else REPO_ROOT / vmap
-        token_map = torch.tensor(json.loads(path.read_text()), dtype=torch.long)
+        token_map = torch.tensor(json.loads(repo_path(vmap).read_text()), dtype=torch.long)
         log(f"restricted head: {token_map.numel()} ids from {vmap}")
     W = lm if token_map is None else lm[token_map]
 
@@ -200,9 +177,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     )
     if not curve or curve[-1]["step"] != steps:
         evaluate(steps)
-    out_dir = Path(cfg["out_dir"])
-    if not out_dir.is_absolute():
-        out_dir = REPO_ROOT / out_dir
+    out_dir = repo_path(cfg["out_dir"])
     info = {
         "base_model": spec.target.id,
         "base_gguf_file": spec.target.gguf_file,
@@ -213,7 +188,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "heldout_alpha_curve": curve,
         "seed": cfg["seed"],
         "command": cfg.get("command", "python -m pipeline.train_eagle"),
-        "minutes": round((time.time() - t0) / 60, 1),
+        "minutes": job.minutes(),
     }
     save_eagle_head(head, out_dir, token_map=token_map, **info)
     (out_dir / "metrics.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -235,7 +210,7 @@ def write_card(out_dir: Path, info: dict[str, Any], head: EagleHead) -> None:
         f"  layer without input norm (hidden {c.hidden_size}, FFN {c.intermediate_size}, {c.num_attention_heads} heads,",
         f"  {c.num_key_value_heads} KV heads), the target's own LM head and embedding (not stored); {n_params / 1e6:.2f}M parameters.",
         f"- LM head: {info['lm_head']}; q = 0 outside it (verification stays exact).",
-        "- Data (offline, never evaluation prompts): `pipeline.training.medusa.feature_data` - standard-library source shown",
+        "- Data (offline, never evaluation prompts): `pipeline.training.teacher_data.feature_data` - standard-library source shown",
         "  as chat answers and the target's own sampled answers (T = 1, top-k 10, top-p 0.9) to instruction prompts written",
         f"  there; {info['train_tokens']} training tokens; held-out: other stdlib files and other prompts ({info['heldout_tokens']}).",
         f"- Training: teacher-forced windows, smooth-L1 on the next feature + {info['train']['kl_weight']} x cross-entropy",

@@ -21,9 +21,10 @@ import torch
 
 from pipeline.decoding import build_decoder, make_generator
 from pipeline.decoding.vocab import restrict_head
-from pipeline.models import REPO_ROOT, load_pair, pair_config
+from pipeline.models import load_pair, pair_config
 from pipeline.prompts import chat_ids
 from pipeline.training.cards import append_to_card
+from pipeline.training.common import repo_path
 from pipeline.training.distill import heldout_prompts
 
 
@@ -60,8 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     tok = pair.tokenizer
     mt_bench = args.mt_bench
     if mt_bench is None and args.n_mtbench:
-        root = Path(os.environ.get("PIPELINE_DATA_ROOT", "data"))
-        mt_bench = str((root if root.is_absolute() else REPO_ROOT / root) / "mt_bench" / "question.jsonl")
+        mt_bench = str(repo_path(os.environ.get("PIPELINE_DATA_ROOT", "data")) / "mt_bench" / "question.jsonl")
     prompts = heldout_prompts(args.n_humaneval, args.n_mtbench, mt_bench)
     prompt_ids = [chat_ids(tok, p) for p in prompts]
     eos = [tok.eos_token_id]

@@ -12,6 +12,12 @@ into training. Two kinds of records are produced, both in the chat format of the
 
 Shards are written as they are produced (``.cache/distill/<name>/shard-XXXX.pt``) so that a run can be
 stopped at any time and training can use what exists.
+
+The heads (Medusa, EAGLE) learn from a second offline corpus, the *feature corpus* (``feature_data``):
+standard-library source shown as chat answers and the target's own sampled answers to the prompts of
+``FEATURE_TOPICS`` / ``FEATURE_CODE_TASKS``, with the frozen target's last hidden states over it. Its
+prompts and its sampler (transformers' ``generate`` under the global seed) stay as they were when the
+shipped heads were trained, so that a run with the same seed rebuilds the same data.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from pipeline.decoding.warping import warp
 from pipeline.prompts import chat_ids
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])  # the running interpreter's standard library (training text)
 
 # --------------------------------------------------------------------------------------------------
 # Prompts
@@ -161,7 +170,7 @@ def _math_prompt(rng: random.Random) -> str:
 
 def _stdlib_functions(max_chars: int = 1800) -> list[tuple[str, str, str, str]]:
     """(module, function name, header-with-docstring, full source) of documented stdlib functions."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = STDLIB
     out = []
     for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
         if any(part in {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo"} for part in path.parts):
@@ -243,6 +252,22 @@ class Record:
     kind: str
 
 
+def padding_id(tokenizer) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else its EOS."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def left_pad(prompt_ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A left-padded batch of prompts (so that every row's next token is at the end): ids and attention mask."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
 def _warped_sample(logits: torch.Tensor, top_k: int, top_p: float, gen: torch.Generator) -> torch.Tensor:
     probs = warp(logits, 1.0, top_k, top_p)
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
@@ -258,12 +283,7 @@ def sample_answers(
     Finished rows are dropped from the batch (and the KV cache) so no step is spent on them.
     """
     b = len(prompt_ids)
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+    ids, mask = left_pad(prompt_ids, pad_id)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     logits = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
@@ -334,9 +354,8 @@ def build_tf_sequences(tokenizer, n: int, seed: int, max_len: int) -> list[tuple
             f"Show me how `{module}.{name}` could be implemented in Python.",
         ])
         answer = rng.choice(["", "Here is an implementation:\n\n", "Sure! "]) + f"```python\n{source}\n```"
-        ids = chat_ids(tokenizer, user)
-        start = len(ids)
-        ids = (ids + tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])[:max_len]
+        start = len(chat_ids(tokenizer, user))
+        ids = chat_ids(tokenizer, user, answer)[:max_len]
         if len(ids) - start >= 16:
             seqs.append((ids, start))
     return seqs
@@ -363,7 +382,7 @@ def generate_teacher_data(
     prompts = [prompts[i] for i in order]
     n_tf = int(round(n_prompts * tf_fraction))
     tf_seqs = build_tf_sequences(tokenizer, n_tf, seed, max_tf_len)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = padding_id(tokenizer)
     t0 = time.time()
     shard, pi, ti, total = 0, 0, 0, 0
     done = {p.name for p in out_dir.glob("shard-*.pt")}
@@ -405,3 +424,133 @@ def load_records(data_dir: Path) -> list[dict]:
     for p in sorted(Path(data_dir).glob("shard-*.pt")):
         recs.extend(torch.load(p))
     return recs
+
+
+# --------------------------------------------------------------------------------------------------
+# Feature corpus (Medusa and EAGLE heads): stdlib source as chat answers, the target's sampled answers
+# --------------------------------------------------------------------------------------------------
+
+FEATURE_TOPICS = [
+    "tides", "glaciers", "the printing of books", "solar panels", "bicycles", "typography", "origami",
+    "the immune response", "beekeeping", "lighthouses", "sourdough", "submarines", "compilers",
+    "hash tables", "version control", "unit testing", "regular expressions", "spreadsheets",
+    "bird migration", "rainbows", "thunderstorms", "fermentation", "caves", "deserts", "satellites",
+    "libraries", "maps", "clocks", "trains", "bridges", "recycling paper", "word processors",
+]
+FEATURE_INSTRUCTIONS = [
+    "Explain {t} to a curious teenager.",
+    "Give three interesting facts about {t}.",
+    "Write a short paragraph about the history of {t}.",
+    "What are the pros and cons of {t}?",
+    "Write a haiku and then a short explanation about {t}.",
+    "Summarize how {t} works in a few sentences.",
+]
+FEATURE_CODE_TASKS = [
+    "counts the vowels in a string", "merges two sorted lists", "computes a moving average",
+    "parses a date in YYYY-MM-DD format", "flattens a nested list", "checks whether a year is a leap year",
+    "converts Celsius to Fahrenheit for a list of values", "removes duplicate lines from a text file",
+    "finds the most common word in a paragraph", "validates a simple email address",
+    "computes the greatest common divisor of two numbers", "transposes a matrix given as a list of lists",
+]
+FEATURE_CODE_TEMPLATES = [
+    "Write a Python function that {t}. Add a docstring.",
+    "Show a small Python program that {t}, with comments.",
+]
+
+
+def feature_prompts(seed: int) -> tuple[list[str], list[str]]:
+    """(training prompts, held-out prompts): disjoint topics/tasks, written here."""
+    rng = random.Random(seed)
+    prose = [i.format(t=t) for t in FEATURE_TOPICS for i in FEATURE_INSTRUCTIONS]
+    code = [c.format(t=t) for t in FEATURE_CODE_TASKS for c in FEATURE_CODE_TEMPLATES]
+    rng.shuffle(prose)
+    rng.shuffle(code)
+    held = prose[:12] + code[:4]
+    train = prose[12:] + code[4:]
+    held_topics = {p for p in held}
+    return [p for p in train if p not in held_topics], held
+
+
+def stdlib_chunks(n_files_train: int, n_files_heldout: int, max_chars: int, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(train, held-out) lists of (relative path, source chunk) from different stdlib files."""
+    root = STDLIB
+    files = sorted(
+        p for p in root.rglob("*.py")
+        if "test" not in p.parts and "tests" not in p.parts and "site-packages" not in p.parts
+        and "idlelib" not in p.parts and p.stat().st_size > 2000
+    )
+    rng = random.Random(seed)
+    rng.shuffle(files)
+
+    def take(sel):
+        out = []
+        for p in sel:
+            text = p.read_text(errors="ignore")
+            start = rng.randrange(0, max(1, len(text) - max_chars))
+            out.append((str(p.relative_to(root)), text[start : start + max_chars]))
+        return out
+
+    return take(files[:n_files_train]), take(files[n_files_train : n_files_train + n_files_heldout])
+
+
+@torch.no_grad()
+def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int, log) -> list[list[int]]:
+    """The target's sampled answers (prompt + answer ids), T=1 top-k 10 top-p 0.9, batched with left padding."""
+    torch.manual_seed(seed)
+    pad = padding_id(tokenizer)
+    out = []
+    for b in range(0, len(prompts), batch_size):
+        batch = [chat_ids(tokenizer, p) for p in prompts[b : b + batch_size]]
+        ids, mask = left_pad(batch, pad)
+        width = ids.shape[1]
+        gen = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=10, top_p=0.9,
+            max_new_tokens=max_new_tokens, pad_token_id=pad,
+        )
+        for x, row in zip(batch, gen[:, width:].tolist()):
+            eos = tokenizer.eos_token_id
+            answer = row[: row.index(eos) + 1] if eos in row else row
+            out.append(x + [t for t in answer if t != pad or t == eos])
+        log(f"sampled answers {min(b + batch_size, len(prompts))}/{len(prompts)}")
+    return out
+
+
+@torch.no_grad()
+def hidden_states(model, sequences: list[list[int]], log, tag: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Concatenated last hidden states ``[N, H]`` (fp32), token ids ``[N]`` and sequence ids ``[N]``."""
+    hs, ids, seq = [], [], []
+    backbone = model.get_decoder()
+    for i, s in enumerate(sequences):
+        x = torch.tensor([s])
+        hs.append(backbone(input_ids=x).last_hidden_state[0].float())
+        ids.append(x[0])
+        seq.append(torch.full((len(s),), i))
+        if (i + 1) % 20 == 0:
+            log(f"hidden states [{tag}] {i + 1}/{len(sequences)}")
+    return torch.cat(hs), torch.cat(ids), torch.cat(seq)
+
+
+def feature_data(model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: Path, log) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The offline training/held-out text and the frozen target's last hidden states over it (cached in ``cache``).
+
+    Tags ``train`` (stdlib source + the target's sampled answers), ``heldout_stdlib``, ``heldout_answers``;
+    each ``(hidden [N, H], token ids [N], sequence ids [N])`` (``hidden_states``). Used by Medusa and EAGLE training.
+    """
+    if cache.exists():
+        log(f"loaded cached data {cache}")
+        return torch.load(cache)
+    train_prompts, held_prompts = feature_prompts(seed)
+    train_prompts = train_prompts[: data_cfg["n_prompts"]]
+    held_prompts = held_prompts[: data_cfg["n_heldout_prompts"]]
+    src_train, src_held = stdlib_chunks(data_cfg["n_stdlib_files"], data_cfg["n_heldout_stdlib_files"], data_cfg["stdlib_chars"], seed)
+    limit = data_cfg["max_len"]
+    seqs_train = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_train]
+    seqs_held = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_held]
+    gen_train = generate_answers(model, tokenizer, train_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed, log)
+    gen_held = generate_answers(model, tokenizer, held_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed + 1, log)
+    data = {}
+    for tag, seqs in (("train", seqs_train + gen_train), ("heldout_stdlib", seqs_held), ("heldout_answers", gen_held)):
+        data[tag] = hidden_states(model, seqs, log, tag)
+    torch.save(data, cache)
+    log("data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
+    return data
