@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
-from _fixtures_analysis import SWEEP, TOKENS, TOKENS_PER_S, store
+from _fixtures_analysis import PAIR, SWEEP, TOKENS, TOKENS_PER_S, _cell, _result, store
 
 from analysis import figures, report
 from analysis.runs import load_runs, load_samples
 from analysis.tables import build_tables
 from pipeline import bounds
+from pipeline.tracking import Tracker, cell_key
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +105,6 @@ def test_ablation_figure_only_where_a_param_varies(runs):
 
 def test_one_pair_name_with_two_configs_is_reported_apart(tmp_path):
     """Runs of pair 'tiny' with two different drafts (a retrained draft) must never be pooled."""
-    from dataclasses import replace
-
-    from _fixtures_analysis import PAIR, _cell, _result
-
-    from pipeline.tracking import Tracker, cell_key
-
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri, "two-drafts", str(tmp_path / "mlruns"))
     tracker.start_parent("two drafts", {"sweep": "two-drafts"}, {"cells.total": 2})

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.data import cnn_dm, load_dataset, mt_bench, spider
+from pipeline.sweep import compose
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
@@ -32,8 +33,6 @@ def test_every_data_file_matches_the_readme_checksum():
 
 
 def test_default_data_root_is_inside_the_project(monkeypatch):
-    from pipeline.sweep import compose
-
     monkeypatch.delenv("PIPELINE_DATA_ROOT", raising=False)
     cfg = compose()
     assert cfg.data_root == "data" and (REPO / cfg.data_root / "mt_bench" / "question.jsonl").exists()

@@ -8,11 +8,19 @@ One local Ray session is shared by the tests of this module; each test has its o
 from __future__ import annotations
 
 import json
+import logging
+import time
 
 import pytest
+import ray
+from mlflow import MlflowClient
 
 from helpers.judge import JudgeServer
 from helpers.project import make_project, run_sweep
+from pipeline import sweep
+from pipeline.sweep import SweepConfigError, driver
+from pipeline.sweep.ray_runner import core_sets
+from pipeline.tracking import Tracker, TrackingError
 
 JUDGE_TEMPLATES = [
     {"name": "single-v1", "type": "single", "system_prompt": "You are a helpful judge.",
@@ -25,10 +33,6 @@ JUDGE_TEMPLATES = [
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import logging
-
-    import ray
-
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
@@ -49,8 +53,6 @@ def _judge_args(url: str, *extra: str) -> list[str]:
 
 
 def _client(out):
-    from mlflow import MlflowClient
-
     client = MlflowClient(out["tracking_uri"])
     return client, client.get_experiment_by_name("tiny").experiment_id
 
@@ -92,8 +94,6 @@ def test_openai_judge_scores_then_keeps_generations_when_down_and_rejudges_them(
 
 
 def test_openai_judge_scores_in_the_cell_and_a_dead_endpoint_fails_before_models_load(ray_session, tmp_path):
-    from pipeline.sweep import SweepConfigError
-
     root = _judged_project(tmp_path)
     with JudgeServer(rating=6) as server:
         out = run_sweep(root, *_judge_args(server.url))  # the default judge.max_new_tokens (the reported TypeError)
@@ -111,8 +111,6 @@ def test_openai_judge_scores_in_the_cell_and_a_dead_endpoint_fails_before_models
 
 
 def test_judge_settings_are_not_part_of_the_cell_key(tmp_path):
-    from pipeline import sweep
-
     root = make_project(tmp_path)
     keys = []
     for extra in ([], ["judge.enabled=true", "judge.kind=openai", "judge.base_url=http://a:1/v1", "judge.model=m"],
@@ -126,10 +124,6 @@ def test_judge_settings_are_not_part_of_the_cell_key(tmp_path):
 
 
 def test_logging_that_dies_halfway_leaves_the_cell_unfinished_and_it_runs_again(ray_session, tmp_path, monkeypatch):
-    from mlflow import MlflowClient
-
-    from pipeline.tracking import Tracker
-
     root = make_project(tmp_path)
     args = ["sweep.methods=[ar]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]"]
     real = MlflowClient.log_text
@@ -175,12 +169,6 @@ def test_score_fault_fires_and_keeps_generations(ray_session, tmp_path):
 
 
 def test_an_unreachable_tracking_server_fails_in_seconds_before_ray(tmp_path, monkeypatch):
-    import time
-
-    from pipeline import sweep
-    from pipeline.sweep import driver
-    from pipeline.tracking import TrackingError
-
     def no_ray(cluster):
         raise AssertionError("Ray was started before the tracking URI was checked")
 
@@ -194,8 +182,6 @@ def test_an_unreachable_tracking_server_fails_in_seconds_before_ray(tmp_path, mo
 
 
 def test_pinned_isolation_binds_each_cell_to_its_own_cores(ray_session, tmp_path):
-    from pipeline.sweep.ray_runner import core_sets
-
     sets = core_sets(1, 8)
     assert all(len(s) == 1 for s in sets) and len({c for s in sets for c in s}) == len(sets)  # disjoint
     root = make_project(tmp_path)

@@ -32,6 +32,7 @@ import torch
 
 from .base import DRAFTERS, DrafterContext, Param, int_at_least, one_of
 from .drafting import ChainDraft, draft_chain
+from .eagle import EagleRunner, eagle_head_of
 from .kv import CachedModel
 from .warping import Warper, sample
 
@@ -223,8 +224,6 @@ def build_drafter(decoder) -> Drafter:
     if kind == "ngram":
         return NgramDrafter(decoder.target.vocab_size, decoder.target.device, decoder.max_ngram, decoder.min_ngram)
     if kind == "eagle":
-        from .eagle import EagleRunner, eagle_head_of
-
         head = eagle_head_of(decoder.target.model, decoder.name)
         return EagleDrafter(EagleRunner(decoder.target.model, head, decoder.target.vocab_size))
     raise ValueError(f"unknown drafter {kind!r}; valid drafters: {list(DRAFTERS)}")
