@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis import schema, stats
 from analysis.runs import label_methods, order_labels
-from pipeline.sweep.summary import MISSING, fmt_mean_std
+from pipeline.formatting import MISSING, fmt_mean_std
 
 TABLE5_ROWS = ("tokens_per_s", "j_per_token", "score")
 SUMMARY_COLUMNS = ("speedup", "energy_ratio", "accepted_per_step", "accepted_drafts_per_step")

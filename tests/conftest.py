@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random pair (tests/helpers/models.py) and the offline data folder."""
+"""Shared fixtures: a tiny random pair (tests/helpers/models.py), the offline data folder, a local Ray session."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers / huggingface_hub are imported
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import logging  # noqa: E402
+
 import pytest  # noqa: E402
+import ray  # noqa: E402
 import torch  # noqa: E402
 
 from helpers.models import tiny_llama  # noqa: E402
@@ -37,3 +40,14 @@ def tiny_pair():
 def data_root() -> Path:
     """The project's data/ folder (part of the repository: a missing file is a failure, never a skip)."""
     return DATA_ROOT
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local 2-CPU Ray session shared by the sweep tests of one module (each test has its own project)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             object_store_memory=100_000_000)
+    yield
+    ray.shutdown()

@@ -19,7 +19,7 @@ PACKAGES = ("pipeline", "analysis")
 
 # Earliest first; a module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("pipeline", "pipeline.prompts", "pipeline.bounds", "pipeline.cell_types")),
+    ("base", ("pipeline", "pipeline.prompts", "pipeline.bounds", "pipeline.cell_types", "pipeline.formatting")),
     ("engine, models and data", ("pipeline.decoding", "pipeline.models", "pipeline.data")),
     ("measurement", ("pipeline.energy", "pipeline.device", "pipeline.measure", "pipeline.scoring")),
     ("tracking", ("pipeline.tracking",)),

@@ -6,23 +6,9 @@ project folder (conf/ copy + MLflow SQLite file) so that their experiments do no
 
 from __future__ import annotations
 
-import logging
-
-import pytest
-import ray
 from mlflow import MlflowClient
 
 from helpers.project import make_project, run_sweep
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             object_store_memory=100_000_000)
-    yield
-    ray.shutdown()
 
 
 def test_small_sweep_end_to_end_then_nothing_to_do(ray_session, tmp_path, capsys):

@@ -8,11 +8,9 @@ One local Ray session is shared by the tests of this module; each test has its o
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 import pytest
-import ray
 from mlflow import MlflowClient
 
 from helpers.judge import JudgeServer
@@ -29,16 +27,6 @@ JUDGE_TEMPLATES = [
      "prompt_template": "Q1 {question_1}\nA1 {answer_1}\nQ2 {question_2}\nA2 {answer_2}\nRate the second answer as [[rating]].",
      "output_format": "[[rating]]"},
 ]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             object_store_memory=100_000_000)
-    yield
-    ray.shutdown()
 
 
 def _judged_project(tmp_path):
@@ -125,7 +113,8 @@ def test_judge_settings_are_not_part_of_the_cell_key(tmp_path):
 
 def test_logging_that_dies_halfway_leaves_the_cell_unfinished_and_it_runs_again(ray_session, tmp_path, monkeypatch):
     root = make_project(tmp_path)
-    args = ["sweep.methods=[ar]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]"]
+    args = ["sweep.methods=[ar]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
+            "cluster.cpu_isolation=exclusive"]
     real = MlflowClient.log_text
 
     def upload_fails(self, run_id, text, artifact_file):

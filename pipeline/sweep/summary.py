@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
+from pipeline.formatting import fmt_mean_std
 from pipeline.tracking import STATUS_FINISHED
-
-MISSING = "–"
-
-
-def fmt_mean_std(mean: float | None, std: float | None, digits: int = 2, latex: bool = False) -> str:
-    """``m ± s`` (``m`` alone for one seed, ``MISSING`` without a value): the one mean ± std format,
-    used by the sweep's closing table and the analysis tables."""
-    if mean is None or not math.isfinite(mean):
-        return MISSING
-    if std is None or not math.isfinite(std):
-        return f"{mean:.{digits}f}"
-    pm = " $\\pm$ " if latex else " ± "
-    return f"{mean:.{digits}f}{pm}{std:.{digits}f}"
 
 
 def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tuple[str, str]:
