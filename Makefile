@@ -41,8 +41,11 @@ run: $(STAMP)
 	$(PY) -m pipeline.sweep $(ARGS)
 	-$(PY) -m analysis.report --latest --no-notebooks
 
+# the suite in TEST_WORKERS processes (pytest-xdist), one test file per worker at a time (a file's module
+# fixtures, e.g. its Ray session, stay in one process); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # ruff (pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff check --fix .` mends imports
 lint: $(STAMP)

@@ -23,6 +23,7 @@ shipped heads were trained, so that a run with the same seed rebuilds the same d
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import sysconfig
 import time
@@ -168,7 +169,8 @@ def _math_prompt(rng: random.Random) -> str:
     return rng.choice(forms)
 
 
-def _stdlib_functions(max_chars: int = 1800) -> list[tuple[str, str, str, str]]:
+@functools.cache  # parsing the standard library takes seconds; the result depends only on max_chars
+def _stdlib_functions(max_chars: int = 1800) -> tuple[tuple[str, str, str, str], ...]:
     """(module, function name, header-with-docstring, full source) of documented stdlib functions."""
     root = STDLIB
     out = []
@@ -194,7 +196,7 @@ def _stdlib_functions(max_chars: int = 1800) -> list[tuple[str, str, str, str]]:
             body0 = node.body[1]
             header = "\n".join(lines[node.lineno - 1 : body0.lineno - 1])
             out.append((module, node.name, header, source))
-    return out
+    return tuple(out)
 
 
 def build_prompts(n: int, seed: int) -> list[str]:
@@ -343,7 +345,7 @@ def teacher_force(target, seqs: list[tuple[list[int], int]], *, top_k_store: int
 def build_tf_sequences(tokenizer, n: int, seed: int, max_len: int) -> list[tuple[list[int], int]]:
     """Chat-formatted stdlib functions: the user asks for a function, the answer is its real source."""
     rng = random.Random(seed + 1)
-    funcs = _stdlib_functions()
+    funcs = list(_stdlib_functions())  # a copy: the parsed functions are cached
     rng.shuffle(funcs)
     seqs = []
     for module, name, header, source in funcs[:n]:
