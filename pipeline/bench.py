@@ -51,6 +51,8 @@ from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# the engine's switches, recorded in the command line of a result
+ENV_SWITCHES = ("PIPELINE_LEAN_FORWARD", "PIPELINE_FAST_MATMUL", "PIPELINE_CPU_BF16", "PIPELINE_BF16_KERNELS")
 
 
 @dataclass
@@ -363,7 +365,51 @@ class Bench:
         # the first drafter's figures under the historical names
         costs["t_draft_ms"] = costs[f"t_draft_{self.drafters[0]}_ms"]
         costs["c"] = costs[f"c_{self.drafters[0]}"]
+        costs.update(roofline(self.pair, costs, self.device))
         return rows, costs
+
+
+def streamed_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every parameter once, less an input embedding that is not
+    also the LM head (a step reads one row of it)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embed is not None and (head is None or head.weight.data_ptr() != embed.weight.data_ptr()):
+        total -= embed.weight.numel() * embed.weight.element_size()
+    return total
+
+
+def copy_bandwidth(nbytes: int, device, reps: int = 7) -> float:
+    """This machine's memory bandwidth in bytes/s: a copy of an ``nbytes`` buffer (read + write), median of ``reps``."""
+    n = max(nbytes, 1 << 20)
+    src = torch.ones(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 1):
+        synchronize(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * n / statistics.median(times[1:])
+
+
+def roofline(pair, costs: dict[str, float], device) -> dict[str, float]:
+    """The floor of a step (its weights' bytes over the copy bandwidth) and where the measured steps stand."""
+    out: dict[str, float] = {}
+    target_bytes = streamed_bytes(pair.target)
+    bandwidth = copy_bandwidth(target_bytes, device)
+    out["bandwidth_gb_s"] = bandwidth / 1e9
+    out["target_mb"] = target_bytes / 1e6
+    out["floor_target_ms"] = 1e3 * target_bytes / bandwidth
+    out["ar_over_floor"] = costs["t_ar_ms"] / out["floor_target_ms"]
+    out["verify_over_ar"] = costs["t_verify_ms"] / costs["t_ar_ms"]
+    if pair.draft is not None and "t_draft_model_ms" in costs:
+        draft_bytes = streamed_bytes(pair.draft)
+        out["draft_mb"] = draft_bytes / 1e6
+        out["floor_draft_ms"] = 1e3 * draft_bytes / bandwidth
+        out["draft_over_floor"] = costs["t_draft_model_ms"] / out["floor_draft_ms"]
+    return out
 
 
 def eagle_step_time(target, prompt, device, reps: int) -> float:
@@ -400,16 +446,17 @@ def ngram_step_time(target, prompt, gamma: int, reps: int) -> float:
 
 
 def engine_info(pair) -> str:
-    """Which forward our decoders use for each model (lean or transformers'), and the matmul form."""
+    """Which forward our decoders use for each model (lean or transformers'), its dtype and kernel path."""
     parts = []
     for role, model in (("target", pair.target), ("draft", pair.draft)):
         if model is None:
             continue
         lean = lean_forward_for(model)
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
         if lean is None:
-            parts.append(f"{role} through transformers' forward ({unsupported_reason(model) or 'PIPELINE_LEAN_FORWARD=0'})")
+            parts.append(f"{role} {dtype} through transformers' forward ({unsupported_reason(model) or 'PIPELINE_LEAN_FORWARD=0'})")
         else:
-            parts.append(f"{role} through the lean forward (fast matmul {'on' if lean.fast_matmul else 'off'})")
+            parts.append(f"{role} {dtype} through the lean forward, kernels {lean.kernel_path}")
     return "; ".join(parts)
 
 
@@ -445,6 +492,13 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
         "",
         f"Our engine: {info.get('engine', '')}.",
         "",
+        f"Roofline: copy bandwidth {costs['bandwidth_gb_s']:.1f} GB/s (a {costs['target_mb']:.0f} MB copy, read + write); a target step "
+        f"streams {costs['target_mb']:.0f} MB: floor {costs['floor_target_ms']:.2f} ms, t_ar / floor {costs['ar_over_floor']:.2f}, "
+        f"t_verify(gamma+1) / t_ar {costs['verify_over_ar']:.2f}"
+        + (f"; the draft streams {costs['draft_mb']:.1f} MB: floor {costs['floor_draft_ms']:.3f} ms, t_draft / floor {costs['draft_over_floor']:.1f}"
+           if "draft_mb" in costs else "")
+        + ".",
+        "",
         "| impl | method | drafter | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -477,8 +531,9 @@ def main(cfg: DictConfig) -> None:
     name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
     rows, costs = bench.run()
     info = machine_info(bench.device)
+    info.update(bench.pair.precision())
     info["engine"] = engine_info(bench.pair)
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("PIPELINE_LEAN_FORWARD", "PIPELINE_FAST_MATMUL") if k in os.environ)
+    env = " ".join(f"{k}={os.environ[k]}" for k in ENV_SWITCHES if k in os.environ)
     command = (env + " " if env else "") + "python -m pipeline.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     md = to_markdown(name, rows, costs, info, command, cfg)
     out = REPO_ROOT / cfg.out_dir

@@ -206,6 +206,7 @@ def run_cell(cell: Cell) -> CellResult:
             inject_fault(cell, "load")
             spec = PairSpec.from_config(cell.pair)
             pair = load_pair(spec)
+            precision = pair.precision()
             decoder = build_decoder(cell.method, pair.target, pair.draft, **cell.params)
             samples, warm, _ = load_slice({**dataset, "warmup_samples": measure.get("warmup_samples", 3)})
             device = next(pair.target.parameters()).device
@@ -260,7 +261,7 @@ def run_cell(cell: Cell) -> CellResult:
             energy=info["energy"],
             idle=info["idle"],
             warmup=info["warmup"],
-            device=info["device"],
+            device={**info["device"], **precision},
             settings=info["settings"],
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a record (OOM included)

@@ -42,6 +42,8 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.decoding.base import DRAFTERS, DrafterContext
+from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
+from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.eagle import load_eagle_head
 from pipeline.decoding.medusa_heads import load_medusa_heads
 from pipeline.decoding.vocab import map_file, restrict_head
@@ -49,6 +51,7 @@ from pipeline.decoding.vocab import map_file, restrict_head
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 DTYPES = {
+    "auto": None,  # resolved per model: bf16 on CUDA and on CPUs with native bf16 dot products, else float32
     "float32": torch.float32,
     "fp32": torch.float32,
     "float16": torch.float16,
@@ -77,6 +80,7 @@ class ModelSpec:
     config: dict[str, Any] | None = None
     seed: int = 0
     tokenizer: Any = None  # a model spec (mapping or id) whose tokenizer this model uses
+    dtype: str | None = None  # this model's precision (default: the pair's `dtype`); `auto` resolves per machine
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | str) -> "ModelSpec":
@@ -87,6 +91,8 @@ class ModelSpec:
         if unknown:
             raise ValueError(f"unknown model spec keys {sorted(unknown)}; valid keys: {sorted(known)}")
         spec = cls(**{k: cfg[k] for k in cfg})
+        if spec.dtype is not None and spec.dtype not in DTYPES:
+            raise ValueError(f"model {spec.id!r}: unknown dtype {spec.dtype!r}; choose one of {sorted(DTYPES)}")
         if spec.random_init and not (isinstance(spec.config, Mapping) and spec.config.get("model_type")):
             raise ValueError(
                 f"model {spec.id!r}: random_init needs `config:` with the transformers config fields, "
@@ -130,7 +136,7 @@ class PairSpec:
     target: ModelSpec
     draft: ModelSpec | None = None
     chat: bool = True
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -154,7 +160,7 @@ class PairSpec:
             raise ValueError("pair drafter: eagle needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
         if extra.get("drafter") == "model" and not draft:
             raise ValueError("pair drafter: model needs a `draft:` model spec")
-        if cfg.get("dtype", "float32") not in DTYPES:
+        if cfg.get("dtype", "auto") not in DTYPES:
             raise ValueError(f"unknown dtype {cfg.get('dtype')!r}; choose one of {sorted(DTYPES)}")
         return cls(
             target=ModelSpec.from_config(target),
@@ -162,6 +168,29 @@ class PairSpec:
             extra=extra,
             **{k: cfg[k] for k in cfg},
         )
+
+
+    def dtypes(self) -> dict[str, str]:
+        """Each model's requested dtype (``auto`` or a name): the model's own ``dtype`` or the pair's."""
+        out = {"target": self.target.dtype or self.dtype}
+        if self.draft is not None:
+            out["draft"] = self.draft.dtype or self.dtype
+        return out
+
+    def resolved_dtypes(self) -> dict[str, str]:
+        """Each model's dtype on this machine (``auto`` resolved for the pair's device)."""
+        device = resolve_device(self.device)
+        return {role: canonical_dtype(resolve_dtype(d, device)) for role, d in self.dtypes().items()}
+
+    def precision(self, predicted: bool = True) -> dict[str, Any]:
+        """The pair's precision on this machine: per model the resolved dtype and kernel path, the CPU's bf16
+        capability (part of a cell's key; ``predicted`` names the kernels without building them)."""
+        return precision_info(resolve_device(self.device), self.dtypes(), build=not predicted)
+
+
+def canonical_dtype(name: str) -> str:
+    """``bf16`` -> ``bfloat16`` etc.: one spelling per dtype."""
+    return str(DTYPES[name]).replace("torch.", "") if DTYPES.get(name) is not None else name
 
 
 def drafter_context(spec: PairSpec) -> DrafterContext:
@@ -226,8 +255,10 @@ def load_tokenizer(spec: ModelSpec):
 
 
 def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
-    """Load one causal LM in eval mode on ``device``; truncate to ``num_layers`` when asked."""
-    torch_dtype = DTYPES[dtype]
+    """Load one causal LM in eval mode on ``device``; truncate to ``num_layers`` when asked.
+    ``dtype``: a name or ``auto`` (bf16 on CUDA and CPUs with native bf16, else float32); the model's own
+    ``spec.dtype`` wins over it."""
+    torch_dtype = DTYPES[canonical_dtype(resolve_dtype(spec.dtype or dtype, resolve_device(device)))]
     location = spec.location()
     try:
         if spec.random_init:
@@ -315,6 +346,15 @@ class LoadedPair:
     target: Any
     draft: Any | None
     tokenizer: Any
+
+    def precision(self) -> dict[str, Any]:
+        """What the loaded models run in: per model its dtype and kernel path, and the CPU's bf16 capability."""
+        info: dict[str, Any] = {"cpu_bf16": native_bf16(), "cpu_bf16_flags": ",".join(cpu_bf16_flags()) or "none"}
+        for role, model in (("target", self.target), ("draft", self.draft)):
+            if model is not None:
+                info[f"{role}_dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
+                info[f"{role}_kernels"] = model_kernel_path(model)
+        return info
 
 
 def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:

@@ -457,6 +457,8 @@ class Tracker:
             "sweep": cell.sweep,
             "judge": json.dumps(result.judge_identity, sort_keys=True) if result.judge_identity else "",
             "cpu_isolation": (result.isolation or {}).get("mode", ""),
+            # what the models ran in (pipeline.models.LoadedPair.precision)
+            **{k: device[k] for k in PRECISION_TAGS if k in device},
         }
         if not result.finished:
             tags["error"] = (result.error or "unknown error")[:5000]
@@ -577,4 +579,5 @@ SCORES_ARTIFACT = "scores.json"
 CONFIG_ARTIFACT = "cell_config.yaml"
 TRACEBACK_ARTIFACT = "traceback.txt"
 # The fields of a CellResult written to RESULT_ARTIFACT (``result.json``).
+PRECISION_TAGS = ("cpu_bf16", "cpu_bf16_flags", "target_dtype", "target_kernels", "draft_dtype", "draft_kernels")
 RESULT_FIELDS = ("status", "error", "stage", "stages", "summary", "energy", "idle", "warmup", "device", "settings", "node_id", "hostname")

@@ -20,7 +20,6 @@ SDPA, ``pretraining_tp == 1``. Anything else goes through transformers' own forw
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 
@@ -28,17 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cpu_kernels import env_flag, kernels
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 FAST_MATMUL_MAX_ROWS = 8  # above this (prefill), F.linear's gemm is as fast
+KERNEL_MAX_ROWS = 32  # the bf16 kernels run steps, verifications and small trees; longer prefills use oneDNN's gemm
 
 _LEAN: "weakref.WeakKeyDictionary[nn.Module, LeanForward | None]" = weakref.WeakKeyDictionary()
-
-
-def _env_flag(name: str, default: bool = True) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off", "")
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -75,13 +70,23 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 def lean_forward_for(model: nn.Module) -> "LeanForward | None":
     """The lean forward of ``model`` (built once per model), or None when it cannot or must not be used."""
-    if not _env_flag("PIPELINE_LEAN_FORWARD"):
+    if not env_flag("PIPELINE_LEAN_FORWARD"):
         return None
     if model in _LEAN:
         return _LEAN[model]
     lean = LeanForward(model) if unsupported_reason(model) is None else None
     _LEAN[model] = lean
     return lean
+
+
+def model_kernel_path(model: nn.Module) -> str:
+    """The kernels ``model``'s cached steps run on: its lean forward's path, or transformers' own forward."""
+    lean = lean_forward_for(model)
+    if lean is not None:
+        return lean.kernel_path
+    param = next(model.parameters())
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(param.dtype, str(param.dtype))
+    return f"transformers-{param.device.type}-{name}"
 
 
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -92,7 +97,7 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         and weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and x.dtype == torch.float32
-        and _env_flag("PIPELINE_FAST_MATMUL")
+        and env_flag("PIPELINE_FAST_MATMUL")
     ):
         return _fast_matmul(x, weight, bias)
     return F.linear(x, weight, bias)
@@ -136,6 +141,7 @@ class LeanForward(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.groups = self.num_heads // self.num_kv_heads
         self.scaling = self.head_dim**-0.5
+        self.intermediate = config.intermediate_size
         # plain Python containers: nothing is registered on this module
         self._embed = [inner.embed_tokens]
         self._rotary = [inner.rotary_emb]
@@ -162,7 +168,53 @@ class LeanForward(nn.Module):
         self._head = [model.lm_head]
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        self.fast_matmul = device.type == "cpu" and dtype == torch.float32 and _env_flag("PIPELINE_FAST_MATMUL")
+        self.fast_matmul = device.type == "cpu" and dtype == torch.float32 and env_flag("PIPELINE_FAST_MATMUL")
+        self.kernels = None
+        # the kernels cover SiLU MLPs without biases outside q/k/v (Llama, Mistral, Qwen2)
+        plain = all(wo[1] is None and wg[1] is None and wu[1] is None and wd[1] is None for *_, wo, _, _, wg, wu, wd, _ in self._layers)
+        if device.type == "cpu" and dtype == torch.bfloat16 and getattr(config, "hidden_act", "silu") == "silu" and plain:
+            self.kernels = kernels()
+        if self.kernels is not None:
+            self._pack(model)
+
+    @property
+    def kernel_path(self) -> str:
+        """The kernels this model's steps run on (see ``cpu_kernels.kernel_path``)."""
+        device = self._head[0].weight.device
+        name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self._head[0].weight.dtype, "other")
+        if device.type != "cpu":
+            return f"{device.type}-{name}"
+        if self.kernels is not None:
+            return "bf16-avx512"
+        return "fp32-fast-matmul" if self.fast_matmul else f"{name}-{'onednn' if name == 'bf16' else 'linear'}"
+
+    def _pack(self, model: nn.Module) -> None:
+        """The weights in the kernels' layout: QKV and gate/up fused, every matrix packed (a copy of ~ the
+        model's decoder and head weights; the model's own parameters stay for prefills and transformers)."""
+        pack = self.kernels.pack
+        empty = torch.empty(0, dtype=torch.bfloat16)
+        self._packed = []
+        with torch.no_grad():
+            for w_in, _, wq, wk, wv, wo, w_post, _, wg, wu, wd, _ in self._layers:
+                biases = [b for _, b in (wq, wk, wv)]
+                bqkv = empty if all(b is None for b in biases) else torch.cat(
+                    [b if b is not None else torch.zeros(w.shape[0], dtype=torch.bfloat16) for (w, _), b in zip((wq, wk, wv), biases)]
+                ).contiguous()
+                self._packed.append(
+                    [
+                        w_in.detach().contiguous(),
+                        pack(torch.cat([wq[0], wk[0], wv[0]])),
+                        bqkv,
+                        pack(wo[0]),
+                        w_post.detach().contiguous(),
+                        pack(torch.cat([wg[0], wu[0]])),
+                        pack(wd[0]),
+                    ]
+                )
+            head = self._head[0]
+            self._head_packed = pack(head.weight)
+            self._head_bias = head.bias
+            self._vocab = head.weight.shape[0]
 
     def _linear(self, x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
         weight, bias = wb
@@ -189,8 +241,10 @@ class LeanForward(nn.Module):
         """``mask``: None for a causal chain after the cache, else an additive float or boolean mask
         ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none, only ``hidden_out``).
         ``hidden_out``: if given, the LM head's input rows are appended to it."""
-        x = self._embed[0](input_ids)
         n = input_ids.shape[1]
+        if self.kernels is not None and n <= KERNEL_MAX_ROWS:
+            return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out)
+        x = self._embed[0](input_ids)
         cos, sin = self._rotary[0](x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         shape = (1, n, -1, self.head_dim)
@@ -225,6 +279,44 @@ class LeanForward(nn.Module):
             return None
         head = self._head[0]
         return self._linear(x, (head.weight, head.bias))
+
+
+    def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out):
+        """``forward`` in one call of the bf16 kernels (``csrc/bf16_decoder.cpp``)."""
+        x = self._embed[0](input_ids)
+        n = input_ids.shape[1]
+        cos, sin = self._rotary[0](x, positions)
+        start = cache.get_seq_length()
+        end = start + n
+        if len(cache.layers) < len(self._layers) or not cache.layers[0].is_initialized:
+            blank = x.new_empty(1, self.num_kv_heads, 0, self.head_dim)
+            for i in range(len(self._layers)):
+                cache.update(blank, blank, i)
+        tensors = []
+        for packed, layer in zip(self._packed, cache.layers):
+            tensors.extend(packed)
+            tensors.extend(layer.buffers(end))
+        if mask is None:
+            allowed = torch.empty(0, dtype=torch.bool)
+        elif mask.dtype == torch.bool:
+            allowed = mask[0, 0]
+        else:
+            allowed = mask[0, 0] > torch.finfo(mask.dtype).min / 2
+        norm_w, norm_eps = self._norm
+        eps = self._layers[0][1]
+        h = self.kernels.decoder_forward(
+            x[0], cos[0], sin[0], tensors, start, allowed, norm_w, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate,
+            float(eps), float(norm_eps), float(self.scaling), max(keep, 0),
+        )
+        for layer in cache.layers:
+            layer.advance(end)
+        h = h[None]
+        if hidden_out is not None:
+            hidden_out.append(h)
+        if keep < 0:
+            return None
+        logits = self.kernels.linear(h, self._head_packed, self._vocab)
+        return logits if self._head_bias is None else logits + self._head_bias
 
 
 def _compare(model_rows: tuple[int, ...] = (1, 2, 4, 5, 8), reps: int = 9) -> None:

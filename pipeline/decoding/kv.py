@@ -46,6 +46,15 @@ class PreallocatedLayer(DynamicLayer):
         v[..., : self.length, :] = self._v[..., : self.length, :]
         self._k, self._v = k, v
 
+    def buffers(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers ``[kv_heads, capacity, d]`` with room for ``end`` positions (the bf16
+        kernels write the new rows in place, then ``advance(end)``)."""
+        self._reserve(end)
+        return self._k[0], self._v[0]
+
+    def advance(self, end: int) -> None:
+        self._set_length(end)
+
     def _set_length(self, length: int) -> None:
         self.length = length
         self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]

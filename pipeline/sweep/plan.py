@@ -35,7 +35,10 @@ from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.scoring.mt_bench import judge_identity
 from pipeline.tracking import cell_key
 
-HARNESS_VERSION = "2"  # bump when a change to the harness changes what a cell measures (new cell keys); 2: CPU isolation
+# bump when a change to the harness changes what a cell measures (new cell keys); 2: CPU isolation;
+# 3: per-model precision (dtype `auto` by default, the resolved dtypes, kernel paths and the CPU's bf16
+# capability in the key: the same config measures bf16 kernels on one machine and float32 on another)
+HARNESS_VERSION = "3"
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUP_KEYS = {"method": "methods", "pair": "pairs", "dataset": "datasets"}
 DATASET_KEYS = ("name", "path", "split", "start", "limit", "ids", "max_new_tokens", "max_turns", "time_budget_s", "options")
@@ -335,6 +338,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         "measure": dict(measure),
         "judge": None,
         "hardware": hardware,
+        "precision": PairSpec.from_config(pair).precision(predicted=True),
     }
     return Cell(
         key=cell_key(identity),

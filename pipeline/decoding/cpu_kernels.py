@@ -1,0 +1,150 @@
+"""The CPU's precision capability and the engine's bf16 decoder kernels (``csrc/bf16_decoder.cpp``).
+
+``native_bf16()`` says whether this CPU has native bf16 dot products (AVX512_BF16 or AMX-BF16, read
+from ``/proc/cpuinfo``); ``PIPELINE_CPU_BF16=0`` forces it off (a CPU without them keeps float32 and
+today's kernels), ``=1`` forces it on. ``resolve_dtype("auto", device)`` is bf16 on CUDA and on
+such CPUs, float32 elsewhere.
+
+``kernels()`` builds the C++ extension once per machine (``torch.utils.cpp_extension``: g++ and ninja,
+about a minute on 2 cores; cached under ``$PIPELINE_CACHE/torch_extensions``) and returns it, or None
+where it cannot be used (no native bf16, no compiler, ``PIPELINE_BF16_KERNELS=0``); the reason is
+``kernels_unavailable_reason()``. ``kernel_path(device, dtype)`` names the path a model's steps take,
+recorded with every cell and bench row:
+
+- ``bf16-avx512``: our C++ decoder (all layers in one call, batch-invariant rows);
+- ``bf16-onednn``: bf16 weights through ``F.linear`` (oneDNN) when the extension is unavailable;
+- ``fp32-fast-matmul`` / ``fp32-linear``: float32 on the CPU (``fast_forward.small_linear``);
+- ``cuda-<dtype>``: PyTorch's CUDA kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+_SRC = Path(__file__).resolve().parent / "csrc" / "bf16_decoder.cpp"
+_CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-fno-math-errno", "-fopenmp"]
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}
+
+
+def env_flag(name: str, default: bool = True) -> bool:
+    """An on/off environment switch: unset -> ``default``; ``0``, ``false``, ``no``, ``off`` or empty -> off."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_bf16_flags() -> list[str]:
+    """This CPU's native bf16 features (``avx512_bf16``, ``amx_bf16``), as the kernel reports them."""
+    return sorted(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 dot products natively (``PIPELINE_CPU_BF16`` overrides)."""
+    forced = os.environ.get("PIPELINE_CPU_BF16")
+    if forced is not None and forced.strip() != "":
+        return env_flag("PIPELINE_CPU_BF16")
+    return "avx512_bf16" in _cpu_flags()
+
+
+def resolve_dtype(dtype: str, device: torch.device | str) -> str:
+    """``auto`` -> ``bfloat16`` on CUDA and on CPUs with native bf16, else ``float32``; names pass through."""
+    if dtype != "auto":
+        return dtype
+    if isinstance(device, str) and device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    if dev.type == "cpu":
+        return "bfloat16" if native_bf16() else "float32"
+    return "float32"
+
+
+def kernels_unavailable_reason() -> str | None:
+    """Why the bf16 extension is not used here (None when it is, or has not been tried yet and can be)."""
+    if not env_flag("PIPELINE_BF16_KERNELS"):
+        return "PIPELINE_BF16_KERNELS=0"
+    if "avx512_bf16" not in _cpu_flags():
+        return "the CPU has no avx512_bf16"
+    if not native_bf16():
+        return "PIPELINE_CPU_BF16=0"
+    return _STATE.get("error")  # type: ignore[return-value]
+
+
+def kernels():
+    """The compiled bf16 decoder extension, or None where it is unavailable (see the module doc)."""
+    if kernels_unavailable_reason() is not None:
+        return None
+    if "module" in _STATE:
+        return _STATE["module"]
+    with _LOCK:
+        if "module" not in _STATE and "error" not in _STATE:
+            try:
+                _STATE["module"] = _build()
+            except Exception as err:  # noqa: BLE001 - no compiler or a failed build: the engine keeps oneDNN, the reason is recorded
+                _STATE["error"] = f"the bf16 kernels did not build ({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"
+    return _STATE.get("module")
+
+
+def _build():
+    from torch.utils import cpp_extension  # noqa: PLC0415 - imports setuptools machinery; only when the kernels are wanted
+
+    root = Path(os.environ.get("PIPELINE_CACHE", Path.home() / ".cache" / "pipeline")) / "torch_extensions"
+    build = root / f"bf16_decoder-torch{torch.__version__.replace('+', '_')}"
+    build.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(
+        name="pipeline_bf16_decoder",
+        sources=[str(_SRC)],
+        extra_cflags=_CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build),
+        verbose=False,
+    )
+
+
+def kernel_path(device: torch.device | str, dtype: torch.dtype | str, build: bool = True) -> str:
+    """The kernels a model of ``dtype`` on ``device`` runs on (``kernels()`` is built if needed; with
+    ``build=False`` the path is predicted from the capability without building)."""
+    dev = torch.device(device)
+    if isinstance(dtype, str):
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}.get(dtype) or getattr(torch, dtype)
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    if dev.type != "cpu":
+        return f"{dev.type}-{name}"
+    if dtype == torch.bfloat16:
+        available = kernels() is not None if build else kernels_unavailable_reason() is None
+        return "bf16-avx512" if available else "bf16-onednn"
+    if dtype == torch.float32:
+        return "fp32-fast-matmul" if env_flag("PIPELINE_FAST_MATMUL") else "fp32-linear"
+    return f"cpu-{name}"
+
+
+def precision_info(device: torch.device | str, dtypes: dict[str, str], build: bool = True) -> dict[str, object]:
+    """What a cell or bench records of its precision: per model (``dtypes``: role -> requested dtype) the
+    resolved dtype and kernel path, and the CPU's bf16 capability."""
+    info: dict[str, object] = {"cpu_bf16": native_bf16(), "cpu_bf16_flags": ",".join(cpu_bf16_flags()) or "none"}
+    for role, dtype in dtypes.items():
+        resolved = resolve_dtype(dtype, device)
+        name = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}.get(resolved, resolved)
+        info[f"{role}_dtype"] = name
+        info[f"{role}_kernels"] = kernel_path(device, name, build=build)
+    return info
