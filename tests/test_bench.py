@@ -83,9 +83,16 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
     assert costs["t_ar_ms"] > 0 and costs["t_verify_ms"] > 0 and 0 < costs["c"] < 1
     info = bench_mod.machine_info(bench.device)
     info["engine"] = bench_mod.engine_info(bench.pair)
-    assert "target through the lean forward" in info["engine"]
+    dtype = bench.pair.precision()["target_dtype"]
+    assert f"target {dtype} through the lean forward, kernels {bench.pair.precision()['target_kernels']}" in info["engine"]
+    # the roofline: a floor from the copy bandwidth, and the steps against it
+    assert costs["bandwidth_gb_s"] > 0 and costs["floor_target_ms"] > 0
+    assert costs["ar_over_floor"] == pytest.approx(costs["t_ar_ms"] / costs["floor_target_ms"])
+    assert costs["verify_over_ar"] == pytest.approx(costs["t_verify_ms"] / costs["t_ar_ms"])
+    assert costs["target_mb"] == pytest.approx(bench_mod.streamed_bytes(bench.pair.target) / 1e6)
     md = bench_mod.to_markdown("t", rows, costs, info, "python -m pipeline.bench ...", cfg)
-    assert md.count("\n| ours |") == 6 and "Our engine: target through the lean forward" in md
+    assert md.count("\n| ours |") == 6 and f"Our engine: target {dtype} through the lean forward" in md
+    assert "Roofline: copy bandwidth" in md and "t_ar / floor" in md
     payload = [dict(vars(r)) for r in rows]
     (tmp_path / "t.json").write_text(json.dumps(payload))
     assert FIELDS <= set(json.loads((tmp_path / "t.json").read_text())[0])

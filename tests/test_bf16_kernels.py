@@ -1,0 +1,202 @@
+"""The engine in bf16: the AVX512-BF16 decoder kernels, batch invariance, exactness, and the dtype choice.
+
+In bf16 the rows of a k-token verification could round differently from the one-token steps that
+autoregressive decoding takes; the kernels compute every row by the same instruction sequence whatever
+the number of rows, so the two are bit-identical and greedy speculative decoding equals greedy ``ar``
+token for token, as in float32. Where the kernels cannot run (no AVX512_BF16, forced off), bf16 goes
+through oneDNN and ``auto`` picks float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.exact import PROMPT, WARP, chi_square_pvalue, first_tokens
+from helpers.models import tiny_llama
+from pipeline.decoding import build_decoder, cpu_kernels
+from pipeline.decoding.fast_forward import LeanForward, model_kernel_path
+from pipeline.decoding.kv import CachedModel
+from pipeline.decoding.warping import Warper
+from pipeline.models import ModelSpec, PairSpec, load_model
+
+HAS_KERNELS = cpu_kernels.kernels() is not None
+needs_kernels = pytest.mark.skipif(not HAS_KERNELS, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+
+
+def bf16_model(seed: int = 0, **kw):
+    return tiny_llama(seed, **kw).to(torch.bfloat16)
+
+
+def engine_law(model, prompt, length, warper):
+    """The warped law of the first ``length`` tokens as our engine computes it in bf16 (by enumeration)."""
+    import itertools  # noqa: PLC0415 - only here
+
+    law = {}
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=length):
+            pr = 1.0
+            for i in range(length):
+                cm = CachedModel(model)
+                logits = cm.forward(prompt + list(seq[:i]), keep=1)[-1]
+                pr *= float(warper(logits)[seq[i]])
+                if pr == 0:
+                    break
+            if pr > 0:
+                law[seq] = pr
+    return law
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 33])
+def test_kernel_linear_matches_fp32_reference_and_is_row_invariant(rows):
+    torch.manual_seed(rows)
+    k = cpu_kernels.kernels()
+    for out, inp in [(1000, 576), (37, 100), (5, 16)]:  # tails in both dimensions
+        w = torch.randn(out, inp).bfloat16()
+        x = torch.randn(rows, inp).bfloat16()
+        packed = k.pack(w)
+        y = k.linear(x, packed, out)
+        ref = F.linear(x.float(), w.float())
+        assert torch.allclose(y.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+        one_by_one = torch.cat([k.linear(x[i : i + 1], packed, out) for i in range(rows)])
+        assert torch.equal(y, one_by_one)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "kind, extra",
+    [
+        ("llama", {"heads": 4, "kv_heads": 2, "hidden": 64, "layers": 2}),
+        ("mistral", {"heads": 4, "kv_heads": 4, "hidden": 64, "layers": 2, "sliding_window": None}),
+        ("qwen2", {"heads": 4, "kv_heads": 1, "hidden": 64, "layers": 2}),  # q/k/v biases
+    ],
+)
+def test_kernel_forward_agrees_with_transformers_in_bf16(kind, extra):
+    model = bf16_model(3, vocab=50, kind=kind, **extra)
+    if kind == "qwen2":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_()
+    cm = CachedModel(model)
+    assert cm.lean is not None and cm.lean.kernel_path == "bf16-avx512"
+    ids = torch.randint(0, 50, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids).logits[0].float()
+        cm.prefill(ids[0, :12].tolist())
+        got = torch.cat([cm.forward(ids[0, 12:17].tolist(), keep=5), cm.forward(ids[0, 17:].tolist(), keep=3)])
+    # bf16 rounding of the intermediate values only (the same operations, other accumulation orders)
+    assert (got - ref[12:]).abs().max() <= 0.05 * ref.abs().max()
+
+
+@needs_kernels
+def test_verification_rows_equal_the_one_token_steps_bit_for_bit():
+    model = bf16_model(5, vocab=64, hidden=64, heads=4, kv_heads=2, layers=3)
+    ids = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        block = CachedModel(model)
+        block.prefill(ids[:10])
+        rows = block.forward(ids[10:18], keep=8)
+        steps = CachedModel(model)
+        steps.prefill(ids[:10])
+        one = torch.cat([steps.forward([t], keep=1) for t in ids[10:18]])
+        assert torch.equal(rows, one)
+        # and after a rollback (rejected drafts), the rewritten slots give the same rows again
+        block.rollback(13)
+        again = block.forward(ids[13:18], keep=5)
+        assert torch.equal(again, one[3:])
+
+
+@needs_kernels
+def test_tree_forward_rows_equal_their_paths_as_chains():
+    """A tree verification (mask over the nodes) gives each node the logits of its path as a chain."""
+    model = bf16_model(6, vocab=32, hidden=32, heads=2, kv_heads=1, layers=2)
+    prompt = [1, 2, 3, 4]
+    # root 5 with children 6 and 7; 7 has child 8: paths 5-6 and 5-7-8
+    tokens = torch.tensor([5, 6, 7, 8])
+    parents = [-1, 0, 0, 2]
+    depth = torch.tensor([0, 1, 1, 2])
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    for i in range(4):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    with torch.no_grad():
+        cm = CachedModel(model)
+        cm.prefill(prompt)
+        tree = cm.forward_tree(tokens, depth + len(prompt), mask, tree_start=len(prompt))
+        for node, path in [(1, [5, 6]), (3, [5, 7, 8]), (2, [5, 7])]:
+            chain = CachedModel(model)
+            chain.prefill(prompt)
+            assert torch.equal(chain.forward(path, keep=1)[-1], tree[node])
+
+
+@needs_kernels
+@pytest.mark.parametrize("method, params", [("spd", {"gamma": 3}), ("block", {"gamma": 4}), ("mtad", {"gamma": 3, "tau": 0.5}), ("specinfer", {"k_config": [3, 2, 2]}), ("spectr", {"gamma": 3, "num_drafts": 3})])
+def test_greedy_methods_equal_greedy_ar_in_bf16(method, params):
+    target, draft = bf16_model(0, vocab=64, hidden=64, heads=4, kv_heads=2, layers=2), bf16_model(1, vocab=64, hidden=32, layers=1)
+    prompt = [1, 5, 9, 2]
+    ref = build_decoder("ar", target, temperature=0).generate(prompt, max_new_tokens=40).tokens
+    got = build_decoder(method, target, draft, temperature=0, **params).generate(prompt, max_new_tokens=40).tokens
+    assert got == ref
+
+
+@needs_kernels
+@pytest.mark.parametrize("method, params", [("ar", {}), ("spd", {"gamma": 2}), ("block", {"gamma": 3})])
+def test_lossless_methods_sample_the_engines_bf16_law(method, params):
+    target, draft = bf16_model(0), bf16_model(1)
+    warper = Warper(**WARP)
+    law = engine_law(target, PROMPT, 2, warper)
+    decoder = build_decoder(method, target, draft if method != "ar" else None, **WARP, **params)
+    samples = first_tokens(decoder, 2500, 2, max_new=4)
+    assert chi_square_pvalue(samples, law) > 1e-3
+
+
+def test_auto_dtype_follows_the_cpu_capability(monkeypatch):
+    monkeypatch.setenv("PIPELINE_CPU_BF16", "0")
+    assert cpu_kernels.resolve_dtype("auto", "cpu") == "float32"
+    assert cpu_kernels.kernels() is None and "PIPELINE_CPU_BF16=0" in cpu_kernels.kernels_unavailable_reason()
+    spec = PairSpec.from_config({"name": "t", "target": {"id": "t"}, "draft": {"id": "d", "dtype": "bfloat16"}})
+    assert spec.resolved_dtypes() == {"target": "float32", "draft": "bfloat16"}
+    info = spec.precision()
+    assert info["cpu_bf16"] is False and info["target_dtype"] == "float32" and info["target_kernels"] == "fp32-fast-matmul"
+    assert info["draft_kernels"] == "bf16-onednn"  # bf16 by name still runs, through oneDNN
+    monkeypatch.setenv("PIPELINE_CPU_BF16", "1")
+    assert cpu_kernels.resolve_dtype("auto", "cpu") == "bfloat16"
+    assert cpu_kernels.resolve_dtype("float32", "cpu") == "float32"  # a name is kept
+    assert cpu_kernels.resolve_dtype("auto", "cuda") in ("bfloat16", "float32")
+
+
+def test_without_native_bf16_auto_models_load_in_float32_on_todays_kernels(monkeypatch):
+    monkeypatch.setenv("PIPELINE_CPU_BF16", "0")
+    config = {"model_type": "llama", "vocab_size": 16, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 1}
+    spec = ModelSpec.from_config({"id": "r", "random_init": True, "config": config, "tokenizer": "x"})
+    model = load_model(spec, "auto", "cpu")
+    assert next(model.parameters()).dtype == torch.float32
+    assert model_kernel_path(model) == "fp32-fast-matmul"
+
+
+def test_bf16_without_the_kernels_goes_through_onednn_and_agrees(monkeypatch):
+    model = bf16_model(2, vocab=40, hidden=64, heads=4, kv_heads=2, layers=2)
+    ids = list(range(1, 15))
+    monkeypatch.setenv("PIPELINE_BF16_KERNELS", "0")
+    lean = LeanForward(model)
+    assert lean.kernels is None and lean.kernel_path == "bf16-onednn"
+    monkeypatch.delenv("PIPELINE_BF16_KERNELS")
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].float()
+        cm = CachedModel(model)
+        got = cm.forward(ids, keep=1)[-1]
+    assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+def test_a_bad_model_dtype_fails_with_the_choices():
+    with pytest.raises(ValueError, match="unknown dtype 'half-ish'"):
+        ModelSpec.from_config({"id": "m", "dtype": "half-ish"})
+    with pytest.raises(ValueError, match="unknown dtype"):
+        PairSpec.from_config({"name": "p", "target": {"id": "t"}, "dtype": "int3"})
