@@ -43,8 +43,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.decoding.base import DRAFTERS, DrafterContext
 from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
-from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.eagle import load_eagle_head
+from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.medusa_heads import load_medusa_heads
 from pipeline.decoding.vocab import map_file, restrict_head
 
