@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -108,6 +109,10 @@ def kernels():
 def _build():
     from torch.utils import cpp_extension  # noqa: PLC0415 - imports setuptools machinery; only when the kernels are wanted
 
+    # ninja from the virtual environment (requirements.lock) when the shell's PATH has none
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), bindir])
     root = Path(os.environ.get("PIPELINE_CACHE", Path.home() / ".cache" / "pipeline")) / "torch_extensions"
     build = root / f"bf16_decoder-torch{torch.__version__.replace('+', '_')}"
     build.mkdir(parents=True, exist_ok=True)

@@ -75,9 +75,9 @@ inline void dot_block(const bf16* const* x, const bf16* block, int64_t in, int j
     for (int j = 0; j < R; ++j) out[r * R + j] = _mm512_reduce_add_ps(acc[r][j]);
 }
 
-// y[r][o] (fp32) for the packed blocks [b0, b1): per block, the rows in groups of up to 4 (4 x 4 accumulators;
-// VDPBF16PS and the loads feeding it, not memory, limit larger groups), the block read from memory once and
-// from L1 for the later groups.
+// y[r][o] (fp32) for the packed blocks [b0, b1): per block, the rows in balanced groups of up to 6 (4 x 6
+// accumulators fill the 32 vector registers; VDPBF16PS and its loads, not memory, limit larger groups), the
+// block read from memory once and from L1 for the later groups.
 template <int N>
 inline void block_rows(const bf16* const* x, const bf16* block, int64_t in, int64_t o0, int64_t out, float* const* y) {
   float tmp[N * RB];
@@ -90,12 +90,15 @@ void gemv_blocks(int n, const bf16* const* x, const bf16* P, int64_t in, int64_t
   const int64_t bstride = ((in + KC - 1) / KC) * RB * KC;
   for (int64_t b = b0; b < b1; ++b) {
     const bf16* block = P + b * bstride;
-    for (int r0 = 0; r0 < n; r0 += 4) {
-      switch (std::min(4, n - r0)) {
+    const int groups = (n + 5) / 6, size = (n + groups - 1) / groups;
+    for (int r0 = 0; r0 < n; r0 += size) {
+      switch (std::min(size, n - r0)) {
         case 1: block_rows<1>(x + r0, block, in, b * RB, out, y + r0); break;
         case 2: block_rows<2>(x + r0, block, in, b * RB, out, y + r0); break;
         case 3: block_rows<3>(x + r0, block, in, b * RB, out, y + r0); break;
-        default: block_rows<4>(x + r0, block, in, b * RB, out, y + r0); break;
+        case 4: block_rows<4>(x + r0, block, in, b * RB, out, y + r0); break;
+        case 5: block_rows<5>(x + r0, block, in, b * RB, out, y + r0); break;
+        default: block_rows<6>(x + r0, block, in, b * RB, out, y + r0); break;
       }
     }
   }
