@@ -294,6 +294,7 @@ class CellActor:
 
 
 def prepare_pair(pair: Mapping[str, Any]) -> str:
-    """Load a pair once so that one-time conversions (GGUF -> safetensors cache) happen before the cells."""
-    load_pair(pair)
+    """Load a pair once so that one-time work (GGUF -> safetensors cache, building the bf16 CPU kernels)
+    happens before the cells."""
+    load_pair(pair).precision()
     return pair.get("name", "")
