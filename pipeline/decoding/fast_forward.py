@@ -292,10 +292,17 @@ class LeanForward(nn.Module):
             blank = x.new_empty(1, self.num_kv_heads, 0, self.head_dim)
             for i in range(len(self._layers)):
                 cache.update(blank, blank, i)
-        tensors = []
-        for packed, layer in zip(self._packed, cache.layers):
-            tensors.extend(packed)
-            tensors.extend(layer.buffers(end))
+        # the kernels' arguments: packed weights and cache buffers, rebuilt only when a buffer grows
+        state = getattr(cache, "_kernel_args", None)
+        first = cache.layers[0]
+        if state is None or state[0] is not first._k or end > first._k.shape[-2]:
+            tensors = []
+            for packed, layer in zip(self._packed, cache.layers):
+                tensors.extend(packed)
+                tensors.extend(layer.buffers(end))
+            state = (first._k, tensors)
+            cache._kernel_args = state
+        tensors = state[1]
         if mask is None:
             allowed = torch.empty(0, dtype=torch.bool)
         elif mask.dtype == torch.bool:

@@ -20,14 +20,34 @@ _INITIAL_CAPACITY = 256
 
 
 class PreallocatedLayer(DynamicLayer):
-    """One layer's keys and values in a buffer that grows by doubling; ``length`` marks the valid part."""
+    """One layer's keys and values in a buffer that grows by doubling; ``length`` marks the valid part.
+
+    ``keys`` / ``values`` are views of the valid part made when read (moving the length, which every step
+    does on every layer, then costs no tensor views: the bf16 kernels never read them)."""
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        k = self.__dict__.get("_k")
+        return self.__dict__.get("_keys") if k is None else k[..., : self.length, :]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self.__dict__["_keys"] = value
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        v = self.__dict__.get("_v")
+        return self.__dict__.get("_values") if v is None else v[..., : self.length, :]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self.__dict__["_values"] = value
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.length = 0
         self._k = self._alloc(key_states, _INITIAL_CAPACITY)
         self._v = self._alloc(value_states, _INITIAL_CAPACITY)
-        self.keys, self.values = self._k[..., :0, :], self._v[..., :0, :]
         self.is_initialized = True
 
     @staticmethod
@@ -57,7 +77,6 @@ class PreallocatedLayer(DynamicLayer):
 
     def _set_length(self, length: int) -> None:
         self.length = length
-        self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:

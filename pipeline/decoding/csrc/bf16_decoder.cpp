@@ -152,7 +152,9 @@ struct Dims {
 void attention(const bf16* q, int64_t n, const bf16* kc, const bf16* vc, int64_t cap, int64_t start, const bool* allowed,
                const Dims& dm, bf16* out /*[n][heads*d]*/) {
   const int64_t d = dm.head_dim, total = start + n, groups = dm.heads / dm.kv_heads;
-  at::parallel_for(0, dm.heads * n, 1, [&](int64_t b, int64_t e) {
+  // a few heads over a short context are less work than waking a second thread
+  const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 17) / std::max<int64_t>(total * d, 1));
+  at::parallel_for(0, dm.heads * n, grain, [&](int64_t b, int64_t e) {
     std::vector<float> p(total), acc(d);
     for (int64_t t = b; t < e; ++t) {
       int64_t hh = t / n, r = t % n, kvh = hh / groups;
