@@ -15,6 +15,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from helpers.models import tiny_llama  # noqa: E402
+from pipeline.decoding import cpu_kernels  # noqa: E402
 from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads  # noqa: E402
 
 # Tiny models gain nothing from intra-op threads, and oversubscribed threads slow CPUs badly.
@@ -34,6 +35,15 @@ def tiny_pair():
     target = tiny_llama(0)
     attach_medusa_heads(target, MedusaHeads(target.config.hidden_size, 2))
     return target, tiny_llama(1)
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    """This machine seen as a CPU with AVX512_BF16 and no overrides: cell keys hold the planner's precision
+    (resolved dtypes, kernel paths, the CPU's capability), so key pins fix the capability they were made under."""
+    for name in ("PIPELINE_CPU_BF16", "PIPELINE_BF16_KERNELS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: frozenset({"avx512_bf16", "avx512f"}))
 
 
 @pytest.fixture(scope="session")

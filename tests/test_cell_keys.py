@@ -101,8 +101,17 @@ def project(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("case", sorted(PINNED))
-def test_cell_keys_are_unchanged(case, project):
+def test_cell_keys_are_unchanged(case, project, bf16_cpu):
     overrides, expected = PINNED[case]
     plan = sweep.expand(sweep.compose(overrides), project)
     got = [(c.label, c.dataset_name, c.seed, c.key) for c in plan.cells]
     assert got == expected
+
+
+def test_the_machines_precision_is_part_of_the_key(project, bf16_cpu, monkeypatch):
+    """The same config on a CPU without native bf16 (auto -> float32, today's kernels) is another cell."""
+    overrides, expected = PINNED["smoke"]
+    monkeypatch.setenv("PIPELINE_CPU_BF16", "0")
+    plan = sweep.expand(sweep.compose(overrides), project)
+    keys = [c.key for c in plan.cells]
+    assert len(set(keys)) == len(keys) and not set(keys) & {k for *_, k in expected}

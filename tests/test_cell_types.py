@@ -20,6 +20,7 @@ import yaml
 from helpers.cells import make_cell
 from pipeline import sweep
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
+from pipeline.decoding import cpu_kernels
 from pipeline.tracking import Tracker, _param_value, flatten
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,9 +34,17 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> dict[str, list[Cell]]:
+    # the capability the golden keys were made under (as conftest.bf16_cpu)
+    patch = pytest.MonkeyPatch()
+    for name in ("PIPELINE_CPU_BF16", "PIPELINE_BF16_KERNELS"):
+        patch.delenv(name, raising=False)
+    patch.setattr(cpu_kernels, "_cpu_flags", lambda: frozenset({"avx512_bf16", "avx512f"}))
     root = tmp_path_factory.mktemp("layout")
     (root / "data").symlink_to(REPO / "data", target_is_directory=True)
-    return {case: sweep.expand(sweep.compose(overrides), root).cells for case, overrides in CASES.items()}
+    try:
+        return {case: sweep.expand(sweep.compose(overrides), root).cells for case, overrides in CASES.items()}
+    finally:
+        patch.undo()
 
 
 def _portable(config: dict) -> dict:

@@ -80,15 +80,20 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
     return "float32"
 
 
-def kernels_unavailable_reason() -> str | None:
-    """Why the bf16 extension is not used here (None when it is, or has not been tried yet and can be)."""
+def _capability_reason() -> str | None:
+    """Why this machine and its switches rule the kernels out (None: they can run here)."""
     if not env_flag("PIPELINE_BF16_KERNELS"):
         return "PIPELINE_BF16_KERNELS=0"
     if "avx512_bf16" not in _cpu_flags():
         return "the CPU has no avx512_bf16"
     if not native_bf16():
         return "PIPELINE_CPU_BF16=0"
-    return _STATE.get("error")  # type: ignore[return-value]
+    return None
+
+
+def kernels_unavailable_reason() -> str | None:
+    """Why the bf16 extension is not used here (None when it is, or has not been tried yet and can be)."""
+    return _capability_reason() or _STATE.get("error")  # type: ignore[return-value]
 
 
 def kernels():
@@ -136,7 +141,7 @@ def kernel_path(device: torch.device | str, dtype: torch.dtype | str, build: boo
     if dev.type != "cpu":
         return f"{dev.type}-{name}"
     if dtype == torch.bfloat16:
-        available = kernels() is not None if build else kernels_unavailable_reason() is None
+        available = kernels() is not None if build else _capability_reason() is None
         return "bf16-avx512" if available else "bf16-onednn"
     if dtype == torch.float32:
         return "fp32-fast-matmul" if env_flag("PIPELINE_FAST_MATMUL") else "fp32-linear"
