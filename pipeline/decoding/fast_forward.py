@@ -31,7 +31,6 @@ from .cpu_kernels import env_flag, kernels
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 FAST_MATMUL_MAX_ROWS = 8  # above this (prefill), F.linear's gemm is as fast
-KERNEL_MAX_ROWS = 32  # the bf16 kernels run steps, verifications and small trees; longer prefills use oneDNN's gemm
 
 _LEAN: "weakref.WeakKeyDictionary[nn.Module, LeanForward | None]" = weakref.WeakKeyDictionary()
 
@@ -242,7 +241,7 @@ class LeanForward(nn.Module):
         ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none, only ``hidden_out``).
         ``hidden_out``: if given, the LM head's input rows are appended to it."""
         n = input_ids.shape[1]
-        if self.kernels is not None and n <= KERNEL_MAX_ROWS:
+        if self.kernels is not None:
             return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out)
         x = self._embed[0](input_ids)
         cos, sin = self._rotary[0](x, positions)

@@ -34,93 +34,92 @@ inline bf16 to_b(float v) { return bf16(v); }  // round to nearest even (c10)
 inline float round_b(float v) { return static_cast<float>(bf16(v)); }
 
 inline __m512bh load_bh(const bf16* p) { return (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(p)); }
-inline __m512bh load_bh_tail(const bf16* p, __mmask32 m) { return (__m512bh)_mm512_maskz_loadu_epi16(m, reinterpret_cast<const void*>(p)); }
 
-// Weights are packed once per model into blocks of 4 output rows: P[out/4][in/32][4][32] (zero padded), so a
-// block is one sequential stream and each 32-wide chunk of a row is one cache line.
-constexpr int RB = 4;
-constexpr int KC = 32;
+// Weights are packed once per model in the VNNI layout of VDPBF16PS: blocks of OB = 64 outputs, and within a
+// block, for every pair of inputs (k, k+1), the 64 outputs' two weights side by side:
+// P[out/64][in/2][64][2] (zero padded). One instruction then adds x[k] w[o][k] + x[k+1] w[o][k+1] to 16
+// outputs at once, with x[k], x[k+1] broadcast: no horizontal reductions, a block is one sequential stream.
+constexpr int OB = 64;   // outputs per block: 4 vectors of 16
+constexpr int RG = 6;    // rows per register tile: 6 x 4 accumulators + 4 weights + 1 broadcast <= 32 registers
 
-inline int64_t packed_numel(int64_t out, int64_t in) { return ((out + RB - 1) / RB) * ((in + KC - 1) / KC) * RB * KC; }
+inline int64_t packed_numel(int64_t out, int64_t in) { return ((out + OB - 1) / OB) * ((in + 1) / 2) * OB * 2; }
 
-// acc[r][j] = x[r] . w[j] for rows [j0, j0 + R) of one packed block and N input rows. The chunk order and the
-// final reduction do not depend on N, R or j0 (batch invariance).
-template <int N, int R>
-inline void dot_block(const bf16* const* x, const bf16* block, int64_t in, int j0, float* out /*[N][R]*/) {
-  __m512 acc[N][R];
-  for (int r = 0; r < N; ++r)
-    for (int j = 0; j < R; ++j) acc[r][j] = _mm512_setzero_ps();
-  const int64_t full = in / KC;
-  for (int64_t c = 0; c < full; ++c) {
-    const bf16* wc = block + c * RB * KC + j0 * KC;
-    __m512bh wv[R];
-    for (int j = 0; j < R; ++j) wv[j] = load_bh(wc + j * KC);
-    for (int r = 0; r < N; ++r) {
-      __m512bh xv = load_bh(x[r] + c * KC);
-      for (int j = 0; j < R; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv, wv[j]);
-    }
-  }
-  if (full * KC < in) {  // the last, partial chunk (the packed weight is zero padded)
-    const int64_t k = full * KC;
-    const __mmask32 m = (__mmask32)((1ull << (in - k)) - 1);
-    const bf16* wc = block + full * RB * KC + j0 * KC;
-    __m512bh wv[R];
-    for (int j = 0; j < R; ++j) wv[j] = load_bh(wc + j * KC);
-    for (int r = 0; r < N; ++r) {
-      __m512bh xv = load_bh_tail(x[r] + k, m);
-      for (int j = 0; j < R; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv, wv[j]);
-    }
-  }
-  for (int r = 0; r < N; ++r)
-    for (int j = 0; j < R; ++j) out[r * R + j] = _mm512_reduce_add_ps(acc[r][j]);
-}
-
-// y[r][o] (fp32) for the packed blocks [b0, b1): per block, the rows in balanced groups of up to 6 (4 x 6
-// accumulators fill the 32 vector registers; VDPBF16PS and its loads, not memory, limit larger groups), the
-// block read from memory once and from L1 for the later groups.
+// y[r][o0 .. o0 + 64) (fp32, valid outputs only) for N rows over one packed block.
+// Each output is the sum over the input pairs in order, whatever N: batch invariance.
 template <int N>
-inline void block_rows(const bf16* const* x, const bf16* block, int64_t in, int64_t o0, int64_t out, float* const* y) {
-  float tmp[N * RB];
-  dot_block<N, RB>(x, block, in, 0, tmp);
-  for (int j = 0; j < RB && o0 + j < out; ++j)
-    for (int r = 0; r < N; ++r) y[r][o0 + j] = tmp[r * RB + j];
+inline void block_tile(const bf16* const* x, const bf16* block, int64_t in, int64_t o0, int64_t out, float* const* y) {
+  __m512 acc[N][4];
+  for (int r = 0; r < N; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const int64_t pairs = in / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const bf16* w = block + kp * OB * 2;
+    __m512bh w0 = load_bh(w), w1 = load_bh(w + 32), w2 = load_bh(w + 64), w3 = load_bh(w + 96);
+    for (int r = 0; r < N; ++r) {
+      int32_t two;
+      std::memcpy(&two, x[r] + 2 * kp, sizeof(two));
+      __m512bh xb = (__m512bh)_mm512_set1_epi32(two);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xb, w2);
+      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xb, w3);
+    }
+  }
+  if (in % 2) {  // the last input alone (its pair partner is zero in P and in the broadcast)
+    const bf16* w = block + pairs * OB * 2;
+    __m512bh w0 = load_bh(w), w1 = load_bh(w + 32), w2 = load_bh(w + 64), w3 = load_bh(w + 96);
+    for (int r = 0; r < N; ++r) {
+      uint16_t lo;
+      std::memcpy(&lo, x[r] + 2 * pairs, sizeof(lo));
+      __m512bh xb = (__m512bh)_mm512_set1_epi32((int32_t)lo);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xb, w2);
+      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xb, w3);
+    }
+  }
+  const int64_t valid = std::min<int64_t>(OB, out - o0);
+  for (int j = 0; j < 4; ++j) {
+    const int64_t n_valid = std::max<int64_t>(0, std::min<int64_t>(16, valid - 16 * j));
+    if (n_valid == 0) break;
+    const __mmask16 m = (__mmask16)((1u << n_valid) - 1);
+    for (int r = 0; r < N; ++r) _mm512_mask_storeu_ps(y[r] + o0 + 16 * j, m, acc[r][j]);
+  }
 }
 
-void gemv_blocks(int n, const bf16* const* x, const bf16* P, int64_t in, int64_t out, int64_t b0, int64_t b1, float* const* y) {
-  const int64_t bstride = ((in + KC - 1) / KC) * RB * KC;
+// The blocks [b0, b1) for n rows: per block, the rows in balanced register tiles of up to RG (the block is
+// read from memory once, from L2 for the later tiles).
+void gemv_blocks(int64_t n, const bf16* const* x, const bf16* P, int64_t in, int64_t out, int64_t b0, int64_t b1, float* const* y) {
+  const int64_t bstride = ((in + 1) / 2) * OB * 2;
+  const int64_t tiles = (n + RG - 1) / RG, size = (n + tiles - 1) / tiles;
   for (int64_t b = b0; b < b1; ++b) {
     const bf16* block = P + b * bstride;
-    const int groups = (n + 5) / 6, size = (n + groups - 1) / groups;
-    for (int r0 = 0; r0 < n; r0 += size) {
-      switch (std::min(size, n - r0)) {
-        case 1: block_rows<1>(x + r0, block, in, b * RB, out, y + r0); break;
-        case 2: block_rows<2>(x + r0, block, in, b * RB, out, y + r0); break;
-        case 3: block_rows<3>(x + r0, block, in, b * RB, out, y + r0); break;
-        case 4: block_rows<4>(x + r0, block, in, b * RB, out, y + r0); break;
-        case 5: block_rows<5>(x + r0, block, in, b * RB, out, y + r0); break;
-        default: block_rows<6>(x + r0, block, in, b * RB, out, y + r0); break;
+    for (int64_t r0 = 0; r0 < n; r0 += size) {
+      switch (std::min<int64_t>(size, n - r0)) {
+        case 1: block_tile<1>(x + r0, block, in, b * OB, out, y + r0); break;
+        case 2: block_tile<2>(x + r0, block, in, b * OB, out, y + r0); break;
+        case 3: block_tile<3>(x + r0, block, in, b * OB, out, y + r0); break;
+        case 4: block_tile<4>(x + r0, block, in, b * OB, out, y + r0); break;
+        case 5: block_tile<5>(x + r0, block, in, b * OB, out, y + r0); break;
+        default: block_tile<6>(x + r0, block, in, b * OB, out, y + r0); break;
       }
     }
   }
 }
 
-// Y[n][out] (fp32) = X[n][in] W[out][in]^T with W packed; rows in groups of 32, blocks split over threads.
-// Small weights (< ~1 MB) run on one thread: the fork/join costs more than the work.
+// Y[n][out] (fp32) = X[n][in] W[out][in]^T with W packed; blocks split over threads (small weights, under
+// ~1 MB, on one thread: the fork/join costs more than the work).
 void gemv(const bf16* X, int64_t n, const bf16* P, int64_t in, int64_t out, float* Y) {
-  const int64_t blocks = (out + RB - 1) / RB;
-  const int64_t grain = std::max<int64_t>(16, (int64_t)(1 << 19) / std::max<int64_t>(in * RB, 1));
-  auto body = [&](int64_t b, int64_t e) {
-    for (int64_t r0 = 0; r0 < n; r0 += 32) {
-      int g = (int)std::min<int64_t>(32, n - r0);
-      const bf16* xr[32];
-      float* yr[32];
-      for (int r = 0; r < g; ++r) {
-        xr[r] = X + (r0 + r) * in;
-        yr[r] = Y + (r0 + r) * out;
-      }
-      gemv_blocks(g, xr, P, in, out, b, e, yr);
-    }
-  };
+  const int64_t blocks = (out + OB - 1) / OB;
+  const int64_t work = in * OB * 2 * ((n + RG - 1) / RG);  // bytes of weights streamed per block, times the row tiles
+  const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 19) / std::max<int64_t>(work, 1));
+  std::vector<const bf16*> xr(n);
+  std::vector<float*> yr(n);
+  for (int64_t r = 0; r < n; ++r) {
+    xr[r] = X + r * in;
+    yr[r] = Y + r * out;
+  }
+  auto body = [&](int64_t b, int64_t e) { gemv_blocks(n, xr.data(), P, in, out, b, e, yr.data()); };
   if (blocks <= grain) {
     body(0, blocks);
   } else {
@@ -219,15 +218,15 @@ void rotary(bf16* x, int64_t n, int64_t nh, int64_t d, const bf16* cos, const bf
 torch::Tensor pack(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2, "a weight is [out, in]");
   auto wc = w.to(at::kBFloat16).contiguous();
-  const int64_t out = wc.size(0), in = wc.size(1), chunks = (in + KC - 1) / KC;
+  const int64_t out = wc.size(0), in = wc.size(1), pairs = (in + 1) / 2;
   auto P = torch::zeros({packed_numel(out, in)}, wc.options());
   const bf16* src = wc.data_ptr<bf16>();
   bf16* dst = P.data_ptr<bf16>();
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t k = c * KC, len = std::min<int64_t>(KC, in - k);
-      std::memcpy(dst + ((o / RB) * chunks + c) * RB * KC + (o % RB) * KC, src + o * in + k, len * sizeof(bf16));
-    }
+  for (int64_t o = 0; o < out; ++o) {
+    bf16* block = dst + (o / OB) * pairs * OB * 2;
+    const int64_t lane = o % OB;
+    for (int64_t k = 0; k < in; ++k) block[(k / 2) * OB * 2 + lane * 2 + (k % 2)] = src[o * in + k];
+  }
   return P;
 }
 
