@@ -215,19 +215,29 @@ def test_ngram_without_match_takes_plain_target_steps(eagle_pair):
 def test_drafter_validation_before_any_model():
     pair = {"name": "p", "target": {"id": "t"}, "draft": {"id": "d"}}
     ctx = DrafterContext.of_pair(pair)
-    assert check_method("spd", {}, drafters=ctx)["drafter"] == "model"
-    assert check_method("spd", {"drafter": "ngram"}, has_draft=False)["drafter"] == "ngram"
+    assert check_method("spd", {}, drafters=ctx)["drafter"] == {"kind": "model"}
+    assert check_method("spd", {"drafter": "ngram"}, has_draft=False)["drafter"] == {"kind": "ngram", "max_ngram": 3, "min_ngram": 1}
+    # the drafter's own scope, and the pre-plugin short form folded into it
+    assert check_method("spd", {"drafter": {"kind": "ngram", "max_ngram": 5}}, has_draft=False)["drafter"]["max_ngram"] == 5
+    assert check_method("block", {"drafter": "ngram", "max_ngram": 2}, has_draft=False)["drafter"]["max_ngram"] == 2
+    with pytest.raises(ValueError, match="drafter model has no parameter"):
+        check_method("spd", {"max_ngram": 2}, drafters=ctx)
+    with pytest.raises(ValueError, match="drafter ngram has no parameter.*reach"):
+        check_method("spd", {"drafter": {"kind": "ngram", "reach": 2}}, drafters=ctx)
     with pytest.raises(ValueError, match="eagle: models/"):
         check_method("block", {"drafter": "eagle"}, drafters=ctx)
     eagle_ctx = DrafterContext.of_pair({**pair, "eagle": "models/x", "drafter": "eagle"})
-    assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == "eagle"
-    assert check_method("specinfer", {}, drafters=eagle_ctx)["drafter"] == "model"  # pair: the method's fallback
+    assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == {"kind": "eagle", "path": None}
+    assert check_method("specinfer", {}, drafters=eagle_ctx)["drafter"] == {"kind": "model"}  # pair: the method's fallback
     for method in ("spectr", "specinfer", "mcss", "bild"):
-        with pytest.raises(ValueError, match="cannot use drafter: ngram"):
-            check_method(method, {"drafter": "ngram"}, drafters=ctx)
+        for kind in ("ngram", "eagle", "eagle3"):
+            with pytest.raises(ValueError, match=f"cannot use drafter: {kind}"):
+                check_method(method, {"drafter": kind}, drafters=eagle_ctx)
     with pytest.raises(ValueError, match="needs a draft model"):
         check_method("spd", {"drafter": "model"}, has_draft=False)
     with pytest.raises(ValueError, match="min_ngram"):
         check_method("spd", {"drafter": "ngram", "min_ngram": 3, "max_ngram": 2})
     with pytest.raises(ValueError, match="drafter"):
         DrafterContext.of_pair({**pair, "drafter": "medusa"})
+    with pytest.raises(ValueError, match="kind"):
+        check_method("spd", {"drafter": {"max_ngram": 3}}, drafters=ctx)

@@ -13,8 +13,8 @@ verified in one pass and the longest typical path is kept (the same as ``medusa`
 
 from __future__ import annotations
 
-from .base import DRAFTERS, Generation, Param, in_closed, int_list_at_least, nonneg_number, one_of
-from .drafters import resolve_drafter
+from .base import DRAFTER_KINDS, Generation, Param, in_closed, int_list_at_least, nonneg_number, one_of
+from .drafters import drafter_param, drafter_scope, resolve_drafter
 from .medusa import MedusaDecoder
 from .medusa_heads import medusa_heads_of
 from .speculative import DraftVerifyDecoder
@@ -29,26 +29,32 @@ class TypicalDecoder(DraftVerifyDecoder):
         **DraftVerifyDecoder.params,
         "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
         "delta": Param(0.3, nonneg_number, "posterior alpha: the entropy-scaled threshold factor"),
-        "drafter": Param("pair", one_of("pair", "draft", *DRAFTERS, "medusa"), "a chain drafter (model | eagle | ngram; draft = model), the pair's drafter (pair), or the pair's Medusa heads (medusa)"),
+        "drafter": drafter_param(extra=("draft", "medusa"), help="a chain drafter (model | eagle | eagle3 | ngram, or {kind: ..., <its parameters>}; draft = model), the pair's drafter (pair), or the pair's Medusa heads (medusa)"),
         "recovery": Param("sample", one_of("sample", "argmax"), "next token after the kept prefix"),
         "k_config": Param([4, 2, 2], int_list_at_least(1), "Medusa tree (drafter: medusa): top-k per depth"),
     }
 
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:
-        if values["drafter"] == "draft":
-            values["drafter"] = "model"
-        if values["drafter"] != "medusa":
-            resolve_drafter(cls.name, values, DRAFTERS, ctx)
+        scope = drafter_scope(values["drafter"])
+        if scope["kind"] == "draft":
+            scope["kind"] = "model"
+        if scope["kind"] == "medusa":
+            if len(scope) > 1:
+                raise ValueError(f"method 'typical': drafter medusa takes no parameters (the tree is k_config), got {sorted(set(scope) - {'kind'})}")
+            values["drafter"] = {"kind": "medusa"}
+            return
+        values["drafter"] = scope
+        resolve_drafter(cls.name, values, tuple(DRAFTER_KINDS), ctx)
 
     @classmethod
     def draft_alternative(cls) -> str:
-        return ", or set drafter: ngram | medusa (or eagle, with an EAGLE head in the pair)"
+        return ", or set drafter: ngram | medusa (or eagle / eagle3, with an EAGLE head in the pair)"
 
-    def __init__(self, target, draft=None, **params) -> None:
-        super().__init__(target, draft, **params)
+    def __init__(self, target, draft=None, assets=None, **params) -> None:
+        super().__init__(target, draft, assets, **params)
         self.medusa: MedusaDecoder | None = None
-        if self.drafter == "medusa":  # a tree, not a chain: the medusa method with typical acceptance
+        if self.drafter["kind"] == "medusa":  # a tree, not a chain: the medusa method with typical acceptance
             medusa_heads_of(target, "typical (drafter: medusa)")
             shared = {k: getattr(self, k) for k in MedusaDecoder.all_params() if k != "acceptance"}
             self.medusa = MedusaDecoder(target, acceptance="typical", **shared)

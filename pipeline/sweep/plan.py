@@ -30,12 +30,25 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.cell_types import Cell
 from pipeline.data import DATASETS
 from pipeline.data.slices import load_slice
-from pipeline.decoding import DrafterContext, check_method
+from pipeline.decoding import DrafterContext, check_method, method_class
 from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.scoring.mt_bench import judge_identity
 from pipeline.tracking import cell_key
 
-HARNESS_VERSION = "2"  # bump when a change to the harness changes what a cell measures (new cell keys); 2: CPU isolation
+# Bump when a change to the harness changes what a cell measures (new cell keys). 2: CPU isolation.
+# 3: drafters as plugins: a draft-based method's parameters carry only its drafter's own scope
+# (`drafter: {kind: ngram, max_ngram: 3, min_ngram: 1}`, not max_ngram/min_ngram on every cell) and its
+# cost ratio c is its own drafter's (t_draft of an EAGLE head or an n-gram lookup, no longer the draft
+# model's). Methods without a drafter (ar, beam, mtjd, medusa) measure what they measured under 2
+# and keep that version in their identity, so their keys do not change.
+HARNESS_VERSION = "3"
+DRAFTERLESS_HARNESS = "2"  # the harness version in the identity of cells whose method takes no drafter
+
+
+def harness_of(method: str) -> str:
+    """The harness version in a cell's identity: ``HARNESS_VERSION`` for methods with a drafter, else
+    ``DRAFTERLESS_HARNESS`` (what they measure did not change with version 3)."""
+    return HARNESS_VERSION if "drafter" in method_class(method).params else DRAFTERLESS_HARNESS
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUP_KEYS = {"method": "methods", "pair": "pairs", "dataset": "datasets"}
 DATASET_KEYS = ("name", "path", "split", "start", "limit", "ids", "max_new_tokens", "max_turns", "time_budget_s", "options")
@@ -326,8 +339,9 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
     hardware = cluster.get("accelerator_type") or "any"
     # The judge scores the generations, it does not change them: not part of the key (a judge change
     # re-judges the logged generations, see `driver.classify`). None here keeps the keys of earlier stores.
+    harness = harness_of(method["name"])
     identity = {
-        "harness": HARNESS_VERSION,
+        "harness": harness,
         "method": {"name": method["name"], "params": params},
         "pair": pair_identity,
         "dataset": ds_identity,
@@ -348,7 +362,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         seed=seed,
         measure=measure,
         hardware=hardware,
-        harness=HARNESS_VERSION,
+        harness=harness,
         judge=dict(judge) if (judge.get("enabled") and ds["name"] == "mt_bench") else None,
         baseline=baseline,
         fault=fault,
