@@ -5,6 +5,7 @@ published checkpoint layout, n-gram lookup, and validation before any model load
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from pipeline.decoding.drafters import NgramDrafter
 from pipeline.decoding.eagle import EagleHead, EagleRunner, attach_eagle_head, eagle_config, load_eagle_head, save_eagle_head
 from pipeline.decoding.warping import Warper
 
+REPO = Path(__file__).resolve().parents[1]
 PROMPT = [0, 3, 5, 0, 3]  # repeats: the n-gram drafter finds matches from the first step
 
 
@@ -191,6 +193,18 @@ def test_save_and_load_round_trip_with_a_restricted_head(tmp_path):
         z = runner.logits(runner.step(torch.randn(2, 32), torch.tensor([1, 2]), 0))
     assert torch.isfinite(z).sum(-1).tolist() == [5, 5]
     assert torch.isfinite(z[:, token_map]).all()
+
+
+def test_saved_config_carries_the_top_level_rope_theta(tmp_path):
+    """The authors' EAGLE code reads the rotary base from config.rope_theta (10000 when absent)."""
+    target = tiny_llama(6, vocab=64, hidden=32, layers=1, rope_theta=1e5)
+    head = EagleHead(eagle_config(target.config))
+    save_eagle_head(head, tmp_path, dtype=torch.float32)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["rope_theta"] == 1e5 == config["rope_parameters"]["rope_theta"]
+    assert load_eagle_head(tmp_path).config.rope_parameters["rope_theta"] == 1e5
+    shipped = json.loads((REPO / "models" / "smollm2-135m-eagle" / "config.json").read_text())
+    assert shipped["rope_theta"] == shipped["rope_parameters"]["rope_theta"] == 1e5
 
 
 def test_ngram_lookup():
