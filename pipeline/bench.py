@@ -101,18 +101,22 @@ class Bench:
         spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
         ctx = drafter_context(spec)
         self.skipped: dict[tuple[str, str], str] = {}  # (method, drafter) -> why it is not run
-        self.drafters: list[str] = []
-        for d in cfg.drafters:
+        self.drafters: list[str] = []  # row labels: the drafter kinds
+        self.drafter_values: dict[str, Any] = {}  # label -> the method's `drafter` value (a kind, or a scope with a path)
+        for entry in cfg.drafters:
+            value = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
+            d = value.get("kind") if isinstance(value, dict) else value
             if d != "pair" and d not in DRAFTERS:
-                raise ValueError(f"unknown drafter {d!r} in drafters: choose from pair, {', '.join(DRAFTERS)}")
+                raise ValueError(f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} (or {{kind: ..., <its parameters>}})")
             if d == "pair":  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
-                d = check_method("spd", {"drafter": "pair"}, drafters=ctx)["drafter"]["kind"]
+                d = value = check_method("spd", {"drafter": "pair"}, drafters=ctx)["drafter"]["kind"]
             if d == "model" and not ctx.has_draft:
                 raise ValueError(f"drafters has model but pair {spec.name!r} has no draft model")
-            if d in ("eagle", "eagle3") and not ctx.has_eagle:
-                raise ValueError(f"drafters has {d} but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle, or pair.eagle=<folder>)")
+            if d in ("eagle", "eagle3") and not ctx.has_eagle and not (isinstance(value, dict) and value.get("path")):
+                raise ValueError(f"drafters has {d} but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle, pair.eagle=<folder>, or {{kind: {d}, path: <folder>}})")
             if d not in self.drafters:
                 self.drafters.append(d)
+                self.drafter_values[d] = value
         self.ctx = ctx
         for mode in cfg.modes:  # bad methods or parameters fail before any model is loaded
             if mode not in ("greedy", "sample"):
@@ -121,7 +125,7 @@ class Bench:
                 check_method(method, self.method_params(method, mode), drafters=ctx)
                 for d in self.drafters if "drafter" in method_class(method).params else ():
                     try:
-                        check_method(method, {**self.method_params(method, mode), "drafter": d}, drafters=ctx)
+                        check_method(method, self.method_params(method, mode, d), drafters=ctx)
                     except ValueError as err:
                         self.skipped[(method, d)] = str(err)
         self.pair = load_pair(spec)
@@ -224,7 +228,7 @@ class Bench:
         if extra:
             params.update(OmegaConf.to_container(extra, resolve=True))
         if drafter is not None:
-            params["drafter"] = drafter
+            params["drafter"] = self.drafter_values.get(drafter, drafter)
         return params
 
     def is_chain(self, method: str, mode: str, drafter: str | None = None) -> bool:

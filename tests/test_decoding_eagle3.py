@@ -55,7 +55,7 @@ def samples_of(decoder, n, length=2, max_new=4, seed=99):
 def test_lossless_with_an_eagle3_drafter(pair, law, method):
     target, head = pair
     decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, **WARP)
-    assert decoder.drafter == {"kind": "eagle3", "path": None} and decoder.draft is None
+    assert decoder.drafter == {"kind": "eagle3", "path": None, "top_nodes": 4, "max_nodes": 0} and decoder.draft is None
     out = samples_of(decoder, 2000)
     assert chi_square_pvalue(out, law) > 1e-3
     # the draft rows put no mass outside the head's draft vocabulary (q = 0 there)
@@ -65,12 +65,19 @@ def test_lossless_with_an_eagle3_drafter(pair, law, method):
     assert float(chain.probs[:, [4, 7]].sum()) == 0.0 and torch.allclose(chain.probs.sum(-1), torch.ones(3))
 
 
+@pytest.mark.parametrize("method", ["specinfer", "mcss"])
+def test_lossless_with_eagle3_trees(pair, law, method):
+    target, head = pair
+    decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter={"kind": "eagle3", "top_nodes": 2}, k_config=[3, 2], **WARP)
+    assert chi_square_pvalue(samples_of(decoder, 2000), law) > 1e-3
+
+
 def test_eagle_short_form_resolves_to_eagle3(pair):
     target, head = pair
     decoder = build_decoder("spd", target, None, assets={"eagle": head}, drafter="eagle", temperature=0)
     assert decoder.drafter["kind"] == "eagle3"
     with pytest.raises(ValueError, match="cannot use drafter: eagle3"):
-        build_decoder("specinfer", target, tiny_llama(1), assets={"eagle": head}, drafter="eagle3")
+        build_decoder("spectr", target, tiny_llama(1), assets={"eagle": head}, drafter="eagle3")
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +86,14 @@ def greedy_pair():
     return target, random_head(target, 11, list(range(0, 64, 2)) + [1, 3, 5], scale=0.3)
 
 
-@pytest.mark.parametrize("method", ["spd", "block", "mtad", "typical"])
+@pytest.mark.parametrize("method", ["spd", "block", "mtad", "typical", "specinfer", "mcss", "typical-tree"])
 def test_greedy_identity_with_ar(greedy_pair, method):
     target, head = greedy_pair
     ar = build_decoder("ar", target, temperature=0)
-    other = build_decoder(method, target, None, assets={"eagle": head}, temperature=0, gamma=4, drafter="eagle3")
+    shape = {"k_config": [3, 2, 2]} if method in ("specinfer", "mcss") else {"gamma": 4}
+    if method == "typical-tree":
+        method, shape = "typical", {"k_config": [3, 2, 2], "tree": True}
+    other = build_decoder(method, target, None, assets={"eagle": head}, temperature=0, drafter="eagle3", **shape)
     for prompt in ([0], [5, 9, 2, 5, 9], list(range(1, 20)) * 2):
         ref = ar.generate(prompt, max_new_tokens=30).tokens
         got = other.generate(prompt, max_new_tokens=30)

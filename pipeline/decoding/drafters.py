@@ -47,6 +47,8 @@ from .drafting import ChainDraft, draft_chain
 from .eagle import EagleRunner, load_eagle, place_eagle_head
 from .eagle3 import Eagle3Head
 from .kv import CachedModel
+from .tree import TokenTree
+from .tree_verify import _draw_children
 from .warping import Warper, sample
 
 
@@ -92,9 +94,13 @@ CHAIN_METHODS = "spd, block, mtad or typical"
 UNSUPPORTED_WHY = {
     "ngram": "n-gram lookup drafts one deterministic chain (q one-hot), so the several sampled candidates "
              "this method verifies would be copies of it",
-    "eagle": "EAGLE drafts here are chains; this method needs the draft model's trees/samples",
-    "eagle3": "EAGLE drafts here are chains; this method needs the draft model's trees/samples",
+    "eagle": "this method needs a draft model's i.i.d. chains or its own small-model loop; an EAGLE head drafts chains "
+             "(spd, block, mtad, typical) and trees (specinfer, mcss)",
+    "eagle3": "this method needs a draft model's i.i.d. chains or its own small-model loop; an EAGLE head drafts chains "
+              "(spd, block, mtad, typical) and trees (specinfer, mcss)",
 }
+SUPPORTING = {"ngram": "spd, block, mtad or typical", "eagle": "spd, block, mtad, typical, specinfer or mcss",
+              "eagle3": "spd, block, mtad, typical, specinfer or mcss"}
 
 
 def resolve_drafter(method: str, values: dict[str, Any], supported: tuple[str, ...], ctx: DrafterContext) -> None:
@@ -117,7 +123,7 @@ def resolve_drafter(method: str, values: dict[str, Any], supported: tuple[str, .
         why = UNSUPPORTED_WHY.get(kind, "")
         raise ValueError(
             f"method {method!r} cannot use drafter: {kind} ({why}); use drafter: {' | '.join(supported)}, "
-            f"or drafter: {kind} with {CHAIN_METHODS}"
+            f"or drafter: {kind} with {SUPPORTING.get(kind, CHAIN_METHODS)}"
         )
     plugin = DRAFTER_KINDS[kind]
     unknown = sorted(set(scope) - set(plugin.params))
@@ -304,11 +310,16 @@ class EagleDrafter(Drafter):
     kind = "eagle"
     version = 1
     uses_hidden = True
-    params = {"path": Param(None, optional_path, "an EAGLE head folder (null: the pair's `eagle:`)")}
+    params = {
+        "path": Param(None, optional_path, "an EAGLE head folder (null: the pair's `eagle:`)"),
+        "top_nodes": Param(4, int_at_least(0), "trees (specinfer, mcss): nodes expanded per level, by cumulative draft probability (0 = all)"),
+        "max_nodes": Param(0, int_at_least(0), "trees (specinfer, mcss): node budget (0 = the method's k_config decides)"),
+    }
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, top_nodes: int = 4, max_nodes: int = 0) -> None:
         self.runner = runner
         self.real = 0  # head cache positions computed from real target features
+        self.top_nodes, self.max_nodes = top_nodes, max_nodes
 
     @classmethod
     def check(cls, method, scope, ctx) -> None:
@@ -345,7 +356,7 @@ class EagleDrafter(Drafter):
             raise ValueError(f"method {decoder.name!r}: drafter {cls.kind} was given an EAGLE-{'3' if isinstance(head, Eagle3Head) else '1/2'} head")
         if isinstance(head, Eagle3Head):
             decoder.target.capture_layers = head.layers_of(target.config.num_hidden_layers)
-        return cls(EagleRunner(target, head, decoder.target.vocab_size))
+        return cls(EagleRunner(target, head, decoder.target.vocab_size), scope.get("top_nodes", 4), scope.get("max_nodes", 0))
 
     def start(self, prompt, hidden=None) -> None:
         if hidden is None:
@@ -358,16 +369,79 @@ class EagleDrafter(Drafter):
         self.runner.observe(hidden, start)
         self.real = min(self.real, start)
 
-    def propose(self, context, gamma, warper, generator):
+    def _catch_up(self, context) -> torch.Tensor | None:
+        """Run the head over the positions it has not seen with the target's real features; the predicted
+        feature after the context ``[1, h]`` (None: no feature yet, a one-token prompt)."""
         r = self.runner
         n_feat = r.features.shape[0]  # == len(context) - 1
-        if n_feat == 0:  # a one-token prompt: no feature yet, the first step is the target's own
+        if n_feat == 0:
             return None
         real = min(self.real, n_feat - 1)
         r.rollback(real)
         ids = torch.tensor(context[real + 1 : n_feat + 1], dtype=torch.long, device=r.device)
         feature = r.step(r.features[real:n_feat], ids, real)[-1:]
         self.real = n_feat
+        return feature
+
+    def propose_tree(self, context, k_config: list[int], warper: Warper, generator, replacement: bool = True,
+                     deterministic: bool = False) -> TokenTree | None:
+        """An EAGLE-2 dynamic tree after ``context`` (for specinfer / mcss): level d gives ``k_config[d]``
+        children to each of the ``top_nodes`` nodes of level d - 1 with the highest cumulative draft
+        probability (the root's children: ``k_config[0]``), within a budget of ``max_nodes`` nodes given in
+        that order. Children are drawn from the node's warped draft row q (with or without ``replacement``:
+        the multi-candidate walks' contract), so verification stays exact; EAGLE-2's after-the-fact rerank
+        to the budget would bias which candidates a node keeps, so the budget is spent while expanding.
+        Temperature 0 or ``deterministic`` (EAGLE-2's own drafting, for typical acceptance): the top-k distinct
+        tokens of the warped row. Node i of the tree is head cache slot ``n_feat + i``."""
+        root = self._catch_up(context)
+        if root is None:
+            return None
+        r = self.runner
+        n_feat = r.features.shape[0]
+        tree = TokenTree(len(context))  # the target's view: nodes follow the whole context
+        budget = self.max_nodes or None
+        value: dict[int, float] = {}
+        predicted = {-1: root[-1]}
+
+        def expand(node: int, k: int) -> list[int]:
+            logits = r.logits(predicted[node])
+            q = warper(logits)
+            tree.q_rows[node + 1] = q
+            rank = logits.softmax(-1) if warper.greedy else q
+            if budget is not None:
+                k = min(k, budget - len(tree))
+            if k <= 0:
+                return []
+            out = []
+            top = warper.greedy or deterministic
+            for t in _draw_children(q, logits if not deterministic else torch.log(q), k, replacement, top, generator):
+                child = tree.add(t, node)
+                value[child] = value.get(node, 1.0) * float(rank[t])
+                out.append(child)
+            return out
+
+        level = expand(-1, k_config[0])
+        for k in k_config[1:]:
+            if not level or (budget is not None and len(tree) >= budget):
+                break
+            ids, positions, anc = tree.feed()  # this level's nodes, after the fed ones
+            fed = list(range(tree.fed - len(ids), tree.fed))
+            mask = torch.ones(len(ids), n_feat + tree.fed, dtype=torch.bool)
+            mask[:, n_feat:] = anc
+            feats = torch.stack([predicted[tree.parents[i]] for i in fed])
+            out = r.step_tree(feats, ids, positions - 1, mask)  # head row of a depth-d node: position n_feat + d
+            predicted.update(zip(fed, out))
+            ranked = sorted(level, key=lambda n: -value[n])
+            chosen = ranked[: self.top_nodes] if self.top_nodes else ranked
+            level = [c for node in chosen for c in expand(node, k)]
+        return tree
+
+    def propose(self, context, gamma, warper, generator):
+        r = self.runner
+        feature = self._catch_up(context)
+        if feature is None:  # a one-token prompt: no feature yet, the first step is the target's own
+            return None
+        n_feat = r.features.shape[0]
         tokens, rows = [], []
         pos = n_feat
         for i in range(gamma):

@@ -240,6 +240,14 @@ class EagleRunner:
         self.forwards += 1
         return out[0]
 
+    def step_tree(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Run tree rows after the cache: ``features [n, w]``, ``tokens [n]``, absolute ``positions [n]`` and a
+        boolean ``mask [n, cache + n]`` (what each row sees); predicted features ``[n, h]``."""
+        out = self.head(features[None], self.embed(tokens.reshape(1, -1).to(self.device)), positions.reshape(1, -1).to(self.device),
+                        self.cache, mask=mask[None, None].to(self.device))
+        self.forwards += 1
+        return out[0]
+
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """Draft logits over the target vocabulary (-inf outside a restricted map), fp32."""
         if self.pre is not None:

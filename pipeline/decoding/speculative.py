@@ -175,4 +175,4 @@ class TreeVerifyDecoder(Decoder):
                 emitted = [tree.tokens[i] for i in path] + [y]
             if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
-        return Generation(out, target.forwards, self.draft.forwards if self.draft is not None else 0, accepted)
+        return Generation(out, target.forwards, self.drafter_impl.forwards if self.drafter_impl is not None else 0, accepted)
