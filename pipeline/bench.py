@@ -39,14 +39,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bounds import alpha_from_accepted, leviathan_bound
 from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_generator, method_class
-from pipeline.decoding.drafters import NgramDrafter
-from pipeline.decoding.eagle import EagleRunner
 from pipeline.decoding.fast_forward import lean_forward_for, unsupported_reason
-from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.speculative import DraftVerifyDecoder
-from pipeline.decoding.warping import Warper
 from pipeline.device import machine_info, synchronize
-from pipeline.measure import step_costs
+from pipeline.measure import step_times
 from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
 
@@ -107,17 +103,22 @@ class Bench:
         spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
         ctx = drafter_context(spec)
         self.skipped: dict[tuple[str, str], str] = {}  # (method, drafter) -> why it is not run
-        self.drafters: list[str] = []
-        for d in cfg.drafters:
+        self.drafters: list[str] = []  # row labels: the drafter kinds
+        self.drafter_values: dict[str, Any] = {}  # label -> the method's `drafter` value (a kind, or a scope with a path)
+        for entry in cfg.drafters:
+            value = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
+            d = value.get("kind") if isinstance(value, dict) else value
             if d != "pair" and d not in DRAFTERS:
-                raise ValueError(f"unknown drafter {d!r} in drafters: choose from pair, {', '.join(DRAFTERS)}")
-            d = (ctx.default or "model") if d == "pair" else d
+                raise ValueError(f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} (or {{kind: ..., <its parameters>}})")
+            if d == "pair":  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
+                d = value = check_method("spd", {"drafter": "pair"}, drafters=ctx)["drafter"]["kind"]
             if d == "model" and not ctx.has_draft:
                 raise ValueError(f"drafters has model but pair {spec.name!r} has no draft model")
-            if d == "eagle" and not ctx.has_eagle:
-                raise ValueError(f"drafters has eagle but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle)")
+            if d in ("eagle", "eagle3") and not ctx.has_eagle and not (isinstance(value, dict) and value.get("path")):
+                raise ValueError(f"drafters has {d} but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle, pair.eagle=<folder>, or {{kind: {d}, path: <folder>}})")
             if d not in self.drafters:
                 self.drafters.append(d)
+                self.drafter_values[d] = value
         self.ctx = ctx
         for mode in cfg.modes:  # bad methods or parameters fail before any model is loaded
             if mode not in ("greedy", "sample"):
@@ -126,7 +127,7 @@ class Bench:
                 check_method(method, self.method_params(method, mode), drafters=ctx)
                 for d in self.drafters if "drafter" in method_class(method).params else ():
                     try:
-                        check_method(method, {**self.method_params(method, mode), "drafter": d}, drafters=ctx)
+                        check_method(method, self.method_params(method, mode, d), drafters=ctx)
                     except ValueError as err:
                         self.skipped[(method, d)] = str(err)
         self.pair = load_pair(spec)
@@ -204,8 +205,8 @@ class Bench:
         models = [m for m in (self.pair.target, self.pair.draft) if m is not None]
         # our engine may run a model through its lean forward instead of model(...): time both
         models += [lean for m in list(models) if (lean := lean_forward_for(m)) is not None]
-        if getattr(self.pair.target, "eagle_head", None) is not None:
-            models.append(self.pair.target.eagle_head)
+        if self.pair.assets.get("eagle") is not None:
+            models.append(self.pair.assets["eagle"])
 
         def timed(i, ids):
             clock = _ForwardClock(models, self.device)
@@ -229,7 +230,7 @@ class Bench:
         if extra:
             params.update(OmegaConf.to_container(extra, resolve=True))
         if drafter is not None:
-            params["drafter"] = drafter
+            params["drafter"] = self.drafter_values.get(drafter, drafter)
         return params
 
     def is_chain(self, method: str, mode: str, drafter: str | None = None) -> bool:
@@ -239,11 +240,11 @@ class Bench:
         if not issubclass(cls, DraftVerifyDecoder):
             return False
         values = check_method(method, self.method_params(method, mode, drafter), drafters=self.ctx)
-        return values["drafter"] in DRAFTERS
+        return values["drafter"]["kind"] in DRAFTERS
 
     def ours(self, method: str, mode: str, drafter: str | None = None):
         params = self.method_params(method, mode, drafter)
-        dec = build_decoder(method, self.pair.target, self.pair.draft if method != "ar" else None, **params)
+        dec = build_decoder(method, self.pair.target, self.pair.draft if method != "ar" else None, assets=self.pair.assets, **params)
 
         def run_one(i, ids):
             gen = make_generator(self.cfg.seed + i, self.device)
@@ -290,12 +291,12 @@ class Bench:
     def _probe_costs(self) -> dict[str, float]:
         """t_ar, t_verify and, per drafter, the cost of one draft token (``t_draft_<drafter>``)."""
         target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
-        costs = step_costs(target, self.pair.draft or target, prompt, self.cfg.gamma, self.device, reps)
-        costs["t_draft_model"] = costs.pop("t_draft") if self.pair.draft is not None else float("nan")
-        if "eagle" in self.drafters:
-            costs["t_draft_eagle"] = eagle_step_time(target, prompt, self.device, reps)
-        if "ngram" in self.drafters:
-            costs["t_draft_ngram"] = ngram_step_time(target, prompt, self.cfg.gamma, reps)
+        t_ar, t_verify = step_times(target, prompt, self.cfg.gamma, self.device, reps=reps)
+        costs = {"t_ar": t_ar, "t_verify": t_verify, "t_draft_model": float("nan")}
+        for d in self.drafters:  # each drafter measures its own draft token (Drafter.step_cost), under spd's warping
+            dec = build_decoder("spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d))
+            costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(dec.target, list(prompt), self.cfg.gamma, dec.warper, reps=reps,
+                                                               sync=lambda: synchronize(self.device))
         return costs
 
     def run(self) -> tuple[list[Row], dict[str, Any]]:
@@ -410,39 +411,6 @@ def roofline(pair, costs: dict[str, float], device) -> dict[str, float]:
         out["floor_draft_ms"] = 1e3 * draft_bytes / bandwidth
         out["draft_over_floor"] = costs["t_draft_model_ms"] / out["floor_draft_ms"]
     return out
-
-
-def eagle_step_time(target, prompt, device, reps: int) -> float:
-    """Median time of one EAGLE draft token (head forward + LM-head row), after the prompt's features."""
-    cm = CachedModel(target)
-    runner = EagleRunner(target, target.eagle_head, cm.vocab_size)
-    times = []
-    with torch.inference_mode():
-        hidden = cm.prefill_hidden(prompt[:-1])
-        runner.step(hidden, torch.tensor(prompt[1:], device=cm.device), 0)
-        length = runner.length
-        feature = hidden[-1:]
-        token = torch.tensor(prompt[-1:], device=cm.device)
-        for _ in range(reps):
-            synchronize(device)
-            t0 = time.perf_counter()
-            out = runner.step(feature, token, length)
-            runner.logits(out[-1]).softmax(-1)
-            synchronize(device)
-            times.append(time.perf_counter() - t0)
-            runner.rollback(length)
-    return statistics.median(times)
-
-
-def ngram_step_time(target, prompt, gamma: int, reps: int) -> float:
-    """Median time of one n-gram proposal (per draft token) over the prompt."""
-    d = NgramDrafter(target.config.vocab_size, next(target.parameters()).device)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        d.propose(list(prompt), gamma, Warper(1.0, 0, 1.0), None)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / gamma
 
 
 def engine_info(pair) -> str:

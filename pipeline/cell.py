@@ -46,7 +46,7 @@ from pipeline.data import dataset_module, stop_strings
 from pipeline.data.slices import load_slice
 from pipeline.decoding import build_decoder
 from pipeline.energy import make_energy_meter
-from pipeline.measure import predictions_for_scoring, run_window, step_costs
+from pipeline.measure import drafter_costs, predictions_for_scoring, run_window
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
 from pipeline.scoring import mt_bench
@@ -207,7 +207,7 @@ def run_cell(cell: Cell) -> CellResult:
             spec = PairSpec.from_config(cell.pair)
             pair = load_pair(spec)
             precision = pair.precision()
-            decoder = build_decoder(cell.method, pair.target, pair.draft, **cell.params)
+            decoder = build_decoder(cell.method, pair.target, pair.draft, assets=pair.assets, **cell.params)
             samples, warm, _ = load_slice({**dataset, "warmup_samples": measure.get("warmup_samples", 3)})
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, measure.get("energy_meter", "auto"))
@@ -226,11 +226,12 @@ def run_cell(cell: Cell) -> CellResult:
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
-        if pair.draft is not None and measure.get("costs", True) and "gamma" in decoder.config:
-            # step costs behind Leviathan's bound (c = t_draft / t_target), after the window
+        if getattr(decoder, "drafter_impl", None) is not None and measure.get("costs", True) and "gamma" in decoder.config:
+            # step costs behind Leviathan's bound (c = t_draft / t_target), after the window; t_draft is
+            # the cell's own drafter's (a draft-model step, an EAGLE head step, an n-gram lookup)
             with _stage(result, "costs"):
                 probe = window.records[0].prompt_ids if window.records else [0] * 16
-                costs = step_costs(pair.target, pair.draft, probe, int(decoder.config["gamma"]), device, reps=10)
+                costs = drafter_costs(decoder, probe, device, reps=10)
             metrics.update(
                 t_target_step_ms=1e3 * costs["t_ar"], t_draft_step_ms=1e3 * costs["t_draft"],
                 t_verify_ms=1e3 * costs["t_verify"], cost_ratio_c=costs["t_draft"] / costs["t_ar"],

@@ -48,7 +48,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     pair_spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
     check_method(name, params, drafters=drafter_context(pair_spec))  # before any model is loaded
     pair = load_pair(pair_spec)
-    decoder = build_decoder(name, pair.target, pair.draft, **params)
+    decoder = build_decoder(name, pair.target, pair.draft, assets=pair.assets, **params)
     ids = encode_prompt(pair.tokenizer, cfg.prompt, pair_spec.chat)
     device = next(pair.target.parameters()).device
     gen = make_generator(cfg.seed, device)

@@ -360,6 +360,17 @@ def step_costs(target: Any, draft: Any, prompt: Sequence[int], gamma: int, devic
     return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
 
 
+def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> dict[str, float]:
+    """Leviathan's costs of a draft-based decoder, each drafter its own: ``t_ar`` and ``t_verify`` of the
+    target (as ``step_costs``) and ``t_draft``, the decoder's drafter's own cost of one draft token
+    (``Drafter.step_cost``: a draft-model step, an EAGLE head step with its LM-head row, one n-gram lookup
+    per token), with the gamma of the decoder (its tree depth for tree methods)."""
+    gamma = int(decoder.config.get("gamma") or getattr(decoder, "tree_depth", 1))
+    t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
+    t_draft = decoder.drafter_impl.step_cost(decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device))
+    return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
+
+
 def predictions_for_scoring(result: WindowResult) -> list[dict[str, Any]]:
     """Per-sample predictions in the scorers' JSONL shape (multi-turn samples: the list of answers)."""
     by_id: dict[str, list[GenerationRecord]] = {}

@@ -16,9 +16,10 @@ A pair is described by ``conf/pair/<name>.yaml`` (see README). Each model spec h
 - ``tokenizer``: take the tokenizer from another model spec (needed by ``random_init`` models).
 
 Pair-level keys besides ``target``/``draft``: ``medusa: <dir>`` (Medusa heads), ``eagle: <dir>`` (an
-EAGLE-1/2 head, ``pipeline.decoding.eagle``; published checkpoints load as they are) and
-``drafter: model | eagle | ngram`` (what ``drafter: pair``, the default of every draft-based method,
-means for this pair).
+EAGLE-1/2 or EAGLE-3 head, ``pipeline.decoding.eagle`` / ``eagle3``; published checkpoints load as they
+are; loaded into ``LoadedPair.assets`` and passed to the decoders explicitly) and ``drafter: model |
+eagle | eagle3 | ngram`` or ``{kind: ..., <its parameters>}`` (what ``drafter: pair``, the default of
+every draft-based method, means for this pair).
 
 GGUF files are converted once into a safetensors copy under the cache folder
 (``$PIPELINE_CACHE`` or ``~/.cache/pipeline``) because the conversion dominates load time.
@@ -41,9 +42,9 @@ import yaml
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.decoding.base import DRAFTERS, DrafterContext
+from pipeline.decoding.base import DRAFTERS, EAGLE_KINDS, DrafterContext
 from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
-from pipeline.decoding.eagle import load_eagle_head
+from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.medusa_heads import load_medusa_heads
 from pipeline.decoding.vocab import map_file, restrict_head
@@ -123,8 +124,8 @@ class ModelSpec:
 # Keys of a pair config naming add-ons of the target (kept in ``PairSpec.extra``), with what they hold.
 PAIR_ATTACHMENTS = {
     "medusa": "a folder of Medusa heads for the target (pipeline.train_medusa)",
-    "eagle": "a folder with an EAGLE-1/2 head for the target (pipeline.train_eagle, or a published checkpoint)",
-    "drafter": "the pair's default drafter (model | eagle | ngram): what `drafter: pair` means",
+    "eagle": "a folder with an EAGLE-1/2 or EAGLE-3 head for the target (pipeline.train_eagle, or a published checkpoint)",
+    "drafter": "the pair's default drafter (model | eagle | eagle3 | ngram, or {kind: ..., <its parameters>}): what `drafter: pair` means",
 }
 
 
@@ -154,11 +155,12 @@ class PairSpec:
                 f"unknown pair config key(s) {unknown}; valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
             )
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
-        if extra.get("drafter") is not None and extra["drafter"] not in DRAFTERS:
-            raise ValueError(f"pair drafter: {extra['drafter']!r} must be one of {list(DRAFTERS)}")
-        if extra.get("drafter") == "eagle" and not extra.get("eagle"):
-            raise ValueError("pair drafter: eagle needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
-        if extra.get("drafter") == "model" and not draft:
+        kind = extra["drafter"].get("kind") if isinstance(extra.get("drafter"), Mapping) else extra.get("drafter")
+        if kind is not None and kind not in DRAFTERS:
+            raise ValueError(f"pair drafter: {extra['drafter']!r} must be one of {list(DRAFTERS)} (or {{kind: <one of them>, ...}})")
+        if kind in EAGLE_KINDS and not extra.get("eagle") and not (isinstance(extra["drafter"], Mapping) and extra["drafter"].get("path")):
+            raise ValueError(f"pair drafter: {kind} needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
+        if kind == "model" and not draft:
             raise ValueError("pair drafter: model needs a `draft:` model spec")
         if cfg.get("dtype", "auto") not in DTYPES:
             raise ValueError(f"unknown dtype {cfg.get('dtype')!r}; choose one of {sorted(DTYPES)}")
@@ -195,7 +197,7 @@ def canonical_dtype(name: str) -> str:
 
 def drafter_context(spec: PairSpec) -> DrafterContext:
     """What the pair offers to drafting (draft model, EAGLE head, default drafter), before any model loads."""
-    return DrafterContext(has_draft=spec.draft is not None, has_eagle=bool(spec.extra.get("eagle")), default=spec.extra.get("drafter"))
+    return DrafterContext.of_pair({"name": spec.name, "draft": spec.draft, "eagle": spec.extra.get("eagle"), "drafter": spec.extra.get("drafter")})
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -346,6 +348,7 @@ class LoadedPair:
     target: Any
     draft: Any | None
     tokenizer: Any
+    assets: dict[str, Any] = field(default_factory=dict)  # drafters' assets, passed to build_decoder(..., assets=...)
 
     def precision(self) -> dict[str, Any]:
         """What the loaded models run in: per model its dtype and kernel path, and the CPU's bf16 capability."""
@@ -371,16 +374,17 @@ def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
                 f"draft vocabulary ({draft.config.vocab_size}) is larger than the target's "
                 f"({target.config.vocab_size}): the pair's models must share a tokenizer"
             )
+    assets: dict[str, Any] = {}
     if spec.extra.get("eagle"):
-        # an EAGLE-1/2 head beside the pair (`eagle: models/<dir>`): attached as `target.eagle_head`
-        load_eagle_head(spec.extra["eagle"], target)
+        # an EAGLE-1/2 or EAGLE-3 head beside the pair (`eagle: models/<dir>`): an asset of the eagle drafters
+        assets["eagle"] = load_eagle(spec.extra["eagle"], target)
     if spec.extra.get("drafter"):
         # the pair's default drafter (methods' `drafter: pair`), read by the decoders
         object.__setattr__(target, "default_drafter", spec.extra["drafter"])
     if spec.extra.get("medusa"):
         # Medusa heads beside the pair (`medusa: models/<dir>`): attached as `target.medusa_heads`
         load_medusa_heads(spec.extra["medusa"], target)
-    return LoadedPair(spec=spec, target=target, draft=draft, tokenizer=tokenizer)
+    return LoadedPair(spec=spec, target=target, draft=draft, tokenizer=tokenizer, assets=assets)
 
 
 def load_pair_by_name(name: str, conf_dir: Path | None = None) -> LoadedPair:

@@ -1,11 +1,15 @@
 """Cell keys of unchanged configurations stay what they were (resume, and comparisons across sweeps, rely on it).
 
-The keys below were computed by ``pipeline.sweep.expand`` on the shipped sweeps (HARNESS_VERSION 2:
-CPU cells measured alone on their node with all its cores, ``measure.threads: null``; the judge no
-longer part of a key; draft-based methods with `drafter`, `max_ngram`, `min_ngram` and the
-offline pair with its `eagle:`/`drafter:` keys), with ``data_root=data`` (so that the configured data
-paths, part of a key, do not depend on where the offline data lives). A change that alters any of
-them must bump ``HARNESS_VERSION`` and say so in the README.
+The keys below were computed by ``pipeline.sweep.expand`` on the shipped sweeps, with ``data_root=data``
+(so that the configured data paths, part of a key, do not depend on where the offline data lives).
+HARNESS_VERSION 2: CPU cells measured alone on their node with all its cores, ``measure.threads:
+null``; the judge no longer part of a key; the offline pair with its `eagle:`/`drafter:` keys.
+HARNESS_VERSION 3: (a) per-model precision in every cell's identity (dtype `auto` resolved per machine,
+kernel paths, the CPU's bf16 capability; the pins are made on a CPU with AVX512_BF16, ``bf16_cpu``), so
+every key changed once, ``ar``, ``beam`` and ``mtjd`` included (their cells now measure bf16 kernels here);
+(b) drafters as plugins: the cells of methods with a drafter carry the drafter's own scope
+(``drafter: {kind: model}``; ``max_ngram``/``min_ngram`` only in an ngram scope) and their own drafter's
+cost ratio c. A change that alters any of them must bump ``HARNESS_VERSION`` and say so in the README.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import sweep
+from pipeline.decoding.base import DRAFTER_KINDS, Param, int_at_least
+from pipeline.decoding.drafters import NgramDrafter, register_drafter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,71 +28,71 @@ PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {
     'smoke': (
         ['sweep=smoke', 'data_root=data'],
         [
-            ('ar', 'humaneval', 0, 'eac5d213385f'),
-            ('spd', 'humaneval', 0, '3cfeacc7d828'),
-            ('block', 'humaneval', 0, '46bcdb3870ad'),
-            ('mtad', 'humaneval', 0, 'dc04cbdfd8ed'),
-            ('ar', 'humaneval', 1, 'e66a86bc6706'),
-            ('spd', 'humaneval', 1, 'edef5aeabc94'),
-            ('block', 'humaneval', 1, '2c12bc3d5878'),
-            ('mtad', 'humaneval', 1, 'c72e5e08a324'),
-            ('ar', 'humaneval', 2, '26b255500f91'),
-            ('spd', 'humaneval', 2, 'b71fa86c6527'),
-            ('block', 'humaneval', 2, 'e18c8a8ba4f0'),
-            ('mtad', 'humaneval', 2, '6be6ad34a4d0'),
-            ('ar', 'mt_bench', 0, 'bab026894208'),
-            ('spd', 'mt_bench', 0, '29a81952ee5f'),
-            ('block', 'mt_bench', 0, '4a0cb82b0553'),
-            ('mtad', 'mt_bench', 0, 'e8afef542688'),
-            ('ar', 'mt_bench', 1, '06e81acebe9e'),
-            ('spd', 'mt_bench', 1, '3dc64e79f869'),
-            ('block', 'mt_bench', 1, 'ee3b53b70dae'),
-            ('mtad', 'mt_bench', 1, 'a94162c76ae7'),
-            ('ar', 'mt_bench', 2, '21483a8ee7ce'),
-            ('spd', 'mt_bench', 2, '83f86a2ea3cc'),
-            ('block', 'mt_bench', 2, 'e4a3770aefb3'),
-            ('mtad', 'mt_bench', 2, '7e9d40629288'),
+            ('ar', 'humaneval', 0, 'a599a4baf559'),
+            ('spd', 'humaneval', 0, 'c3887f578d5c'),
+            ('block', 'humaneval', 0, '04bd0d78abb4'),
+            ('mtad', 'humaneval', 0, '42648918ab3e'),
+            ('ar', 'humaneval', 1, '9f16100f1fb7'),
+            ('spd', 'humaneval', 1, '7aeb3808fb30'),
+            ('block', 'humaneval', 1, '766d060152a7'),
+            ('mtad', 'humaneval', 1, 'a66200e4043a'),
+            ('ar', 'humaneval', 2, '1048503bf025'),
+            ('spd', 'humaneval', 2, 'f92294701913'),
+            ('block', 'humaneval', 2, '2829efb0e489'),
+            ('mtad', 'humaneval', 2, 'b625f0439c15'),
+            ('ar', 'mt_bench', 0, '2b1d682e0e33'),
+            ('spd', 'mt_bench', 0, '45d90892dd40'),
+            ('block', 'mt_bench', 0, 'eb9aec781cb7'),
+            ('mtad', 'mt_bench', 0, '331b9ce93ad0'),
+            ('ar', 'mt_bench', 1, 'eee2c2222352'),
+            ('spd', 'mt_bench', 1, '4354e045ae8f'),
+            ('block', 'mt_bench', 1, '1f3e897afa71'),
+            ('mtad', 'mt_bench', 1, 'b017878d224c'),
+            ('ar', 'mt_bench', 2, '26a151f315a3'),
+            ('spd', 'mt_bench', 2, 'fcb349db2dbf'),
+            ('block', 'mt_bench', 2, 'cb32501d83e9'),
+            ('mtad', 'mt_bench', 2, 'c4ff6cd05456'),
         ],
     ),
     'all_methods': (
         ['sweep=all_methods', 'data_root=data'],
         [
-            ('ar', 'humaneval', 0, 'eac5d213385f'),
-            ('beam', 'humaneval', 0, 'a0d4db678127'),
-            ('mtjd', 'humaneval', 0, 'b22c4af2f580'),
-            ('spd', 'humaneval', 0, '3cfeacc7d828'),
-            ('block', 'humaneval', 0, '46bcdb3870ad'),
-            ('mtad', 'humaneval', 0, 'dc04cbdfd8ed'),
-            ('bild', 'humaneval', 0, 'fe19575166fa'),
-            ('spectr', 'humaneval', 0, 'f4e45cc4268d'),
-            ('specinfer', 'humaneval', 0, '51a45a3b5b96'),
-            ('mcss', 'humaneval', 0, '2cc53417bf64'),
-            ('typical', 'humaneval', 0, '6c0ffa83d142'),
-            ('typical(medusa)', 'humaneval', 0, '383221bad29a'),
-            ('medusa', 'humaneval', 0, '12daa3ad052c'),
+            ('ar', 'humaneval', 0, 'a599a4baf559'),
+            ('beam', 'humaneval', 0, '8f9890015b8f'),
+            ('mtjd', 'humaneval', 0, '484cbeb184ec'),
+            ('spd', 'humaneval', 0, 'c3887f578d5c'),
+            ('block', 'humaneval', 0, '04bd0d78abb4'),
+            ('mtad', 'humaneval', 0, '42648918ab3e'),
+            ('bild', 'humaneval', 0, '4c57170e2225'),
+            ('spectr', 'humaneval', 0, '016bec696a8a'),
+            ('specinfer', 'humaneval', 0, '49328bf7036c'),
+            ('mcss', 'humaneval', 0, '907a81402922'),
+            ('typical', 'humaneval', 0, '3cb8bd879edc'),
+            ('typical(medusa)', 'humaneval', 0, '82e9d8d38646'),
+            ('medusa', 'humaneval', 0, 'acbc8fcfe698'),
         ],
     ),
     'mtad_tau': (
         ['sweep=smoke', 'data_root=data', 'method=mtad', 'method.tau=0.3', 'seeds=[0]'],
         [
-            ('ar', 'humaneval', 0, 'eac5d213385f'),
-            ('mtad(tau=0.3)', 'humaneval', 0, '100e43dcaf57'),
-            ('ar', 'mt_bench', 0, 'bab026894208'),
-            ('mtad(tau=0.3)', 'mt_bench', 0, '2fc2d47fe736'),
+            ('ar', 'humaneval', 0, 'a599a4baf559'),
+            ('mtad(tau=0.3)', 'humaneval', 0, 'd977505188ed'),
+            ('ar', 'mt_bench', 0, '2b1d682e0e33'),
+            ('mtad(tau=0.3)', 'mt_bench', 0, '60c6d7fe9437'),
         ],
     ),
     'spec': (
         ['sweep=smoke', 'data_root=data', 'dataset=spec_bench', 'dataset.limit=2', 'seeds=[0]', 'method=spd'],
         [
-            ('ar', 'spec_bench', 0, '17847e90e779'),
-            ('spd', 'spec_bench', 0, '1c3c0790d22c'),
+            ('ar', 'spec_bench', 0, '72b637e03814'),
+            ('spd', 'spec_bench', 0, 'efa6d8115ef1'),
         ],
     ),
     'cnn': (
         ['sweep=smoke', 'data_root=data', 'dataset=cnn_dm', 'dataset.limit=2', 'seeds=[0]', 'method=block', 'method.gamma=3'],
         [
-            ('ar', 'cnn_dm', 0, 'bf8b1dee3723'),
-            ('block(gamma=3)', 'cnn_dm', 0, '11be09a20508'),
+            ('ar', 'cnn_dm', 0, 'fc7577d92e87'),
+            ('block(gamma=3)', 'cnn_dm', 0, '9fd09b2a5862'),
         ],
     ),
 }
@@ -115,3 +121,45 @@ def test_the_machines_precision_is_part_of_the_key(project, bf16_cpu, monkeypatc
     plan = sweep.expand(sweep.compose(overrides), project)
     keys = [c.key for c in plan.cells]
     assert len(set(keys)) == len(keys) and not set(keys) & {k for *_, k in expected}
+
+
+DRAFTER_CASES = {
+    "all_methods": ['sweep=all_methods', 'data_root=data'],
+    "ngram": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=spd', 'method.drafter=ngram'],
+    "ngram_scope": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=block', 'method.drafter={kind:ngram,max_ngram:2}'],
+    "eagle": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=mtad', 'method.drafter=eagle'],
+    "model": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=typical', 'method.drafter=model'],
+}
+
+
+class SuffixDrafter(NgramDrafter):
+    """A drafter kind added after the fact (prompt lookup with a longer reach): a real plugin with its own parameter."""
+
+    kind = "suffix"
+    params = {**NgramDrafter.params, "reach": Param(8, int_at_least(1), "how far back to look")}
+
+
+def _keys(project) -> dict[str, list[tuple[str, str, int, str]]]:
+    return {
+        case: [(c.label, c.dataset_name, c.seed, c.key) for c in sweep.expand(sweep.compose(overrides), project).cells]
+        for case, overrides in DRAFTER_CASES.items()
+    }
+
+
+def test_adding_a_drafter_changes_no_other_key(project, bf16_cpu, monkeypatch):
+    """Keys with every built-in drafter are the same whether EAGLE-3 (or any further kind) is registered or not."""
+    with_all = _keys(project)
+    assert with_all["all_methods"] == PINNED["all_methods"][1]
+    eagle3 = DRAFTER_KINDS["eagle3"]
+    monkeypatch.delitem(DRAFTER_KINDS, "eagle3")  # the registry as it was before EAGLE-3
+    assert _keys(project) == with_all
+    monkeypatch.setitem(DRAFTER_KINDS, "eagle3", eagle3)
+    register_drafter(SuffixDrafter)  # a new kind with its own parameter
+    try:
+        assert _keys(project) == with_all
+        new = sweep.expand(sweep.compose(['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=spd', 'method.drafter={kind:suffix,reach:4}']), project).cells
+        assert new[1].params["drafter"] == {"kind": "suffix", "max_ngram": 3, "min_ngram": 1, "reach": 4}
+        assert new[1].key not in {k for case in with_all.values() for *_, k in case}
+        assert new[0].key == with_all["ngram"][0][3]  # its ar baseline is the same cell
+    finally:
+        DRAFTER_KINDS.pop("suffix", None)

@@ -5,6 +5,9 @@ before cells were typed (the dict ``config`` that ``_make_cell`` stored beside t
 params of a cell are that config flattened, and ``cell_config.yaml`` is that config. ``Cell.config`` is
 computed from the fields and must give the same names and values (paths under the repository are
 written ``<repo>``). A change here changes the MLflow layout that stores and the analysis rely on.
+The draft-based cells were re-recorded once for HARNESS_VERSION 3 (drafters as plugins: ``method.drafter``
+became the drafter's scope, ``method.drafter.kind`` ..., and ``max_ngram``/``min_ngram`` left cells whose
+drafter is not ngram); the other cells' entries are those of before.
 """
 
 from __future__ import annotations

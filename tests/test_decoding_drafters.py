@@ -5,6 +5,8 @@ published checkpoint layout, n-gram lookup, and validation before any model load
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,9 @@ from pipeline.decoding.base import DrafterContext
 from pipeline.decoding.drafters import NgramDrafter
 from pipeline.decoding.eagle import EagleHead, EagleRunner, attach_eagle_head, eagle_config, load_eagle_head, save_eagle_head
 from pipeline.decoding.warping import Warper
+from pipeline.measure import drafter_costs
 
+REPO = Path(__file__).resolve().parents[1]
 PROMPT = [0, 3, 5, 0, 3]  # repeats: the n-gram drafter finds matches from the first step
 
 
@@ -81,6 +85,59 @@ def test_greedy_identity_with_every_drafter(greedy_eagle_pair, method, drafter):
         got = other.generate(prompt, max_new_tokens=40)
         assert got.tokens == ref
         assert sum(got.accepted) == 40 and len(got.accepted) == got.steps
+
+
+@pytest.mark.parametrize("method", ["specinfer", "mcss"])
+def test_lossless_with_eagle_trees(eagle_pair, law, method):
+    """EAGLE-2 dynamic trees (2 of the 3 root children expanded by cumulative draft probability) under the
+    multi-candidate walks: children drawn from the head's q rows keep the target's law."""
+    decoder = build_decoder(method, eagle_pair[0], None, drafter={"kind": "eagle", "top_nodes": 2}, k_config=[3, 2], **WARP)
+    assert decoder.draft is None
+    out = samples_of(decoder, 2500)
+    assert chi_square_pvalue(out, law) > 1e-3
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle"])
+@pytest.mark.parametrize("method", ["specinfer", "mcss"])
+def test_greedy_identity_with_trees(greedy_eagle_pair, method, drafter):
+    ar = build_decoder("ar", greedy_eagle_pair[0], temperature=0)
+    other = build_decoder(method, *greedy_eagle_pair, temperature=0, k_config=[3, 2, 2], drafter=drafter)
+    for prompt in ([0], [5, 9, 2, 5, 9], list(range(1, 20)) * 2):
+        got = other.generate(prompt, max_new_tokens=40)
+        assert got.tokens == ar.generate(prompt, max_new_tokens=40).tokens
+        assert sum(got.accepted) == 40 and len(got.accepted) == got.steps
+
+
+def test_typical_over_eagle_trees(eagle_pair, law, greedy_eagle_pair):
+    """typical with tree: true: EAGLE-2's tree (top-k children) under the typical tree walk; greedy is ar's
+    greedy, and a threshold nothing passes (epsilon 1, delta huge) samples the target's law."""
+    ar = build_decoder("ar", greedy_eagle_pair[0], temperature=0)
+    tree = build_decoder("typical", greedy_eagle_pair[0], None, temperature=0, drafter="eagle", tree=True, k_config=[3, 2, 2])
+    for prompt in ([0], [5, 9, 2, 5, 9]):
+        assert tree.generate(prompt, max_new_tokens=30).tokens == ar.generate(prompt, max_new_tokens=30).tokens
+    nothing = build_decoder("typical", eagle_pair[0], None, drafter="eagle", tree=True, k_config=[3, 2], epsilon=1.0, delta=1e9, **WARP)
+    assert chi_square_pvalue(samples_of(nothing, 1500), law) > 1e-3
+    with pytest.raises(ValueError, match="tree: true needs drafter: eagle"):
+        check_method("typical", {"tree": True, "drafter": "ngram"}, has_draft=False)
+
+
+def test_eagle_tree_shape_follows_cumulative_draft_probability(eagle_pair):
+    """top_nodes: only the most probable nodes of a level get children; max_nodes caps the tree."""
+    target = eagle_pair[0]
+    for top, budget, k_config in ((1, 0, [3, 2, 2]), (2, 0, [3, 2, 2]), (0, 5, [3, 2, 2])):
+        decoder = build_decoder("specinfer", target, None, drafter={"kind": "eagle", "top_nodes": top, "max_nodes": budget}, k_config=k_config, temperature=0)
+        with torch.inference_mode():
+            decoder._start(PROMPT)
+            tree = decoder.drafter_impl.propose_tree(list(PROMPT), k_config, decoder.warper, None)
+        parents = [p for p in tree.parents if p >= 0]
+        if budget:
+            assert len(tree) == budget
+        else:
+            assert len(tree) == 3 + 2 * top + 2 * top
+            level1 = tree.children[0]  # greedy: the root's top-3 tokens, most probable first
+            assert {p for p in parents if p in level1} == set(level1[:top])
+    with pytest.raises(ValueError, match="top_nodes"):
+        check_method("specinfer", {"drafter": {"kind": "eagle", "top_nodes": -1}}, drafters=DrafterContext(has_eagle=True))
 
 
 def test_eagle_head_with_the_targets_layer_reproduces_the_target():
@@ -193,6 +250,29 @@ def test_save_and_load_round_trip_with_a_restricted_head(tmp_path):
     assert torch.isfinite(z[:, token_map]).all()
 
 
+def test_saved_config_carries_the_top_level_rope_theta(tmp_path):
+    """The authors' EAGLE code reads the rotary base from config.rope_theta (10000 when absent)."""
+    target = tiny_llama(6, vocab=64, hidden=32, layers=1, rope_theta=1e5)
+    head = EagleHead(eagle_config(target.config))
+    save_eagle_head(head, tmp_path, dtype=torch.float32)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["rope_theta"] == 1e5 == config["rope_parameters"]["rope_theta"]
+    assert load_eagle_head(tmp_path).config.rope_parameters["rope_theta"] == 1e5
+    shipped = json.loads((REPO / "models" / "smollm2-135m-eagle" / "config.json").read_text())
+    assert shipped["rope_theta"] == shipped["rope_parameters"]["rope_theta"] == 1e5
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle", "ngram"])
+def test_each_drafter_measures_its_own_draft_cost(eagle_pair, drafter):
+    """The cell's t_draft (measure.drafter_costs) is the cell's own drafter's work: 1 warm-up + reps proposals."""
+    decoder = build_decoder("spd", *eagle_pair, drafter=drafter, gamma=3, **WARP)
+    costs = drafter_costs(decoder, PROMPT, "cpu", reps=2)
+    impl = decoder.drafter_impl
+    work = {"model": lambda: impl.model.forwards, "eagle": lambda: impl.runner.forwards, "ngram": lambda: impl.lookups}[drafter]()
+    assert work == (3 if drafter == "ngram" else 3 * 3)  # 3 proposals; a model or head proposal is 3 forwards
+    assert all(math.isfinite(v) and v > 0 for v in costs.values())
+
+
 def test_ngram_lookup():
     d = NgramDrafter(vocab_size=50, device="cpu", max_ngram=3, min_ngram=1)
     assert d.lookup([1, 2, 3, 4, 1, 2, 3], 2) == [4, 1]  # the trigram [1 2 3] matched
@@ -215,19 +295,32 @@ def test_ngram_without_match_takes_plain_target_steps(eagle_pair):
 def test_drafter_validation_before_any_model():
     pair = {"name": "p", "target": {"id": "t"}, "draft": {"id": "d"}}
     ctx = DrafterContext.of_pair(pair)
-    assert check_method("spd", {}, drafters=ctx)["drafter"] == "model"
-    assert check_method("spd", {"drafter": "ngram"}, has_draft=False)["drafter"] == "ngram"
+    assert check_method("spd", {}, drafters=ctx)["drafter"] == {"kind": "model"}
+    assert check_method("spd", {"drafter": "ngram"}, has_draft=False)["drafter"] == {"kind": "ngram", "max_ngram": 3, "min_ngram": 1}
+    # the drafter's own scope, and the pre-plugin short form folded into it
+    assert check_method("spd", {"drafter": {"kind": "ngram", "max_ngram": 5}}, has_draft=False)["drafter"]["max_ngram"] == 5
+    assert check_method("block", {"drafter": "ngram", "max_ngram": 2}, has_draft=False)["drafter"]["max_ngram"] == 2
+    with pytest.raises(ValueError, match="drafter model has no parameter"):
+        check_method("spd", {"max_ngram": 2}, drafters=ctx)
+    with pytest.raises(ValueError, match="drafter ngram has no parameter.*reach"):
+        check_method("spd", {"drafter": {"kind": "ngram", "reach": 2}}, drafters=ctx)
     with pytest.raises(ValueError, match="eagle: models/"):
         check_method("block", {"drafter": "eagle"}, drafters=ctx)
     eagle_ctx = DrafterContext.of_pair({**pair, "eagle": "models/x", "drafter": "eagle"})
-    assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == "eagle"
-    assert check_method("specinfer", {}, drafters=eagle_ctx)["drafter"] == "model"  # pair: the method's fallback
+    assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == {"kind": "eagle", "path": None, "top_nodes": 4, "max_nodes": 0}
+    assert check_method("spectr", {}, drafters=eagle_ctx)["drafter"] == {"kind": "model"}  # pair: the method's fallback
+    assert check_method("specinfer", {}, drafters=eagle_ctx)["drafter"]["kind"] == "eagle"  # EAGLE trees
     for method in ("spectr", "specinfer", "mcss", "bild"):
-        with pytest.raises(ValueError, match="cannot use drafter: ngram"):
-            check_method(method, {"drafter": "ngram"}, drafters=ctx)
+        for kind in ("ngram",) if method in ("specinfer", "mcss") else ("ngram", "eagle", "eagle3"):
+            with pytest.raises(ValueError, match=f"cannot use drafter: {kind}"):
+                check_method(method, {"drafter": kind}, drafters=eagle_ctx)
+    for method in ("specinfer", "mcss"):  # EAGLE trees
+        assert check_method(method, {"drafter": "eagle"}, has_draft=False, drafters=eagle_ctx)["drafter"]["kind"] == "eagle"
     with pytest.raises(ValueError, match="needs a draft model"):
         check_method("spd", {"drafter": "model"}, has_draft=False)
     with pytest.raises(ValueError, match="min_ngram"):
         check_method("spd", {"drafter": "ngram", "min_ngram": 3, "max_ngram": 2})
     with pytest.raises(ValueError, match="drafter"):
         DrafterContext.of_pair({**pair, "drafter": "medusa"})
+    with pytest.raises(ValueError, match="kind"):
+        check_method("spd", {"drafter": {"max_ngram": 3}}, drafters=ctx)

@@ -30,7 +30,7 @@ def test_greedy_identity_on_the_offline_target(offline_pair, method, drafter):
     ids = encode_prompt(offline_pair.tokenizer, "Write a Python function that reverses a string.", chat=True)
     eos = eos_ids(offline_pair.tokenizer, offline_pair.target)
     ref = build_decoder("ar", offline_pair.target, temperature=0).generate(ids, max_new_tokens=32, eos_token_ids=eos)
-    got = build_decoder(method, offline_pair.target, offline_pair.draft, temperature=0, gamma=4, drafter=drafter).generate(
+    got = build_decoder(method, offline_pair.target, offline_pair.draft, assets=offline_pair.assets, temperature=0, gamma=4, drafter=drafter).generate(
         ids, max_new_tokens=32, eos_token_ids=eos
     )
     assert got.tokens == ref.tokens
@@ -45,8 +45,9 @@ def test_sampling_on_the_offline_pair_is_reproducible(offline_pair):
     assert a == b and len(a) >= 1
 
 
-def test_the_shipped_eagle_head_is_attached_with_its_restricted_head(offline_pair):
-    head = offline_pair.target.eagle_head
+def test_the_shipped_eagle_head_is_an_asset_with_its_restricted_head(offline_pair):
+    head = offline_pair.assets["eagle"]  # passed to the decoders explicitly, not attached to the target
+    assert getattr(offline_pair.target, "eagle_head", None) is None
     assert head.hidden_size == offline_pair.target.config.hidden_size
     assert head.token_map is not None and head.token_map.numel() < 49152
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
+from .checkpoints import resolve_dir
 from .kv import CachedModel
 from .warping import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Warper, sample
 
@@ -91,31 +93,65 @@ def boolean(v: Any) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
-DRAFTERS = ("model", "eagle", "ngram")  # who proposes tokens (drafters.py)
+DRAFTERS = ("model", "eagle", "eagle3", "ngram")  # the built-in drafter kinds (drafters.py registers their plugins)
+DRAFTER_KINDS: dict[str, Any] = {}  # kind -> drafter plugin class: the one registry (filled by drafters.register_drafter)
+EAGLE_KINDS = ("eagle", "eagle3")  # drafters that read a head from the pair's `eagle:` folder (or their own `path`)
+
+
+def eagle_version(path: Any) -> int | None:
+    """3 when the EAGLE head folder at ``path`` holds an EAGLE-3 head (authors' or ``speculators`` layout),
+    1 for an EAGLE-1/2 head, None when it cannot be read (the loader then says what is missing).
+
+    Reads ``config.json`` only: no weights, no model (validation before anything loads).
+    """
+    if not path:
+        return None
+    file = resolve_dir(path) / "config.json"
+    if not file.exists():
+        return None
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    archs = " ".join(config.get("architectures") or []).lower()
+    if "speculators_config" in config or "draft_vocab_size" in config or "eagle3" in archs:
+        return 3
+    return 1
 
 
 @dataclass(frozen=True)
 class DrafterContext:
-    """What a pair offers, known before any model loads: its draft model, EAGLE head and default drafter."""
+    """What a pair offers, known before any model loads: its draft model, EAGLE head (folder and version)
+    and default drafter (a kind name or a ``{kind: ..., <param>: ...}`` scope)."""
 
     has_draft: bool = True
     has_eagle: bool = False
-    default: str | None = None
+    default: Any = None
+    eagle_path: str | None = None
+    eagle_version: int | None = None
 
     @classmethod
     def of_pair(cls, pair: Mapping[str, Any]) -> "DrafterContext":
         """From a pair config mapping (``conf/pair/<name>.yaml``)."""
         default = pair.get("drafter")
-        if default is not None and default not in DRAFTERS:
-            raise ValueError(f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {list(DRAFTERS)}")
-        return cls(has_draft=bool(pair.get("draft")), has_eagle=bool(pair.get("eagle")), default=default)
+        kind = default.get("kind") if isinstance(default, Mapping) else default
+        kinds = list(DRAFTER_KINDS) or list(DRAFTERS)
+        if default is not None and kind not in kinds:
+            raise ValueError(f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {kinds} (or {{kind: <one of them>, ...}})")
+        path = pair.get("eagle")
+        return cls(has_draft=bool(pair.get("draft")), has_eagle=bool(path), default=default,
+                   eagle_path=str(path) if path else None, eagle_version=eagle_version(path))
 
     @classmethod
-    def of_models(cls, target, draft) -> "DrafterContext":
+    def of_models(cls, target, draft, assets: Mapping[str, Any] | None = None) -> "DrafterContext":
+        head = (assets or {}).get("eagle")
+        if head is None:
+            head = getattr(target, "eagle_head", None)  # attached by hand (load_eagle_head(path, target))
         return cls(
             has_draft=draft is not None,
-            has_eagle=getattr(target, "eagle_head", None) is not None,
+            has_eagle=head is not None,
             default=getattr(target, "default_drafter", None),
+            eagle_version=None if head is None else int(getattr(head, "eagle_version", 1)),
         )
 
     def available(self) -> set[str]:
@@ -123,7 +159,7 @@ class DrafterContext:
         if self.has_draft:
             out.add("model")
         if self.has_eagle:
-            out.add("eagle")
+            out.add("eagle3" if self.eagle_version == 3 else "eagle")
         return out
 
 
@@ -146,8 +182,11 @@ class Decoder:
     lossless: ClassVar[bool] = False
     params: ClassVar[dict[str, Param]] = {}
 
-    def __init__(self, target, draft=None, **params: Any) -> None:
-        values = validate_params(type(self), params, has_draft=draft is not None, drafters=DrafterContext.of_models(target, draft))
+    def __init__(self, target, draft=None, assets: Mapping[str, Any] | None = None, **params: Any) -> None:
+        """``assets``: what the pair loaded beside its models for the drafters (``{"eagle": head}``),
+        passed explicitly (``LoadedPair.assets``); a head attached to the target by hand is read too."""
+        self.assets = dict(assets or {})
+        values = validate_params(type(self), params, has_draft=draft is not None, drafters=DrafterContext.of_models(target, draft, self.assets))
         for key, value in values.items():
             setattr(self, key, value)
         self.warper = Warper(values["temperature"], values["top_k"], values["top_p"])
@@ -165,6 +204,11 @@ class Decoder:
     def draft_alternative(cls) -> str:
         """Appended to the missing-draft error: another way out, if the method has one."""
         return ""
+
+    @classmethod
+    def fold_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """Short forms folded into their scope before validation (e.g. ``max_ngram`` into ``drafter``)."""
+        return params
 
     @classmethod
     def resolve_drafter(cls, values: dict[str, Any], ctx: "DrafterContext") -> None:
@@ -237,6 +281,7 @@ def validate_params(
     ``drafters``: what the pair offers (draft model, EAGLE head, default drafter); default: a draft
     model iff ``has_draft``."""
     spec = cls.all_params()
+    params = cls.fold_params(dict(params))
     unknown = sorted(set(params) - set(spec))
     if unknown:
         raise ValueError(

@@ -1,87 +1,178 @@
-"""Drafters: what proposes tokens, separated from how the target verifies them.
+"""Drafters: what proposes tokens, separated from how the target verifies them; one plugin per kind.
 
 One interface (after transformers' ``CandidateGenerator`` and vLLM's ``v1/spec_decode`` proposers):
 
 - ``start(prompt, hidden)``: a new generation; the target has cached ``prompt[:-1]`` and, for a
-  drafter that reads them (``uses_hidden``), passes its last hidden states of those positions;
+  drafter that reads them (``uses_hidden``), passes its hidden states of those positions;
 - ``propose(context, gamma, warper, generator) -> ChainDraft | None``: up to ``gamma`` tokens after
   ``context`` with the warped draft rows q they were drawn from (None: nothing to propose, the
   decoder takes a plain target step);
 - ``observe(hidden, start)``: the target's hidden states of positions ``start ..`` (accepted ones);
 - ``rollback(length)``: only the first ``length`` context tokens are kept;
-- ``forwards``: draft forward passes of the current generation.
+- ``forwards``: draft forward passes of the current generation;
+- ``step_cost(target, prompt, gamma, warper, reps, sync)``: its own cost of one draft token (t_draft),
+  which the cell and the bench ask for (c = t_draft / t_ar is the drafter's, not the draft model's).
 
-Three drafters, chosen by a method's ``drafter`` parameter:
+A plugin (a ``Drafter`` subclass registered in ``DRAFTER_KINDS``) declares its ``kind``, its own
+parameters (``params``: its configuration scope, ``drafter: {kind: ngram, max_ngram: 3}``), checks them
+against what the pair offers before any model loads (``check``), and builds itself over the decoder's
+models and the assets passed explicitly (``create``). ``resolve_drafter`` is the one place that turns
+a method's ``drafter`` value into a resolved scope ``{kind: ..., <its parameters>}``: only that scope
+enters the method's parameters (and so the cell key), so a new drafter changes no other cell.
 
 - ``model``: a draft model (``ModelDrafter``; also the trees and beams of specinfer/mcss/spectr/mtad);
-- ``eagle``: an EAGLE-1/2 head on the target's features (``pipeline.decoding.eagle``);
+- ``eagle``: an EAGLE-1/2 head on the target's last hidden states (``pipeline.decoding.eagle``);
+- ``eagle3``: an EAGLE-3 head on three target layers' inputs (``pipeline.decoding.eagle3``);
+  ``drafter: eagle`` with an EAGLE-3 folder resolves to ``eagle3``;
 - ``ngram``: prompt lookup (Saxena 2023; transformers' ``PromptLookupCandidateGenerator``, vLLM's
   ``NgramProposer``): the continuation of the most recent earlier occurrence of the last n tokens
   in prompt + output, n from ``max_ngram`` down to ``min_ngram``. No model, no training; the draft
   is deterministic (q one-hot), so token and block verification stay exact.
 
-``pair`` (the default of the ``drafter`` parameter) takes the pair's ``drafter:`` setting when the
-method supports it, else ``model``.
+Short forms: ``drafter: ngram`` is ``{kind: ngram}`` with its defaults; top-level ``max_ngram`` /
+``min_ngram`` fold into an ngram scope. ``pair`` (the default) takes the pair's ``drafter:`` setting
+when the method supports it, else ``model``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import statistics
+import time
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
-from .base import DRAFTERS, DrafterContext, Param, int_at_least, one_of
+from .base import DRAFTER_KINDS, DrafterContext, Param, eagle_version, int_at_least
 from .drafting import ChainDraft, draft_chain
-from .eagle import EagleRunner, eagle_head_of
+from .eagle import EagleRunner, load_eagle, place_eagle_head
+from .eagle3 import Eagle3Head
 from .kv import CachedModel
+from .tree import TokenTree
+from .tree_verify import _draw_children
 from .warping import Warper, sample
 
 
-def drafter_param(supported: tuple[str, ...] = DRAFTERS) -> Param:
-    """The ``drafter`` parameter (any drafter name passes the type check; ``resolve_drafter`` says which
+def drafter_scope(value: Any) -> dict[str, Any]:
+    """``value`` (a kind name or a ``{kind: ..., ...}`` mapping) as a mutable scope with ``kind``."""
+    if isinstance(value, Mapping):
+        if "kind" not in value:
+            raise ValueError(f"drafter: {dict(value)!r} needs a `kind:` (one of {['pair', *DRAFTER_KINDS]})")
+        return dict(value)
+    return {"kind": value}
+
+
+def check_drafter_value(extra: tuple[str, ...] = ()) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        kind = value.get("kind") if isinstance(value, Mapping) else value
+        valid = ["pair", *extra, *DRAFTER_KINDS]
+        if isinstance(kind, str) and kind in valid:
+            return None
+        return f"must be one of {valid} or a mapping {{kind: <one of them>, <the drafter's parameters>}}"
+
+    return check
+
+
+def drafter_param(supported: tuple[str, ...] | None = None, extra: tuple[str, ...] = (), help: str = "") -> Param:
+    """The ``drafter`` parameter (any registered kind passes the type check; ``resolve_drafter`` says which
     ones the method supports and why not the others)."""
-    return Param("pair", one_of("pair", *DRAFTERS), "who drafts: the pair's drafter (pair), " + " | ".join(supported))
+    names = " | ".join(supported) if supported else "any drafter kind"
+    return Param("pair", check_drafter_value(extra), help or f"who drafts: the pair's drafter (pair), {names}; or {{kind: ..., <its parameters>}}")
 
 
-NGRAM_PARAMS = {
-    "max_ngram": Param(3, int_at_least(1), "ngram drafter: longest suffix looked up"),
-    "min_ngram": Param(1, int_at_least(1), "ngram drafter: shortest suffix looked up"),
-}
+NGRAM_SHORT_FORMS = ("max_ngram", "min_ngram")
+
+
+def fold_drafter_short_forms(params: dict[str, Any]) -> dict[str, Any]:
+    """Top-level ``max_ngram`` / ``min_ngram`` (the pre-plugin form) move into the ``drafter`` scope."""
+    short = {k: params.pop(k) for k in NGRAM_SHORT_FORMS if k in params}
+    if short:
+        params["drafter"] = {**drafter_scope(params.get("drafter", "pair")), **short}
+    return params
 
 
 CHAIN_METHODS = "spd, block, mtad or typical"
 UNSUPPORTED_WHY = {
     "ngram": "n-gram lookup drafts one deterministic chain (q one-hot), so the several sampled candidates "
              "this method verifies would be copies of it",
-    "eagle": "EAGLE drafts here are chains; this method needs the draft model's trees/samples",
+    "eagle": "this method needs a draft model's i.i.d. chains or its own small-model loop; an EAGLE head drafts chains "
+             "(spd, block, mtad, typical) and trees (specinfer, mcss)",
+    "eagle3": "this method needs a draft model's i.i.d. chains or its own small-model loop; an EAGLE head drafts chains "
+              "(spd, block, mtad, typical) and trees (specinfer, mcss)",
 }
+SUPPORTING = {"ngram": "spd, block, mtad or typical", "eagle": "spd, block, mtad, typical, specinfer or mcss",
+              "eagle3": "spd, block, mtad, typical, specinfer or mcss"}
 
 
 def resolve_drafter(method: str, values: dict[str, Any], supported: tuple[str, ...], ctx: DrafterContext) -> None:
-    """Resolve ``values['drafter']`` (``pair`` -> the pair's drafter when ``supported``, else ``model``)
-    and check the pair provides it; ValueError names the fix."""
-    choice = values["drafter"]
-    if choice == "pair":
-        choice = ctx.default if ctx.default in supported else "model"
-    if choice not in supported:
-        why = UNSUPPORTED_WHY.get(choice, "")
+    """Resolve ``values['drafter']`` into ``{kind: ..., <the plugin's parameters, defaults filled>}`` and check
+    it against what the pair offers (``ctx``); ValueError names the fix. ``pair`` -> the pair's drafter
+    when ``supported``, else ``model``; ``eagle`` with an EAGLE-3 head -> ``eagle3``."""
+    scope = drafter_scope(values["drafter"])
+    kind = scope.pop("kind")
+    if kind == "pair":
+        base = drafter_scope(ctx.default) if ctx.default else {"kind": "model"}
+        if base["kind"] == "eagle" and ctx.eagle_version == 3:
+            base["kind"] = "eagle3"
+        if base["kind"] not in supported:
+            base = {"kind": "model"}
+        kind = base.pop("kind")
+        scope = {**base, **scope}
+    if kind == "eagle" and (eagle_version(scope["path"]) if scope.get("path") else ctx.eagle_version) == 3:
+        kind = "eagle3"  # the short form `drafter: eagle` with an EAGLE-3 folder
+    if kind not in supported:
+        why = UNSUPPORTED_WHY.get(kind, "")
         raise ValueError(
-            f"method {method!r} cannot use drafter: {choice} ({why}); use drafter: {' | '.join(supported)}, "
-            f"or drafter: {choice} with {CHAIN_METHODS}"
+            f"method {method!r} cannot use drafter: {kind} ({why}); use drafter: {' | '.join(supported)}, "
+            f"or drafter: {kind} with {SUPPORTING.get(kind, CHAIN_METHODS)}"
         )
-    if choice == "eagle" and not ctx.has_eagle:
-        raise ValueError(
-            f"method {method!r} with drafter: eagle needs an EAGLE head: add `eagle: models/<dir>` to the pair "
-            "config (train one with `python -m pipeline.train_eagle pair=<pair>`), or choose drafter: model | ngram"
-        )
-    values["drafter"] = choice
-    if "min_ngram" in values and values["min_ngram"] > values["max_ngram"]:
-        raise ValueError(f"method {method!r}: min_ngram ({values['min_ngram']}) must be <= max_ngram ({values['max_ngram']})")
+    plugin = DRAFTER_KINDS[kind]
+    unknown = sorted(set(scope) - set(plugin.params))
+    if unknown:
+        raise ValueError(f"method {method!r}: drafter {kind} has no parameter(s) {unknown}; its parameters: {sorted(plugin.params) or 'none'}")
+    resolved = {k: scope.get(k, p.default) for k, p in plugin.params.items()}
+    for k, v in resolved.items():
+        problem = plugin.params[k].check(v)
+        if problem:
+            raise ValueError(f"method {method!r}: drafter {kind} parameter {k}={v!r} {problem}")
+    plugin.check(method, resolved, ctx)
+    values["drafter"] = {"kind": kind, **resolved}
+
+
+def register_drafter(cls: type["Drafter"]) -> type["Drafter"]:
+    """Make ``cls`` selectable as ``drafter: {kind: cls.kind, ...}`` (the one registry of drafter kinds)."""
+    if not cls.kind or cls.kind in ("pair", "draft", "medusa"):
+        raise ValueError(f"a drafter plugin needs a kind other than pair/draft/medusa, got {cls.kind!r}")
+    DRAFTER_KINDS[cls.kind] = cls
+    return cls
+
+
+def build_drafter(decoder) -> "Drafter":
+    """The drafter a decoder's resolved ``drafter`` scope names, over its models and assets."""
+    scope = dict(decoder.drafter)
+    kind = scope.pop("kind")
+    if kind not in DRAFTER_KINDS:
+        raise ValueError(f"unknown drafter {kind!r}; valid drafters: {list(DRAFTER_KINDS)}")
+    return DRAFTER_KINDS[kind].create(decoder, scope)
+
+
+def optional_path(v: Any) -> str | None:
+    return None if v is None or (isinstance(v, str) and v) else "must be a folder path or null (the pair's `eagle:`)"
 
 
 class Drafter:
-    name = ""
+    """A drafter plugin: its kind, its parameters, its checks, how it is built, and the drafting interface."""
+
+    kind: ClassVar[str] = ""
+    params: ClassVar[dict[str, Param]] = {}
     uses_hidden = False
+
+    @classmethod
+    def check(cls, method: str, scope: dict[str, Any], ctx: DrafterContext) -> None:
+        """Checks against what the pair offers (before any model loads); ValueError names the fix."""
+
+    @classmethod
+    def create(cls, decoder, scope: dict[str, Any]) -> "Drafter":
+        raise NotImplementedError
 
     def start(self, prompt: list[int], hidden: torch.Tensor | None = None) -> None:
         raise NotImplementedError
@@ -90,7 +181,7 @@ class Drafter:
         raise NotImplementedError
 
     def observe(self, hidden: torch.Tensor, start: int) -> None:
-        """The target's last hidden states of positions ``start ..`` (ignored by drafters without features)."""
+        """The target's hidden states of positions ``start ..`` (ignored by drafters without features)."""
 
     def rollback(self, length: int) -> None:
         """Keep only what depends on the first ``length`` context tokens."""
@@ -99,14 +190,45 @@ class Drafter:
     def forwards(self) -> int:
         return 0
 
+    def step_cost(self, target: CachedModel, prompt: list[int], gamma: int, warper: Warper, reps: int = 10,
+                  sync: Callable[[], None] = lambda: None) -> float:
+        """t_draft: median seconds per draft token of a ``gamma``-token proposal after ``prompt`` (the
+        drafter's whole work: forwards, warping, sampling or lookup), over ``reps`` proposals after one
+        warm-up. ``target`` is the decoder's cached target (it gives the prompt's features); ``sync``
+        waits for the device."""
+        prompt = list(prompt)
+        target.reset()
+        hidden = None
+        if self.uses_hidden:
+            hidden = target.prefill_hidden(prompt[:-1])
+        else:
+            target.prefill(prompt[:-1])
+        self.start(prompt, hidden)
+        generator = torch.Generator(device=target.device).manual_seed(0)
+        times = []
+        with torch.inference_mode():
+            for _ in range(reps + 1):
+                sync()
+                t0 = time.perf_counter()
+                self.propose(prompt, gamma, warper, generator)
+                sync()
+                times.append(time.perf_counter() - t0)
+                self.rollback(len(prompt) - 1)
+        target.reset()
+        return statistics.median(times[1:]) / gamma
+
 
 class ModelDrafter(Drafter):
-    """A draft model with its own KV cache (``CachedModel``)."""
+    """A draft model with its own KV cache (``CachedModel``): the pair's ``draft:``."""
 
-    name = "model"
+    kind = "model"
 
     def __init__(self, draft: CachedModel) -> None:
         self.model = draft
+
+    @classmethod
+    def create(cls, decoder, scope):
+        return cls(decoder.draft)
 
     def start(self, prompt, hidden=None) -> None:
         self.model.reset()
@@ -126,7 +248,11 @@ class ModelDrafter(Drafter):
 class NgramDrafter(Drafter):
     """Prompt lookup: the continuation of the most recent earlier match of the context's last n tokens."""
 
-    name = "ngram"
+    kind = "ngram"
+    params = {
+        "max_ngram": Param(3, int_at_least(1), "longest suffix looked up"),
+        "min_ngram": Param(1, int_at_least(1), "shortest suffix looked up"),
+    }
 
     def __init__(self, vocab_size: int, device, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -134,6 +260,15 @@ class NgramDrafter(Drafter):
         self.vocab_size, self.device = vocab_size, device
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.lookups = 0
+
+    @classmethod
+    def check(cls, method, scope, ctx) -> None:
+        if scope["min_ngram"] > scope["max_ngram"]:
+            raise ValueError(f"method {method!r}: drafter ngram min_ngram ({scope['min_ngram']}) must be <= max_ngram ({scope['max_ngram']})")
+
+    @classmethod
+    def create(cls, decoder, scope):
+        return cls(decoder.target.vocab_size, decoder.target.device, scope["max_ngram"], scope["min_ngram"])
 
     def start(self, prompt, hidden=None) -> None:
         self.lookups = 0
@@ -168,15 +303,60 @@ class EagleDrafter(Drafter):
     With a context of L tokens the target has given features f_0 .. f_{L-2}; the head catches up on
     the positions it has not seen with real features (one forward), then drafts autoregressively on
     its own predicted features. Positions drafted on predicted features are recomputed with the
-    target's real ones at the next ``propose``.
+    target's real ones at the next ``propose``. (EAGLE-3, ``Eagle3Drafter``, runs the same loop on the
+    inputs of three target layers.)
     """
 
-    name = "eagle"
+    kind = "eagle"
+    version = 1
     uses_hidden = True
+    params = {
+        "path": Param(None, optional_path, "an EAGLE head folder (null: the pair's `eagle:`)"),
+        "top_nodes": Param(4, int_at_least(0), "trees (specinfer, mcss): nodes expanded per level, by cumulative draft probability (0 = all)"),
+        "max_nodes": Param(0, int_at_least(0), "trees (specinfer, mcss): node budget (0 = the method's k_config decides)"),
+    }
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, top_nodes: int = 4, max_nodes: int = 0) -> None:
         self.runner = runner
         self.real = 0  # head cache positions computed from real target features
+        self.top_nodes, self.max_nodes = top_nodes, max_nodes
+
+    @classmethod
+    def check(cls, method, scope, ctx) -> None:
+        if scope.get("path"):
+            version = eagle_version(scope["path"])
+            if version is None:
+                raise ValueError(f"method {method!r}: drafter {cls.kind} path {scope['path']!r} has no config.json: point it at an EAGLE head folder")
+        elif not ctx.has_eagle:
+            raise ValueError(
+                f"method {method!r} with drafter: {cls.kind} needs an EAGLE head: add `eagle: models/<dir>` to the pair "
+                f"config (or pair.eagle=<folder>, or drafter: {{kind: {cls.kind}, path: <folder>}}; train one with "
+                "`python -m pipeline.train_eagle pair=<pair>`), or choose drafter: model | ngram"
+            )
+        else:
+            version = ctx.eagle_version
+        if version is not None and (version == 3) != (cls.version == 3):
+            have = "an EAGLE-3" if version == 3 else "an EAGLE-1/2"
+            raise ValueError(f"method {method!r}: drafter {cls.kind} but the head folder holds {have} head: use drafter: {'eagle3' if version == 3 else 'eagle'}")
+
+    @classmethod
+    def create(cls, decoder, scope):
+        target = decoder.target.model
+        if scope.get("path"):
+            head = load_eagle(scope["path"], target)
+        else:
+            head = decoder.assets.get("eagle") or getattr(target, "eagle_head", None)
+            if head is None:
+                raise ValueError(
+                    f"method {decoder.name!r} with drafter: {cls.kind} needs an EAGLE head: pass assets={{'eagle': head}} "
+                    "(pipeline.decoding.eagle.load_eagle(path, target)), or add `eagle: models/<dir>` to the pair config"
+                )
+            place_eagle_head(target, head)
+        if isinstance(head, Eagle3Head) != (cls.version == 3):
+            raise ValueError(f"method {decoder.name!r}: drafter {cls.kind} was given an EAGLE-{'3' if isinstance(head, Eagle3Head) else '1/2'} head")
+        if isinstance(head, Eagle3Head):
+            decoder.target.capture_layers = head.layers_of(target.config.num_hidden_layers)
+        return cls(EagleRunner(target, head, decoder.target.vocab_size), scope.get("top_nodes", 4), scope.get("max_nodes", 0))
 
     def start(self, prompt, hidden=None) -> None:
         if hidden is None:
@@ -189,16 +369,79 @@ class EagleDrafter(Drafter):
         self.runner.observe(hidden, start)
         self.real = min(self.real, start)
 
-    def propose(self, context, gamma, warper, generator):
+    def _catch_up(self, context) -> torch.Tensor | None:
+        """Run the head over the positions it has not seen with the target's real features; the predicted
+        feature after the context ``[1, h]`` (None: no feature yet, a one-token prompt)."""
         r = self.runner
         n_feat = r.features.shape[0]  # == len(context) - 1
-        if n_feat == 0:  # a one-token prompt: no feature yet, the first step is the target's own
+        if n_feat == 0:
             return None
         real = min(self.real, n_feat - 1)
         r.rollback(real)
         ids = torch.tensor(context[real + 1 : n_feat + 1], dtype=torch.long, device=r.device)
         feature = r.step(r.features[real:n_feat], ids, real)[-1:]
         self.real = n_feat
+        return feature
+
+    def propose_tree(self, context, k_config: list[int], warper: Warper, generator, replacement: bool = True,
+                     deterministic: bool = False) -> TokenTree | None:
+        """An EAGLE-2 dynamic tree after ``context`` (for specinfer / mcss): level d gives ``k_config[d]``
+        children to each of the ``top_nodes`` nodes of level d - 1 with the highest cumulative draft
+        probability (the root's children: ``k_config[0]``), within a budget of ``max_nodes`` nodes given in
+        that order. Children are drawn from the node's warped draft row q (with or without ``replacement``:
+        the multi-candidate walks' contract), so verification stays exact; EAGLE-2's after-the-fact rerank
+        to the budget would bias which candidates a node keeps, so the budget is spent while expanding.
+        Temperature 0 or ``deterministic`` (EAGLE-2's own drafting, for typical acceptance): the top-k distinct
+        tokens of the warped row. Node i of the tree is head cache slot ``n_feat + i``."""
+        root = self._catch_up(context)
+        if root is None:
+            return None
+        r = self.runner
+        n_feat = r.features.shape[0]
+        tree = TokenTree(len(context))  # the target's view: nodes follow the whole context
+        budget = self.max_nodes or None
+        value: dict[int, float] = {}
+        predicted = {-1: root[-1]}
+
+        def expand(node: int, k: int) -> list[int]:
+            logits = r.logits(predicted[node])
+            q = warper(logits)
+            tree.q_rows[node + 1] = q
+            rank = logits.softmax(-1) if warper.greedy else q
+            if budget is not None:
+                k = min(k, budget - len(tree))
+            if k <= 0:
+                return []
+            out = []
+            top = warper.greedy or deterministic
+            for t in _draw_children(q, logits if not deterministic else torch.log(q), k, replacement, top, generator):
+                child = tree.add(t, node)
+                value[child] = value.get(node, 1.0) * float(rank[t])
+                out.append(child)
+            return out
+
+        level = expand(-1, k_config[0])
+        for k in k_config[1:]:
+            if not level or (budget is not None and len(tree) >= budget):
+                break
+            ids, positions, anc = tree.feed()  # this level's nodes, after the fed ones
+            fed = list(range(tree.fed - len(ids), tree.fed))
+            mask = torch.ones(len(ids), n_feat + tree.fed, dtype=torch.bool)
+            mask[:, n_feat:] = anc
+            feats = torch.stack([predicted[tree.parents[i]] for i in fed])
+            out = r.step_tree(feats, ids, positions - 1, mask)  # head row of a depth-d node: position n_feat + d
+            predicted.update(zip(fed, out))
+            ranked = sorted(level, key=lambda n: -value[n])
+            chosen = ranked[: self.top_nodes] if self.top_nodes else ranked
+            level = [c for node in chosen for c in expand(node, k)]
+        return tree
+
+    def propose(self, context, gamma, warper, generator):
+        r = self.runner
+        feature = self._catch_up(context)
+        if feature is None:  # a one-token prompt: no feature yet, the first step is the target's own
+            return None
+        n_feat = r.features.shape[0]
         tokens, rows = [], []
         pos = n_feat
         for i in range(gamma):
@@ -216,14 +459,14 @@ class EagleDrafter(Drafter):
         return self.runner.forwards
 
 
-def build_drafter(decoder) -> Drafter:
-    """The drafter a decoder's resolved ``drafter`` parameter names, over its models."""
-    kind = decoder.drafter
-    if kind == "model":
-        return ModelDrafter(decoder.draft)
-    if kind == "ngram":
-        return NgramDrafter(decoder.target.vocab_size, decoder.target.device, decoder.max_ngram, decoder.min_ngram)
-    if kind == "eagle":
-        head = eagle_head_of(decoder.target.model, decoder.name)
-        return EagleDrafter(EagleRunner(decoder.target.model, head, decoder.target.vocab_size))
-    raise ValueError(f"unknown drafter {kind!r}; valid drafters: {list(DRAFTERS)}")
+class Eagle3Drafter(EagleDrafter):
+    """EAGLE-3 chain drafting (``pipeline.decoding.eagle3``): the loop of ``EagleDrafter`` on the inputs of
+    three target decoder layers (``fc`` maps them to the head's width; predicted features are fed back
+    as they are), draft rows over the head's draft vocabulary placed on the target's (q = 0 elsewhere)."""
+
+    kind = "eagle3"
+    version = 3
+
+
+for _plugin in (ModelDrafter, EagleDrafter, Eagle3Drafter, NgramDrafter):
+    register_drafter(_plugin)

@@ -12,7 +12,8 @@ Checkpoint layout (that of the published EAGLE heads): ``config.json`` (a Llama 
 ``pytorch_model.bin`` with ``fc.weight``, ``fc.bias``, ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
 ``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.post_attention_layernorm.weight`` and
 optionally ``embed_tokens.weight`` (when absent the target's input embedding is used). EAGLE-3
-heads (``fc`` 3h -> h, ``midlayer``, d2t/t2d maps) are a different layout and are rejected.
+heads (``fc`` 3h -> h, ``midlayer``, d2t/t2d maps) are ``eagle3.py``; ``load_eagle`` reads either
+kind from a folder, and ``EagleRunner`` runs either.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from transformers import LlamaConfig
 from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from .base import eagle_version
 from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
+from .eagle3 import Eagle3Head, load_eagle3_head
 from .kv import PreallocatedLayer
 from .vocab import read_token_map, save_token_map
 
@@ -100,6 +103,11 @@ def save_eagle_head(head: EagleHead, directory: str | Path, token_map: torch.Ten
     config["architectures"] = ["EagleHead"]
     config["bias"] = head.fc.bias is not None
     config["torch_dtype"] = str(dtype).replace("torch.", "")
+    rope = config.get("rope_parameters") or {}
+    if rope.get("rope_theta") is not None:
+        # the authors' EAGLE code (and tools that follow it) read the rotary base from the top-level key
+        # (absent, they take 10000): write it beside transformers' rope_parameters
+        config["rope_theta"] = rope["rope_theta"]
     if info:
         config["pipeline_info"] = info
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
@@ -114,7 +122,7 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
     directory, raw, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(WEIGHTS_FILE, "pytorch_model.bin"),
                                             what="EAGLE head", trainer="train_eagle")
     if "midlayer.self_attn.q_proj.weight" in state or "d2t" in state:
-        raise ValueError(f"{directory} is an EAGLE-3 head (midlayer / d2t); only EAGLE-1/2 heads are supported")
+        raise ValueError(f"{directory} is an EAGLE-3 head (midlayer / d2t): load it with load_eagle (or eagle3.load_eagle3_head); drafter: eagle3")
     bias = bool(raw.pop("bias", "fc.bias" in state))
     raw.pop("pipeline_info", None)
     raw.pop("architectures", None)
@@ -131,6 +139,34 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
     head.token_map = read_token_map(directory)
     if target is not None:
         attach_eagle_head(target, head)
+    return head
+
+
+def load_eagle(path: str | Path, target: nn.Module | None = None) -> EagleHead | Eagle3Head:
+    """The EAGLE head in the folder ``path``, EAGLE-1/2 or EAGLE-3 (by its config.json); with ``target``,
+    moved to the target's device and dtype after checking shapes (not attached to it)."""
+    head = load_eagle3_head(path) if eagle_version(path) == 3 else load_eagle_head(path)
+    if target is not None:
+        place_eagle_head(target, head)
+    return head
+
+
+def place_eagle_head(target: nn.Module, head: nn.Module) -> nn.Module:
+    """Check ``head`` against ``target`` and move it to the target's device and dtype."""
+    weight = target.get_output_embeddings().weight
+    vocab = weight.shape[0]
+    if isinstance(head, Eagle3Head):
+        layers = target.config.num_hidden_layers
+        head.layers_of(layers)
+        if head.target_hidden_size != target.config.hidden_size:
+            raise ValueError(f"EAGLE-3 head reads target features of width {head.target_hidden_size}, the target has {target.config.hidden_size}")
+        if head.config.vocab_size > vocab:
+            raise ValueError(f"EAGLE-3 head's vocabulary ({head.config.vocab_size}) is larger than the target's ({vocab})")
+    elif getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= vocab:
+        raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
+    if head.embed_tokens is None and head.hidden_size != target.get_input_embeddings().weight.shape[1]:
+        raise ValueError(f"EAGLE head has width {head.hidden_size} and no embed_tokens; the target's embeddings are {target.get_input_embeddings().weight.shape[1]} wide")
+    head.to(weight.device, weight.dtype)
     return head
 
 
@@ -153,25 +189,35 @@ def eagle_head_of(target: nn.Module, method: str) -> EagleHead:
 class EagleRunner:
     """An EAGLE head bound to a target: its KV cache, the features it has been given, and draft logits."""
 
-    def __init__(self, target_model: nn.Module, head: EagleHead, vocab_size: int) -> None:
+    def __init__(self, target_model: nn.Module, head: EagleHead | Eagle3Head, vocab_size: int) -> None:
         self.head = head
         self.embed = head.embed_tokens if head.embed_tokens is not None else target_model.get_input_embeddings()
-        lm = target_model.get_output_embeddings()
-        self.token_map = getattr(head, "token_map", None)
+        self.eagle3 = isinstance(head, Eagle3Head)
+        # EAGLE-1/2: the target's LM head on the predicted feature; EAGLE-3: the head's norm + LM head over its draft vocabulary
+        lm = head.lm_head if self.eagle3 else target_model.get_output_embeddings()
+        self.token_map = head.draft_to_target() if self.eagle3 else getattr(head, "token_map", None)
+        self.pre = head.norm if self.eagle3 else None
         W = lm.weight.detach()
         self.device = W.device
-        if self.token_map is not None:
+        self.bias = None if lm.bias is None else lm.bias.detach()
+        if self.eagle3:  # the head's rows are already the draft vocabulary's; token_map places them
+            if self.token_map.numel() == vocab_size and bool((self.token_map == torch.arange(vocab_size, device=self.token_map.device)).all()):
+                self.token_map = None  # the whole vocabulary in order
+            else:
+                self.token_map = self.token_map.to(self.device)
+        elif self.token_map is not None:
             self.token_map = self.token_map.to(self.device)
             W = W[self.token_map].contiguous()
+            self.bias = None if self.bias is None else self.bias[self.token_map]
         self.W = W
-        self.bias = None if lm.bias is None else (lm.bias.detach() if self.token_map is None else lm.bias.detach()[self.token_map])
         self.vocab_size = vocab_size
         self.cache = None
         self.reset()
 
     def reset(self) -> None:
         self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
-        self.features = torch.zeros(0, self.head.hidden_size, device=self.device, dtype=self.W.dtype)
+        width = self.head.feature_size if self.eagle3 else self.head.hidden_size
+        self.features = torch.zeros(0, width, device=self.device, dtype=self.W.dtype)
         self.forwards = 0
 
     @property
@@ -194,8 +240,18 @@ class EagleRunner:
         self.forwards += 1
         return out[0]
 
+    def step_tree(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Run tree rows after the cache: ``features [n, w]``, ``tokens [n]``, absolute ``positions [n]`` and a
+        boolean ``mask [n, cache + n]`` (what each row sees); predicted features ``[n, h]``."""
+        out = self.head(features[None], self.embed(tokens.reshape(1, -1).to(self.device)), positions.reshape(1, -1).to(self.device),
+                        self.cache, mask=mask[None, None].to(self.device))
+        self.forwards += 1
+        return out[0]
+
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """Draft logits over the target vocabulary (-inf outside a restricted map), fp32."""
+        if self.pre is not None:
+            feature = self.pre(feature)
         z = F.linear(feature, self.W, self.bias).float()
         if self.token_map is None:
             if z.shape[-1] < self.vocab_size:

@@ -126,6 +126,25 @@ def capture_lm_head_input(model):
         handle.remove()
 
 
+@contextmanager
+def capture_layer_inputs(model, layers: Sequence[int]):
+    """Record the inputs (hidden states) of ``model``'s decoder layers ``layers``, in that order."""
+    blocks = model.get_decoder().layers
+    box: list[torch.Tensor | None] = [None] * len(layers)
+
+    def hook(i):
+        def pre(module, args, kwargs):
+            box[i] = args[0] if args else kwargs["hidden_states"]
+        return pre
+
+    handles = [blocks[layer].register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        yield box
+    finally:
+        for h in handles:
+            h.remove()
+
+
 class CachedModel:
     """A causal LM with its own KV cache, used at batch size 1.
 
@@ -135,13 +154,16 @@ class CachedModel:
     Llama-family models run through ``fast_forward.LeanForward`` (same operations, less per-call
     machinery) unless ``lean=False`` or ``PIPELINE_LEAN_FORWARD=0``; others through ``model(...)``.
     With ``capture_hidden`` set, ``hidden`` holds the LM head's input rows of the last forward
-    ``[rows, hidden_size]`` (Medusa heads read them).
+    ``[rows, hidden_size]`` (Medusa heads read them). With ``capture_layers`` (decoder layer indices,
+    e.g. EAGLE-3's 2, L/2, L-3) ``hidden`` is instead the concatenation of those layers' inputs
+    ``[rows, len(layers) * hidden_size]``; such forwards go through transformers' forward (hooks on the layers).
     """
 
     def __init__(self, model, vocab_size: int | None = None, lean: bool = True) -> None:
         self.model = model
         self.lean = lean_forward_for(model) if lean else None
         self.capture_hidden = False
+        self.capture_layers: tuple[int, ...] = ()
         self.hidden: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -191,6 +213,12 @@ class CachedModel:
     def _run(self, ids: torch.Tensor, keep: int, **tree) -> torch.Tensor:
         """One forward of ``ids`` [1, n] after the cache; the last ``keep`` logit rows (0 = all), [1, rows, V]."""
         capture: list[torch.Tensor] | None = [] if self.capture_hidden else None
+        if capture is not None and self.capture_layers:
+            with capture_layer_inputs(self.model, self.capture_layers) as taps:
+                logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=max(keep, 0), **tree).logits
+            rows = ids.shape[1] if keep <= 0 else keep
+            self.hidden = torch.cat([t[0, -rows:] for t in taps], -1)
+            return logits
         if self.lean is not None:
             positions = tree.get("position_ids")
             if positions is None:
@@ -215,11 +243,12 @@ class CachedModel:
         """Write ``tokens`` into the cache (no step counted) and return their last hidden states
         ``[n, hidden]`` (the LM head's input; the head itself is skipped on the lean path)."""
         if len(tokens) == 0:
-            return torch.zeros(0, self.model.config.hidden_size, device=self.device, dtype=self.dtype)
+            width = self.model.config.hidden_size * max(1, len(self.capture_layers))
+            return torch.zeros(0, width, device=self.device, dtype=self.dtype)
         saved = self.capture_hidden
         self.capture_hidden = True
         try:
-            self._run(self._ids(tokens), keep=-1 if self.lean is not None else 0)
+            self._run(self._ids(tokens), keep=-1 if (self.lean is not None and not self.capture_layers) else 0)
         finally:
             self.capture_hidden = saved
         return self.hidden
@@ -247,7 +276,7 @@ class CachedModel:
             "attention_mask": mask[None, None],
             "position_ids": positions.to(self.device, torch.long).reshape(1, -1),
         }
-        if self.lean is None:
+        if self.lean is None or self.capture_layers:  # transformers' forward needs it (the lean one ignores it)
             tree["cache_position"] = torch.arange(start, start + n, device=self.device)
         logits = self._run(self._ids(tokens), keep=0, **tree)
         self.forwards += 1

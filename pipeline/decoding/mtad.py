@@ -30,7 +30,7 @@ class MTADDecoder(DraftVerifyDecoder):
     }
 
     def propose(self, context, gamma, generator):
-        if self.drafter != "model":
+        if self.drafter["kind"] != "model":
             draft = self.draft_chain(context, gamma, generator)
             if draft is None:
                 return None

@@ -11,11 +11,13 @@ greedy acceptance (exactly ``ar`` greedy).
 
 from __future__ import annotations
 
-from .base import Param, int_list_at_least
-from .drafters import drafter_param, resolve_drafter
+from .base import EAGLE_KINDS, Param, int_list_at_least
+from .drafters import build_drafter, drafter_param, resolve_drafter
 from .speculative import TreeVerifyDecoder
-from .tree_verify import mss_tree_walk, sample_token_tree
+from .tree_verify import commit_draft, mss_tree_walk, sample_token_tree
 from .warping import sample
+
+TREE_DRAFTERS = ("model", "eagle", "eagle3")
 
 
 class SpecInferDecoder(TreeVerifyDecoder):
@@ -23,20 +25,53 @@ class SpecInferDecoder(TreeVerifyDecoder):
     needs_draft = True
     lossless = True
     replacement = True
+    deterministic_children = False  # EAGLE trees: children drawn from q (the walks' contract)
     params = {
-        "drafter": drafter_param(("model",)),
+        "drafter": drafter_param(TREE_DRAFTERS),
         "k_config": Param([4, 2, 2], int_list_at_least(1), "children per node at each depth"),
     }
 
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:
-        resolve_drafter(cls.name, values, ("model",), ctx)
+        resolve_drafter(cls.name, values, TREE_DRAFTERS, ctx)
+
+    @classmethod
+    def draft_needed(cls, values):
+        return "drafter: model" if values["drafter"]["kind"] == "model" else False
+
+    @classmethod
+    def draft_alternative(cls) -> str:
+        return ", or set drafter: eagle | eagle3 (with an EAGLE head in the pair)"
+
+    def __init__(self, target, draft=None, assets=None, **params) -> None:
+        super().__init__(target, draft, assets, **params)
+        self.eagle = self.drafter["kind"] in EAGLE_KINDS
+        if self.eagle:  # an EAGLE head drafts the tree (EAGLE-2's dynamic tree, drafters.EagleDrafter.propose_tree)
+            self.drafter_impl = build_drafter(self)
+
+    def _start(self, prompt: list[int]) -> None:
+        if not self.eagle:
+            return super()._start(prompt)
+        self.target.reset()
+        self.target.capture_hidden = True  # the head reads the target's features of every accepted position
+        self.drafter_impl.start(prompt, self.target.prefill_hidden(prompt[:-1]))
+
+    def commit(self, length, tree, path) -> None:
+        if not self.eagle:
+            if tree is not None:
+                commit_draft(self.draft, length, tree, path)
+            return
+        rows = [0] + [1 + i for i in path] if tree is not None else [0]  # the root's row, then the path's
+        self.drafter_impl.observe(self.target.hidden[rows], length - 1)
 
     @property
     def tree_depth(self) -> int:
         return len(self.k_config)
 
     def propose(self, context, depth, generator):
+        if self.eagle:
+            return self.drafter_impl.propose_tree(context, list(self.k_config[:depth]), self.warper, generator, self.replacement,
+                                                  self.deterministic_children)
         return sample_token_tree(self.draft, context, list(self.k_config[:depth]), self.warper, generator, self.replacement)
 
     def verify(self, P, tree, generator):

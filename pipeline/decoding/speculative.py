@@ -21,36 +21,39 @@ from typing import Any
 
 import torch
 
-from .base import DRAFTERS, Decoder, Generation, Param, emit, int_at_least
-from .drafters import NGRAM_PARAMS, Drafter, build_drafter, drafter_param, resolve_drafter
+from .base import DRAFTER_KINDS, Decoder, Generation, Param, emit, int_at_least
+from .drafters import Drafter, ModelDrafter, build_drafter, drafter_param, fold_drafter_short_forms, resolve_drafter
 from .tree import TokenTree
 from .tree_verify import commit_draft, greedy_tree_walk, tree_verify_forward
 
 
 class DraftVerifyDecoder(Decoder):
     needs_draft = True  # with drafter: model (draft_needed)
-    supported_drafters: tuple[str, ...] = DRAFTERS
+    supported_drafters: tuple[str, ...] | None = None  # None: every registered drafter kind
     params = {
         "gamma": Param(4, int_at_least(1), "draft tokens per iteration"),
         "drafter": drafter_param(),
-        **NGRAM_PARAMS,
     }
 
-    def __init__(self, target, draft=None, **params) -> None:
-        super().__init__(target, draft, **params)
-        self.drafter_impl: Drafter | None = build_drafter(self) if self.drafter in DRAFTERS else None
+    def __init__(self, target, draft=None, assets=None, **params) -> None:
+        super().__init__(target, draft, assets, **params)
+        self.drafter_impl: Drafter | None = build_drafter(self) if self.drafter["kind"] in DRAFTER_KINDS else None
+
+    @classmethod
+    def fold_params(cls, params):
+        return fold_drafter_short_forms(params)
 
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:
-        resolve_drafter(cls.name, values, cls.supported_drafters, ctx)
+        resolve_drafter(cls.name, values, cls.supported_drafters or tuple(DRAFTER_KINDS), ctx)
 
     @classmethod
     def draft_needed(cls, values):
-        return "drafter: model" if values["drafter"] == "model" else False
+        return "drafter: model" if values["drafter"]["kind"] == "model" else False
 
     @classmethod
     def draft_alternative(cls) -> str:
-        return ", or set drafter: ngram (or eagle, with an EAGLE head in the pair)"
+        return ", or set drafter: ngram (or eagle / eagle3, with an EAGLE head in the pair)"
 
     def _start(self, prompt: list[int]) -> None:
         """Empty the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the
@@ -128,6 +131,12 @@ class TreeVerifyDecoder(Decoder):
 
     tree_depth: int
 
+    def __init__(self, target, draft=None, assets=None, **params) -> None:
+        super().__init__(target, draft, assets, **params)
+        # the drafter whose cost the cell and the bench measure (t_draft)
+        scope = getattr(self, "drafter", None)
+        self.drafter_impl: Drafter | None = ModelDrafter(self.draft) if (isinstance(scope, dict) and scope["kind"] == "model" and self.draft is not None) else None
+
     def propose(self, context: list[int], depth: int, generator) -> TokenTree | None:
         """A tree of at most ``depth`` levels after ``context`` (None: nothing proposed, a plain target step)."""
         raise NotImplementedError
@@ -166,4 +175,4 @@ class TreeVerifyDecoder(Decoder):
                 emitted = [tree.tokens[i] for i in path] + [y]
             if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
-        return Generation(out, target.forwards, self.draft.forwards if self.draft is not None else 0, accepted)
+        return Generation(out, target.forwards, self.drafter_impl.forwards if self.drafter_impl is not None else 0, accepted)

@@ -35,9 +35,13 @@ from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.scoring.mt_bench import judge_identity
 from pipeline.tracking import cell_key
 
-# bump when a change to the harness changes what a cell measures (new cell keys); 2: CPU isolation;
-# 3: per-model precision (dtype `auto` by default, the resolved dtypes, kernel paths and the CPU's bf16
-# capability in the key: the same config measures bf16 kernels on one machine and float32 on another)
+# Bump when a change to the harness changes what a cell measures (new cell keys). 2: CPU isolation.
+# 3: (a) per-model precision: dtype `auto` by default (bf16 kernels on CPUs with native bf16, bf16 on CUDA),
+# and the resolved dtypes, kernel paths and the CPU's bf16 capability in every cell's identity (the same
+# config measures bf16 kernels on one machine and float32 on another), so every key changes, `ar`, `beam`
+# and `mtjd` included (their cells now measure another precision); (b) drafters as plugins: a draft-based
+# method's parameters carry only its drafter's own scope (`drafter: {kind: ngram, max_ngram: 3,
+# min_ngram: 1}`, not max_ngram/min_ngram on every cell) and its cost ratio c is its own drafter's.
 HARNESS_VERSION = "3"
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUP_KEYS = {"method": "methods", "pair": "pairs", "dataset": "datasets"}
@@ -329,8 +333,9 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
     hardware = cluster.get("accelerator_type") or "any"
     # The judge scores the generations, it does not change them: not part of the key (a judge change
     # re-judges the logged generations, see `driver.classify`). None here keeps the keys of earlier stores.
+    harness = HARNESS_VERSION
     identity = {
-        "harness": HARNESS_VERSION,
+        "harness": harness,
         "method": {"name": method["name"], "params": params},
         "pair": pair_identity,
         "dataset": ds_identity,
@@ -352,7 +357,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         seed=seed,
         measure=measure,
         hardware=hardware,
-        harness=HARNESS_VERSION,
+        harness=harness,
         judge=dict(judge) if (judge.get("enabled") and ds["name"] == "mt_bench") else None,
         baseline=baseline,
         fault=fault,

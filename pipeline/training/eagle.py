@@ -227,5 +227,5 @@ def write_card(out_dir: Path, info: dict[str, Any], head: EagleHead) -> None:
     for p in info["heldout_alpha_curve"]:
         a, b = p["heldout_stdlib"], p["heldout_answers"]
         lines.append(f"| {p['step']} | {p['minutes']} | {a['alpha']:.3f} | {b['alpha']:.3f} | {a['top1']:.3f} | {b['top1']:.3f} |")
-    lines += ["", f"Load: `eagle: models/{out_dir.name}` in a pair config (`pipeline.decoding.eagle.load_eagle_head`).", ""]
+    lines += ["", f"Load: `eagle: models/{out_dir.name}` in a pair config (`pipeline.decoding.eagle.load_eagle`; the head is passed to decoders as `assets={'eagle': head}`).", ""]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines))
