@@ -587,3 +587,48 @@ def test_cgroups_of_a_dead_scorer_are_removed_by_the_next_one():
         assert [p for p in made if os.path.exists(p)] == []
     finally:
         he.sandbox.remove_cgroups([p for p in made if os.path.exists(p)])
+
+
+def _he_cli(tmp_path, lines, *extra):
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "pipeline.scoring.humaneval", "--predictions", str(preds), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("lines, extra, expect", [
+    (['{"id": "HumanEval/0", "prediction": "    pass"}', '{"id": "HumanEval/1", "prediction": }'], [], ":2: not JSON (Expecting value at column"),
+    (['{"id": "HumanEval/0", "prediction": {"code": "pass"}}'], [], ":1: the prediction ('prediction') is a JSON dict, not a string"),
+    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "0"], "every k must be an integer >= 1"),
+    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "1,x"], "comma-separated integers"),
+    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--timeout", "0"], "--timeout must be > 0"),
+    (['{"id": "HumanEval/0", "prediction": "    pass", "format": "poem"}'], [], "unknown format 'poem'"),
+    (['{"id": "HumanEval/9999", "prediction": "    pass"}'], [], "unknown HumanEval task ids"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, lines, extra, expect):
+    out = _he_cli(tmp_path, lines, *extra)
+    assert out.returncode == 2 and expect in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout == ""
+
+
+def test_cli_lone_surrogate_keeps_every_result(tmp_path, problems):
+    good = json.dumps({"id": "HumanEval/2", "prediction": problems["HumanEval/2"]["canonical_solution"]})
+    out = _he_cli(tmp_path, ['{"id": "HumanEval/0", "prediction": "    return \\"\\ud800\\""}', good])
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["num_samples"] == 2 and result["num_passed"] == 1
+    assert "\ud800" in result["details"][0]["completion"]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("chat", "\n" * 240_000),
+    ("chat", "```x" * 60_000),
+    ("chat", "```python\n" + "def has_close_elements(x):\n    return 1\n" * 6_000 + "```"),
+    ("chat", " " * 240_000 + "def"),
+    ("continuation", "    return (\n" + "x\n" * 120_000),
+    ("continuation", "    return 1\n" + "def g(:\n" * 30_000),
+])
+def test_code_extraction_is_linear(problems, fmt, text):
+    start = time.perf_counter()
+    he.postprocess(problems["HumanEval/0"], text, fmt)
+    assert time.perf_counter() - start < 3  # a bound on the algorithm (quadratic: about 40 s), not a speed figure

