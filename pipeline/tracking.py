@@ -72,6 +72,11 @@ class TrackingError(ValueError):
     """An unusable tracking URI / store; raised before Ray starts."""
 
 
+class StoreWriteError(TrackingError):
+    """The store stopped accepting writes (or reads) mid-sweep: the driver stops scheduling at once;
+    the message says what happened and that the same command resumes."""
+
+
 def cell_key(identity: Mapping[str, Any]) -> str:
     """Short stable hash of a cell's resolved identity (canonical JSON, sorted keys)."""
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)

@@ -4,7 +4,8 @@
     python -m pipeline.sweep sweep=mtad_table5 cluster=ray cluster.accelerator_type=A100
     python -m pipeline.sweep method=mtad method.tau=0.3 seeds=[0]
 
-Exit status: 0 when every cell finished, 1 when some failed, 2 on a configuration error.
+Exit status: 0 when every cell finished, 1 when some failed or the store failed mid-run (one message:
+what happened, and that the same command resumes), 2 on a configuration error.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from omegaconf import DictConfig
 
 from pipeline.sweep.driver import run
 from pipeline.sweep.plan import SweepConfigError
-from pipeline.tracking import TrackingError
+from pipeline.tracking import StoreWriteError, TrackingError
 
 
 def _sigterm_as_interrupt() -> None:
@@ -36,6 +37,9 @@ def main(cfg: DictConfig) -> None:
     _sigterm_as_interrupt()
     try:
         outcome = run(cfg)
+    except StoreWriteError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     except (SweepConfigError, TrackingError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
