@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.sweep.driver import run
-from pipeline.sweep.plan import SweepConfigError
+from pipeline.sweep.plan import SweepConfigError, check_command_line
 from pipeline.tracking import StoreWriteError, TrackingError
 
 
@@ -47,5 +47,15 @@ def main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m pipeline.sweep``: group selections checked before Hydra composes them (exit 2 with the fix)."""
+    try:
+        check_command_line(sys.argv[1:])
+    except SweepConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()
