@@ -162,6 +162,8 @@ def test_a_broken_pair_file_is_a_config_error(tmp_path, content, message):
 def test_unknown_group_on_the_command_line_exits_2_with_the_valid_names(arg, message):
     with pytest.raises(sweep.SweepConfigError, match=message + r".*valid \w+s: \["):
         check_command_line([arg])
+    with pytest.raises(sweep.SweepConfigError, match=message):
+        sweep.compose([arg])
 
 
 def test_the_sweep_command_exits_2_on_an_unknown_group(tmp_path):

@@ -126,8 +126,11 @@ def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
 
     def claim(cell: Cell) -> str:
         key = cell.key
-        if not tracker.claim(key):
-            return "wait"
+        try:
+            if not tracker.claim(key):
+                return "wait"
+        except Exception as err:  # noqa: BLE001 - the store's folder (its leases) is gone
+            raise store_failed(tracker, err, f"leasing cell {key}") from err
         try:
             now = tracker.key_runs(key)
         except Exception as err:  # noqa: BLE001 - the store is gone: nothing more is scheduled
@@ -148,11 +151,18 @@ def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any]
     """Score logged generations again, in this process (no pair loads), each under its cell's lease."""
     for cell in cells:
         key = cell.key
-        if not tracker.claim(key):
+        try:
+            claimed = tracker.claim(key)
+        except Exception as err:  # noqa: BLE001 - the store's folder (its leases) is gone
+            raise store_failed(tracker, err, f"leasing cell {key}") from err
+        if not claimed:
             print(f"re-score {cell.label} [{key}]: held by another driver, left to it", flush=True)
             continue
         try:
-            run = tracker.key_runs(key)
+            try:
+                run = tracker.key_runs(key)
+            except Exception as err:  # noqa: BLE001
+                raise store_failed(tracker, err, f"looking up cell {key}") from err
             run = next((r for r in run if r.info.run_id == active[key].info.run_id), None)
             if run is None:
                 continue  # superseded meanwhile

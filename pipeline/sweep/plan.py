@@ -68,7 +68,9 @@ class Plan:
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> DictConfig:
-    """Compose the sweep config outside ``@hydra.main`` (tests, notebooks); leaves Hydra initialised."""
+    """Compose the sweep config outside ``@hydra.main`` (tests, notebooks); leaves Hydra initialised.
+    A group selection naming a missing or broken file is a :class:`SweepConfigError` (as on the command line)."""
+    check_command_line(overrides, Path(config_dir or CONF_DIR))
     GlobalHydra.instance().clear()
     initialize_config_dir(config_dir=str(Path(config_dir or CONF_DIR).resolve()), version_base="1.3")
     return hydra_compose(config_name="config", overrides=list(overrides))
