@@ -152,6 +152,13 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
             folder = folder.parent  # the store's folders are created on demand: check the nearest existing one
         if not folder.is_dir():
             raise TrackingError(f"tracking.uri={uri!r}: {folder} is a file, so no store can be created under it; {fix}")
+        wanted = path.parent if scheme == "sqlite" else path
+        if folder == Path(folder.anchor or "/") and wanted != folder:
+            top = Path(folder.anchor or "/") / wanted.relative_to(folder).parts[0]
+            hint = (f" (four slashes: the absolute path {path}; a path relative to the project is "
+                    f"sqlite:///{path.relative_to(folder)})") if scheme == "sqlite" else ""
+            raise TrackingError(f"tracking.uri={uri!r}: the store would create the top-level folder {top}{hint}; "
+                                f"create the folder first if that is meant, or {fix}")
         if not os.access(folder, os.W_OK):
             raise TrackingError(f"tracking.uri={uri!r}: {folder} is not writable; {fix}")
         if scheme == "sqlite" and path.exists() and path.is_dir():

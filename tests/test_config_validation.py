@@ -104,6 +104,13 @@ def test_inputs_that_would_fail_every_cell_are_refused_before_ray(monkeypatch, t
     assert re.search(message, _refused_before_ray(monkeypatch, tmp_path, overrides))
 
 
+def test_a_store_at_a_new_top_level_folder_is_refused_before_ray(monkeypatch, tmp_path):
+    assert not Path("/file").exists()
+    message = _refused_before_ray(monkeypatch, tmp_path, ["tracking.uri=sqlite:////file/x.db"], TrackingError)
+    assert "top-level folder /file" in message and "sqlite:///file/x.db" in message
+    assert not Path("/file").exists()
+
+
 def test_a_store_path_under_a_file_is_refused_before_ray(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
