@@ -163,6 +163,9 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
             raise TrackingError(f"tracking.uri={uri!r}: {folder} is not writable; {fix}")
         if scheme == "sqlite" and path.exists() and path.is_dir():
             raise TrackingError(f"tracking.uri={uri!r}: {path} is a folder, not a sqlite file; {fix}")
+        if scheme == "sqlite" and path.is_file() and not os.access(path, os.W_OK):
+            raise TrackingError(f"tracking.uri={uri!r}: {path} is read-only (the driver writes every cell to it); "
+                                f"make it writable (chmod u+w) or {fix}")
         return
     if scheme in ("http", "https"):
         url = uri.rstrip("/") + "/health"
