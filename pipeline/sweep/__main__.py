@@ -4,7 +4,8 @@
     python -m pipeline.sweep sweep=mtad_table5 cluster=ray cluster.accelerator_type=A100
     python -m pipeline.sweep method=mtad method.tau=0.3 seeds=[0]
 
-Exit status: 0 when every cell finished, 1 when some failed, 2 on a configuration error.
+Exit status: 0 when every cell finished, 1 when some failed or the store failed mid-run (one message:
+what happened, and that the same command resumes), 2 on a configuration error.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.sweep.driver import run
-from pipeline.sweep.plan import SweepConfigError
-from pipeline.tracking import TrackingError
+from pipeline.sweep.plan import SweepConfigError, check_command_line
+from pipeline.tracking import StoreWriteError, TrackingError
 
 
 def _sigterm_as_interrupt() -> None:
@@ -36,6 +37,9 @@ def main(cfg: DictConfig) -> None:
     _sigterm_as_interrupt()
     try:
         outcome = run(cfg)
+    except StoreWriteError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     except (SweepConfigError, TrackingError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -43,5 +47,15 @@ def main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m pipeline.sweep``: group selections checked before Hydra composes them (exit 2 with the fix)."""
+    try:
+        check_command_line(sys.argv[1:])
+    except SweepConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

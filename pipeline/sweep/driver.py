@@ -37,6 +37,7 @@ from pipeline.tracking import (
     STATUS_FINISHED,
     STATUS_LOGGING,
     STATUS_SCORE_FAILED,
+    StoreWriteError,
     Tracker,
     check_tracking_uri,
     pick_active,
@@ -102,6 +103,20 @@ def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], 
 
 
 
+def store_failed(tracker: Tracker, err: BaseException, doing: str, outcome: Mapping[str, Any] | None = None) -> StoreWriteError:
+    """The one error a sweep ends with when its store fails mid-run: what happened, and that the same command resumes."""
+    if isinstance(err, StoreWriteError):
+        return err
+    done = ""
+    if outcome is not None:
+        done = (f" {outcome.get('ran', 0)} cell result(s) had arrived, {outcome.get('logged', 0)} logged; cells in flight were "
+                "stopped and no further cell was started.")
+    return StoreWriteError(
+        f"the tracking store {tracker.tracking_uri} failed while {doing} ({type(err).__name__}: {' '.join(str(err).split())[:300]})."
+        f"{done} Make the store reachable and writable again (or point tracking.uri at it), then run the same command: "
+        "it resumes, skipping every cell already logged as finished.")
+
+
 def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
     """``claim(cell)`` for ``run_cells``: take the cell's lease; skip it if another driver logged it meanwhile.
 
@@ -111,9 +126,16 @@ def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
 
     def claim(cell: Cell) -> str:
         key = cell.key
-        if not tracker.claim(key):
-            return "wait"
-        now = tracker.key_runs(key)
+        try:
+            if not tracker.claim(key):
+                return "wait"
+        except Exception as err:  # noqa: BLE001 - the store's folder (its leases) is gone
+            raise store_failed(tracker, err, f"leasing cell {key}") from err
+        try:
+            now = tracker.key_runs(key)
+        except Exception as err:  # noqa: BLE001 - the store is gone: nothing more is scheduled
+            tracker.release(key)
+            raise store_failed(tracker, err, f"looking up cell {key}") from err
         if any(r.info.run_id not in known and r.data.tags.get("cell_status") != STATUS_LOGGING for r in now) or any(
             r.data.tags.get("cell_status") == STATUS_FINISHED for r in now
         ):
@@ -129,22 +151,36 @@ def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any]
     """Score logged generations again, in this process (no pair loads), each under its cell's lease."""
     for cell in cells:
         key = cell.key
-        if not tracker.claim(key):
+        try:
+            claimed = tracker.claim(key)
+        except Exception as err:  # noqa: BLE001 - the store's folder (its leases) is gone
+            raise store_failed(tracker, err, f"leasing cell {key}") from err
+        if not claimed:
             print(f"re-score {cell.label} [{key}]: held by another driver, left to it", flush=True)
             continue
         try:
-            run = tracker.key_runs(key)
+            try:
+                run = tracker.key_runs(key)
+            except Exception as err:  # noqa: BLE001
+                raise store_failed(tracker, err, f"looking up cell {key}") from err
             run = next((r for r in run if r.info.run_id == active[key].info.run_id), None)
             if run is None:
                 continue  # superseded meanwhile
             try:
                 records = tracker.samples(run.info.run_id)
+            except Exception as err:  # noqa: BLE001 - the store cannot be read: stop here
+                raise store_failed(tracker, err, f"reading the generations of cell {key}") from err
+            try:
                 result = rescore(cell, records)
                 tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.score_metric or ""}
-                tracker.record_scores(run.info.run_id, result, tags)
                 error = None if result.finished else result.error
             except Exception as err:  # noqa: BLE001 - the run keeps its status and generations: tried again next time
-                error = f"{type(err).__name__}: {err}"
+                result, error = None, f"{type(err).__name__}: {err}"
+            if result is not None:
+                try:
+                    tracker.record_scores(run.info.run_id, result, tags)
+                except Exception as err:  # noqa: BLE001 - the store failed: the run keeps its old status, scored next time
+                    raise store_failed(tracker, err, f"writing the scores of cell {key}") from err
             outcome["rescored"] += 1
             if error:
                 outcome["failed"] += 1
@@ -187,7 +223,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
           + (f" ({n_retry} failed before)" if n_retry else "")
           + (f", {len(to_rescore)} to score again from their logged generations" if to_rescore else ""), flush=True)
     check_judge(todo + to_rescore)  # before any model loads
-    outcome = {"total": len(plan.cells), "skipped": n_done, "ran": 0, "finished": 0, "failed": 0, "rescored": 0,
+    outcome = {"total": len(plan.cells), "skipped": n_done, "ran": 0, "logged": 0, "finished": 0, "failed": 0, "rescored": 0,
                "elsewhere": 0, "results": []}
     if todo or to_rescore:
         tracker.start_parent(
@@ -200,6 +236,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
         )
         status = "FAILED"
         started_ray = False
+        failure: StoreWriteError | None = None
         try:
             if to_rescore:
                 rescore_cells(tracker, to_rescore, active, outcome)
@@ -207,16 +244,27 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
                 started_ray = start_ray(cluster)
                 _run_on_ray(cfg, plan, cluster, tracker, todo, known, outcome)
             status = "FINISHED"
+        except StoreWriteError as err:  # the store failed mid-run: nothing more is scheduled
+            failure = err
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (ours, or Ray's handler once Ray is up)
             status = "KILLED"
             raise
         finally:
-            tracker.end_parent(status, {"cells_total": len(plan.cells), "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
-                                        "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"],
-                                        "cells_elsewhere": outcome["elsewhere"], "wall_s": time.perf_counter() - t0})
-            if started_ray:
-                ray.shutdown()
-    rows = tracker.rows((c.key for c in plan.cells), warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
+            try:
+                tracker.end_parent(status, {"cells_total": len(plan.cells), "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
+                                            "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"],
+                                            "cells_elsewhere": outcome["elsewhere"], "wall_s": time.perf_counter() - t0})
+            except Exception as err:  # noqa: BLE001 - the store is gone: said once, below, not as a traceback
+                failure = failure or store_failed(tracker, err, "closing the sweep's parent run", outcome)
+            finally:
+                if started_ray:
+                    ray.shutdown()
+        if failure is not None:
+            raise failure
+    try:
+        rows = tracker.rows((c.key for c in plan.cells), warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
+    except Exception as err:  # noqa: BLE001
+        raise store_failed(tracker, err, "reading the results for the tables", outcome) from err
     base_label = next((c.label for c in plan.cells if c.baseline), None)
     cell_text, mean_text = summary_tables(rows, base_label)
     print("\nper cell:\n" + cell_text)
@@ -246,17 +294,22 @@ def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], kn
     prepare_pairs(plan, opts)
 
     def on_result(cell: Cell, result: CellResult) -> None:
+        failure = None
         try:
             tracker.log_cell(cell, result)
+            outcome["logged"] += 1
         except Exception as err:  # noqa: BLE001 - the store failed mid-write: the cell stays unfinished, retried next time
             tracker.mark_log_failed(tracker.logging_run_id, f"{type(err).__name__}: {err}")
             result = replace(result, status=STATUS_FAILED, error=f"logging to MLflow failed: {type(err).__name__}: {err}")
+            failure = err
         finally:
             tracker.logging_run_id = None
             tracker.release(cell.key)
         outcome["ran"] += 1
         outcome["finished" if result.finished else "failed"] += 1
         outcome["results"].append({"cell_key": cell.key, "status": result.status, "node_id": result.node_id, "error": result.error})
+        if failure is not None:  # the first logging failure stops the sweep: no further cell is started
+            raise store_failed(tracker, failure, f"logging cell {cell.key} ({cell.label})", outcome) from failure
         if not result.finished:
             tqdm.write(f"{'SCORE FAILED' if result.status == STATUS_SCORE_FAILED else 'FAILED'} {cell.describe()}: {result.error}", file=sys.stderr)
 

@@ -16,11 +16,15 @@ part of it): the same configuration gives the same key.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import gguf
+import torch
+import yaml
 from huggingface_hub import try_to_load_from_cache
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -71,10 +75,62 @@ class Plan:
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> DictConfig:
-    """Compose the sweep config outside ``@hydra.main`` (tests, notebooks); leaves Hydra initialised."""
+    """Compose the sweep config outside ``@hydra.main`` (tests, notebooks); leaves Hydra initialised.
+    A group selection naming a missing or broken file is a :class:`SweepConfigError` (as on the command line)."""
+    check_command_line(overrides, Path(config_dir or CONF_DIR))
     GlobalHydra.instance().clear()
     initialize_config_dir(config_dir=str(Path(config_dir or CONF_DIR).resolve()), version_base="1.3")
     return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+SELECTABLE_GROUPS = ("method", "pair", "dataset", "sweep", "cluster")
+
+
+def _yaml_problem(path: Path) -> str | None:
+    """Why ``path`` is not a usable config file (a YAML syntax error with its line, or not a mapping); None if fine."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{path} is not valid YAML{where}: {err.problem or err.context}"
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as err:
+        return f"{path} cannot be read as YAML: {err}"
+    if data is not None and not isinstance(data, dict):
+        return f"{path} is a YAML {type(data).__name__}, not a mapping of keys (e.g. `name: ...`)"
+    return None
+
+
+def check_group_file(group: str, name: str, conf_dir: Path | None = None) -> None:
+    """``conf/<group>/<name>.yaml`` exists and is a YAML mapping; else a :class:`SweepConfigError` naming the fix."""
+    conf = Path(conf_dir or CONF_DIR)
+    path = conf / group / f"{name}.yaml"
+    if not path.is_file():
+        valid = sorted(str(p.relative_to(conf / group))[:-5] for p in (conf / group).rglob("*.yaml"))
+        raise SweepConfigError(f"unknown {group} {name!r} ({group}={name}): there is no {path}; valid {group}s: {valid} "
+                               f"(add conf/{group}/{name}.yaml or pick one of these)")
+    problem = _yaml_problem(path)
+    if problem:
+        raise SweepConfigError(f"{group}={name}: {problem}; fix the file or pick another {group}")
+
+
+def check_command_line(argv: Sequence[str], conf_dir: Path | None = None) -> None:
+    """Group selections on the command line (``method=``, ``pair=``, ``dataset=``, ``sweep=``, ``cluster=``) name
+    files that exist and parse, checked before Hydra composes (whose own errors are tracebacks with exit 1)."""
+    args = list(argv)
+    if any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
+        return  # another config tree: Hydra resolves it
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+")
+        if key not in SELECTABLE_GROUPS:
+            continue
+        for name in value.split(","):
+            name = name.strip().strip("'\"")
+            if name and name != "null":
+                check_group_file(key, name, conf_dir)
 
 
 def _group_options(group: str) -> list[str]:
@@ -89,11 +145,31 @@ def _group_option(cfg: DictConfig, group: str, name: str) -> dict[str, Any]:
             f"unknown {group} {name!r} in sweep.{GROUP_KEYS[group]}; valid {group}s: {options} "
             f"(add conf/{group}/{name}.yaml or pick one of these)"
         )
-    node = hydra_compose(config_name="config", overrides=[f"{group}={name}"])[group]
+    conf_dir = _conf_dir()
+    if conf_dir is not None:
+        check_group_file(group, name, conf_dir)
+    try:
+        node = hydra_compose(config_name="config", overrides=[f"{group}={name}"])[group]
+    except Exception as err:  # noqa: BLE001 - Hydra/OmegaConf errors on a broken group file
+        raise SweepConfigError(f"conf/{group}/{name}.yaml cannot be composed: {' '.join(str(err).split())[:300]}") from None
+    if not isinstance(node, DictConfig):
+        raise SweepConfigError(f"conf/{group}/{name}.yaml is not a mapping of keys (got {type(node).__name__})")
     context = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     OmegaConf.set_struct(context, False)
     context[group] = node
     return OmegaConf.to_container(context[group], resolve=True)
+
+
+def _conf_dir() -> Path | None:
+    """The config folder Hydra composes from (the primary file search path), if it is a folder."""
+    try:
+        sources = GlobalHydra.instance().config_loader().get_sources()
+    except Exception:  # noqa: BLE001 - not initialised
+        return None
+    for source in sources:
+        if source.scheme() == "file" and Path(source.path, "config.yaml").is_file():
+            return Path(source.path)
+    return None
 
 
 def _plain(node: Any) -> Any:
@@ -201,6 +277,11 @@ def _check_models_available(pair: Mapping[str, Any]) -> None:
     for role, model in (("target", spec.target), ("draft", spec.draft)):
         if model is None:
             continue
+        if not model.package and not model.random_init and _looks_like_a_path(model.id) and not Path(model.location()).exists():
+            raise SweepConfigError(
+                f"pair {pair['name']!r} {role} model folder {model.id!r} does not exist ({Path(model.location()).expanduser()}): "
+                "point the pair's `id` at an existing folder (relative paths are taken from the repository), "
+                "or use a Hugging Face repo id (`org/name`)")
         try:
             location = model.location()
         except ModelNotAvailableError as err:
@@ -215,6 +296,109 @@ def _check_models_available(pair: Mapping[str, Any]) -> None:
                 "(`huggingface-cli download <id>`), point the pair's `id` at a local folder, unset "
                 "HF_HUB_OFFLINE on a machine with Hub access, or use pair=smollm2-offline"
             )
+
+
+def _looks_like_a_path(model_id: str) -> bool:
+    """A local folder rather than a Hub repo id (``org/name``): absolute, ``./``, ``../``, ``~``, several parts,
+    or a first part that is a folder here (``models/<name>``)."""
+    text = str(model_id)
+    if text.startswith(("/", "./", "../", "~")) or text in (".", "..") or text.count("/") > 1:
+        return True
+    first = text.split("/", 1)[0]
+    return "/" in text and any((base / first).is_dir() for base in (CONF_DIR.parent, Path.cwd()))
+
+
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx", "max_sequence_length")
+
+
+def _context_from_config(config: Mapping[str, Any]) -> int | None:
+    for node in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            value = node.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def context_length(pair: Mapping[str, Any]) -> int | None:
+    """The target's context (positions), from its config (random init, a local folder, the Hub cache, a
+    GGUF file's metadata); None when it cannot be read without loading the model."""
+    target = PairSpec.from_config(pair).target
+    if target.random_init:
+        return _context_from_config(dict(target.config or {}))
+    try:
+        location = Path(target.location())
+    except ModelNotAvailableError:
+        return None
+    try:
+        if location.is_dir() and target.gguf_file and (location / target.gguf_file).is_file():
+            reader = gguf.GGUFReader(str(location / target.gguf_file))
+            for name, field_ in reader.fields.items():
+                if name.endswith(".context_length"):
+                    return int(field_.parts[field_.data[0]][0])
+            return None
+        config_file = location / "config.json" if location.is_dir() else None
+        if config_file is None or not config_file.is_file():
+            cached = try_to_load_from_cache(str(target.id), "config.json", revision=target.revision)
+            config_file = Path(cached) if isinstance(cached, str) else None
+        if config_file is not None:
+            return _context_from_config(json.loads(config_file.read_text()))
+    except (OSError, ValueError, KeyError, IndexError, ImportError):
+        return None
+    return None
+
+
+def _check_device(pair: Mapping[str, Any], cluster: Mapping[str, Any]) -> None:
+    """The pair's device exists where its cells run: a valid torch device; CUDA only where there is a GPU."""
+    device = str(pair.get("device") or "auto")
+    fix = "set the pair's device to auto (the GPU when a cell has one, else the CPU) or cpu (pair.device=auto)"
+    if device == "auto":
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} is not a torch device ({err}); {fix}") from None
+    local = (cluster.get("kind") or "local") == "local" and not cluster.get("address")
+    if dev.type == "cuda":
+        if local and not torch.cuda.is_available():
+            raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} but this machine has no CUDA GPU; {fix}")
+        visible = int(cluster.get("gpus_per_cell") or 1)  # a GPU cell sees only the GPU(s) Ray gave it
+        if local and torch.cuda.is_available():
+            visible = min(visible, torch.cuda.device_count())
+        if dev.index is not None and dev.index >= visible:
+            raise SweepConfigError(
+                f"pair {pair['name']!r}: device {device!r} but a cell sees {visible} GPU(s) (cuda:0..cuda:{visible - 1}: Ray gives "
+                f"each cell its own, cluster.gpus_per_cell={cluster.get('gpus_per_cell') or 1}); {fix} or cuda")
+    elif dev.type == "mps" and local and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} but MPS is not available here; {fix}")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} is not supported (cpu, cuda, cuda:N, mps, auto); {fix}")
+
+
+_MEASURE_RULES = {  # key: (types, minimum, what)
+    "warmup_generations": (int, 0, "an integer >= 0"),
+    "warmup_samples": (int, 0, "an integer >= 0"),
+    "warmup_seconds": ((int, float), 0, "a number >= 0"),
+    "idle_seconds": ((int, float), 0, "a number >= 0"),
+    "threads": (int, 1, "null or an integer >= 1"),
+}
+ENERGY_METERS = ("auto", "nvml", "rapl", "none")
+
+
+def _check_measure(measure: Mapping[str, Any]) -> list[str]:
+    errors = []
+    for key, (types, low, what) in _MEASURE_RULES.items():
+        value = measure.get(key)
+        if value is None and key == "threads":
+            continue
+        if isinstance(value, bool) or not isinstance(value, types) or value < low:
+            errors.append(f"measure.{key}={value!r}: must be {what} (e.g. measure.{key}={max(low, 1)})")
+    for key in ("perplexity", "score"):
+        if key in measure and not isinstance(measure[key], bool):
+            errors.append(f"measure.{key}={measure[key]!r}: must be true or false")
+    if measure.get("energy_meter", "auto") not in ENERGY_METERS:
+        errors.append(f"measure.energy_meter={measure.get('energy_meter')!r}: valid: {', '.join(ENERGY_METERS)}")
+    return errors
 
 
 def _declared_keys(section: str, root: Path) -> set[str]:
@@ -281,8 +465,18 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     baseline = attempt(_method_entry, cfg, baseline_name, {}, common) if baseline_name else None
     pairs = [p for p in (attempt(_pair_entry, cfg, n, o) for n, o in pair_items) if p]
     datasets = [d for d in (attempt(_dataset_entry, cfg, n, o, root) for n, o in dataset_items) if d]
+    cluster_cfg = OmegaConf.to_container(cfg.cluster, resolve=True) or {}
     for pair in pairs:
         attempt(_check_models_available, pair)
+        attempt(_check_device, pair, cluster_cfg)
+    errors += _check_measure(OmegaConf.to_container(cfg.measure, resolve=True) or {})
+    for pair in pairs:
+        context = context_length(pair) if not any(f"pair {pair['name']!r}" in e for e in errors) else None
+        for ds in datasets:
+            if context is not None and ds["max_new_tokens"] >= context:
+                errors.append(
+                    f"dataset {ds['name']!r}: max_new_tokens={ds['max_new_tokens']} does not fit the context of pair {pair['name']!r}'s "
+                    f"target ({context} positions, prompt included): set dataset.max_new_tokens below {context} minus the prompt length")
     resolved_params: dict[tuple[str, str], dict[str, Any]] = {}
     for m in methods + ([baseline] if baseline else []):
         for pair in pairs:
