@@ -477,6 +477,24 @@ def test_a_copy_of_the_answer_key_under_a_bind_is_found_and_masked(tmp_path, mon
     assert he.run_sandboxed(f"assert open({str(harmless)!r}).read() == 'X = 1\\n'").passed
 
 
+def test_empty_files_of_a_dataset_cache_do_not_mask_every_empty_file(tmp_path):
+    """An empty lock file in the datasets cache shares its (empty) bytes with every empty __init__.py of the
+    interpreter: matching it masked thousands of files and bwrap refused the command line (over 9000 args)."""
+    cache = tmp_path / "hf" / "datasets"
+    cache.mkdir(parents=True)
+    (cache / "x_builder.lock").write_bytes(b"")
+    record = cache / "gold.bin"
+    record.write_bytes(b"SELECT name FROM singer WHERE age > 20 -- a gold query of sixty-four bytes or more ...")
+    site = tmp_path / "site" / "pkg"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_bytes(b"")
+    (site / "py.typed").write_bytes(b"")
+    copy = site / "data.bin"
+    copy.write_bytes(record.read_bytes())
+    known = (str(cache / "x_builder.lock"), str(record))
+    assert he.sandbox.exposed_dataset_files((str(tmp_path / "site"),), known) == (str(copy),)
+
+
 def test_problems_file_given_to_the_scorer_is_masked(tmp_path, problems):
     data = tmp_path / "my-problems.jsonl"
     data.write_text(json.dumps(problems["HumanEval/0"]) + "\n")

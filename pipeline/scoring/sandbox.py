@@ -202,6 +202,7 @@ _CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pyx", ".pxd", ".pxi", ".so", ".a", ".
                   ".cu", ".cuh", ".typed", ".png", ".jpg", ".svg", ".ttf", ".afm", ".pfb", ".js", ".css", ".html", ".map",
                   ".whl", ".dll", ".dylib", ".exe", ".mo", ".wav", ".npy", ".npz", ".mat", ".pem")
 _SNIFF_BYTES = 1 << 16
+MIN_KNOWN_BYTES = 64  # smaller dataset-folder files are not matched by content (no record fits)
 
 
 def register_dataset_file(path: str | os.PathLike) -> None:
@@ -250,7 +251,9 @@ def exposed_dataset_files(dirs: tuple[str, ...], known: tuple[str, ...] = ()) ->
     """Files under ``dirs`` that hold evaluation data: a dataset file name, a dataset record's fields in
     their first 64 KiB (any file but code and binaries; gzip decompressed), or the same bytes as a file
     of ``known`` (under any name)."""
-    known_files = [k for k in known if os.path.isfile(k)]
+    # a file too small to hold a record (an empty lock file of the datasets cache, say) is no answer key:
+    # matching its bytes would mask every empty __init__.py and marker file of the interpreter
+    known_files = [k for k in known if os.path.isfile(k) and os.path.getsize(k) >= MIN_KNOWN_BYTES]
     known_sizes = {os.path.getsize(k) for k in known_files}
     known_digests = None
     found = []
