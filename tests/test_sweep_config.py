@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import ray
-from hydra.errors import MissingConfigException
 
 from helpers.project import make_project, overrides
 from pipeline import sweep
@@ -22,9 +21,9 @@ def _run(root, *extra):
 
 
 def test_unknown_method_lists_the_valid_choices(root):
-    with pytest.raises(MissingConfigException) as err:
+    with pytest.raises(SweepConfigError) as err:  # before any model or Ray, with the fix (issue 25)
         _run(root, "method=nope")
-    assert "Available options in 'method'" in str(err.value) and "spd" in str(err.value)
+    assert "unknown method 'nope'" in str(err.value) and "'spd'" in str(err.value) and "add conf/method/nope.yaml" in str(err.value)
 
 
 def test_impossible_parameter_fails_before_ray(root):
