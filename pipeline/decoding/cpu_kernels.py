@@ -31,6 +31,7 @@ _SRC = Path(__file__).resolve().parent / "csrc" / "bf16_decoder.cpp"
 _CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-fno-math-errno", "-fopenmp"]
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
+DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}  # short spellings -> torch's names
 
 
 def env_flag(name: str, default: bool = True) -> bool:
@@ -136,16 +137,23 @@ def kernel_path(device: torch.device | str, dtype: torch.dtype | str, build: boo
     ``build=False`` the path is predicted from the capability without building)."""
     dev = torch.device(device)
     if isinstance(dtype, str):
-        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}.get(dtype) or getattr(torch, dtype)
-    name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-    if dev.type != "cpu":
-        return f"{dev.type}-{name}"
-    if dtype == torch.bfloat16:
+        dtype = getattr(torch, DTYPE_NAMES.get(dtype, dtype))
+    if dev.type == "cpu" and dtype == torch.bfloat16:
         available = kernels() is not None if build else _capability_reason() is None
         return "bf16-avx512" if available else "bf16-onednn"
+    return fallback_path(dev, dtype)
+
+
+def fallback_path(device: torch.device, dtype: torch.dtype) -> str:
+    """The path of a model that does not run on the bf16 kernels (``bf16-onednn`` for bf16 on a CPU)."""
+    short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype).replace("torch.", ""))
+    if device.type != "cpu":
+        return f"{device.type}-{short}"
+    if dtype == torch.bfloat16:
+        return "bf16-onednn"
     if dtype == torch.float32:
         return "fp32-fast-matmul" if env_flag("PIPELINE_FAST_MATMUL") else "fp32-linear"
-    return f"cpu-{name}"
+    return f"cpu-{short}"
 
 
 def precision_info(device: torch.device | str, dtypes: dict[str, str], build: bool = True) -> dict[str, object]:
@@ -154,7 +162,7 @@ def precision_info(device: torch.device | str, dtypes: dict[str, str], build: bo
     info: dict[str, object] = {"cpu_bf16": native_bf16(), "cpu_bf16_flags": ",".join(cpu_bf16_flags()) or "none"}
     for role, dtype in dtypes.items():
         resolved = resolve_dtype(dtype, device)
-        name = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}.get(resolved, resolved)
+        name = DTYPE_NAMES.get(resolved, resolved)
         info[f"{role}_dtype"] = name
         info[f"{role}_kernels"] = kernel_path(device, name, build=build)
     return info

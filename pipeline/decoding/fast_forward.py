@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import env_flag, kernels
+from .cpu_kernels import env_flag, fallback_path, kernels
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 FAST_MATMUL_MAX_ROWS = 8  # above this (prefill), F.linear's gemm is as fast
@@ -179,13 +179,8 @@ class LeanForward(nn.Module):
     @property
     def kernel_path(self) -> str:
         """The kernels this model's steps run on (see ``cpu_kernels.kernel_path``)."""
-        device = self._head[0].weight.device
-        name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self._head[0].weight.dtype, "other")
-        if device.type != "cpu":
-            return f"{device.type}-{name}"
-        if self.kernels is not None:
-            return "bf16-avx512"
-        return "fp32-fast-matmul" if self.fast_matmul else f"{name}-{'onednn' if name == 'bf16' else 'linear'}"
+        weight = self._head[0].weight
+        return "bf16-avx512" if self.kernels is not None else fallback_path(weight.device, weight.dtype)
 
     def _pack(self, model: nn.Module) -> None:
         """The weights in the kernels' layout: QKV and gate/up fused, every matrix packed (a copy of ~ the
