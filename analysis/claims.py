@@ -306,9 +306,10 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
             return _untested(base, "no gamma", f"{claim.method} has no chain draft length gamma", claim)
         ctx["gamma"] = int(gamma.iloc[0])
     if "cost_ratio" in stat.needs:
-        if cost_ratio is None:
-            return _untested(base, "needs c", "needs the cost ratio c = t_draft / t_target (not logged by the cells)", claim)
-        ctx["cost_ratio"] = float(cost_ratio)
+        logged = pd.to_numeric(cells["cost_ratio"], errors="coerce").dropna() if "cost_ratio" in cells else pd.Series(dtype=float)
+        if cost_ratio is None and logged.empty:
+            return _untested(base, "needs c", "needs the cost ratio c = t_draft / t_target (not logged by these cells; pass --cost-ratio)", claim)
+        ctx["cost_ratio"] = float(cost_ratio) if cost_ratio is not None else float(logged.mean())  # given, else the cells' own
     if stat.cell_level:
         a = ref_cells[["seed", *stat.columns]].dropna()
         b = cells[["seed", *stat.columns]].dropna()
@@ -338,6 +339,8 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
     result["samples_needed"] = n if result["verdict"] != INCONCLUSIVE else samples_needed(n, se, effect, claim.direction, claim.margin)
     if claim.claimed is not None and math.isfinite(low):
         result["claimed_in_ci"] = bool(low <= claim.claimed <= high)
+    if claim.statistic in ("tokens_per_s", "speedup_over_bound") and not _on_gpu(cells):
+        result["note"] = "CPU timing, indicative: the cells ran one after another and the machine's load may differ between them"
     if se == 0 and np.ptp(new, axis=0).max() == 0 and (ref is None or np.ptp(ref, axis=0).max() == 0):
         result["verdict"], result["note"] = INCONCLUSIVE, "no spread: every generation has the same value (e.g. all scores 0), nothing to decide"
     return result

@@ -102,13 +102,17 @@ def acceptance_markdown(per_method: pd.DataFrame) -> str:
             a, b = r.get(f"acceptance_rate_pos{i}_{POOLED}", math.nan), r.get(f"acceptance_rate_pos{i}_{PER_REQUEST}", math.nan)
             pos.append(f"{_fmt(a)} / {_fmt(b)}" if isinstance(a, float) and math.isfinite(a) else "–")
         falls = r.get("acceptance_falls", math.nan)
-        falls_text = "–" if not math.isfinite(falls) else (f"**yes** (z = {r['acceptance_falls_z']:.2f}): the i.i.d. assumption fails" if falls else f"no (z = {r['acceptance_falls_z']:.2f})")
+        z = r.get("acceptance_falls_z", math.nan)
+        falls_text = "–" if not math.isfinite(falls) else (
+            f"**falls** (z = {z:.2f}): the i.i.d. assumption fails" if falls else
+            f"no, it rises (z = {z:.2f}): not i.i.d. either" if z > 1.96 else f"no, flat (z = {z:.2f})")
         lines.append(
             f"| {r['pair']} | {r['dataset']} | {r['label']} | {_fmt(r[f'acceptance_length_{POOLED}'])} | {_fmt(r[f'acceptance_length_{PER_REQUEST}'])} | "
             f"{_fmt(r[f'draft_acceptance_rate_{POOLED}'])} | {_fmt(r[f'draft_acceptance_rate_{PER_REQUEST}'])} | {' | '.join(pos)} | "
             f"{_fmt(r['alpha_positions'])} | {_fmt(r['alpha_implied'])} | {_fmt(r['leviathan_tokens_per_step'])} | {falls_text} |"
         )
-    lines += ["", "Leviathan check: under an i.i.d. acceptance rate the two alphas agree and the per-position rates are flat; "
+    lines += ["", "Leviathan check: under an i.i.d. acceptance rate the two alphas agree and the per-position rates are flat "
+              "(z: rate at positions >= 2 minus rate at position 1, two-proportion test; below -1.96 acceptance falls with position); "
               "alpha (implied) uses the method's gamma, and only means something for chain drafts (spd, block, mtad, typical, bild)."]
     return "\n".join(lines) + "\n"
 
@@ -137,7 +141,7 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
         claimed = "–" if r["claimed"] is None or pd.isna(r["claimed"]) else (
             f"{_fmt(r['claimed'], pct) if pct else _fmt(r['claimed'])} ({'yes' if r['claimed_in_ci'] else 'no' if r['claimed_in_ci'] is not None else '–'})")
         needed = "decided" if r["verdict"] != "inconclusive" else (_fmt(float(r["samples_needed"])) if pd.notna(r["samples_needed"]) else "–")
-        vs = f"{r['method']} vs {r['reference']}" if r["reference"] else f"{r['method']}"
+        vs = f"{r['method']} vs {r['reference']}" if isinstance(r["reference"], str) and r["reference"] else f"{r['method']} (one-sample)"
         verdict = f"**{r['verdict']}**" + (f" ({r['note']})" if r["note"] else "")
         lines.append(f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | {_boundary(pd.Series(r))} | "
                      f"{_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | {r['n']} | {needed} | "
@@ -163,25 +167,29 @@ def forest_plot(table: pd.DataFrame):
                              gridspec_kw={"height_ratios": heights})
     for ax, scale in zip(axes[:, 0], scales):
         rows = tested[tested["scale"] == scale].reset_index(drop=True)
-        mult = 100.0 if scale == "relative" else 1.0
+        def x(v: float, rel: bool = scale == "relative") -> float:  # relative effects as ratios on a log axis
+            return 1.0 + v if rel else v
+
         if rows.empty:
             ax.text(0.5, 0.5, "no claim tested", ha="center", va="center", transform=ax.transAxes)
             continue
         for i, r in rows.iterrows():
             y = len(rows) - 1 - i
             color = COLORS.get(r["verdict"], "tab:gray")
-            ax.plot([r["low"] * mult, r["high"] * mult], [y, y], color=color, lw=2.2)
-            ax.plot(r["effect"] * mult, y, "o", color=color)
+            ax.plot([x(r["low"]), x(r["high"])], [y, y], color=color, lw=2.2)
+            ax.plot(x(r["effect"]), y, "o", color=color)
             bounds = {"greater": [0.0], "less": [0.0], "at_least": [-r["margin"]], "at_most": [r["margin"]],
                       "equivalent": [-r["margin"], r["margin"]]}[r["direction"]]
             for b in bounds:
-                ax.plot([b * mult] * 2, [y - 0.35, y + 0.35], color="0.3", ls="--", lw=1)
+                ax.plot([x(b)] * 2, [y - 0.35, y + 0.35], color="0.3", ls="--", lw=1)
             if r["claimed"] is not None and pd.notna(r["claimed"]):
-                ax.plot(r["claimed"] * mult, y, "x", color="black", ms=7)
-        ax.axvline(0, color="0.6", lw=0.8)
+                ax.plot(x(r["claimed"]), y, "x", color="black", ms=7)
+        ax.axvline(x(0.0), color="0.6", lw=0.8)
+        if scale == "relative":
+            ax.set_xscale("log")
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"{r['claim']} ({r['dataset']})" for r in rows.iloc[::-1].to_dict("records")], fontsize=8)
-        ax.set_xlabel("effect, % (relative)" if scale == "relative" else "effect (absolute difference)")
+        ax.set_xlabel("ratio method / reference (relative effect + 1, log scale)" if scale == "relative" else "effect (absolute difference)")
     axes[0, 0].set_title("Claims: effect and paired bootstrap 95% CI (green supported, red contradicted, grey inconclusive;\n"
                          "dashed: the claim's boundary; x: the paper's figure)", fontsize=9)
     fig.tight_layout()

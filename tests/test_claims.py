@@ -225,3 +225,17 @@ def test_acceptance_tables_per_cell_and_per_method():
     per_method, per_cell = acceptance_tables(runs, samples)
     assert list(per_method["label"]) == ["spd"] and len(per_cell) == 3
     assert per_method.iloc[0]["cells"] == 3 and 0.3 < per_method.iloc[0]["alpha_positions"] < 0.7
+
+
+def test_speedup_over_bound_uses_the_cells_logged_cost_ratio():
+    claim = Claim(id="bound", source="s", wording="w", method="m", reference="ar", statistic="speedup_over_bound", direction="at_most",
+                  requires="cost_ratio")
+    runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=8)
+    assert evaluate_claims([claim], runs, samples, n_boot=50).iloc[0]["status"] == "needs c"
+    runs["cost_ratio"] = np.where(runs["label"] == "m", 0.1, np.nan)
+    row = evaluate_claims([claim], runs, samples, n_boot=50).iloc[0]
+    m, ar = samples[samples["label"] == "m"], samples[samples["label"] == "ar"]
+    speedup = (m["new_tokens"].sum() / m["decode_s"].sum()) / (ar["new_tokens"].sum() / ar["decode_s"].sum())
+    alpha = m["accepted"].map(lambda a: sum(x - 1 for x in a)).sum() / m["accepted"].map(lambda a: sum(min(x, 4) for x in a)).sum()
+    assert row["effect"] == pytest.approx(speedup / (expected_tokens(alpha, 4) / (4 * 0.1 + 1)) - 1)
+    assert evaluate_claims([claim], runs, samples, n_boot=50, cost_ratio=0.2).iloc[0]["effect"] != pytest.approx(row["effect"])
