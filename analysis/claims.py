@@ -56,7 +56,8 @@ def _mean(u: np.ndarray, ctx: dict) -> float:
 
 
 def _leviathan(u: np.ndarray, ctx: dict) -> float:
-    """Leviathan's E[tokens/step] at the pooled per-position alpha, relative to the measured tokens/step."""
+    """Leviathan's E[tokens/step] at alpha = the acceptance rate at draft position 1 (every drafting step
+    reaches it), over the measured tokens/step: 1 when acceptance is i.i.d. over positions."""
     tokens, iters, acc, reached = (u[:, i].sum() for i in range(4))
     if iters <= 0 or reached <= 0:
         return math.nan
@@ -69,7 +70,7 @@ STATISTICS: dict[str, Statistic] = {
     "perplexity": Statistic(("perplexity",), _mean),
     "score": Statistic(("sample_score",), _mean),
     "j_per_token": Statistic(("j_per_token",), _mean, cell_level=True),
-    "leviathan_tokens_per_step": Statistic(("new_tokens", "iterations", "accepted_drafts", "reached"), _leviathan, one_sample=True, needs=("gamma",)),
+    "leviathan_tokens_per_step": Statistic(("new_tokens", "iterations", "accepted_pos1", "reached_pos1"), _leviathan, one_sample=True, needs=("gamma",)),
     "speedup_over_bound": Statistic(("new_tokens", "decode_s", "iterations", "accepted_drafts", "reached"), _ratio_of_sums, needs=("gamma", "cost_ratio")),
 }
 
@@ -192,11 +193,11 @@ def samples_needed(n: int, se: float, effect: float, direction: str, margin: flo
 
 def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Per generation: ``iterations`` (len accepted), ``accepted_drafts`` and ``reached`` (draft positions
-    reached, pipeline.acceptance) from ``accepted`` and ``drafted`` (reconstructed from the cell's gamma
-    and max_new_tokens for records logged without it)."""
+    reached, pipeline.acceptance), ``accepted_pos1`` and ``reached_pos1`` (position 1 only), from ``accepted``
+    and ``drafted`` (reconstructed from the cell's gamma and max_new_tokens for records logged without it)."""
     out = samples.copy()
     params = runs.set_index("run_id")[["gamma", "max_new_tokens"]] if {"gamma", "max_new_tokens"} <= set(runs.columns) else None
-    iters, acc, reached = [], [], []
+    iters, acc, reached, acc1, reached1 = [], [], [], [], []
     for row in out.itertuples(index=False):
         accepted = list(getattr(row, "accepted", None) or [])
         drafted = getattr(row, "drafted", None)
@@ -209,7 +210,10 @@ def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.Data
         iters.append(len(accepted))
         acc.append(sum(a))
         reached.append(sum(min(x + 1, int(d)) for x, d in zip(a, drafted)))
-    out["iterations"], out["accepted_drafts"], out["reached"] = (np.asarray(v, dtype=float) for v in (iters, acc, reached))
+        reached1.append(sum(1 for d in drafted if int(d) >= 1))
+        acc1.append(sum(1 for x, d in zip(a, drafted) if int(d) >= 1 and x >= 1))
+    for name, values in (("iterations", iters), ("accepted_drafts", acc), ("reached", reached), ("accepted_pos1", acc1), ("reached_pos1", reached1)):
+        out[name] = np.asarray(values, dtype=float)
     return out
 
 

@@ -125,12 +125,17 @@ def test_gpu_claims_and_missing_methods_are_untested_here_with_the_command():
     assert table.at["energy", "n"] == 3  # cells paired by seed
 
 
-def test_leviathan_formula_holds_for_iid_acceptance():
+def test_leviathan_formula_holds_for_iid_acceptance_and_fails_when_acceptance_falls():
     claim = Claim(id="lev", source="s", wording="w", method="m", reference=None, statistic="leviathan_tokens_per_step",
                   direction="equivalent", margin=0.05)
     runs, samples = synthetic({"m": 0.0}, alpha=0.6, n_prompts=30)
     row = evaluate_claims([claim], runs, samples, n_boot=300).iloc[0]
     assert abs(row["effect"]) < 0.03 and row["verdict"] == SUPPORTED
+    # acceptance that falls with position (position 1 always accepted, position 2 never): alpha = 1 predicts 5 tokens, 2 measured
+    samples["accepted"] = samples["accepted"].map(lambda a: [2] * len(a))
+    samples["new_tokens"] = samples["accepted"].map(sum)
+    row = evaluate_claims([claim], runs, samples, n_boot=100).iloc[0]
+    assert row["effect"] == pytest.approx(5 / 2 - 1) and row["verdict"] == CONTRADICTED
 
 
 def test_the_shipped_claims_file_loads_and_bad_entries_name_the_fix(tmp_path):
