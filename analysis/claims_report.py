@@ -140,7 +140,8 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
         ci = f"[{_fmt(r['low'], pct)}, {_fmt(r['high'], pct)}]" if pct else f"[{_fmt(r['low'])}, {_fmt(r['high'])}]"
         claimed = "–" if r["claimed"] is None or pd.isna(r["claimed"]) else (
             f"{_fmt(r['claimed'], pct) if pct else _fmt(r['claimed'])} ({'yes' if r['claimed_in_ci'] else 'no' if r['claimed_in_ci'] is not None else '–'})")
-        needed = "decided" if r["verdict"] != "inconclusive" else (_fmt(float(r["samples_needed"])) if pd.notna(r["samples_needed"]) else "–")
+        need = float(r["samples_needed"]) if pd.notna(r["samples_needed"]) else math.nan
+        needed = "decided" if r["verdict"] != "inconclusive" else (str(int(need)) if math.isfinite(need) else "∞" if math.isinf(need) else "–")
         vs = f"{r['method']} vs {r['reference']}" if isinstance(r["reference"], str) and r["reference"] else f"{r['method']} (one-sample)"
         verdict = f"**{r['verdict']}**" + (f" ({r['note']})" if r["note"] else "")
         lines.append(f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | {_boundary(pd.Series(r))} | "
