@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from pipeline.acceptance import reconstruct_drafted
+from pipeline.acceptance import as_list, reconstruct_drafted
 from pipeline.bounds import expected_tokens
 
 CLAIMS_FILE = Path(__file__).resolve().parent / "claims.yaml"
@@ -199,8 +199,8 @@ def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.Data
     params = runs.set_index("run_id")[["gamma", "max_new_tokens"]] if {"gamma", "max_new_tokens"} <= set(runs.columns) else None
     iters, acc, reached, acc1, reached1 = [], [], [], [], []
     for row in out.itertuples(index=False):
-        accepted = list(getattr(row, "accepted", None) or [])
-        drafted = getattr(row, "drafted", None)
+        accepted = as_list(getattr(row, "accepted", None))
+        drafted = as_list(getattr(row, "drafted", None))
         if not drafted and accepted and (getattr(row, "draft_steps", 0) or 0) > 0 and params is not None and row.run_id in params.index:
             gamma, mnt = params.loc[row.run_id, "gamma"], params.loc[row.run_id, "max_new_tokens"]
             if isinstance(gamma, (int, float)) and not pd.isna(gamma):

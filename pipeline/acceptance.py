@@ -147,13 +147,18 @@ def iid_check(reached: Sequence[int], accepted_at: Sequence[int], acceptance_len
     return out
 
 
+def as_list(value: Any) -> list[int]:
+    """A logged list, or [] for a missing one (None, NaN from a DataFrame)."""
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
 def records_metrics(records: Sequence[Any], gamma: int | None = None, max_new_tokens: int | None = None) -> dict[str, float]:
     """``acceptance_metrics`` of generation records (objects or dicts with ``accepted``, ``drafted``,
     ``draft_steps``): records without ``drafted`` are reconstructed from ``gamma`` when given, skipped otherwise."""
     requests = []
     for rec in records:
         get = rec.get if isinstance(rec, dict) else lambda k, r=rec: getattr(r, k, None)
-        accepted, drafted = list(get("accepted") or []), get("drafted")
+        accepted, drafted = as_list(get("accepted")), as_list(get("drafted"))
         if not accepted:
             continue
         if not drafted:  # logged before ``drafted`` existed: the chain loop's rule, for methods that drafted

@@ -211,6 +211,8 @@ def test_reconstructed_drafts_follow_the_chain_loop_rule():
     # gamma 4, 10 new tokens: drafts of 4, 4, then min(4, 10 - 8 - 1) = 1
     assert reconstruct_drafted([3, 5, 2], 4, max_new_tokens=10) == [4, 4, 1]
     assert records_metrics([{"accepted": [1, 1], "draft_steps": 0}], gamma=4) == {}  # nothing drafted: no metrics
+    assert records_metrics([{"accepted": [3, 5, 2], "drafted": math.nan, "draft_steps": 9}], gamma=4) != {}  # NaN (a DataFrame's gap) = not logged
+    assert records_metrics([{"accepted": math.nan, "draft_steps": 9}], gamma=4) == {}
     assert records_metrics([{"accepted": [3, 5, 2], "draft_steps": 9}], gamma=4, max_new_tokens=10)["drafts_reaching_pos1"] == 3
 
 
