@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from analysis import figures, schema, specbench
+from analysis import claims_report, figures, schema, specbench
 from analysis.runs import REPO_ROOT, default_tracking_uri, load_runs, load_samples
 from analysis.tables import build_tables
 
@@ -114,6 +114,7 @@ def write_report(
     n_boot: int = 2000,
     timeout: int = 600,
     log_to_mlflow: bool = True,
+    claims_file: str | Path | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Write the report of ``sweep`` under ``out`` (default ``reports/<sweep>``); returns what was written."""
@@ -137,8 +138,13 @@ def write_report(
     log(f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}")
     written["figures"] = figures.save_all(runs, out_dir / "figures")
     log(f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}")
+    claims = claims_report.write_claims(runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep)
+    written["claims"] = claims
+    written["tables"].extend(claims["paths"])
+    written["figures"]["claims_forest"] = claims["figure"]
+    log(f"claims: {', '.join(f'{n} {v}' for v, n in sorted(claims['counts'].items()))} -> {out_dir / 'claims.md'}")
     if log_to_mlflow:
-        written["parent_run"] = log_to_parent_run(sweep, uri, written, tables.summary)
+        written["parent_run"] = log_to_parent_run(sweep, uri, written, tables.summary, claims_report.claim_metrics(claims["table"]))
         if written["parent_run"]:
             exp_id = MlflowClient(tracking_uri=uri).get_run(written["parent_run"]).info.experiment_id
             log(f"figures and tables logged to the parent run {written['parent_run']} (its Artifacts tab, report/); "
@@ -180,13 +186,14 @@ def share_view(client, experiment_id: str, extra_columns: Sequence[str] = ()) ->
     client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
 
 
-def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], summary=None) -> str | None:
+def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], summary=None, extra_metrics: dict[str, float] | None = None) -> str | None:
     """Log the report's figures, tables and runs.csv as artifacts of the sweep's latest parent run.
 
     Artifacts go under ``report/`` (figures under ``report/figures/``) so they open in the MLflow UI
     from the parent run's page; the summary's per-method speed-up and accepted tokens per step are
     logged as the parent's metrics (``speedup.<dataset>.<label>``, ``accepted_per_step.<dataset>.<label>``)
-    so that the runs table shows them. Returns the parent run id, or None when the sweep has none.
+    so that the runs table shows them, with ``extra_metrics`` (the claims' effects, CIs and verdicts).
+    Returns the parent run id, or None when the sweep has none.
     """
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(sweep)
@@ -211,6 +218,9 @@ def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], su
                 value = getattr(row, f"{col}_mean", math.nan)
                 if value is not None and math.isfinite(float(value)):
                     metrics.append(Metric(_metric_name(col, row.dataset, row.label), float(value), now, 0))
+    now = int(time.time() * 1000)
+    metrics.extend(Metric(_metric_name(*k.split(".")), v, now, 0) for k, v in (extra_metrics or {}).items())
+    if metrics:
         for i in range(0, len(metrics), 1000):
             client.log_batch(run_id, metrics=metrics[i : i + 1000])
     client.set_tag(run_id, "report", "report/ (figures, tables, runs.csv) from python -m analysis.report")
@@ -241,13 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-notebooks", action="store_true", help="tables and figures only")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per notebook cell")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log figures and tables to the sweep's parent run")
+    parser.add_argument("--claims", default=None, help="claims file (default: analysis/claims.yaml); claims.md tests each claim on the sweep")
     args = parser.parse_args(argv)
     sweep = args.sweep or (latest_sweep(args.tracking_uri or default_tracking_uri()) if args.latest else None) or "smoke"
     try:
         written = write_report(sweep, args.tracking_uri, args.out, reference=args.reference, cost_ratio=args.cost_ratio,
                                notebooks=() if args.no_notebooks else NOTEBOOKS, n_boot=args.bootstrap, timeout=args.timeout,
-                               log_to_mlflow=not args.no_mlflow)
-    except LookupError as err:
+                               log_to_mlflow=not args.no_mlflow, claims_file=args.claims)
+    except (LookupError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     failed = [n for n, r in written["notebooks"].items() if r["error"]]

@@ -57,6 +57,14 @@ METRICS: dict[str, str] = {
     "draft_steps": "draft_steps",
     "accepted_per_step": "accepted_per_step",  # new tokens / target steps, pooled (bonus token included)
     "accepted_per_step_mean_of_samples": "accepted_per_step_mean_of_samples",
+    # pipeline.acceptance: vLLM / Spec-Bench conventions, pooled over tokens and per-request means
+    "acceptance_length_pooled": "acceptance_length_pooled",
+    "acceptance_length_per_request": "acceptance_length_per_request",
+    "draft_acceptance_rate_pooled": "draft_acceptance_rate_pooled",
+    "draft_acceptance_rate_per_request": "draft_acceptance_rate_per_request",
+    "alpha_positions": "alpha_positions",  # i.i.d. MLE from the per-position counts
+    "alpha_implied": "alpha_implied",  # from the acceptance length through Leviathan's formula
+    "acceptance_falls": "acceptance_falls",  # 1: acceptance falls with draft position (z < -1.96)
     "perplexity": "perplexity",
     "score": "score",
     "energy_available": "energy_available",
@@ -107,6 +115,7 @@ RECORD_FIELDS: dict[str, str] = {
     "steps": "steps",
     "draft_steps": "draft_steps",
     "accepted": "accepted",  # tokens emitted per target step
+    "drafted": "drafted",  # draft positions put to the target per step (speculative methods; older records: absent)
     "decode_s": "decode_s",
     "tokens_per_s": "tokens_per_s",
     "perplexity": "perplexity",

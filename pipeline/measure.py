@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from pipeline.acceptance import records_metrics
 from pipeline.data import format_sample
 from pipeline.data.base import Prompt, Sample
 from pipeline.decoding.kv import CachedModel
@@ -67,6 +68,7 @@ class GenerationRecord:
     prediction: str | None = None  # answer_prefix + text cut at a stop string: what a scorer gets
     counted_tokens: int | None = None  # tokens up to the stop string (new_tokens without one)
     category: str | None = None  # the sample's category (per-category reports, Spec-Bench export)
+    drafted: list[int] = field(default_factory=list)  # per iteration: draft positions put to the target (speculative methods)
 
     @property
     def tokens_per_s(self) -> float:
@@ -126,6 +128,8 @@ class WindowResult:
             **{f"peak_memory_{k}": v for k, v in self.peak_memory.items()},
         }
         out.update(energy_summary(self.energy, self.idle, tokens))
+        # acceptance in vLLM / Spec-Bench conventions, pooled and per request (pipeline.acceptance)
+        out.update(records_metrics(recs, self.settings.get("draft_length")))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,6 +142,12 @@ class WindowResult:
             "settings": self.settings,
             "records": [r.to_dict() for r in self.records],
         }
+
+
+def _draft_length(decoder: Any) -> int | None:
+    """The chain length gamma a draft-verify decoder drafts per iteration (None for other methods)."""
+    gamma = getattr(decoder, "gamma", None)
+    return int(gamma) if isinstance(gamma, int) and not isinstance(gamma, bool) else None
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -284,7 +294,7 @@ def run_window(
                     prompt_ids=list(prompt.input_ids), tokens=list(gen.tokens), new_tokens=len(gen.tokens),
                     steps=gen.steps, draft_steps=gen.draft_steps, accepted=list(gen.accepted),
                     decode_s=dt, hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
-                    answer_prefix=prompt.answer_prefix, category=sample.category,
+                    answer_prefix=prompt.answer_prefix, category=sample.category, drafted=list(gen.drafted),
                 )
             )
             if turn + 1 < n_turns:
@@ -325,6 +335,7 @@ def run_window(
             "idle_seconds": idle_seconds,
             "warmup_generations_min": warmup_generations,
             "warmup_seconds_min": warmup_seconds,
+            "draft_length": _draft_length(decoder),
         },
     )
 

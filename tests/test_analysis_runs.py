@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from _fixtures_analysis import PAIR, SWEEP, TOKENS, TOKENS_PER_S, _cell, _result, store
+from mlflow import MlflowClient
 
 from analysis import figures, report
 from analysis.runs import load_runs, load_samples
@@ -90,11 +91,15 @@ def test_report_cli_without_notebooks_writes_tables_and_figures(uri, tmp_path):
     assert "**" in md and "<u>" in md and "mtad(tau=0.3)" in md
     assert "\\textbf{" in tex and "\\underline{" in tex and "mt\\_bench" in tex
     assert (tmp_path / "runs.csv").stat().st_size > 0
-    names = {"speed_vs_perplexity", "energy_vs_speed", "score_vs_perplexity", "acceptance_length", "ablation_tau"}
+    names = {"speed_vs_perplexity", "energy_vs_speed", "score_vs_perplexity", "acceptance_length", "ablation_tau", "claims_forest"}
     assert {p.stem for p in (tmp_path / "figures").iterdir()} == names
     for name in names:
         png, pdf = tmp_path / "figures" / f"{name}.png", tmp_path / "figures" / f"{name}.pdf"
         assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF" and png.stat().st_size > 5000
+    claims = (tmp_path / "claims.md").read_text()  # the shipped claims on the fixture's labels (ar, spd, mtad; FakeGPU cells)
+    assert "mtad_ppl_vs_ar" in claims and "block_speed_vs_token" in claims and "Acceptance" in claims
+    parent = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name(SWEEP).experiment_id], "tags.kind = 'sweep'")[0]
+    assert parent.data.metrics["claim.mtad_ppl_vs_ar.humaneval.verdict"] in (-1.0, 0.0, 1.0)  # the claims reach the parent run
     assert report.main(["--sweep", "no_such_sweep", "--tracking-uri", uri, "--out", str(tmp_path / "x"), "--no-notebooks"]) == 2
 
 

@@ -22,12 +22,17 @@ class Generation:
     ``len(accepted) == steps``; methods that spend several target forwards per iteration (MTJD,
     beam search) say so in their docstring. Mean accepted tokens per target step is
     ``len(tokens) / steps`` for every method.
+
+    ``drafted`` (speculative methods only, else empty): per iteration, the draft positions that
+    iteration put to the target (the chain's length, or the tree's depth; 0 for a plain target step),
+    so that per-position acceptance rates (accepted at position i / drafts reaching i) are exact.
     """
 
     tokens: list[int]
     steps: int
     draft_steps: int
     accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

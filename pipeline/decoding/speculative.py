@@ -88,17 +88,20 @@ class DraftVerifyDecoder(Decoder):
         context = list(prompt)
         out: list[int] = []
         accepted: list[int] = []
+        drafted: list[int] = []  # draft positions put to the target per iteration
         while len(out) < max_new_tokens:
             length = len(context)
             gamma = min(self.gamma, max_new_tokens - len(out) - 1)
             proposed = self.propose(context, gamma, generator) if gamma > 0 else None
             if proposed is None:  # one token left, or nothing drafted: a plain target step
                 emitted = [self._next_token(target.forward(context[-1:], keep=1)[-1], generator)]
+                drafted.append(0)
                 if drafter.uses_hidden:
                     drafter.observe(target.hidden, length - 1)
             else:
                 tokens, proposal = proposed
                 gamma = tokens.shape[0]
+                drafted.append(int(gamma))
                 feed = torch.cat([torch.tensor(context[-1:], device=tokens.device), tokens])
                 logits = target.forward(feed, keep=gamma + 1)
                 n, y = self.verify(logits, tokens, proposal, generator)
@@ -113,7 +116,7 @@ class DraftVerifyDecoder(Decoder):
                     drafter.observe(target.hidden[: n + 1], length - 1)
             if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
-        return Generation(out, target.forwards, drafter.forwards, accepted)
+        return Generation(out, target.forwards, drafter.forwards, accepted, drafted)
 
     def draft_chain(self, context: list[int], gamma: int, generator):
         """The drafter's chain (``ChainDraft``) or None when it has nothing to propose."""
@@ -157,6 +160,7 @@ class TreeVerifyDecoder(Decoder):
         context = list(prompt)
         out: list[int] = []
         accepted: list[int] = []
+        drafted: list[int] = []  # tree depth put to the target per iteration
         while len(out) < max_new_tokens:
             length = len(context)
             depth = min(self.tree_depth, max_new_tokens - len(out) - 1)
@@ -164,6 +168,7 @@ class TreeVerifyDecoder(Decoder):
             if tree is None:  # one token left, or nothing proposed: a plain target step
                 emitted = [self._next_token(target.forward(context[-1:], keep=1)[-1], generator)]
                 self.commit(length, None, [])
+                drafted.append(0)
             else:
                 logits = tree_verify_forward(target, context, tree)
                 if warper.greedy:
@@ -173,6 +178,7 @@ class TreeVerifyDecoder(Decoder):
                 target.compact(length, path)
                 self.commit(length, tree, path)
                 emitted = [tree.tokens[i] for i in path] + [y]
+                drafted.append(max(tree.depths) + 1 if tree.depths else 0)
             if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
-        return Generation(out, target.forwards, self.drafter_impl.forwards if self.drafter_impl is not None else 0, accepted)
+        return Generation(out, target.forwards, self.drafter_impl.forwards if self.drafter_impl is not None else 0, accepted, drafted)

@@ -1,0 +1,371 @@
+"""Claims as data (``analysis/claims.yaml``), tested on a sweep's generations with a paired bootstrap.
+
+    claims = load_claims()                                   # or load_claims("my_claims.yaml")
+    table = evaluate_claims(claims, runs, samples)           # one row per claim x (pair, dataset)
+
+Each claim names a method, a reference, a statistic, a scale (relative or absolute effect), a direction
+and a margin. The effect ``statistic(method) vs statistic(reference)`` is bootstrapped over pairs of
+generations with the same (seed, prompt id, turn), resampled within each seed (stratified), 95%
+percentile interval. The verdict: supported / contradicted / inconclusive at this size (see
+``verdict``); for an inconclusive claim, the pairs a decisive answer would need at 80% power if the
+measured effect is the true one (``samples_needed``), and the minimum detectable effect at this size.
+Claims needing a GPU (absolute speed, energy) or a cost ratio are listed as untested off those, with
+the command that tests them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from pipeline.acceptance import as_list, reconstruct_drafted
+from pipeline.bounds import expected_tokens
+
+CLAIMS_FILE = Path(__file__).resolve().parent / "claims.yaml"
+DIRECTIONS = ("greater", "less", "at_least", "at_most", "equivalent")
+SCALES = ("relative", "absolute")
+REQUIRES = ("cpu", "gpu", "cost_ratio")
+Z_95, Z_POWER = 1.959964, 0.841621  # two-sided 5% test, 80% power
+SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """How a claim's statistic is computed: the columns of a unit, and the effect from (reference units, method units)."""
+
+    columns: tuple[str, ...]
+    value: Callable[[np.ndarray, dict], float]  # statistic of one side's units
+    one_sample: bool = False
+    cell_level: bool = False  # units are cells paired by seed (runs frame), not generations
+    needs: tuple[str, ...] = ()  # context keys: gamma, cost_ratio
+
+
+def _ratio_of_sums(u: np.ndarray, ctx: dict) -> float:
+    den = u[:, 1].sum()
+    return float(u[:, 0].sum() / den) if den > 0 else math.nan
+
+
+def _mean(u: np.ndarray, ctx: dict) -> float:
+    return float(u[:, 0].mean()) if u.size else math.nan
+
+
+def _leviathan(u: np.ndarray, ctx: dict) -> float:
+    """Leviathan's E[tokens/step] at alpha = the acceptance rate at draft position 1 (every drafting step
+    reaches it), over the measured tokens/step: 1 when acceptance is i.i.d. over positions."""
+    tokens, iters, acc, reached = (u[:, i].sum() for i in range(4))
+    if iters <= 0 or reached <= 0:
+        return math.nan
+    return expected_tokens(acc / reached, int(ctx["gamma"])) / (tokens / iters)
+
+
+STATISTICS: dict[str, Statistic] = {
+    "tokens_per_step": Statistic(("new_tokens", "steps"), _ratio_of_sums),
+    "tokens_per_s": Statistic(("new_tokens", "decode_s"), _ratio_of_sums),
+    "perplexity": Statistic(("perplexity",), _mean),
+    "score": Statistic(("sample_score",), _mean),
+    "j_per_token": Statistic(("j_per_token",), _mean, cell_level=True),
+    "leviathan_tokens_per_step": Statistic(("new_tokens", "iterations", "accepted_pos1", "reached_pos1"), _leviathan, one_sample=True, needs=("gamma",)),
+    "speedup_over_bound": Statistic(("new_tokens", "decode_s", "iterations", "accepted_drafts", "reached"), _ratio_of_sums, needs=("gamma", "cost_ratio")),
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One testable claim (fields of ``claims.yaml``)."""
+
+    id: str
+    source: str
+    wording: str
+    method: str
+    reference: str | None
+    statistic: str
+    scale: str = "relative"
+    direction: str = "greater"
+    margin: float = 0.0
+    claimed: float | None = None
+    requires: str = "cpu"
+    command: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _check(entry: dict, where: str) -> None:
+    missing = [k for k in ("id", "source", "wording", "method", "statistic") if entry.get(k) in (None, "", [])]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)} (every claim needs id, source, wording, method, statistic)")
+    for key, valid in (("statistic", tuple(STATISTICS)), ("scale", SCALES), ("direction", DIRECTIONS), ("requires", REQUIRES)):
+        value = entry.get(key)
+        if value is not None and value not in valid:
+            raise ValueError(f"{where}: {key} {value!r} is not one of {', '.join(valid)}")
+    stat = STATISTICS[entry["statistic"]]
+    if entry.get("reference") is None and not stat.one_sample:
+        raise ValueError(f"{where}: statistic {entry['statistic']!r} compares two methods; set `reference` (a label of the sweep)")
+    margin = entry.get("margin", 0.0)
+    if not isinstance(margin, (int, float)) or margin < 0:
+        raise ValueError(f"{where}: margin must be a number >= 0 on the effect's scale, not {margin!r}")
+    if entry.get("direction") == "equivalent" and not margin:
+        raise ValueError(f"{where}: an equivalence claim needs a margin > 0 (the difference that counts as equal)")
+
+
+def load_claims(path: str | Path | None = None) -> list[Claim]:
+    """The claims of ``path`` (default ``analysis/claims.yaml``), a list ``method`` expanded to one claim per entry."""
+    path = Path(path) if path else CLAIMS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no claims file {path}; pass an existing YAML (see analysis/claims.yaml for the format)")
+    data = yaml.safe_load(path.read_text()) or {}
+    entries = data.get("claims") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a top-level `claims:` list (see analysis/claims.yaml)")
+    out, seen = [], set()
+    known = {f for f in Claim.__dataclass_fields__ if f != "extra"}
+    for i, entry in enumerate(entries):
+        where = f"{path} claim {i + 1} ({entry.get('id', '?') if isinstance(entry, dict) else '?'})"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: each claim is a mapping")
+        _check(entry, where)
+        methods = entry["method"] if isinstance(entry["method"], list) else [entry["method"]]
+        for m in methods:
+            cid = f"{entry['id']}[{m}]" if len(methods) > 1 else str(entry["id"])
+            if cid in seen:
+                raise ValueError(f"{where}: duplicate claim id {cid!r}")
+            seen.add(cid)
+            values = {k: v for k, v in entry.items() if k in known}
+            values.update(id=cid, method=str(m), margin=float(entry.get("margin") or 0.0))
+            values["claimed"] = None if entry.get("claimed") is None else float(entry["claimed"])
+            out.append(Claim(**values, extra={k: v for k, v in entry.items() if k not in known}))
+    return out
+
+
+# ----------------------------------------------------------------------------------- verdicts
+
+
+def verdict(low: float, high: float, direction: str, margin: float = 0.0) -> str:
+    """supported / contradicted / inconclusive from a CI [low, high] on the effect's scale.
+
+    greater: low > 0 supports, high < 0 contradicts; less: the mirror; at_least (effect >= -margin):
+    low > -margin supports, high < -margin contradicts; at_most: the mirror at +margin; equivalent:
+    the CI inside (-margin, margin) supports, wholly outside it contradicts.
+    """
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return INCONCLUSIVE
+    rules = {
+        "greater": (low > 0, high < 0),
+        "less": (high < 0, low > 0),
+        "at_least": (low > -margin, high < -margin),
+        "at_most": (high < margin, low > margin),
+        "equivalent": (-margin < low and high < margin, low > margin or high < -margin),
+    }
+    if direction not in rules:
+        raise ValueError(f"direction {direction!r} is not one of {', '.join(DIRECTIONS)}")
+    ok, against = rules[direction]
+    return SUPPORTED if ok else CONTRADICTED if against else INCONCLUSIVE
+
+
+def distance_to_decision(effect: float, direction: str, margin: float = 0.0) -> float:
+    """How far the measured effect lies from the boundary the CI must clear for a decisive verdict."""
+    if direction in ("greater", "less"):
+        return abs(effect)
+    if direction == "at_least":
+        return abs(effect + margin)
+    if direction == "at_most":
+        return abs(effect - margin)
+    return abs(margin - abs(effect))
+
+
+def samples_needed(n: int, se: float, effect: float, direction: str, margin: float = 0.0) -> float:
+    """Pairs for a decisive verdict at 80% power (two-sided 5%) if ``effect`` is the truth and the
+    standard error shrinks as 1/sqrt(n): n ((1.96 + 0.84) se / distance)^2; inf when the effect sits on the boundary."""
+    dist = distance_to_decision(effect, direction, margin)
+    if not (n and math.isfinite(se) and math.isfinite(dist)):
+        return math.nan
+    if dist <= 0:
+        return math.inf
+    return float(max(n, math.ceil(n * ((Z_95 + Z_POWER) * se / dist) ** 2)))
+
+
+# ----------------------------------------------------------------------------------- units and the bootstrap
+
+
+def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per generation: ``iterations`` (len accepted), ``accepted_drafts`` and ``reached`` (draft positions
+    reached, pipeline.acceptance), ``accepted_pos1`` and ``reached_pos1`` (position 1 only), from ``accepted``
+    and ``drafted`` (reconstructed from the cell's gamma and max_new_tokens for records logged without it)."""
+    out = samples.copy()
+    params = runs.set_index("run_id")[["gamma", "max_new_tokens"]] if {"gamma", "max_new_tokens"} <= set(runs.columns) else None
+    iters, acc, reached, acc1, reached1 = [], [], [], [], []
+    for row in out.itertuples(index=False):
+        accepted = as_list(getattr(row, "accepted", None))
+        drafted = as_list(getattr(row, "drafted", None))
+        if not drafted and accepted and (getattr(row, "draft_steps", 0) or 0) > 0 and params is not None and row.run_id in params.index:
+            gamma, mnt = params.loc[row.run_id, "gamma"], params.loc[row.run_id, "max_new_tokens"]
+            if isinstance(gamma, (int, float)) and not pd.isna(gamma):
+                drafted = reconstruct_drafted(accepted, int(gamma), int(mnt) if isinstance(mnt, (int, float)) and not pd.isna(mnt) else None)
+        drafted = list(drafted or [0] * len(accepted))
+        a = [min(max(int(e) - 1, 0), int(d)) for e, d in zip(accepted, drafted)]
+        iters.append(len(accepted))
+        acc.append(sum(a))
+        reached.append(sum(min(x + 1, int(d)) for x, d in zip(a, drafted)))
+        reached1.append(sum(1 for d in drafted if int(d) >= 1))
+        acc1.append(sum(1 for x, d in zip(a, drafted) if int(d) >= 1 and x >= 1))
+    for name, values in (("iterations", iters), ("accepted_drafts", acc), ("reached", reached), ("accepted_pos1", acc1), ("reached_pos1", reached1)):
+        out[name] = np.asarray(values, dtype=float)
+    return out
+
+
+def select(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """Rows of a label, else of a method name held by exactly one label."""
+    rows = frame[frame["label"] == name]
+    if len(rows) or "method" not in frame:
+        return rows
+    labels = frame.loc[frame["method"] == name, "label"].unique()
+    if len(labels) > 1:
+        raise ValueError(f"method {name!r} has several labels in this sweep ({', '.join(map(str, labels))}); name one in the claim")
+    return frame[frame["label"] == labels[0]] if len(labels) else rows
+
+
+def bootstrap(ref: np.ndarray | None, new: np.ndarray, value: Callable[[np.ndarray, dict], float], ctx: dict, *,
+              scale: str = "relative", strata: np.ndarray | None = None, n_boot: int = 2000, level: float = 0.95,
+              seed: int = 0) -> tuple[float, float, float]:
+    """(effect, low, high): the effect of ``new`` over ``ref`` (paired rows; None: one-sample, effect of
+    ``value(new)`` against 1 on the relative scale, 0 on the absolute) and its percentile interval, pairs
+    resampled with replacement within each stratum."""
+    n = new.shape[0]
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    groups = [np.arange(n)] if strata is None else [np.flatnonzero(strata == s) for s in pd.unique(strata)]
+
+    def effect(idx: np.ndarray) -> float:
+        b = value(new[idx], ctx)
+        if ref is None:
+            a = 1.0 if scale == "relative" else 0.0
+        else:
+            a = value(ref[idx], ctx)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(b / a - 1.0) if scale == "relative" else float(b - a)
+
+    rng = np.random.default_rng(seed)
+    point = effect(np.arange(n))
+    reps = np.array([effect(np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups])) for _ in range(n_boot)])
+    reps = reps[np.isfinite(reps)]
+    if reps.size < n_boot // 2:
+        return point, math.nan, math.nan
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(reps, [tail, 1.0 - tail])
+    return point, float(low), float(high)
+
+
+def _speedup_bound_value(ctx: dict) -> Callable[[np.ndarray, dict], float]:
+    """The reference side is tokens/s; the method side is tokens/s divided by Leviathan's bound at its alpha."""
+
+    def value(u: np.ndarray, c: dict) -> float:
+        tps = _ratio_of_sums(u[:, :2], c)
+        if u.shape[1] == 2:
+            return tps
+        acc, reached = u[:, 3].sum(), u[:, 4].sum()
+        alpha = acc / reached if reached > 0 else math.nan
+        bound = expected_tokens(alpha, int(c["gamma"])) / (int(c["gamma"]) * float(c["cost_ratio"]) + 1.0)
+        return tps / bound
+
+    return value
+
+
+# ----------------------------------------------------------------------------------- evaluation
+
+
+def _untested(base: dict, status: str, note: str, claim: Claim) -> dict:
+    cmd = claim.command or ""
+    return {**base, "status": status, "verdict": "untested", "note": note + (f"; test it with: {cmd}" if cmd else "")}
+
+
+def _on_gpu(cells: pd.DataFrame) -> bool:
+    devices = cells["device"].dropna().astype(str).str.lower() if "device" in cells else pd.Series(dtype=str)
+    return bool(len(devices)) and not devices.str.contains("cpu").any()
+
+
+def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, cost_ratio: float | None = None,
+                   n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """One claim on one (pair, dataset) group of runs and samples: a row of the claims table."""
+    stat = STATISTICS[claim.statistic]
+    base = {"claim": claim.id, "source": claim.source, "wording": claim.wording, "method": claim.method,
+            "reference": claim.reference, "statistic": claim.statistic, "scale": claim.scale, "direction": claim.direction,
+            "margin": claim.margin, "claimed": claim.claimed, "requires": claim.requires,
+            "effect": math.nan, "low": math.nan, "high": math.nan, "n": 0, "reference_value": math.nan, "method_value": math.nan,
+            "samples_needed": math.nan, "mde": math.nan, "claimed_in_ci": None, "note": ""}
+    cells = select(runs, claim.method)
+    ref_cells = select(runs, claim.reference) if claim.reference else cells.iloc[0:0]
+    missing = [n for n, c in ((claim.method, cells), (claim.reference, ref_cells)) if n and c.empty]
+    if missing:
+        return _untested(base, "not in sweep", f"no finished cells of {', '.join(missing)} in this sweep", claim)
+    if claim.requires == "gpu" and not (_on_gpu(cells) and (ref_cells.empty or _on_gpu(ref_cells))):
+        return _untested(base, "needs GPU", "an absolute speed or energy claim: decided on GPU cells only", claim)
+    ctx: dict[str, Any] = {}
+    if "gamma" in stat.needs:
+        gamma = pd.to_numeric(cells.get("gamma"), errors="coerce").dropna()
+        if gamma.empty:
+            return _untested(base, "no gamma", f"{claim.method} has no chain draft length gamma", claim)
+        ctx["gamma"] = int(gamma.iloc[0])
+    if "cost_ratio" in stat.needs:
+        logged = pd.to_numeric(cells["cost_ratio"], errors="coerce").dropna() if "cost_ratio" in cells else pd.Series(dtype=float)
+        if cost_ratio is None and logged.empty:
+            return _untested(base, "needs c", "needs the cost ratio c = t_draft / t_target (not logged by these cells; pass --cost-ratio)", claim)
+        ctx["cost_ratio"] = float(cost_ratio) if cost_ratio is not None else float(logged.mean())  # given, else the cells' own
+    if stat.cell_level:
+        a = ref_cells[["seed", *stat.columns]].dropna()
+        b = cells[["seed", *stat.columns]].dropna()
+        joined = a.merge(b, on="seed", suffixes=("_ref", "_new"))
+        strata = None
+    else:
+        key = ["seed", "id", "turn"]
+        b = select(samples, claim.method)[[*key, *stat.columns]].dropna().drop_duplicates(key)
+        if claim.reference is None:
+            joined = b.rename(columns={c: f"{c}_new" for c in stat.columns})
+        else:
+            ref_cols = stat.columns[:2] if claim.statistic == "speedup_over_bound" else stat.columns
+            a = select(samples, claim.reference)[[*key, *ref_cols]].dropna().drop_duplicates(key)
+            joined = a.rename(columns={c: f"{c}_ref" for c in ref_cols}).merge(b.rename(columns={c: f"{c}_new" for c in stat.columns}), on=key)
+        strata = joined["seed"].to_numpy()
+    new = joined[[f"{c}_new" for c in stat.columns]].to_numpy(dtype=float)
+    ref = None if claim.reference is None else joined[[c for c in joined.columns if c.endswith("_ref")]].to_numpy(dtype=float)
+    if new.shape[0] < 2:
+        return {**base, "status": "too few pairs", "verdict": INCONCLUSIVE, "n": int(new.shape[0]), "note": "fewer than 2 paired generations"}
+    value = _speedup_bound_value(ctx) if claim.statistic == "speedup_over_bound" else stat.value
+    effect, low, high = bootstrap(ref, new, value, ctx, scale=claim.scale, strata=strata, n_boot=n_boot, seed=seed)
+    n = int(new.shape[0])
+    se = (high - low) / (2 * Z_95) if math.isfinite(low) and math.isfinite(high) else math.nan
+    result = {**base, "status": "tested", "effect": effect, "low": low, "high": high, "n": n, "se": se,
+              "reference_value": value(ref, ctx) if ref is not None else math.nan, "method_value": value(new, ctx),
+              "verdict": verdict(low, high, claim.direction, claim.margin), "mde": (Z_95 + Z_POWER) * se}
+    result["samples_needed"] = n if result["verdict"] != INCONCLUSIVE else samples_needed(n, se, effect, claim.direction, claim.margin)
+    if claim.claimed is not None and math.isfinite(low):
+        result["claimed_in_ci"] = bool(low <= claim.claimed <= high)
+    if claim.statistic in ("tokens_per_s", "speedup_over_bound") and not _on_gpu(cells):
+        result["note"] = "CPU timing, indicative: the cells ran one after another and the machine's load may differ between them"
+    if se == 0 and np.ptp(new, axis=0).max() == 0 and (ref is None or np.ptp(ref, axis=0).max() == 0):
+        result["verdict"], result["note"] = INCONCLUSIVE, "no spread: every generation has the same value (e.g. all scores 0), nothing to decide"
+    return result
+
+
+COLUMNS = ["pair", "dataset", "claim", "verdict", "effect", "low", "high", "n", "samples_needed", "mde", "claimed", "claimed_in_ci",
+           "reference_value", "method_value", "method", "reference", "statistic", "scale", "direction", "margin", "requires",
+           "status", "note", "source", "wording"]
+
+
+def evaluate_claims(claims: Sequence[Claim], runs: pd.DataFrame, samples: pd.DataFrame, *, cost_ratio: float | None = None,
+                    n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Every claim on every (pair, dataset) group of the sweep: the claims table (``COLUMNS``)."""
+    samples = add_acceptance_columns(samples, runs)
+    rows = []
+    for (pair, dataset), group in runs.groupby(["pair", "dataset"], sort=True):
+        group_samples = samples[samples["run_id"].isin(set(group["run_id"]))]
+        for claim in claims:
+            try:
+                row = evaluate_claim(claim, group, group_samples, cost_ratio=cost_ratio, n_boot=n_boot, seed=seed)
+            except ValueError as err:  # an ambiguous label: reported, not fatal for the other claims
+                row = _untested({"claim": claim.id, "method": claim.method, "reference": claim.reference}, "error", str(err), replace(claim, command=None))
+            rows.append({"pair": pair, "dataset": dataset, **row})
+    return pd.DataFrame(rows).reindex(columns=COLUMNS)
