@@ -30,4 +30,6 @@ def test_every_notebook_executes_against_the_store(tmp_path_factory, tmp_path):
     markdown = "".join(o["data"].get("text/markdown", "") for c in table_nb.cells if c.cell_type == "code" for o in c.outputs if "data" in o)
     assert "| | ar | spd | mtad | mtad(tau=0.3) |" in markdown and "**" in markdown and "<u>" in markdown
     assert (tmp_path / "table5.md").exists() and (tmp_path / "table5.tex").exists()
-    assert len(list((tmp_path / "figures").glob("*.png"))) == len(list((tmp_path / "figures").glob("*.pdf"))) == 5
+    # the sweep figures and the claims forest plot (analysis/claims_report.py)
+    assert len(list((tmp_path / "figures").glob("*.png"))) == len(list((tmp_path / "figures").glob("*.pdf"))) == 6
+    assert (tmp_path / "figures" / "claims_forest.pdf").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .base import Param, int_at_least
 from .speculative import DraftVerifyDecoder
 from .verification import block_verify, greedy_verify
 from .warping import sample
@@ -17,6 +18,8 @@ from .warping import sample
 class BlockVerificationDecoder(DraftVerifyDecoder):
     name = "block"
     lossless = True
+    # the same draft as spd, gamma included (3: measured on the default pair, README *Benchmark*)
+    params = {**DraftVerifyDecoder.params, "gamma": Param(3, int_at_least(1), "draft tokens per iteration")}
 
     def propose(self, context, gamma, generator):
         draft = self.draft_chain(context, gamma, generator)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Param, in_half_open
+from .base import Param, in_half_open, int_at_least
 from .speculative import DraftVerifyDecoder
 from .verification import greedy_verify, lenient_greedy_verify, token_verify
 from .warping import sample
@@ -21,6 +21,8 @@ class SpeculativeDecoder(DraftVerifyDecoder):
     lossless = True
     params = {
         **DraftVerifyDecoder.params,
+        # 3: measured on the default pair (README, *Benchmark*); block uses the same
+        "gamma": Param(3, int_at_least(1), "draft tokens per iteration"),
         "lenience": Param(1.0, in_half_open(0.0, 1.0), "1 = exact; < 1 accepts more (lossy)"),
     }
 
