@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.exact import PROMPT, WARP, chi_square_pvalue, first_tokens
+from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_tokens
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, cpu_kernels
 from pipeline.decoding.fast_forward import LeanForward, model_kernel_path
@@ -27,26 +27,6 @@ needs_kernels = pytest.mark.skipif(not HAS_KERNELS, reason=f"bf16 kernels unavai
 
 def bf16_model(seed: int = 0, **kw):
     return tiny_llama(seed, **kw).to(torch.bfloat16)
-
-
-def engine_law(model, prompt, length, warper):
-    """The warped law of the first ``length`` tokens as our engine computes it in bf16 (by enumeration)."""
-    import itertools  # noqa: PLC0415 - only here
-
-    law = {}
-    vocab = model.config.vocab_size
-    with torch.no_grad():
-        for seq in itertools.product(range(vocab), repeat=length):
-            pr = 1.0
-            for i in range(length):
-                cm = CachedModel(model)
-                logits = cm.forward(prompt + list(seq[:i]), keep=1)[-1]
-                pr *= float(warper(logits)[seq[i]])
-                if pr == 0:
-                    break
-            if pr > 0:
-                law[seq] = pr
-    return law
 
 
 @needs_kernels
@@ -150,7 +130,7 @@ def test_greedy_methods_equal_greedy_ar_in_bf16(method, params):
 def test_lossless_methods_sample_the_engines_bf16_law(method, params):
     target, draft = bf16_model(0), bf16_model(1)
     warper = Warper(**WARP)
-    law = engine_law(target, PROMPT, 2, warper)
+    law = exact_law(target, PROMPT, 2, warper, engine=True)
     decoder = build_decoder(method, target, draft if method != "ar" else None, **WARP, **params)
     samples = first_tokens(decoder, 2500, 2, max_new=4)
     assert chi_square_pvalue(samples, law) > 1e-3

@@ -9,21 +9,24 @@ import torch
 from scipy.stats import chisquare
 
 from pipeline.decoding.fast_forward import lean_forward_for
+from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.warping import make_generator
 
 WARP = dict(temperature=0.9, top_k=6, top_p=0.95)
 PROMPT = [0, 3, 5]
 
 
-def exact_law(model, prompt, length, warper):
-    """The target's exact warped law of the first ``length`` tokens, by enumeration (no KV cache)."""
+def exact_law(model, prompt, length, warper, engine: bool = False):
+    """The target's exact warped law of the first ``length`` tokens, by enumeration (no KV cache reuse).
+    ``engine``: rows as our engine computes them (``CachedModel``, its kernels and dtype) instead of ``model(...)``."""
     law = {}
     vocab = model.config.vocab_size
     with torch.no_grad():
         for seq in itertools.product(range(vocab), repeat=length):
             pr = 1.0
             for i in range(length):
-                logits = model(torch.tensor([prompt + list(seq[:i])])).logits[0, -1]
+                ids = prompt + list(seq[:i])
+                logits = CachedModel(model).forward(ids, keep=1)[-1] if engine else model(torch.tensor([ids])).logits[0, -1]
                 pr *= float(warper(logits)[seq[i]])
                 if pr == 0:
                     break
