@@ -259,6 +259,18 @@ class CachedModel:
         self.forwards += 1
         return self._logits(logits[0])
 
+    def forward_sparse(self, tokens: Sequence[int] | torch.Tensor, warper) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``tokens`` (a causal chain) and warp the last row with a top-k ``warper`` on this model's
+        own head: ``(ids, probs)``, the target-vocabulary ids of the kept tokens and their warped
+        probabilities. The same distribution as ``warper(self.forward(tokens)[-1])`` (whose other entries
+        are 0) without building and sorting the full-vocabulary row: a restricted draft head stays small."""
+        logits = self._run(self._ids(tokens), keep=1)[0, -1].float()
+        self.forwards += 1
+        if self.token_map is None and logits.shape[-1] > self.vocab_size:
+            logits = logits[: self.vocab_size]
+        index, probs = warper.top_k_rows(logits)
+        return (index if self.token_map is None else self.token_map[index]), probs
+
     def forward_tree(self, tokens: torch.Tensor, positions: torch.Tensor, node_mask: torch.Tensor, tree_start: int) -> torch.Tensor:
         """Append tree nodes and return the logits of every one of them.
 

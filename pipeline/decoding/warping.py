@@ -34,6 +34,16 @@ class Warper:
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return warp(logits, self.temperature, self.top_k, self.top_p)
 
+    def sparse(self, vocab: int) -> bool:
+        """Whether rows of ``vocab`` logits warp to at most ``top_k`` non-zero entries (``top_k_rows``)."""
+        return self.temperature > 0 and 0 < self.top_k < vocab
+
+    def top_k_rows(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The warped row as ``(index, probs)`` of its top-k entries (``sparse`` must hold): ``warp``'s
+        non-zero entries, computed the same way."""
+        values, index = (logits.float() / self.temperature).topk(min(self.top_k, logits.shape[-1]), dim=-1)
+        return index, _top_p_sorted(values.softmax(-1), self.top_p)
+
 
 def warp(
     logits: torch.Tensor,
@@ -84,11 +94,36 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return out.reshape(probs.shape[:-1])
 
 
+def sample_sparse(index: torch.Tensor, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``sample`` of the row whose only non-zero entries are ``probs`` at ``index`` (1-D, distinct ids):
+    the same inverse CDF in index order, so the same draw as ``sample`` of the dense row, without it."""
+    order = index.argsort()
+    cdf = probs[order].double().cumsum(-1)
+    total = cdf[-1:]
+    if not bool(total > 0):
+        raise ValueError("cannot sample from a row with no probability mass")
+    u = torch.rand(1, 1, generator=generator, dtype=torch.float64, device=probs.device)
+    pos = torch.searchsorted(cdf, u[0] * total, right=True).clamp_(max=index.numel() - 1)
+    return index[order][pos][0]
+
+
 def _inverse_cdf(flat: torch.Tensor, draws: int, generator: torch.Generator | None) -> torch.Tensor:
     """``draws`` i.i.d. indices per row of ``flat [n, V]`` (non-negative weights), ``[n, draws]``.
 
     Index i is chosen when ``cdf[i-1] <= u * total < cdf[i]``, so a zero weight is never chosen.
     """
+    if flat.shape[0] == 1:
+        # a warped row has few non-zero weights (top-k, top-p): the same inverse CDF over them alone
+        # (the zeros add nothing to the cumulative sum, and are never chosen) at a fraction of the cost
+        nonzero = flat[0].nonzero().squeeze(-1)
+        if 0 < nonzero.numel() <= flat.shape[-1] // 8:
+            cdf = flat[0, nonzero].double().cumsum(-1)
+            total = cdf[-1:]
+            if not bool(total > 0):
+                raise ValueError("cannot sample from a row with no probability mass")
+            u = torch.rand(1, draws, generator=generator, dtype=torch.float64, device=flat.device)
+            pos = torch.searchsorted(cdf, u[0] * total, right=True).clamp_(max=nonzero.numel() - 1)
+            return nonzero[pos][None]
     cdf = flat.double().cumsum(-1)
     total = cdf[:, -1:]
     if not bool((total > 0).all()):
