@@ -215,3 +215,19 @@ def test_a_bad_model_dtype_fails_with_the_choices():
         ModelSpec.from_config({"id": "m", "dtype": "half-ish"})
     with pytest.raises(ValueError, match="unknown dtype"):
         PairSpec.from_config({"name": "p", "target": {"id": "t"}, "dtype": "int3"})
+
+
+@needs_kernels
+@pytest.mark.parametrize("rope", [None, {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}])
+def test_rotary_table_rows_equal_the_modules_own_rows(rope):
+    """The kernels' cos/sin come from a table the model's rotary module computed once: each row is the
+    module's own row for that position (so steps, verifications and transformers see the same rotation)."""
+    extra = {} if rope is None else {"rope_parameters": rope}
+    model = bf16_model(7, vocab=32, hidden=128, heads=2, kv_heads=1, layers=1, max_positions=4096, **extra)
+    lean = CachedModel(model).lean
+    x = torch.zeros(1, 1, 128, dtype=torch.bfloat16)
+    for positions in ([0], [5, 6, 7, 8], [3000], list(range(700, 713))):
+        pos = torch.tensor([positions])
+        cos, sin = lean._rotary_rows(x, pos)
+        ref_cos, ref_sin = lean._rotary[0](x, pos)
+        assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])

@@ -345,6 +345,56 @@ torch::Tensor exp_ps(torch::Tensor x) {
   return y;
 }
 
+// The k largest entries of every row of x [n, V] (float32), in descending order: (values [n, k], indices [n, k]).
+// Among equal values the lower index comes first (deterministic). One pass per row: 16 entries at a time
+// are compared with the current k-th largest, and only those above it enter the sorted list of k.
+std::vector<torch::Tensor> topk(torch::Tensor x, int64_t k) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be [n, V] float32");
+  auto xc = x.contiguous();
+  const int64_t n = xc.size(0), V = xc.size(1);
+  TORCH_CHECK(k >= 1 && k <= V, "k must be in [1, V]");
+  auto values = torch::empty({n, k}, xc.options());
+  auto index = torch::empty({n, k}, xc.options().dtype(at::kLong));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = xc.data_ptr<float>() + r * V;
+    float* vals = values.data_ptr<float>() + r * k;
+    int64_t* idx = index.data_ptr<int64_t>() + r * k;
+    int64_t have = 0;
+    auto insert = [&](float v, int64_t i) {  // after every kept value >= v: earlier indices first among ties
+      if (have == k) {
+        if (!(v > vals[k - 1])) return;
+        have = k - 1;  // the smallest kept value drops out
+      }
+      int64_t pos = have;
+      while (pos > 0 && vals[pos - 1] < v) {
+        vals[pos] = vals[pos - 1];
+        idx[pos] = idx[pos - 1];
+        --pos;
+      }
+      vals[pos] = v;
+      idx[pos] = i;
+      ++have;
+    };
+    int64_t i = 0;
+    for (; i < V && have < k; ++i)
+      if (row[i] == row[i]) insert(row[i], i);  // NaN never enters
+    for (; i + 16 <= V; i += 16) {
+      __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
+      while (m) {
+        const int j = __builtin_ctz(m);
+        insert(row[i + j], i + j);
+        m &= m - 1;
+        // a raised threshold can drop later lanes of this chunk
+        m &= _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
+      }
+    }
+    for (; i < V; ++i)
+      if (row[i] > vals[k - 1]) insert(row[i], i);
+    TORCH_CHECK(have == k, "a row has fewer than k non-NaN values");
+  }
+  return {values, index};
+}
+
 // One linear layer in the kernels' form (tests and the bench compare it with F.linear): x [..., in] bf16, P = pack(w).
 torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t out) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && P.scalar_type() == at::kBFloat16, "bf16 only");
@@ -379,6 +429,9 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
   auto qkv_b = torch::empty({n, qkv}, opts);
   auto att = torch::empty({n, qd}, opts);
   auto out_f = torch::empty({n, std::max<int64_t>(H, 1)}, opts.dtype(at::kFloat));
+  auto q = torch::empty({n, qd}, opts);
+  auto gu_f = torch::empty({n, 2 * inter}, opts.dtype(at::kFloat));
+  auto act = torch::empty({n, inter}, opts);
   const bool* allowed_p = nullptr;
   torch::Tensor allowed_c;
   if (allowed.defined() && allowed.numel() > 0) {
@@ -427,7 +480,6 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
         std::memcpy(vp + (g * cap + start + r) * head_dim, qb + r * qkv + qd + kvd + g * head_dim, head_dim * sizeof(bf16));
       }
     // queries: a contiguous copy [n][heads*d]
-    auto q = torch::empty({n, qd}, opts);
     for (int64_t r = 0; r < n; ++r) std::memcpy(q.data_ptr<bf16>() + r * qd, qb + r * qkv, qd * sizeof(bf16));
     attention(q.data_ptr<bf16>(), n, kp, vp, cap, start, allowed_p, dm, att.data_ptr<bf16>());
     gemv(att.data_ptr<bf16>(), n, wo.data_ptr<bf16>(), qd, H, out_f.data_ptr<float>());
@@ -437,9 +489,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
     }
     // MLP block: down(silu(gate) * up)
     rms_norm(hp, n, H, ln2.data_ptr<bf16>(), dm.eps, h.data_ptr<bf16>());
-    auto gu_f = torch::empty({n, 2 * inter}, opts.dtype(at::kFloat));
     gemv(h.data_ptr<bf16>(), n, wgu.data_ptr<bf16>(), H, 2 * inter, gu_f.data_ptr<float>());
-    auto act = torch::empty({n, inter}, opts);
     {
       const float* f = gu_f.data_ptr<float>();
       bf16* a = act.data_ptr<bf16>();
@@ -479,6 +529,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "a [out, in] weight in the kernels' packed layout");
   m.def("linear", &linear, "bf16 x @ w^T for a few rows (batch-invariant), w packed");
+  m.def("topk", &topk, "the k largest entries of each float32 row, descending (ties: lower index first)");
   m.def("exp", &exp_ps, "the kernels' vectorised exp (float32)");
   m.def("decoder_forward", &decoder_forward, "all decoder layers of a Llama-family model for a few rows");
 }
