@@ -13,6 +13,7 @@ import torch
 from helpers.models import tiny_llama
 from pipeline.decoding.drafting import draft_chain
 from pipeline.decoding.kv import CachedModel
+from pipeline.decoding.verification import token_verify, token_verify_sparse
 from pipeline.decoding.vocab import restrict_head
 from pipeline.decoding.warping import Warper, make_generator, sample, sample_sparse, warp
 
@@ -94,3 +95,25 @@ def test_draft_chain_sparse_path_equals_the_dense_one(restricted, monkeypatch):
             outside = torch.ones(12, dtype=torch.bool)
             outside[token_map] = False
             assert float(q1[:, outside].abs().sum()) == 0.0
+
+
+def test_token_verify_sparse_follows_token_verify():
+    """Same accepted count and the same next-token law as the dense rule, for random top-k rows (drafts
+    drawn from Q, some outside P's support, so rejections, residuals and bonus rows all occur)."""
+    vocab, k, g = 300, 10, 3
+    warper = Warper(temperature=1.0, top_k=k, top_p=0.9)
+    outcomes = set()
+    for seed in range(200):
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(g + 1, vocab, generator=gen) * 3
+        P = warp(logits, 1.0, k, 0.9)
+        Q = warp(logits[:g] + torch.randn(g, vocab, generator=gen) * 2, 1.0, k, 0.9)
+        x = torch.stack([sample(Q[i], make_generator(seed * 10 + i)) for i in range(g)])
+        u = torch.rand(g, generator=gen)
+        n, dist = token_verify(P, Q, x, u)
+        n_s, index, weights = token_verify_sparse(*warper.top_k_rows(logits), Q, x, u)
+        assert int(n) == int(n_s)
+        sparse = torch.zeros(vocab).scatter_(-1, index, weights / weights.sum())
+        assert torch.allclose(sparse, dist, atol=1e-6)
+        outcomes.add(int(n))
+    assert outcomes == {0, 1, 2, 3}

@@ -48,6 +48,27 @@ def token_verify(
     return n, _normalize((p_n - q_n).clamp_min(0.0), p_n)
 
 
+def token_verify_sparse(
+    P_index: torch.Tensor, P_probs: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, lenience: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``token_verify`` with the target rows given by their non-zero entries (top-k warping):
+    ``P_index``, ``P_probs [g+1, k]`` (row i of P is ``P_probs[i]`` at ``P_index[i]``, 0 elsewhere).
+
+    Returns ``(n, index, weights)``: the next token is drawn from ``weights`` (unnormalised) over ``index``
+    [k], the support of the residual ``relu(P[n] - Q[n])`` (it lies inside P[n]'s) or of the bonus row.
+    The same rule and the same laws as ``token_verify``, without a full-vocabulary temporary.
+    """
+    g = x.shape[0]
+    px = (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+    qx = Q[torch.arange(g, device=Q.device), x]
+    accepted = u * (lenience * qx) <= px
+    n = accepted.long().cumprod(0).sum()
+    index, p_n = P_index[n], P_probs[n]
+    q_n = Q[n.clamp(max=g - 1)].gather(-1, index) * (n < g)
+    residual = (p_n - q_n).clamp_min(0.0)
+    return n, index, torch.where(residual.sum() > 0, residual, p_n)
+
+
 def greedy_verify(target_argmax: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature 0: accept the longest prefix equal to the target's argmax; next token = argmax of row n.
 
