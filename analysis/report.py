@@ -199,7 +199,7 @@ def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], su
     exp = client.get_experiment_by_name(sweep)
     if exp is None:
         return None
-    parents = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.KIND_TAG} = 'sweep'",
+    parents = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
                                  order_by=["attributes.start_time DESC"], max_results=1)
     if not parents:
         return None
@@ -234,7 +234,7 @@ def latest_sweep(tracking_uri: str) -> str | None:
     ids = [e.experiment_id for e in client.search_experiments()]
     if not ids:
         return None
-    runs = client.search_runs(ids, filter_string=f"tags.{schema.KIND_TAG} = 'sweep'",
+    runs = client.search_runs(ids, filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return client.get_experiment(runs[0].info.experiment_id).name if runs else None
 

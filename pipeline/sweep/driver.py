@@ -298,12 +298,10 @@ def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], kn
         try:
             tracker.log_cell(cell, result)
             outcome["logged"] += 1
-        except Exception as err:  # noqa: BLE001 - the store failed mid-write: the cell stays unfinished, retried next time
-            tracker.mark_log_failed(tracker.logging_run_id, f"{type(err).__name__}: {err}")
+        except Exception as err:  # noqa: BLE001 - the store failed mid-write (log_cell marked the run failed): retried next time
             result = replace(result, status=STATUS_FAILED, error=f"logging to MLflow failed: {type(err).__name__}: {err}")
             failure = err
         finally:
-            tracker.logging_run_id = None
             tracker.release(cell.key)
         outcome["ran"] += 1
         outcome["finished" if result.finished else "failed"] += 1

@@ -31,13 +31,12 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cell_types import Cell
+from pipeline.cell_types import Cell, cell_key
 from pipeline.data import DATASETS
 from pipeline.data.slices import load_slice
 from pipeline.decoding import DrafterContext, check_method
 from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.scoring.mt_bench import judge_identity
-from pipeline.tracking import cell_key
 
 # Bump when a change to the harness changes what a cell measures (new cell keys). 2: CPU isolation.
 # 3: (a) per-model precision: dtype `auto` by default (bf16 kernels on CPUs with native bf16, bf16 on CUDA),
