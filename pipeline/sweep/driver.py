@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.cell import Cell, CellResult, judge_identity, rescore
-from pipeline.scoring.mt_bench import _judge_kwargs, check_endpoint
+from pipeline.data.slices import task_of
+from pipeline.scoring.registry import scorer_for
 from pipeline.sweep.plan import CONF_DIR, Plan, SweepConfigError, expand
 from pipeline.sweep.ray_runner import actor_options, prepare_pairs, run_cells, start_ray
 from pipeline.sweep.summary import summary_tables
@@ -58,19 +59,20 @@ def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str,
 
 
 
-def check_judge(cells: Iterable[Cell]) -> None:
-    """An OpenAI-compatible judge that some cell needs must answer ``/models`` now, before any model loads."""
+def preflight(cells: Iterable[Cell]) -> None:
+    """Each scorer that some cell needs runs its own preflight checks now, before any model loads (e.g. an
+    OpenAI-compatible judge must answer ``/models``); once per scorer and judge config."""
     seen = set()
     for cell in cells:
-        judge = cell.judge or {}
-        if cell.dataset_name != "mt_bench" or not judge.get("enabled"):
+        scorer = scorer_for(task_of(cell.dataset).scorer)
+        if scorer is None:
             continue
-        kind, kwargs = _judge_kwargs(judge)
-        if kind != "openai" or kwargs["base_url"] in seen:
+        once = (scorer.name, json.dumps(cell.judge, sort_keys=True, default=str))
+        if once in seen:
             continue
-        seen.add(kwargs["base_url"])
+        seen.add(once)
         try:
-            check_endpoint(kwargs["base_url"], kwargs.get("api_key_env", "OPENAI_API_KEY"), kwargs.get("model"))
+            scorer.preflight(cell.judge)
         except ValueError as err:
             raise SweepConfigError(str(err)) from None
 
@@ -85,8 +87,8 @@ def _judge_tag(cell: Cell) -> str:
 def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], list[Cell], list[Cell]]:
     """(cells to run, cells whose logged generations are to be scored again, cells done).
 
-    Re-scored: ``score_failed`` cells (scoring/judging failed after generating), and finished MT-Bench
-    cells whose run was judged by another judge than the one configured now (tag ``judge``).
+    Re-scored: ``score_failed`` cells (scoring/judging failed after generating), and finished cells
+    whose run was scored by another judge than the one configured now (tag ``judge``).
     """
     to_run, to_rescore, done = [], [], []
     for cell in cells:
@@ -222,7 +224,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     print(f"cells: {len(plan.cells)} total, {n_done} finished, {len(todo)} to run"
           + (f" ({n_retry} failed before)" if n_retry else "")
           + (f", {len(to_rescore)} to score again from their logged generations" if to_rescore else ""), flush=True)
-    check_judge(todo + to_rescore)  # before any model loads
+    preflight(todo + to_rescore)  # before any model loads
     outcome = {"total": len(plan.cells), "skipped": n_done, "ran": 0, "logged": 0, "finished": 0, "failed": 0, "rescored": 0,
                "elsewhere": 0, "results": []}
     if todo or to_rescore:

@@ -29,14 +29,15 @@ from huggingface_hub import try_to_load_from_cache
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.cell_types import Cell, cell_key
-from pipeline.data import DATASETS
 from pipeline.data.slices import load_slice
+from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import DrafterContext, check_method
 from pipeline.models import ModelNotAvailableError, PairSpec
-from pipeline.scoring.mt_bench import judge_identity
+from pipeline.scoring.registry import check_task_scorer
 
 # Bump when a change to the harness changes what a cell measures (new cell keys). 2: CPU isolation.
 # 3: (a) per-model precision: dtype `auto` by default (bf16 kernels on CPUs with native bf16, bf16 on CUDA),
@@ -79,7 +80,17 @@ def compose(overrides: Sequence[str] = (), config_dir: str | Path | None = None)
     check_command_line(overrides, Path(config_dir or CONF_DIR))
     GlobalHydra.instance().clear()
     initialize_config_dir(config_dir=str(Path(config_dir or CONF_DIR).resolve()), version_base="1.3")
-    return hydra_compose(config_name="config", overrides=list(overrides))
+    conf_path = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "conf_path"]
+    folders = OverridesParser.create().parse_overrides(conf_path)[-1].value() if conf_path else None
+    return hydra_compose(config_name="config", overrides=[*overrides, *_search_path(folders)])
+
+
+def _search_path(folders: Any) -> list[str]:
+    """The Hydra override that searches ``conf_path``'s folders after conf/ (none when there are none)."""
+    folders = [folders] if isinstance(folders, str) else list(folders or [])
+    if not folders:
+        return []
+    return ["hydra.searchpath=[" + ",".join("file://" + str(Path(str(f)).expanduser().resolve()) for f in folders) + "]"]
 
 
 SELECTABLE_GROUPS = ("method", "pair", "dataset", "sweep", "cluster")
@@ -117,7 +128,7 @@ def check_command_line(argv: Sequence[str], conf_dir: Path | None = None) -> Non
     """Group selections on the command line (``method=``, ``pair=``, ``dataset=``, ``sweep=``, ``cluster=``) name
     files that exist and parse, checked before Hydra composes (whose own errors are tracebacks with exit 1)."""
     args = list(argv)
-    if any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
+    if any(a.lstrip("+").startswith(("hydra.searchpath", "conf_path", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
         return  # another config tree: Hydra resolves it
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
@@ -132,23 +143,27 @@ def check_command_line(argv: Sequence[str], conf_dir: Path | None = None) -> Non
                 check_group_file(key, name, conf_dir)
 
 
-def _group_options(group: str) -> list[str]:
-    return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+def _group_options(group: str, cfg: DictConfig | None = None) -> list[str]:
+    """The names of a config group, in conf/ and in ``cfg.conf_path``'s folders."""
+    folders = cfg.get("conf_path") if cfg is not None else None
+    return sorted(GlobalHydra.instance().config_loader().get_group_options(group, overrides=_search_path(folders)))
 
 
 def _group_option(cfg: DictConfig, group: str, name: str) -> dict[str, Any]:
-    """``conf/<group>/<name>.yaml`` resolved in the context of ``cfg`` (so ``${data_root}`` works)."""
-    options = _group_options(group)
+    """``conf/<group>/<name>.yaml`` (or a ``conf_path`` folder's) resolved in the context of ``cfg`` (so ``${data_root}`` works)."""
+    options = _group_options(group, cfg)
     if name not in options:
         raise SweepConfigError(
             f"unknown {group} {name!r} in sweep.{GROUP_KEYS[group]}; valid {group}s: {options} "
             f"(add conf/{group}/{name}.yaml or pick one of these)"
         )
-    conf_dir = _conf_dir()
-    if conf_dir is not None:
-        check_group_file(group, name, conf_dir)
+    search = _search_path(cfg.get("conf_path"))
+    for folder in [_conf_dir(), *[Path(str(f)).expanduser() for f in (cfg.get("conf_path") or [])]]:
+        if folder is not None and (folder / group / f"{name}.yaml").is_file():
+            check_group_file(group, name, folder)
+            break
     try:
-        node = hydra_compose(config_name="config", overrides=[f"{group}={name}"])[group]
+        node = hydra_compose(config_name="config", overrides=[f"{group}={name}", *search])[group]
     except Exception as err:  # noqa: BLE001 - Hydra/OmegaConf errors on a broken group file
         raise SweepConfigError(f"conf/{group}/{name}.yaml cannot be composed: {' '.join(str(err).split())[:300]}") from None
     if not isinstance(node, DictConfig):
@@ -211,7 +226,7 @@ def _selected(cfg: DictConfig, group: str) -> list[tuple[str, dict[str, Any]]] |
 def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
     if "__resolved__" in overrides:
         base = dict(overrides["__resolved__"])
-        default = _group_option(cfg, "method", name) if name in _group_options("method") else {}
+        default = _group_option(cfg, "method", name) if name in _group_options("method", cfg) else {}
         label = overrides.get("label")
     else:
         base = _group_option(cfg, "method", name)
@@ -237,6 +252,22 @@ def _pair_entry(cfg: DictConfig, name: str, overrides: dict[str, Any]) -> dict[s
     return pair
 
 
+def _task(cfg: DictConfig, name: str, ds: Mapping[str, Any]) -> TaskSpec:
+    """The dataset config's task spec (its ``task:``, else that of the dataset it names), with its scorer checked."""
+    task = ds.get("task")
+    if task is None:
+        if ds["name"] not in _group_options("dataset", cfg):
+            raise SweepConfigError(f"dataset config {name!r} names dataset {ds['name']!r}, which has no conf/dataset/{ds['name']}.yaml "
+                                   f"with a `task:`; add one (docs/extending.md) or give this file a `task:`")
+        task = _group_option(cfg, "dataset", ds["name"]).get("task")
+    if task is None:
+        raise SweepConfigError(f"dataset {ds['name']!r} has no `task:` in conf/dataset/{ds['name']}.yaml (loader, stop strings, "
+                               "scorer: docs/extending.md)")
+    spec = TaskSpec.from_config(str(ds["name"]), task)
+    check_task_scorer(spec)
+    return spec
+
+
 def _dataset_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], root: Path) -> dict[str, Any]:
     ds = dict(overrides["__resolved__"]) if "__resolved__" in overrides else _group_option(cfg, "dataset", name)
     extra = {k: v for k, v in overrides.items() if k != "__resolved__"}
@@ -245,13 +276,12 @@ def _dataset_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], root: 
         raise SweepConfigError(f"dataset {name!r}: unknown key(s) {unknown}; valid keys: {list(DATASET_KEYS)}")
     ds.update(extra)
     ds.setdefault("name", name)
-    unknown = sorted(set(ds) - set(DATASET_KEYS))
+    task = _task(cfg, name, ds)
+    unknown = sorted(set(ds) - set(DATASET_KEYS) - {"task"})
     if unknown:
         raise SweepConfigError(
             f"dataset {name!r}: unknown key(s) {unknown} (conf/dataset/{name}.yaml); valid keys: {list(DATASET_KEYS)}"
         )
-    if ds["name"] not in DATASETS:
-        raise SweepConfigError(f"dataset config {name!r} names dataset {ds['name']!r}; valid datasets: {sorted(DATASETS)}")
     ds = {k: ds.get(k) for k in DATASET_KEYS}
     ds["options"] = dict(ds["options"] or {})
     ds["config_path"] = ds["path"]  # as configured (part of the key); `path` becomes absolute
@@ -267,7 +297,18 @@ def _dataset_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], root: 
         ds["path"] = str(path.resolve())
     if not isinstance(ds["max_new_tokens"], int) or ds["max_new_tokens"] < 1:
         raise SweepConfigError(f"dataset {name!r}: max_new_tokens must be an integer >= 1, got {ds['max_new_tokens']!r}")
+    ds["task"] = task.to_dict()
     return ds
+
+
+def slice_label(ds: Mapping[str, Any]) -> str:
+    """``humaneval[0:20]``, ``spider[ids=5]``, ``mt_bench``: a dataset slice as the driver names it."""
+    if ds.get("ids") is not None:
+        return f"{ds['name']}[ids={len(ds['ids'])}]"
+    start, limit = int(ds.get("start") or 0), ds.get("limit")
+    if not start and limit is None:
+        return str(ds["name"])
+    return f"{ds['name']}[{start}:{'' if limit is None else start + int(limit)}]"
 
 
 def _check_models_available(pair: Mapping[str, Any]) -> None:
@@ -453,9 +494,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     def attempt(fn, *args):
         try:
             return fn(*args)
-        except SweepConfigError as err:
-            errors.append(str(err))
-        except ValueError as err:
+        except ValueError as err:  # SweepConfigError, TaskSpecError and the checkers' own ValueErrors
             errors.append(str(err))
         return None
 
@@ -489,15 +528,13 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             measured, _, _ = load_slice(ds)
             if not measured:
                 raise ValueError("the slice is empty (check start/limit/ids)")
-            counts[ds["name"]] = len(measured)
+            counts[slice_label(ds)] = len(measured)
         except Exception as err:  # noqa: BLE001 - any loader failure is a configuration error here
             errors.append(f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}")
     judge = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {"enabled": False}
     if judge.get("enabled"):
-        try:
-            judge_identity(judge)
-        except ValueError as err:
-            errors.append(str(err))
+        for scorer in {s.name: s for s in (check_task_scorer(TaskSpec.from_dict(d["task"])) for d in datasets) if s}.values():
+            attempt(scorer.check, judge)  # each scorer checks the judge config it would use
     isolation = (OmegaConf.to_container(cfg.cluster, resolve=True) or {}).get("cpu_isolation") or "exclusive"
     if isolation not in ISOLATION_MODES:
         errors.append(f"cluster.cpu_isolation={isolation!r}; valid: {', '.join(ISOLATION_MODES)}")
@@ -522,7 +559,13 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
 def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any], pair: dict[str, Any], ds: dict[str, Any], seed: int,
                measure: dict[str, Any], judge: Mapping[str, Any], cluster: Mapping[str, Any], fault: Any, baseline: bool) -> Cell:
     pair_identity = {k: v for k, v in pair.items() if k not in ("device",)}
-    ds_identity = {k: v for k, v in ds.items() if k not in ("path",)}
+    # the slice as configured; its task by version only, and only from version 2 on: version 1 is what every
+    # task measured before task specs existed, so the keys of existing sweeps stay what they were
+    ds_identity = {k: v for k, v in ds.items() if k not in ("path", "task")}
+    task = TaskSpec.from_dict(ds["task"])
+    if task.version != 1:
+        ds_identity["task_version"] = task.version
+    scorer = check_task_scorer(task)
     hardware = cluster.get("accelerator_type") or "any"
     # The judge scores the generations, it does not change them: not part of the key (a judge change
     # re-judges the logged generations, see `driver.classify`). None here keeps the keys of earlier stores.
@@ -551,7 +594,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         measure=measure,
         hardware=hardware,
         harness=harness,
-        judge=dict(judge) if (judge.get("enabled") and ds["name"] == "mt_bench") else None,
+        judge=dict(judge) if (judge.get("enabled") and scorer is not None and scorer.uses_judge) else None,
         baseline=baseline,
         fault=fault,
     )
