@@ -10,6 +10,7 @@ MLflow. The files written here are the ones docs/extending.md shows.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 from pathlib import Path
@@ -48,6 +49,7 @@ task:
 LOADER = '''\
 """Word count: questions asking for an answer of a given length."""
 
+import importlib
 import json
 from pathlib import Path
 
@@ -117,9 +119,7 @@ def test_a_dataset_from_a_folder_of_ones_own_runs_through_plan_cell_driver_and_m
     assert cell.dataset_name == "word_count" and plan.sample_counts == {"word_count[0:2]": 2}
     assert cell.dataset["task"]["scorer"] == "wc_scorer:SCORER" and cell.dataset["task"]["score_fields"] == ["words", "ok"]
     driver.preflight(plan.cells)  # the scorer's own preflight, before any model loads
-    import wc_scorer
-
-    assert wc_scorer.PREFLIGHTS == [None]  # called once, with the cell's judge (none: the scorer uses no judge)
+    assert importlib.import_module("wc_scorer").PREFLIGHTS == [None]  # called once, with the cell's judge (none: the scorer uses no judge)
 
     result = run_cell(cell)
     assert result.status == STATUS_FINISHED, result.traceback
