@@ -14,6 +14,7 @@ from pipeline.tracking.layout import (
     KIND_SWEEP,
     RESULT_ARTIFACT,
     SAMPLES_ARTIFACT,
+    SCORE_DETAIL_FIELD,
     SCORES_ARTIFACT,
     STATUS_FINISHED,
     TAG_CELL_KEY,
@@ -118,7 +119,8 @@ PARAMS: dict[str, str] = {
 # ----------------------------------------------------------------------------------- artifacts
 
 # SAMPLES_ARTIFACT (one record per generation), RESULT_ARTIFACT and SCORES_ARTIFACT: pipeline.tracking.layout
-__all__ = ["KIND_CELL", "KIND_SWEEP", "RESULT_ARTIFACT", "SAMPLES_ARTIFACT", "SCORES_ARTIFACT", "STATUS_FINISHED", "TAG_KIND"]
+__all__ = ["KIND_CELL", "KIND_SWEEP", "RESULT_ARTIFACT", "SAMPLES_ARTIFACT", "SCORE_DETAIL_FIELD", "SCORES_ARTIFACT", "STATUS_FINISHED",
+           "TAG_KIND"]
 
 # canonical column -> field of a samples.jsonl record
 RECORD_FIELDS: dict[str, str] = {
