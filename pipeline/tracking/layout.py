@@ -96,8 +96,10 @@ METRIC_PERPLEXITY = "perplexity"
 METRIC_SCORE = "score"
 METRIC_J_PER_TOKEN = "j_per_token"
 METRIC_DECODE_S = "decode_s"
-COMPARED_METRICS = (METRIC_TOKENS_PER_S, METRIC_ACCEPTED_PER_STEP, METRIC_PERPLEXITY, METRIC_SCORE, METRIC_J_PER_TOKEN,
-                    METRIC_DECODE_S)
+# tokens/s over the baseline cell of the same pair, dataset, seed and device; added to finished cells by analysis.report
+METRIC_SPEEDUP = "speedup"
+COMPARED_METRICS = (METRIC_TOKENS_PER_S, METRIC_SPEEDUP, METRIC_ACCEPTED_PER_STEP, METRIC_PERPLEXITY, METRIC_SCORE,
+                    METRIC_J_PER_TOKEN, METRIC_DECODE_S)
 # parent run metrics written by analysis.report: f"{SPEEDUP_PREFIX}<dataset>.<label>" (mean over seeds)
 SPEEDUP_PREFIX = "speedup."
 
