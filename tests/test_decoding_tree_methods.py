@@ -108,6 +108,12 @@ def test_greedy_identity_on_tiny_models(greedy_pair, method, params):
         assert sum(got.accepted) == len(got.tokens) == 40 and len(got.accepted) == got.steps
 
 
+def test_typical_over_medusa_heads_keeps_one_kv_cache_over_the_target(greedy_pair):
+    decoder = build_decoder("typical", *greedy_pair, temperature=0, drafter="medusa")
+    decoder.generate([5, 9, 2], max_new_tokens=8)
+    assert decoder.target is decoder.medusa.target and decoder.target.length > 0  # the cache that generated
+
+
 def test_self_drafted_trees_accept_whole_paths_at_temperature_zero(greedy_pair):
     target = greedy_pair[0]
     out = build_decoder("specinfer", target, target, temperature=0, k_config=[2, 2, 2]).generate([1, 2, 3], max_new_tokens=16)

@@ -215,7 +215,11 @@ class EagleRunner:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        """A new generation: the head's cache emptied (its buffers kept, as ``CachedModel.reset``), no features."""
+        if self.cache is None:
+            self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        else:
+            self.cache.reset()
         width = self.head.feature_size if self.eagle3 else self.head.hidden_size
         self.features = torch.zeros(0, width, device=self.device, dtype=self.W.dtype)
         self.forwards = 0
