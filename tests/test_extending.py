@@ -49,7 +49,6 @@ task:
 LOADER = '''\
 """Word count: questions asking for an answer of a given length."""
 
-import importlib
 import json
 from pathlib import Path
 
