@@ -12,6 +12,7 @@ from __future__ import annotations
 from pipeline.tracking.layout import (
     KIND_CELL,
     KIND_SWEEP,
+    PARAM_PAIR_PREFIX,
     RESULT_ARTIFACT,
     SAMPLES_ARTIFACT,
     SCORE_DETAIL_FIELD,
@@ -96,7 +97,7 @@ METRICS: dict[str, str] = {
 
 # Params under this prefix describe the pair (models, draft, dtype...): runs whose pair config differs
 # under one pair name are told apart in the tables ("<pair>@<fingerprint>"), never pooled.
-PAIR_PARAM_PREFIX = "pair."
+PAIR_PARAM_PREFIX = PARAM_PAIR_PREFIX
 
 # canonical column -> flattened cell-config param (values arrive as text and are parsed)
 PARAMS: dict[str, str] = {

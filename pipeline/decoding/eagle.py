@@ -29,7 +29,7 @@ from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from .base import eagle_version
-from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
+from .checkpoints import attach, read_checkpoint, write_checkpoint
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .kv import PreallocatedLayer
 from .vocab import read_token_map, save_token_map
@@ -176,14 +176,6 @@ def attach_eagle_head(target: nn.Module, head: EagleHead) -> nn.Module:
     if getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= vocab:
         raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
     return attach(target, head, "eagle_head", "EAGLE head")
-
-
-def eagle_head_of(target: nn.Module, method: str) -> EagleHead:
-    return attached(target, "eagle_head", (
-        f"method {method!r} with drafter: eagle needs an EAGLE head on the target: add "
-        "`eagle: models/<dir>` to the pair config (train one with `python -m pipeline.train_eagle pair=<pair>`), "
-        "or call pipeline.decoding.eagle.load_eagle_head(path, target)"
-    ))
 
 
 class EagleRunner:

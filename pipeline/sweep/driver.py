@@ -44,6 +44,7 @@ from pipeline.tracking import (
     pick_active,
     resolve_tracking_uri,
 )
+from pipeline.tracking.layout import TAG_JUDGE, TAG_RESCORED_AT, TAG_SCORE_METRIC, TAG_STATUS
 
 
 def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str, str]:
@@ -93,12 +94,12 @@ def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], 
     to_run, to_rescore, done = [], [], []
     for cell in cells:
         run = active.get(cell.key)
-        status = run.data.tags.get("cell_status") if run is not None else None
+        status = run.data.tags.get(TAG_STATUS) if run is not None else None
         if status == STATUS_SCORE_FAILED:
             to_rescore.append(cell)
         elif status == STATUS_FINISHED:
             wanted = _judge_tag(cell)
-            (to_rescore if wanted and run.data.tags.get("judge", "") != wanted else done).append(cell)
+            (to_rescore if wanted and run.data.tags.get(TAG_JUDGE, "") != wanted else done).append(cell)
         else:
             to_run.append(cell)
     return to_run, to_rescore, done
@@ -138,8 +139,8 @@ def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
         except Exception as err:  # noqa: BLE001 - the store is gone: nothing more is scheduled
             tracker.release(key)
             raise store_failed(tracker, err, f"looking up cell {key}") from err
-        if any(r.info.run_id not in known and r.data.tags.get("cell_status") != STATUS_LOGGING for r in now) or any(
-            r.data.tags.get("cell_status") == STATUS_FINISHED for r in now
+        if any(r.info.run_id not in known and r.data.tags.get(TAG_STATUS) != STATUS_LOGGING for r in now) or any(
+            r.data.tags.get(TAG_STATUS) == STATUS_FINISHED for r in now
         ):
             tracker.release(key)
             return "skip"
@@ -174,7 +175,7 @@ def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any]
                 raise store_failed(tracker, err, f"reading the generations of cell {key}") from err
             try:
                 result = rescore(cell, records)
-                tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.score_metric or ""}
+                tags = {TAG_JUDGE: _judge_tag(cell), TAG_RESCORED_AT: time.strftime("%Y-%m-%d %H:%M:%S"), TAG_SCORE_METRIC: result.score_metric or ""}
                 error = None if result.finished else result.error
             except Exception as err:  # noqa: BLE001 - the run keeps its status and generations: tried again next time
                 result, error = None, f"{type(err).__name__}: {err}"
@@ -271,7 +272,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     cell_text, mean_text = summary_tables(rows, base_label)
     print("\nper cell:\n" + cell_text)
     print(f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, dataset and seed):\n" + mean_text)
-    n_failed = sum(1 for r in rows if r.get("cell_status") != STATUS_FINISHED)
+    n_failed = sum(1 for r in rows if r.get(TAG_STATUS) != STATUS_FINISHED)
     if n_failed:
         print(f"\n{n_failed} cell(s) not finished; run the same command again to retry only those (cells whose scoring "
               "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact traceback.txt).")

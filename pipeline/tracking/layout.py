@@ -82,9 +82,8 @@ TAG_REPORT = "report"  # set by analysis.report when it logged its figures and t
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
 PARAM_KEY_LIMIT = 250
 ISOLATION_PARAM = "isolation"  # params isolation.* : the CPU isolation a cell ran under
-# a cell's params are ``flatten(Cell.config)``: cell_key, sweep, label, method.*, pair.*, dataset.*, seed, measure.*,
-# judge.*, hardware, harness_version; these are the ones a reader filters on
-PARAM_METHOD_PREFIX = "method."
+# a cell's params are ``flatten(Cell.config)``: cell_key, sweep, label, method.*, pair.*, dataset.* (dataset.task.*
+# included), seed, measure.*, judge.*, hardware, harness_version; the pair's config is under this prefix
 PARAM_PAIR_PREFIX = "pair."
 
 # ------------------------------------------------------------------------------- metrics
