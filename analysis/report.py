@@ -24,12 +24,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from analysis import claims_report, figures, schema, specbench
+from analysis import claims_report, figures, schema, specbench, stats
 from analysis.runs import REPO_ROOT, default_tracking_uri, load_runs, load_samples
 from analysis.tables import build_tables
+from pipeline.tracking import layout
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent
 NOTEBOOKS = ("mtad_table5", "ablations", "energy")
@@ -144,7 +146,7 @@ def write_report(
     written["figures"]["claims_forest"] = claims["figure"]
     log(f"claims: {', '.join(f'{n} {v}' for v, n in sorted(claims['counts'].items()))} -> {out_dir / 'claims.md'}")
     if log_to_mlflow:
-        written["parent_run"] = log_to_parent_run(sweep, uri, written, tables.summary, claims_report.claim_metrics(claims["table"]))
+        written["parent_run"] = log_to_parent_run(sweep, uri, written, tables.summary, claims_report.claim_metrics(claims["table"]), runs)
         if written["parent_run"]:
             exp_id = MlflowClient(tracking_uri=uri).get_run(written["parent_run"]).info.experiment_id
             log(f"figures and tables logged to the parent run {written['parent_run']} (its Artifacts tab, report/); "
@@ -164,29 +166,52 @@ def _metric_name(*parts: Any) -> str:
     return ".".join(re.sub(r"[^0-9A-Za-z_\-/ ]", "_", str(p)) for p in parts)
 
 
-VIEW_KEY = "sweep"  # the MLflow UI's shared view: #/experiments/<id>/runs?viewStateShareKey=sweep
+# The runs table a sweep opens on (the experiment's shared view, ``layout.VIEW_STATE_TAG``): the cell runs
+# (the parent run, with the report's figures, is one filter clear away), grouped by dataset and method label
+# with MLflow's own average over the seeds, and the columns a reader compares.
 VIEW_COLUMNS = (
-    *(f"tags.`{t}`" for t in ("label", "dataset", "seed", "cell_status")),
-    *(f"metrics.`{m}`" for m in ("tokens_per_s", "accepted_per_step", "score", "perplexity", "j_per_token", "decode_s")),
+    *(f"metrics.`{m}`" for m in (layout.METRIC_TOKENS_PER_S, layout.METRIC_SPEEDUP, layout.METRIC_ACCEPTED_PER_STEP,
+                                 layout.METRIC_PERPLEXITY, layout.METRIC_SCORE, layout.METRIC_J_PER_TOKEN)),
+    *(f"tags.`{t}`" for t in (layout.TAG_DATASET, layout.TAG_LABEL, layout.TAG_SEED, layout.TAG_STATUS)),
     *(f"params.`{p}`" for p in ("method.name", "method.gamma", "pair.name", "dataset.max_new_tokens")),
 )
+VIEW_STATE = {
+    "searchFilter": f"tags.{layout.TAG_KIND} = '{layout.KIND_CELL}'",
+    "orderByKey": f"tags.`{layout.TAG_LABEL}`",
+    "orderByAsc": True,
+    "runsHiddenMode": "SHOW_ALL",
+    "groupBy": {"aggregateFunction": "average",
+                "groupByKeys": [{"mode": "tag", "groupByData": layout.TAG_DATASET}, {"mode": "tag", "groupByData": layout.TAG_LABEL}]},
+}
 
 
 def view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
-    """The runs table of an experiment in MLflow 3's model-training mode, with the sweep's columns."""
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    """The runs table of an experiment in MLflow 3's model-training mode, on the sweep's shared view."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={layout.VIEW_KEY}"
 
 
 def share_view(client, experiment_id: str, extra_columns: Sequence[str] = ()) -> None:
-    """Store the runs-table view (columns: the cell's label, dataset, seed, speed, acceptance, score...)
-    as the experiment's shared view state (tag ``mlflow.sharedViewState.<VIEW_KEY>``, what the UI's
-    *Share* button writes), so :func:`view_url` opens on it."""
-    state = {"selectedColumns": [*VIEW_COLUMNS, *extra_columns], "orderByKey": "attributes.start_time",
-             "orderByAsc": False, "runsHiddenMode": "SHOW_ALL"}
-    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+    """Store the runs-table view (``VIEW_STATE``: the cells grouped by dataset and method, averaged over seeds,
+    with ``VIEW_COLUMNS``) as the experiment's shared view state (what the UI's *Share* button writes), so
+    :func:`view_url` opens on it."""
+    state = {**VIEW_STATE, "selectedColumns": [*VIEW_COLUMNS, *extra_columns]}
+    client.set_experiment_tag(experiment_id, layout.VIEW_STATE_TAG, json.dumps(state))
 
 
-def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], summary=None, extra_metrics: dict[str, float] | None = None) -> str | None:
+def log_cell_speedups(client, runs: pd.DataFrame) -> int:
+    """Log each finished cell's speedup (tokens/s over the baseline cell of the same pair, dataset, seed and
+    device: ``stats.add_ratios``) as its metric ``speedup``, so the runs table shows and averages it; how many."""
+    ratios = stats.add_ratios(runs) if layout.METRIC_SPEEDUP not in runs else runs
+    now, n = int(time.time() * 1000), 0
+    for run_id, value in zip(ratios["run_id"], ratios[layout.METRIC_SPEEDUP]):
+        if value is not None and math.isfinite(float(value)):
+            client.log_batch(run_id, metrics=[Metric(layout.METRIC_SPEEDUP, float(value), now, 0)])
+            n += 1
+    return n
+
+
+def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], summary=None, extra_metrics: dict[str, float] | None = None,
+                      runs: pd.DataFrame | None = None) -> str | None:
     """Log the report's figures, tables and runs.csv as artifacts of the sweep's latest parent run.
 
     Artifacts go under ``report/`` (figures under ``report/figures/``) so they open in the MLflow UI
@@ -199,10 +224,12 @@ def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], su
     exp = client.get_experiment_by_name(sweep)
     if exp is None:
         return None
-    parents = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.KIND_TAG} = 'sweep'",
+    parents = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
                                  order_by=["attributes.start_time DESC"], max_results=1)
     if not parents:
         return None
+    if runs is not None and len(runs):
+        log_cell_speedups(client, runs)
     run_id = parents[0].info.run_id
     for paths in written.get("figures", {}).values():
         for path in paths:
@@ -223,8 +250,8 @@ def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], su
     if metrics:
         for i in range(0, len(metrics), 1000):
             client.log_batch(run_id, metrics=metrics[i : i + 1000])
-    client.set_tag(run_id, "report", "report/ (figures, tables, runs.csv) from python -m analysis.report")
-    share_view(client, exp.experiment_id, [f"metrics.`{m.key}`" for m in metrics if m.key.startswith("speedup.")][:12])
+    client.set_tag(run_id, layout.TAG_REPORT, "report/ (figures, tables, runs.csv) from python -m analysis.report")
+    share_view(client, exp.experiment_id)
     return run_id
 
 
@@ -234,7 +261,7 @@ def latest_sweep(tracking_uri: str) -> str | None:
     ids = [e.experiment_id for e in client.search_experiments()]
     if not ids:
         return None
-    runs = client.search_runs(ids, filter_string=f"tags.{schema.KIND_TAG} = 'sweep'",
+    runs = client.search_runs(ids, filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return client.get_experiment(runs[0].info.experiment_id).name if runs else None
 

@@ -48,7 +48,7 @@ def list_sweeps(tracking_uri: str | None = None) -> list[str]:
     client = _client(tracking_uri)
     out = []
     for exp in client.search_experiments():
-        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.KIND_TAG} = '{schema.KIND_CELL}'", max_results=1)
+        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_CELL}'", max_results=1)
         if runs:
             out.append(exp.name)
     return sorted(out)
@@ -86,7 +86,7 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
         raise LookupError(f"no MLflow experiment {sweep!r} in {uri} (sweeps with cell runs there: {known}); run `make run` or pass the tracking URI")
     runs, token = [], None
     while True:
-        page = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.KIND_TAG} = '{schema.KIND_CELL}'",
+        page = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_CELL}'",
                                   run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
         runs.extend(page)
         token = page.token

@@ -1,7 +1,7 @@
 """Every MLflow name the analysis depends on, in one place (tags, metrics, params, artifacts, records).
 
-The layout is defined by ``pipeline/tracking.py`` (tags, params, artifacts: their names are imported
-from there), ``pipeline/measure.py`` (``WindowResult.summary`` and ``GenerationRecord``),
+The layout is defined by ``pipeline/tracking/layout.py`` (tags, params, artifacts: their names are
+imported from there), ``pipeline/measure.py`` (``WindowResult.summary`` and ``GenerationRecord``),
 ``pipeline/energy.py::energy_summary`` and ``pipeline/cell.py`` (perplexity, score). The analysis uses
 the canonical names on the left; when the pipeline renames something, change the right-hand side here
 and nothing else.
@@ -9,39 +9,54 @@ and nothing else.
 
 from __future__ import annotations
 
-from pipeline.tracking import (
-    CELL_FINISHED,
-    CELL_STATUS_TAG,
-    ERROR_TAG,
+from pipeline.tracking.layout import (
     KIND_CELL,
-    KIND_TAG,
+    KIND_SWEEP,
+    PARAM_PAIR_PREFIX,
     RESULT_ARTIFACT,
     SAMPLES_ARTIFACT,
+    SCORE_DETAIL_FIELD,
     SCORES_ARTIFACT,
+    STATUS_FINISHED,
+    TAG_CELL_KEY,
+    TAG_DATASET,
+    TAG_DEVICE,
+    TAG_ERROR,
+    TAG_GIT_COMMIT,
+    TAG_GPU_UUID,
+    TAG_HOSTNAME,
+    TAG_KIND,
+    TAG_LABEL,
+    TAG_METHOD,
+    TAG_NODE,
+    TAG_PAIR,
+    TAG_SCORE_METRIC,
+    TAG_SEED,
+    TAG_STAGE,
+    TAG_STATUS,
+    TAG_SWEEP,
 )
 
 # ----------------------------------------------------------------------------------- runs and tags
 
-STATUS_FINISHED = CELL_FINISHED
-
 # canonical column -> MLflow tag
 TAGS: dict[str, str] = {
-    "cell_key": "cell_key",
-    "method": "method",  # the method's registry name (ar, spd, block, mtad, ...)
-    "label": "label",  # the sweep entry's label: unique per method configuration (mtad(tau=0.3))
-    "pair": "pair",
-    "dataset": "dataset",
-    "seed": "seed",
-    "status": CELL_STATUS_TAG,  # finished | score_failed | failed; logging while its run is written (pipeline.tracking STATUS_*)
-    "stage": "stage",
-    "device": "device",  # GPU name, or "cpu": ratios only compare cells on the same device model
-    "gpu_uuid": "gpu_uuid",
-    "node": "node_id",
-    "hostname": "hostname",
-    "git_commit": "git_commit",
-    "score_metric": "score_metric",  # pass@1 | execution_accuracy | rougeL | speed_only | none ...
-    "sweep": "sweep",
-    "error": ERROR_TAG,
+    "cell_key": TAG_CELL_KEY,
+    "method": TAG_METHOD,  # the method's registry name (ar, spd, block, mtad, ...)
+    "label": TAG_LABEL,  # the sweep entry's label: unique per method configuration (mtad(tau=0.3))
+    "pair": TAG_PAIR,
+    "dataset": TAG_DATASET,
+    "seed": TAG_SEED,
+    "status": TAG_STATUS,  # finished | score_failed | failed; logging while its run is written (pipeline.tracking.layout)
+    "stage": TAG_STAGE,
+    "device": TAG_DEVICE,  # GPU name, or "cpu": ratios only compare cells on the same device model
+    "gpu_uuid": TAG_GPU_UUID,
+    "node": TAG_NODE,
+    "hostname": TAG_HOSTNAME,
+    "git_commit": TAG_GIT_COMMIT,
+    "score_metric": TAG_SCORE_METRIC,  # pass@1 | execution_accuracy | rougeL | speed_only | none ...
+    "sweep": TAG_SWEEP,
+    "error": TAG_ERROR,
 }
 
 # canonical column -> MLflow metric (a metric missing from a run is NaN in the DataFrame)
@@ -82,7 +97,7 @@ METRICS: dict[str, str] = {
 
 # Params under this prefix describe the pair (models, draft, dtype...): runs whose pair config differs
 # under one pair name are told apart in the tables ("<pair>@<fingerprint>"), never pooled.
-PAIR_PARAM_PREFIX = "pair."
+PAIR_PARAM_PREFIX = PARAM_PAIR_PREFIX
 
 # canonical column -> flattened cell-config param (values arrive as text and are parsed)
 PARAMS: dict[str, str] = {
@@ -104,8 +119,9 @@ PARAMS: dict[str, str] = {
 
 # ----------------------------------------------------------------------------------- artifacts
 
-# SAMPLES_ARTIFACT (one record per generation), RESULT_ARTIFACT and SCORES_ARTIFACT: pipeline.tracking
-__all__ = ["KIND_CELL", "KIND_TAG", "RESULT_ARTIFACT", "SAMPLES_ARTIFACT", "SCORES_ARTIFACT", "STATUS_FINISHED"]
+# SAMPLES_ARTIFACT (one record per generation), RESULT_ARTIFACT and SCORES_ARTIFACT: pipeline.tracking.layout
+__all__ = ["KIND_CELL", "KIND_SWEEP", "RESULT_ARTIFACT", "SAMPLES_ARTIFACT", "SCORE_DETAIL_FIELD", "SCORES_ARTIFACT", "STATUS_FINISHED",
+           "TAG_KIND"]
 
 # canonical column -> field of a samples.jsonl record
 RECORD_FIELDS: dict[str, str] = {
@@ -120,8 +136,9 @@ RECORD_FIELDS: dict[str, str] = {
     "tokens_per_s": "tokens_per_s",
     "perplexity": "perplexity",
 }
-SCORE_DETAIL_FIELD = "score_detail"  # per-record verdict attached by pipeline.cell._attach_scores
-SCORE_DETAIL_KEYS = ("passed", "correct", "score")  # first one present is the sample's score
+# SCORE_DETAIL_FIELD: a record's verdicts (the fields its task's scorer declares, conf/dataset/<name>.yaml
+# `score_fields`); the first of these present is the sample's score
+SCORE_DETAIL_KEYS = ("passed", "correct", "score")
 
 # ----------------------------------------------------------------------------------- methods
 

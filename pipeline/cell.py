@@ -12,8 +12,10 @@ Stages (docs/DESIGN.md section 1), each timed in ``result.stages``:
 1. ``load``: the pair and the decoder; the dataset slice plus warm-up samples from outside it.
 2. ``generate``: ``pipeline.measure.run_window`` (warm-up, idle power, one window over the slice).
 3. ``perplexity``: teacher-forced pass of the unwarped target over prompt + generated ids.
-4. ``score``: the dataset's scorer (HumanEval sandbox, Spider execution, ROUGE) or the MT-Bench judge
-   (only with ``judge.enabled``; otherwise MT-Bench is measured for speed only).
+4. ``score``: the scorer of the cell's task (``task.scorer`` in ``conf/dataset/<name>.yaml``: HumanEval
+   sandbox, Spider execution, ROUGE, the MT-Bench judge...); a scorer that needs the judge scores only
+   with ``judge.enabled`` (otherwise the cell is measured for speed only). The task's ``score_fields``
+   are copied from the scorer's per-sample details onto the generation records.
 
 A failure in ``score`` keeps everything measured before it: the result is ``status: score_failed``
 with the metrics and the generation records, so the driver logs them and a later invocation re-scores
@@ -36,22 +38,23 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any, Iterator, Mapping
 
 import ray
 import torch
 
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
-from pipeline.data import dataset_module, stop_strings
-from pipeline.data.slices import load_slice
+from pipeline.data.slices import load_slice, task_of
+from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import build_decoder
 from pipeline.energy import make_energy_meter
-from pipeline.measure import drafter_costs, predictions_for_scoring, run_window
+from pipeline.measure import Protocol, drafter_costs, predictions_for_scoring, run_window
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
-from pipeline.scoring import mt_bench
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
 from pipeline.scoring.registry import scorer_for
+from pipeline.tracking.layout import SCORE_DETAIL_FIELD
 
 __all__ = [
     "Cell", "CellActor", "CellResult", "apply_isolation", "inject_fault", "judge_identity", "predictions_from_records",
@@ -105,12 +108,14 @@ def _stage(result: CellResult, name: str) -> Iterator[None]:
         result.stages[name] = round(time.perf_counter() - t0, 4)
 
 
-def score_cell(dataset: Mapping[str, Any], samples: list[Any], predictions: list[dict[str, Any]], judge_cfg: Mapping[str, Any] | None, max_turns: int | None) -> dict[str, Any] | None:
-    """The dataset's downstream score (a scorer's result dict), or None where there is none to compute."""
-    scorer = scorer_for(getattr(dataset_module(dataset["name"]), "SCORER", None))
+def score_cell(dataset: Mapping[str, Any], samples: list[Any], predictions: list[dict[str, Any]], judge_cfg: Mapping[str, Any] | None,
+               max_turns: int | None, task: TaskSpec | None = None) -> dict[str, Any] | None:
+    """The task's downstream score (its scorer's result dict), or None where there is none to compute."""
+    task = task or task_of(dataset)
+    scorer = scorer_for(task.scorer)
     if scorer is None:
         return None
-    return scorer(dataset, samples, predictions, judge=judge_cfg, max_turns=max_turns)
+    return scorer.score(dataset, samples, predictions, judge=judge_cfg, max_turns=max_turns, **task.scorer_params)
 
 
 def predictions_from_records(records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -127,10 +132,12 @@ def predictions_from_records(records: list[Mapping[str, Any]]) -> list[dict[str,
 
 
 def judge_identity(cell: Cell) -> dict[str, Any] | None:
-    """The judge that scores this cell (None: none), as recorded on its run (tag ``judge``)."""
-    if cell.dataset_name != "mt_bench" or not (cell.judge or {}).get("enabled"):
+    """Who scores this cell (None: no judge), as its task's scorer records it on the run (tag ``judge``).
+    The planner gives a cell a judge only when its task's scorer uses one."""
+    scorer = scorer_for(task_of(cell.dataset).scorer)
+    if scorer is None or not (cell.judge or {}).get("enabled"):
         return None
-    return mt_bench.judge_identity(cell.judge)
+    return scorer.identity(cell.judge)
 
 
 def apply_isolation(isolation: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -153,11 +160,12 @@ def _score_stage(result: CellResult, cell: Cell, dataset: Mapping[str, Any], sam
                  predictions: list[dict[str, Any]], records: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
     """Stage ``score``: scores onto metrics/records; a failure marks the result ``score_failed`` (never raises)."""
     result.judge_identity = judge_identity(cell)
+    task = task_of(dataset)
     scores = None
     try:
         with _stage(result, "score"):
             inject_fault(cell, "score")
-            scores = score_cell(dataset, samples, predictions, cell.judge, dataset.get("max_turns"))
+            scores = score_cell(dataset, samples, predictions, cell.judge, dataset.get("max_turns"), task)
     except Exception as err:  # noqa: BLE001 - the generations are kept; only the score is missing
         result.status = STATUS_SCORE_FAILED
         result.error = f"score stage: {type(err).__name__}: {err}"
@@ -169,9 +177,10 @@ def _score_stage(result: CellResult, cell: Cell, dataset: Mapping[str, Any], sam
     if scores is not None:
         metrics["score"] = scores.get("score", float("nan"))
         result.score_metric = scores.get("metric")
-        _attach_scores(records, scores)
+        _attach_scores(records, scores, task.score_fields)
     else:
-        result.score_metric = "speed_only" if dataset["name"] == "mt_bench" else "none"
+        scorer = scorer_for(task.scorer)
+        result.score_metric = scorer.unscored_metric() if scorer is not None else "none"
 
 
 def rescore(cell: Cell, records: list[dict[str, Any]]) -> CellResult:
@@ -182,8 +191,8 @@ def rescore(cell: Cell, records: list[dict[str, Any]]) -> CellResult:
     """
     dataset = dict(cell.dataset)
     result = CellResult(cell_key=cell.key, status=STATUS_SCORE_FAILED)
-    samples, _, _ = load_slice({**dataset, "warmup_samples": 0})
-    records = [{k: v for k, v in r.items() if k != "score_detail"} for r in records]
+    samples, _, _ = load_slice(dataset)
+    records = [{k: v for k, v in r.items() if k != SCORE_DETAIL_FIELD} for r in records]
     metrics: dict[str, Any] = {}
     _score_stage(result, cell, dataset, samples, predictions_from_records(records), records, metrics)
     metrics.update({f"stage_{k}_s": v for k, v in result.stages.items()})
@@ -196,11 +205,12 @@ def run_cell(cell: Cell) -> CellResult:
     result = CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="start", node_id=_node_id(),
                         hostname=socket.gethostname(), pid=os.getpid())
     try:
-        measure = dict(cell.measure)
+        protocol = Protocol.from_config(cell.measure)
         dataset = dict(cell.dataset)
+        task = task_of(dataset)
         iso = dict(cell.isolation or {})
-        if measure.get("threads"):
-            iso["threads"] = int(measure["threads"])  # an explicit setting wins over the scheduler's
+        if protocol.threads:
+            iso["threads"] = int(protocol.threads)  # an explicit setting wins over the scheduler's
         result.isolation = apply_isolation(iso)
         with _stage(result, "load"):
             inject_fault(cell, "load")
@@ -208,25 +218,26 @@ def run_cell(cell: Cell) -> CellResult:
             pair = load_pair(spec)
             precision = pair.precision()
             decoder = build_decoder(cell.method, pair.target, pair.draft, assets=pair.assets, **cell.params)
-            samples, warm, _ = load_slice({**dataset, "warmup_samples": measure.get("warmup_samples", 3)})
+            samples, warm, _ = load_slice(dataset, warmup_samples=protocol.warmup_samples)
             device = next(pair.target.parameters()).device
-            meter = make_energy_meter(device, measure.get("energy_meter", "auto"))
+            meter = make_energy_meter(device, protocol.energy_meter)
         with _stage(result, "generate"):
             inject_fault(cell, "generate")
             window = run_window(
-                decoder, samples, tokenizer=pair.tokenizer, chat=spec.chat,
+                decoder, samples, tokenizer=pair.tokenizer,
+                formatter=partial(_format, task, pair.tokenizer, spec.chat),
                 eos_token_ids=eos_ids(pair.tokenizer, pair.target), max_new_tokens=int(dataset["max_new_tokens"]),
                 seed=int(cell.seed), device=device, meter=meter, warmup_samples=warm,
-                warmup_generations=int(measure.get("warmup_generations", 3)),
-                warmup_seconds=float(measure.get("warmup_seconds", 10.0)),
-                idle_seconds=float(measure.get("idle_seconds", 10.0)),
+                warmup_generations=int(protocol.warmup_generations),
+                warmup_seconds=float(protocol.warmup_seconds),
+                idle_seconds=float(protocol.idle_seconds),
                 time_budget_s=dataset.get("time_budget_s"),
-                stop_strings=stop_strings(dataset["name"], spec.chat),
+                stop_strings=task.stops(spec.chat),
                 max_turns=dataset.get("max_turns"),
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
-        if getattr(decoder, "drafter_impl", None) is not None and measure.get("costs", True) and "gamma" in decoder.config:
+        if getattr(decoder, "drafter_impl", None) is not None and protocol.costs and "gamma" in decoder.config:
             # step costs behind Leviathan's bound (c = t_draft / t_target), after the window; t_draft is
             # the cell's own drafter's (a draft-model step, an EAGLE head step, an n-gram lookup)
             with _stage(result, "costs"):
@@ -237,14 +248,14 @@ def run_cell(cell: Cell) -> CellResult:
                 t_verify_ms=1e3 * costs["t_verify"], cost_ratio_c=costs["t_draft"] / costs["t_ar"],
             )
         records = [r.to_dict() for r in window.records]
-        if measure.get("perplexity", True):
+        if protocol.perplexity:
             with _stage(result, "perplexity"):
                 ppl = perplexity(pair.target, pairs_from_records(records)[0])
             metrics["perplexity"] = ppl["score"]
             for rec, per in zip(records, ppl["per_sample"]):
                 rec["perplexity"] = per["perplexity"]
         del decoder, pair
-        if measure.get("score", True):
+        if protocol.score:
             _score_stage(result, cell, dataset, samples, predictions_for_scoring(window), records, metrics)
         else:
             result.status, result.scores, result.score_metric = STATUS_FINISHED, None, "none"
@@ -273,8 +284,14 @@ def run_cell(cell: Cell) -> CellResult:
     return result
 
 
-def _attach_scores(records: list[dict[str, Any]], scores: Mapping[str, Any]) -> None:
-    """Copy per-sample verdicts (HumanEval ``passed``, Spider ``correct``, judge ``score``) onto records."""
+def _format(task: TaskSpec, tokenizer: Any, chat: bool, sample: Any, turn: int, answers: Any) -> Any:
+    """``run_window``'s formatter: the cell's task formats its prompts."""
+    return task.format(sample, tokenizer, chat=chat, turn=turn, answers=answers)
+
+
+def _attach_scores(records: list[dict[str, Any]], scores: Mapping[str, Any], fields: tuple[str, ...]) -> None:
+    """Copy the task's per-sample ``fields`` of the scorer's details (HumanEval ``passed``, Spider ``correct``,
+    judge ``score``...) onto the records, as ``score_detail``."""
     details = scores.get("details") or []
     by_id: dict[str, list[Mapping[str, Any]]] = {}
     for d in details:
@@ -284,7 +301,7 @@ def _attach_scores(records: list[dict[str, Any]], scores: Mapping[str, Any]) -> 
         turn_match = [d for d in found if d.get("turn") in (None, rec["turn"] + 1)]
         if turn_match:
             d = turn_match[0]
-            rec["score_detail"] = {k: d[k] for k in ("passed", "correct", "score", "result") if k in d and not (isinstance(d[k], float) and math.isnan(d[k]))}
+            rec[SCORE_DETAIL_FIELD] = {k: d[k] for k in fields if k in d and not (isinstance(d[k], float) and math.isnan(d[k]))}
 
 
 class CellActor:

@@ -17,14 +17,28 @@ docs/DESIGN.md section 7).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
-# The outcome of a cell (``CellResult.status``; MLflow tag ``cell_status``, see pipeline/tracking.py,
+# The outcome of a cell (``CellResult.status``; MLflow tag ``cell_status``, see pipeline/tracking/layout.py,
 # which adds ``logging`` for a run whose write is not complete).
 STATUS_FINISHED = "finished"  # every stage ran (scores included where the dataset has a scorer)
 STATUS_SCORE_FAILED = "score_failed"  # generations and measurements kept; scoring/judging to redo
 STATUS_FAILED = "failed"  # a stage raised, the actor died or timed out, or logging failed
+
+KEY_LENGTH = 12
+
+
+def cell_key(identity: Mapping[str, Any]) -> str:
+    """Short stable hash of a cell's resolved identity (canonical JSON, sorted keys): ``Cell.key``.
+
+    The identity is what the planner puts in it (``pipeline.sweep.plan``); the same identity gives the
+    same key in every process, so resume finds a cell's runs by it (MLflow tag ``cell_key``).
+    """
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
 @dataclass(frozen=True)
@@ -32,7 +46,7 @@ class Cell:
     """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with ``dataclasses.replace``)."""
 
     key: str
-    """Hash of the cell's identity (``pipeline.tracking.cell_key``): what resume and the MLflow tag ``cell_key`` use."""
+    """Hash of the cell's identity (``cell_key``): what resume and the MLflow tag ``cell_key`` use."""
     sweep: str
     """Name of the sweep that planned it (MLflow experiment by default)."""
     label: str

@@ -47,6 +47,31 @@ from pipeline.energy import EnergyMeter, EnergyReading, IdleReading, NullMeter, 
 Formatter = Callable[[Sample, int, Sequence[str]], Prompt]
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """The measurement protocol's settings, with their one default (``measure:`` of conf/config.yaml
+    repeats these values for Hydra's overrides; tests/test_measure.py holds the two equal)."""
+
+    warmup_generations: int = 3  # at least this many warm-up generations on samples outside the slice ...
+    warmup_seconds: float = 10.0  # ... and at least this long
+    warmup_samples: int = 3  # how many samples after the slice the warm-up uses
+    idle_seconds: float = 10.0  # idle power with the models resident (only with an energy meter)
+    energy_meter: str = "auto"  # auto | nvml | rapl | none
+    perplexity: bool = True  # teacher-forced target pass after the window
+    score: bool = True  # run the task's scorer
+    threads: int | None = None  # torch intra-op threads; None: what the cell's isolation holds
+    costs: bool = True  # time the drafter's and the target's steps after the window (Leviathan's c)
+
+    @classmethod
+    def from_config(cls, measure: dict[str, Any] | None) -> Protocol:
+        """The protocol of a ``measure:`` mapping (keys it does not set keep their default)."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in (measure or {}).items() if k in names and v is not None or k == "threads"})
+
+
+PROTOCOL = Protocol()
+
+
 @dataclass
 class GenerationRecord:
     """One generation (one turn of one sample)."""
@@ -201,8 +226,8 @@ def warm_up(
     max_new_tokens: int,
     eos_token_ids: Sequence[int],
     seed: int,
-    min_generations: int = 3,
-    min_seconds: float = 10.0,
+    min_generations: int = PROTOCOL.warmup_generations,
+    min_seconds: float = PROTOCOL.warmup_seconds,
 ) -> dict[str, Any]:
     """Generate on ``prompts`` (cycled) until both minimums are met."""
     if not prompts or (min_generations <= 0 and min_seconds <= 0):
@@ -228,9 +253,9 @@ def run_window(
     formatter: Formatter | None = None,
     meter: EnergyMeter | None = None,
     warmup_samples: Sequence[Sample] = (),
-    warmup_generations: int = 3,
-    warmup_seconds: float = 10.0,
-    idle_seconds: float = 10.0,
+    warmup_generations: int = PROTOCOL.warmup_generations,
+    warmup_seconds: float = PROTOCOL.warmup_seconds,
+    idle_seconds: float = PROTOCOL.idle_seconds,
     time_budget_s: float | None = None,
     stop_strings: Sequence[str] = (),
     max_turns: int | None = None,

@@ -1,6 +1,6 @@
 """Model pairs: load a target and an optional draft from a Hub id, a local directory or a GGUF file.
 
-A pair is described by ``conf/pair/<name>.yaml`` (see README). Each model spec has:
+A pair is described by ``conf/pair/<name>.yaml`` (see docs/drafters.md). Each model spec has:
 
 - ``id``: a Hub id (``meta-llama/Llama-3.2-1B``) or a local directory;
 - ``package``: optionally, an installed Python package whose folder holds the files (the offline

@@ -9,8 +9,8 @@ tokens/step, score and perplexity equal the hand-chosen values below.
 from __future__ import annotations
 
 from helpers.cells import make_cell
-from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
-from pipeline.tracking import Tracker, cell_key
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult, cell_key
+from pipeline.tracking import Tracker
 
 SWEEP = "fixture"
 PAIR = "tiny"

@@ -14,7 +14,8 @@ from analysis import figures, report
 from analysis.runs import load_runs, load_samples
 from analysis.tables import build_tables
 from pipeline import bounds
-from pipeline.tracking import Tracker, cell_key
+from pipeline.cell_types import cell_key
+from pipeline.tracking import Tracker
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,6 @@ def test_a_raising_cell_comes_back_failed_with_traceback(plan):
 
 
 def test_warmup_samples_are_outside_the_slice(plan):
-    ds = dict(_cell(plan, "ar", "humaneval").dataset, warmup_samples=3)
-    measured, warm, everything = load_slice(ds)
+    measured, warm, everything = load_slice(_cell(plan, "ar", "humaneval").dataset, warmup_samples=3)
     assert [s.id for s in measured] == ["HumanEval/0", "HumanEval/1"]
     assert len(warm) == 3 and not {s.id for s in warm} & {s.id for s in measured}

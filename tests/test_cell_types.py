@@ -24,7 +24,8 @@ from helpers.cells import make_cell
 from pipeline import sweep
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
 from pipeline.decoding import cpu_kernels
-from pipeline.tracking import Tracker, _param_value, flatten
+from pipeline.tracking import Tracker, flatten
+from pipeline.tracking.layout import param_value
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((REPO / "tests" / "golden" / "cell_configs.json").read_text())
@@ -76,7 +77,7 @@ def test_a_logged_cell_has_the_params_and_cell_config_of_before(plans, tmp_path)
         run_id = tracker.log_cell(cell, CellResult(cell.key, status=STATUS_FINISHED, metrics={"tokens_per_s": 1.0}))
         run = tracker.client.get_run(run_id)
         expected = golden[(cell.label, cell.dataset_name)]
-        assert {k: v.replace(str(REPO), "<repo>") for k, v in run.data.params.items()} == {k: _param_value(v) for k, v in flatten(expected).items()}
+        assert {k: v.replace(str(REPO), "<repo>") for k, v in run.data.params.items()} == {k: param_value(v) for k, v in flatten(expected).items()}
         text = Path(tracker.client.download_artifacts(run_id, "cell_config.yaml", str(tmp_path / run_id))).read_text()
         assert _portable(yaml.safe_load(text)) == expected
         assert run.data.tags["cell_key"] == cell.key and run.data.tags["label"] == "spd" and run.data.tags["sweep"] == "smoke"

@@ -9,16 +9,17 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipeline import sweep
-from pipeline.data import DATASETS, dataset_module
+from pipeline.data import task_names, task_spec
 from pipeline.decoding import METHODS, method_class
 from pipeline.models import PairSpec, pair_config
-from pipeline.scoring.registry import SCORERS, scorer_for
+from pipeline.scoring.registry import SCORERS, check_task_scorer, scorer_for
 from pipeline.sweep import driver
 from pipeline.sweep.plan import check_command_line
 from pipeline.tracking import TrackingError
@@ -66,12 +67,18 @@ def test_unknown_keys_in_any_group_are_refused_before_ray(override, message, tmp
         sweep.expand(sweep.compose(overrides), tmp_path)
 
 
-def test_every_dataset_names_a_registered_scorer_or_none():
-    named = {dataset_module(name).SCORER for name in DATASETS}
+def test_every_task_names_a_registered_scorer_or_none_and_only_fields_it_writes():
+    tasks = [task_spec(name) for name in task_names()]
+    named = {t.scorer for t in tasks}
     assert named - {None} <= set(SCORERS)
     assert {"humaneval", "spider", "rouge", "mt_bench"} <= named
+    for task in tasks:
+        assert check_task_scorer(task) is scorer_for(task.scorer)
+        assert set(task.score_fields) <= set(getattr(scorer_for(task.scorer), "fields", ()))
     with pytest.raises(ValueError, match="registered scorers"):
         scorer_for("bleu")
+    with pytest.raises(ValueError, match=r"score field\(s\) \['verdict'\] are not written by scorer 'spider'"):
+        check_task_scorer(replace(task_spec("spider"), score_fields=("correct", "verdict")))
 
 
 # ----------------------------------------------------------------------------- before Ray, exit 2 (issue 25)

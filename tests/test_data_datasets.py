@@ -7,15 +7,16 @@ import json
 import pytest
 from _fixtures_scoring import DATA
 
-from pipeline.data import DATASETS, dataset_module, load_dataset, stop_strings
+from pipeline.data import load_dataset, stop_strings, task_names, task_spec
 
 
-def test_registry_and_unknown_name():
-    assert set(DATASETS) == {"humaneval", "spider", "mt_bench", "spec_bench", "cnn_dm", "chatgpt_prompts", "chatalpaca"}
-    for name in DATASETS:
-        module = dataset_module(name)
-        assert module.NAME == name and callable(module.load) and callable(module.continuation)
-    with pytest.raises(ValueError, match="valid datasets"):
+def test_every_dataset_has_a_task_spec_and_unknown_names_are_refused():
+    assert task_names() == ["chatalpaca", "chatgpt_prompts", "cnn_dm", "humaneval", "mt_bench", "spec_bench", "spider"]
+    for name in task_names():
+        task = task_spec(name)
+        module = task.loader_module()
+        assert task.name == module.NAME == name and callable(module.load) and callable(task.prompt_module().continuation)
+    with pytest.raises(ValueError, match="datasets with a task: .*'humaneval'"):
         load_dataset("gsm8k")
 
 

@@ -201,6 +201,19 @@ def test_rollback_then_extend_matches_plain_forward():
     assert torch.allclose(got, ref, atol=1e-4)
 
 
+def test_the_preallocated_cache_is_allocated_once_not_per_generation(tiny_pair):
+    """A second generation writes into the buffers the first one grew (no reallocation) and decodes the same."""
+    target, draft = tiny_pair
+    dec = build_decoder("spd", target, draft, gamma=3)
+    first = dec.generate(PROMPT, max_new_tokens=12, eos_token_ids=[], generator=make_generator(7))
+    layers = dec.target.cache.layers
+    buffers = [(layer._k.data_ptr(), layer._v.data_ptr()) for layer in layers]
+    again = dec.generate(PROMPT, max_new_tokens=12, eos_token_ids=[], generator=make_generator(7))
+    assert dec.target.cache.layers is layers
+    assert [(layer._k.data_ptr(), layer._v.data_ptr()) for layer in layers] == buffers
+    assert again.tokens == first.tokens and again.steps == first.steps
+
+
 @pytest.mark.parametrize(
     "call,message",
     [

@@ -239,7 +239,7 @@ def test_mcss_accepts_at_least_as_many_tokens_as_specinfer_on_the_same_tree_shap
     specinfer = sum(a for a, _ in pairs) / len(pairs)
     mcss = sum(b for _, b in pairs) / len(pairs)
     assert mcss > specinfer
-    assert sum(b >= a - 1e-12 for a, b in pairs) >= 0.9 * len(pairs)
+    assert all(b >= a - 1e-12 for a, b in pairs)  # on every instance, not on 90% of them
 
 
 def _tree(tokens_parents):

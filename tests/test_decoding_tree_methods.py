@@ -3,6 +3,9 @@ limiting cases, tree attention, KV use and parameter validation."""
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pytest
 import torch
 
@@ -108,6 +111,12 @@ def test_greedy_identity_on_tiny_models(greedy_pair, method, params):
         assert sum(got.accepted) == len(got.tokens) == 40 and len(got.accepted) == got.steps
 
 
+def test_typical_over_medusa_heads_keeps_one_kv_cache_over_the_target(greedy_pair):
+    decoder = build_decoder("typical", *greedy_pair, temperature=0, drafter="medusa")
+    decoder.generate([5, 9, 2], max_new_tokens=8)
+    assert decoder.target is decoder.medusa.target and decoder.target.length > 0  # the cache that generated
+
+
 def test_self_drafted_trees_accept_whole_paths_at_temperature_zero(greedy_pair):
     target = greedy_pair[0]
     out = build_decoder("specinfer", target, target, temperature=0, k_config=[2, 2, 2]).generate([1, 2, 3], max_new_tokens=16)
@@ -174,20 +183,21 @@ def test_target_forwards_are_steps_plus_prefill_and_never_recompute_the_prefix(t
     assert sum(out.accepted) == len(out.tokens) == 60
 
 
-def test_mcss_accepts_at_least_as_many_tokens_per_step_as_specinfer(tiny_pair):
-    """Realised mean tokens per target step over the same prompts and seeds (the exact paired
-    comparison is in test_decoding_multi_candidate)."""
-    means = {}
+def test_mcss_is_not_significantly_below_specinfer_in_realised_tokens_per_step(tiny_pair):
+    """Realised tokens per target step over the same prompts and seeds: MCSS's mean is not below SpecInfer's by
+    more than two standard errors of the difference (sampling noise: about 0.06 tokens here). That MCSS accepts at
+    least as many tokens is asserted exactly, per instance, in test_decoding_multi_candidate."""
+    accepted = {}
     for method in ("specinfer", "mcss"):
         dec = build_decoder(method, *tiny_pair, **WARP, k_config=[3, 2])
         gen = make_generator(11)
-        toks = steps = 0
+        accepted[method] = []
         for prompt in ([0], [1, 2], [3, 4, 5], [6, 7]):
             for _ in range(10):
-                out = dec.generate(prompt, max_new_tokens=20, generator=gen)
-                toks, steps = toks + len(out.tokens), steps + out.steps
-        means[method] = toks / steps
-    assert means["mcss"] >= means["specinfer"] - 0.05, means
+                accepted[method] += dec.generate(prompt, max_new_tokens=20, generator=gen).accepted
+    means = {m: statistics.fmean(a) for m, a in accepted.items()}
+    se_diff = math.sqrt(sum(statistics.pvariance(a) / len(a) for a in accepted.values()))
+    assert 0 < se_diff < 0.1 and means["mcss"] >= means["specinfer"] - 2 * se_diff, (means, se_diff)
 
 
 def test_medusa_exact_acceptance_is_lossless(tiny_pair, law2):

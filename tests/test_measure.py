@@ -3,10 +3,13 @@ per-sample seeding, stop strings, peak memory and energy records, with real deco
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import time
 
 import pytest
 import torch
+import yaml
 from _fixtures_scoring import DATA
 
 from helpers.models import tiny_llama
@@ -16,6 +19,7 @@ from pipeline.data import format_sample, load_dataset
 from pipeline.data.base import Sample
 from pipeline.decoding import build_decoder
 from pipeline.energy import RaplMeter
+from pipeline.sweep import CONF_DIR
 
 torch.set_num_threads(1)
 
@@ -197,3 +201,15 @@ def test_continuation_prompt_answer_prefix(models, tokenizer):
     rec = result.records[0]
     assert rec.prompt_style == "continuation" and rec.prompt_text.endswith("SELECT")
     assert rec.prediction.startswith("SELECT")
+
+
+def test_the_protocol_has_one_default_and_the_config_repeats_it():
+    """pipeline.measure.Protocol holds the protocol's defaults (once); conf/config.yaml's `measure:` repeats them
+    for Hydra's overrides and must not drift; run_window's and warm_up's defaults are the Protocol's."""
+    configured = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["measure"]
+    defaults = dataclasses.asdict(measure.Protocol())
+    assert configured == {k: v for k, v in defaults.items() if k in configured}
+    assert set(defaults) - set(configured) == {"costs"}  # an optional key of a sweep (plan.OPTIONAL_KEYS)
+    window = inspect.signature(measure.run_window).parameters
+    assert [window[k].default for k in ("warmup_generations", "warmup_seconds", "idle_seconds")] == [3, 10.0, 10.0]
+    assert measure.Protocol.from_config({"warmup_seconds": 0.0, "threads": None, "unknown": 1}) == measure.Protocol(warmup_seconds=0.0)

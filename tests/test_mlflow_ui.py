@@ -112,7 +112,12 @@ def test_ui_serves_the_experiment_runs_metrics_and_figures(served):
     exp = server.get_json("/ajax-api/2.0/mlflow/experiments/get-by-name", experiment_name=fx.SWEEP)["experiment"]
     assert _tags(exp)["mlflow.experimentKind"] == "custom_model_development"  # runs view, not the GenAI overview
     view = json.loads(_tags(exp)["mlflow.sharedViewState.sweep"])  # report.view_url opens the runs table on it
-    assert {"metrics.`tokens_per_s`", "tags.`label`", "params.`method.gamma`", "metrics.`speedup.humaneval.spd`"} <= set(view["selectedColumns"])
+    assert {f"metrics.`{m}`" for m in ("tokens_per_s", "speedup", "accepted_per_step", "perplexity", "score", "j_per_token")} <= set(view["selectedColumns"])
+    assert {"tags.`label`", "params.`method.gamma`"} <= set(view["selectedColumns"])
+    # the first screen: the cells (not one collapsed parent row), grouped by dataset and method, averaged over seeds
+    assert view["searchFilter"] == "tags.kind = 'cell'"
+    assert view["groupBy"] == {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
+                                                                               {"mode": "tag", "groupByData": "label"}]}
 
     runs = server.post_json("/ajax-api/2.0/mlflow/runs/search",
                             {"experiment_ids": [exp["experiment_id"]], "max_results": 1000})["runs"]
@@ -132,6 +137,9 @@ def test_ui_serves_the_experiment_runs_metrics_and_figures(served):
     metrics = {m["key"]: m["value"] for m in one["data"]["metrics"]}
     assert params["method.gamma"] == "4" and params["dataset.name"] == "humaneval"
     assert metrics["tokens_per_s"] == pytest.approx(200 / sum(n / 20.0 for n in fx.TOKENS))
+    spd_over_ar = fx.TOKENS_PER_S[("humaneval", "spd")][0] / fx.TOKENS_PER_S[("humaneval", "ar")][0]
+    assert metrics["speedup"] == pytest.approx(spd_over_ar)  # each cell's own speedup, for the table and its averages
+    assert all("speedup" not in {m["key"] for m in c["data"]["metrics"]} for c in cells if c not in finished)
     parent_metrics = {m["key"]: m["value"] for m in parents[0]["data"]["metrics"]}
     assert parent_metrics["speedup.humaneval.spd"] == pytest.approx(
         sum(s / a for s, a in zip(fx.TOKENS_PER_S[("humaneval", "spd")], fx.TOKENS_PER_S[("humaneval", "ar")])) / 3)

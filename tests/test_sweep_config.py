@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import ray
+import yaml
 
 from helpers.project import make_project, overrides
 from pipeline import sweep
@@ -79,3 +80,22 @@ def test_every_shipped_sweep_expands(name):
     assert plan.cells and len({c.key for c in plan.cells}) == len(plan.cells)
     if name == "all_methods":
         assert {c.method for c in plan.cells} == set(METHODS)
+
+
+def test_two_slices_of_one_dataset_are_counted_apart():
+    """Plan.sample_counts is keyed by slice: two slices of HumanEval no longer overwrite each other's count."""
+    cfg = sweep.compose(["sweep=smoke", "data_root=data", "seeds=[0]", "sweep.methods=[ar]",
+                         "sweep.datasets=[{dataset: humaneval, limit: 2}, {dataset: humaneval, start: 2, limit: 3}]"])
+    plan = sweep.expand(cfg)
+    assert plan.sample_counts == {"humaneval[0:2]": 2, "humaneval[2:5]": 3}
+    assert sorted(c.dataset["limit"] for c in plan.cells) == [2, 3]
+
+
+def test_every_method_config_repeats_its_class_defaults():
+    """conf/method/<name>.yaml lists a method's parameters for Hydra's overrides (method.tau=0.3 needs the key);
+    the defaults themselves are the method class's Params: the two must agree (cell keys are computed from
+    the resolved parameters, labels from what differs from the YAML)."""
+    for path in sorted((sweep.CONF_DIR / "method").glob("*.yaml")):
+        values = yaml.safe_load(path.read_text())
+        spec = METHODS[values.pop("name")].all_params()
+        assert {k: v for k, v in values.items() if k not in spec or spec[k].default != v} == {}, path.name

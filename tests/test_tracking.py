@@ -11,10 +11,9 @@ import pytest
 from analysis import schema
 from analysis.runs import load_runs
 from helpers.cells import make_cell
-from pipeline import tracking
-from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, CellResult
+from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, CellResult, cell_key
 from pipeline.sweep.summary import summary_tables
-from pipeline.tracking import Tracker, TrackingError, cell_key, check_tracking_uri, flatten, numeric_metrics, resolve_tracking_uri
+from pipeline.tracking import Tracker, TrackingError, check_tracking_uri, flatten, layout, numeric_metrics, resolve_tracking_uri
 
 
 def test_cell_key_is_stable_and_sensitive():
@@ -115,16 +114,35 @@ def test_a_cell_run_carries_every_name_the_analysis_reads(tmp_path):
     """The names in pipeline.tracking (which analysis/schema.py imports) are what log_cell writes."""
     tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "t", str(tmp_path / "mlruns"))
     tr.start_parent("t", {}, {})
-    ok = CellResult("k1", status=tracking.CELL_FINISHED, metrics={"tokens_per_s": 1.0}, records=[{"id": "a"}], scores={"score": 1.0})
+    ok = CellResult("k1", status=layout.STATUS_FINISHED, metrics={"tokens_per_s": 1.0}, records=[{"id": "a"}], scores={"score": 1.0})
     run = tr.client.get_run(tr.log_cell(_cell("k1"), ok))
     failed = tr.client.get_run(tr.log_cell(_cell("k2"), _failed("k2")))
-    assert run.data.tags[tracking.KIND_TAG] == tracking.KIND_CELL
-    assert run.data.tags[tracking.CELL_STATUS_TAG] == tracking.CELL_FINISHED
-    assert set(tracking.CELL_TAGS) <= set(run.data.tags)
-    assert tracking.ERROR_TAG in failed.data.tags
-    assert set(schema.TAGS.values()) <= set(tracking.CELL_TAGS) | {tracking.ERROR_TAG}
+    assert run.data.tags[layout.TAG_KIND] == layout.KIND_CELL
+    assert run.data.tags[layout.TAG_STATUS] == layout.STATUS_FINISHED
+    assert set(layout.CELL_TAGS) <= set(run.data.tags)
+    assert layout.TAG_ERROR in failed.data.tags
+    assert set(schema.TAGS.values()) <= set(layout.CELL_TAGS) | {layout.TAG_ERROR}
     files = {f.path for f in tr.client.list_artifacts(run.info.run_id)}
-    assert {tracking.SAMPLES_ARTIFACT, tracking.RESULT_ARTIFACT, tracking.SCORES_ARTIFACT, tracking.CONFIG_ARTIFACT} <= files
-    assert tracking.TRACEBACK_ARTIFACT in {f.path for f in tr.client.list_artifacts(failed.info.run_id)}
+    assert {layout.SAMPLES_ARTIFACT, layout.RESULT_ARTIFACT, layout.SCORES_ARTIFACT, layout.CONFIG_ARTIFACT} <= files
+    assert layout.TRACEBACK_ARTIFACT in {f.path for f in tr.client.list_artifacts(failed.info.run_id)}
     parent = tr.client.get_run(tr.parent_run_id)
-    assert parent.data.tags[tracking.KIND_TAG] == tracking.KIND_SWEEP
+    assert parent.data.tags[layout.TAG_KIND] == layout.KIND_SWEEP
+
+
+def test_a_cell_run_whose_write_fails_is_marked_failed_by_the_tracker(tmp_path, monkeypatch):
+    """log_cell itself closes a half-written run as failed (no run id handed to the driver to do it) and re-raises."""
+    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "t", str(tmp_path / "mlruns"))
+    real = tr.client.log_text
+
+    def fails(run_id, text, artifact_file):
+        if artifact_file == layout.RESULT_ARTIFACT:
+            raise OSError("artifact store went away (test)")
+        return real(run_id, text, artifact_file)
+
+    monkeypatch.setattr(tr.client, "log_text", fails)
+    with pytest.raises(OSError, match="went away"):
+        tr.log_cell(_cell("k1"), _ok("k1"))
+    (run,) = tr.cell_runs()
+    assert run.data.tags[layout.TAG_STATUS] == layout.STATUS_FAILED and run.info.status == "FAILED"
+    assert run.data.tags[layout.TAG_ERROR].startswith("logging failed: OSError")
+    assert tr.finished_keys() == {}

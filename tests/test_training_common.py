@@ -15,7 +15,8 @@ from helpers.tokenizers import word_tokenizer
 from pipeline.decoding.checkpoints import attach, attached, read_checkpoint
 from pipeline.prompts import chat_ids
 from pipeline.training.common import repo_path, scheduled_steps, start_run, warmup_cosine
-from pipeline.training.teacher_data import build_prompts, build_tf_sequences, feature_prompts, left_pad, padding_id
+from pipeline.training.prompt_sets import build_prompts, feature_prompts
+from pipeline.training.teacher_data import build_tf_sequences, left_pad, padding_id
 
 
 def test_feature_prompts_are_those_the_shipped_heads_were_trained_on():

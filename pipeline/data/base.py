@@ -15,8 +15,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 from pipeline.prompts import encode_chat, encode_continuation
 
-PROMPT_STYLES = ("chat", "continuation")
-
 
 @dataclass
 class Sample:

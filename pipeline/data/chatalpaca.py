@@ -15,8 +15,6 @@ from typing import Sequence
 from pipeline.data.base import Sample, default_continuation, load_hub_rows, read_table
 
 NAME = "chatalpaca"
-SCORER = None
-STOP_STRINGS: tuple[str, ...] = ()
 _USER = {"human", "user"}
 
 

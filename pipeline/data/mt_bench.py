@@ -17,10 +17,8 @@ from typing import Sequence
 from pipeline.data.base import Sample, default_continuation, load_hub_rows, read_json_records
 
 NAME = "mt_bench"
-SCORER = "mt_bench"
 HUB_ID = "HuggingFaceH4/mt_bench_prompts"
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-STOP_STRINGS: tuple[str, ...] = ()
 
 
 def _root(path: Path) -> Path:

@@ -18,9 +18,7 @@ from pipeline.data.base import Sample, default_continuation, load_hub_rows, read
 from pipeline.data.mt_bench import CATEGORIES as MT_BENCH_CATEGORIES
 
 NAME = "spec_bench"
-SCORER = None  # speed benchmark; the summarization group can be scored with ROUGE
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-STOP_STRINGS: tuple[str, ...] = ()
 
 
 def group_of(category: str) -> str:

@@ -19,9 +19,7 @@ from typing import Sequence
 from pipeline.data.base import Sample, load_hub_rows, read_json_records
 
 NAME = "spider"
-SCORER = "spider"
 HUB_ID = "xlangai/spider"
-STOP_STRINGS = (";", "\n\n")
 
 CONTINUATION_TEMPLATE = (
     "{schema}\n\n-- Using valid SQLite, answer the following question for the tables provided above.\n"

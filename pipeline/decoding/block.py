@@ -18,7 +18,7 @@ from .warping import sample
 class BlockVerificationDecoder(DraftVerifyDecoder):
     name = "block"
     lossless = True
-    # the same draft as spd, gamma included (3: measured on the default pair, README *Benchmark*)
+    # the same draft as spd, gamma included (3: measured on the default pair, docs/measurement.md *Benchmark against transformers*)
     params = {**DraftVerifyDecoder.params, "gamma": Param(3, int_at_least(1), "draft tokens per iteration")}
 
     def propose(self, context, gamma, generator):

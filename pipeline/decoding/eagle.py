@@ -29,7 +29,7 @@ from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from .base import eagle_version
-from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
+from .checkpoints import attach, read_checkpoint, write_checkpoint
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .kv import PreallocatedLayer
 from .vocab import read_token_map, save_token_map
@@ -178,14 +178,6 @@ def attach_eagle_head(target: nn.Module, head: EagleHead) -> nn.Module:
     return attach(target, head, "eagle_head", "EAGLE head")
 
 
-def eagle_head_of(target: nn.Module, method: str) -> EagleHead:
-    return attached(target, "eagle_head", (
-        f"method {method!r} with drafter: eagle needs an EAGLE head on the target: add "
-        "`eagle: models/<dir>` to the pair config (train one with `python -m pipeline.train_eagle pair=<pair>`), "
-        "or call pipeline.decoding.eagle.load_eagle_head(path, target)"
-    ))
-
-
 class EagleRunner:
     """An EAGLE head bound to a target: its KV cache, the features it has been given, and draft logits."""
 
@@ -215,7 +207,11 @@ class EagleRunner:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        """A new generation: the head's cache emptied (its buffers kept, as ``CachedModel.reset``), no features."""
+        if self.cache is None:
+            self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        else:
+            self.cache.reset()
         width = self.head.feature_size if self.eagle3 else self.head.hidden_size
         self.features = torch.zeros(0, width, device=self.device, dtype=self.W.dtype)
         self.forwards = 0

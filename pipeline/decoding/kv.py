@@ -180,8 +180,12 @@ class CachedModel:
         self.reset()
 
     def reset(self) -> None:
-        """Empty the cache and the forward counter (start of a new generation)."""
-        self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        """Empty the cache and the forward counter (start of a new generation). The layers' buffers stay:
+        allocated once (and grown by doubling), not again for every generation."""
+        if self.cache is None:
+            self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        else:
+            self.cache.reset()  # PreallocatedLayer.reset: length 0, buffers kept
         self.forwards = 0
 
     @property

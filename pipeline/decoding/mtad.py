@@ -23,7 +23,7 @@ class MTADDecoder(DraftVerifyDecoder):
     name = "mtad"
     params = {
         **DraftVerifyDecoder.params,
-        "gamma": Param(2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, README)"),
+        "gamma": Param(2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, docs/measurement.md)"),
         "num_beams": Param(4, int_at_least(1), "beams W of the draft's beam sampling"),
         "tau": Param(0.5, in_closed(0.0, 1.0), "acceptance threshold on the joint likelihood ratio"),
         "beam_weights": Param("paper", one_of(*BEAM_WEIGHTS), "paper eq. 2, or the released code's softmax"),

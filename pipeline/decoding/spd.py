@@ -21,7 +21,7 @@ class SpeculativeDecoder(DraftVerifyDecoder):
     lossless = True
     params = {
         **DraftVerifyDecoder.params,
-        # 3: measured on the default pair (README, *Benchmark*); block uses the same
+        # 3: measured on the default pair (docs/measurement.md, *Benchmark against transformers*); block uses the same
         "gamma": Param(3, int_at_least(1), "draft tokens per iteration"),
         "lenience": Param(1.0, in_half_open(0.0, 1.0), "1 = exact; < 1 accepts more (lossy)"),
     }

@@ -93,6 +93,9 @@ class TypicalDecoder(DraftVerifyDecoder):
             medusa_heads_of(target, "typical (drafter: medusa)")
             shared = {k: getattr(self, k) for k in MedusaDecoder.all_params() if k != "acceptance"}
             self.medusa = MedusaDecoder(target, acceptance="typical", **shared)
+        inner = self.medusa or self.eagle_tree
+        if inner is not None:  # one KV cache over the target: the decoder that generates, the inner one's
+            self.target = inner.target
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         if self.medusa is not None:

@@ -262,6 +262,18 @@ def judge_identity(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
+def preflight(cfg: Mapping[str, Any] | None) -> str | None:
+    """Before any model loads: an enabled OpenAI-compatible judge must answer ``/models``; its base URL
+    (None: nothing to reach). ValueError naming the fix otherwise."""
+    if not cfg or not cfg.get("enabled"):
+        return None
+    kind, kwargs = _judge_kwargs(cfg)
+    if kind != "openai":
+        return None
+    check_endpoint(kwargs["base_url"], kwargs.get("api_key_env", "OPENAI_API_KEY"), kwargs.get("model"))
+    return kwargs["base_url"]
+
+
 def check_endpoint(base_url: str, api_key_env: str | None = "OPENAI_API_KEY", model: str | None = None, timeout_s: float = 5.0) -> list[str]:
     """GET ``{base_url}/models`` once with a short timeout; the served model ids, or ValueError naming the fix."""
     url = base_url.rstrip("/") + "/models"

@@ -1,6 +1,8 @@
 """The sweep: configuration -> plan -> cells on Ray -> MLflow (``python -m pipeline.sweep``).
 
-    plan.py        compose the Hydra config, expand and validate the grid, the cells and their keys
+    compose.py     compose the Hydra config; check the config files it names (conf_path: folders of one's own)
+    checks.py      what is checked of pairs, devices and the measurement protocol before Ray starts
+    plan.py        expand and validate the grid: the cells, their tasks and their keys
     ray_runner.py  start/join Ray, size the actors, run the cells
     driver.py      skip finished cells, run the rest, log every result, print the tables
     summary.py     the per-cell and mean ± std tables

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.cell import Cell, CellResult, judge_identity, rescore
-from pipeline.scoring.mt_bench import _judge_kwargs, check_endpoint
+from pipeline.data.slices import task_of
+from pipeline.scoring.registry import scorer_for
 from pipeline.sweep.plan import CONF_DIR, Plan, SweepConfigError, expand
 from pipeline.sweep.ray_runner import actor_options, prepare_pairs, run_cells, start_ray
 from pipeline.sweep.summary import summary_tables
@@ -43,6 +44,7 @@ from pipeline.tracking import (
     pick_active,
     resolve_tracking_uri,
 )
+from pipeline.tracking.layout import TAG_JUDGE, TAG_RESCORED_AT, TAG_SCORE_METRIC, TAG_STATUS
 
 
 def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str, str]:
@@ -58,19 +60,20 @@ def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str,
 
 
 
-def check_judge(cells: Iterable[Cell]) -> None:
-    """An OpenAI-compatible judge that some cell needs must answer ``/models`` now, before any model loads."""
+def preflight(cells: Iterable[Cell]) -> None:
+    """Each scorer that some cell needs runs its own preflight checks now, before any model loads (e.g. an
+    OpenAI-compatible judge must answer ``/models``); once per scorer and judge config."""
     seen = set()
     for cell in cells:
-        judge = cell.judge or {}
-        if cell.dataset_name != "mt_bench" or not judge.get("enabled"):
+        scorer = scorer_for(task_of(cell.dataset).scorer)
+        if scorer is None:
             continue
-        kind, kwargs = _judge_kwargs(judge)
-        if kind != "openai" or kwargs["base_url"] in seen:
+        once = (scorer.name, json.dumps(cell.judge, sort_keys=True, default=str))
+        if once in seen:
             continue
-        seen.add(kwargs["base_url"])
+        seen.add(once)
         try:
-            check_endpoint(kwargs["base_url"], kwargs.get("api_key_env", "OPENAI_API_KEY"), kwargs.get("model"))
+            scorer.preflight(cell.judge)
         except ValueError as err:
             raise SweepConfigError(str(err)) from None
 
@@ -85,18 +88,18 @@ def _judge_tag(cell: Cell) -> str:
 def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], list[Cell], list[Cell]]:
     """(cells to run, cells whose logged generations are to be scored again, cells done).
 
-    Re-scored: ``score_failed`` cells (scoring/judging failed after generating), and finished MT-Bench
-    cells whose run was judged by another judge than the one configured now (tag ``judge``).
+    Re-scored: ``score_failed`` cells (scoring/judging failed after generating), and finished cells
+    whose run was scored by another judge than the one configured now (tag ``judge``).
     """
     to_run, to_rescore, done = [], [], []
     for cell in cells:
         run = active.get(cell.key)
-        status = run.data.tags.get("cell_status") if run is not None else None
+        status = run.data.tags.get(TAG_STATUS) if run is not None else None
         if status == STATUS_SCORE_FAILED:
             to_rescore.append(cell)
         elif status == STATUS_FINISHED:
             wanted = _judge_tag(cell)
-            (to_rescore if wanted and run.data.tags.get("judge", "") != wanted else done).append(cell)
+            (to_rescore if wanted and run.data.tags.get(TAG_JUDGE, "") != wanted else done).append(cell)
         else:
             to_run.append(cell)
     return to_run, to_rescore, done
@@ -136,8 +139,8 @@ def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
         except Exception as err:  # noqa: BLE001 - the store is gone: nothing more is scheduled
             tracker.release(key)
             raise store_failed(tracker, err, f"looking up cell {key}") from err
-        if any(r.info.run_id not in known and r.data.tags.get("cell_status") != STATUS_LOGGING for r in now) or any(
-            r.data.tags.get("cell_status") == STATUS_FINISHED for r in now
+        if any(r.info.run_id not in known and r.data.tags.get(TAG_STATUS) != STATUS_LOGGING for r in now) or any(
+            r.data.tags.get(TAG_STATUS) == STATUS_FINISHED for r in now
         ):
             tracker.release(key)
             return "skip"
@@ -172,7 +175,7 @@ def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any]
                 raise store_failed(tracker, err, f"reading the generations of cell {key}") from err
             try:
                 result = rescore(cell, records)
-                tags = {"judge": _judge_tag(cell), "rescored_at": time.strftime("%Y-%m-%d %H:%M:%S"), "score_metric": result.score_metric or ""}
+                tags = {TAG_JUDGE: _judge_tag(cell), TAG_RESCORED_AT: time.strftime("%Y-%m-%d %H:%M:%S"), TAG_SCORE_METRIC: result.score_metric or ""}
                 error = None if result.finished else result.error
             except Exception as err:  # noqa: BLE001 - the run keeps its status and generations: tried again next time
                 result, error = None, f"{type(err).__name__}: {err}"
@@ -222,7 +225,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     print(f"cells: {len(plan.cells)} total, {n_done} finished, {len(todo)} to run"
           + (f" ({n_retry} failed before)" if n_retry else "")
           + (f", {len(to_rescore)} to score again from their logged generations" if to_rescore else ""), flush=True)
-    check_judge(todo + to_rescore)  # before any model loads
+    preflight(todo + to_rescore)  # before any model loads
     outcome = {"total": len(plan.cells), "skipped": n_done, "ran": 0, "logged": 0, "finished": 0, "failed": 0, "rescored": 0,
                "elsewhere": 0, "results": []}
     if todo or to_rescore:
@@ -269,7 +272,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     cell_text, mean_text = summary_tables(rows, base_label)
     print("\nper cell:\n" + cell_text)
     print(f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, dataset and seed):\n" + mean_text)
-    n_failed = sum(1 for r in rows if r.get("cell_status") != STATUS_FINISHED)
+    n_failed = sum(1 for r in rows if r.get(TAG_STATUS) != STATUS_FINISHED)
     if n_failed:
         print(f"\n{n_failed} cell(s) not finished; run the same command again to retry only those (cells whose scoring "
               "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact traceback.txt).")
@@ -298,12 +301,10 @@ def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], kn
         try:
             tracker.log_cell(cell, result)
             outcome["logged"] += 1
-        except Exception as err:  # noqa: BLE001 - the store failed mid-write: the cell stays unfinished, retried next time
-            tracker.mark_log_failed(tracker.logging_run_id, f"{type(err).__name__}: {err}")
+        except Exception as err:  # noqa: BLE001 - the store failed mid-write (log_cell marked the run failed): retried next time
             result = replace(result, status=STATUS_FAILED, error=f"logging to MLflow failed: {type(err).__name__}: {err}")
             failure = err
         finally:
-            tracker.logging_run_id = None
             tracker.release(cell.key)
         outcome["ran"] += 1
         outcome["finished" if result.finished else "failed"] += 1

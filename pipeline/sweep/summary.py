@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.formatting import fmt_mean_std
-from pipeline.tracking import STATUS_FINISHED
+from pipeline.tracking.layout import STATUS_FINISHED, TAG_STATUS
 
 
 def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tuple[str, str]:
@@ -21,12 +21,12 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df = df.drop_duplicates(subset=["cell_key"], keep="first") if "cell_key" in df else df
-    per_cell = df[["label", "pair", "dataset", "seed", "cell_status", "tokens_per_s", "j_per_token", "score", "cell_key"]].copy()
+    per_cell = df[["label", "pair", "dataset", "seed", TAG_STATUS, "tokens_per_s", "j_per_token", "score", "cell_key"]].copy()
     per_cell = per_cell.sort_values(["pair", "dataset", "label", "seed"])
     per_cell.columns = ["method", "pair", "dataset", "seed", "status", "tokens/s", "J/token", "score", "cell_key"]
     cell_text = per_cell.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
 
-    ok = df[df["cell_status"] == STATUS_FINISHED].copy()
+    ok = df[df[TAG_STATUS] == STATUS_FINISHED].copy()
     if ok.empty:
         return cell_text, "(no finished cells)"
     if baseline_label is not None:

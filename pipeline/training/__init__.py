@@ -1,7 +1,8 @@
 """Training tools for the pipeline's own models (not part of a sweep; command lines in pipeline/*.py).
 
     common.py        run setup (threads, seed, work folder, log), the frozen target, the heads' schedule
-    teacher_data.py  the offline teacher data (one copy): prompts, the target's sampled answers and top-k
+    prompt_sets.py   the offline training prompts (templates, word lists, standard-library source)
+    teacher_data.py  the offline teacher data (one copy): the target's sampled answers and top-k
                      log-probs (draft distillation), and the feature corpus with the target's hidden states (heads)
     distill.py       distil a small draft for a pair's target (``python -m pipeline.distill``)
     medusa.py        train Medusa heads for a target (``python -m pipeline.train_medusa``)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.cell_types import Cell
+from pipeline.cell_types import Cell, cell_key
 from pipeline.sweep.plan import HARNESS_VERSION
-from pipeline.tracking import cell_key
 
 
 def make_cell(key: str | None = None, *, label: str | None = None, method: str = "spd", params: dict[str, Any] | None = None,

@@ -1,0 +1,152 @@
+"""Adding a dataset is one YAML plus one loader and one scorer file, in a folder of one's own (docs/extending.md).
+
+The dataset ``word_count`` below lives only in a temporary folder: its task spec in
+``<tmp>/myconf/dataset/word_count.yaml`` (found through ``conf_path=[<tmp>/myconf]``, Hydra's search path), its loader
+``wc_loader.py`` and its scorer ``wc_scorer.py`` beside it (on ``sys.path``). No file of the
+repository is written: the planner, the cell and the driver run it through its task spec, its
+scorer's preflight runs before the models, and its verdict field reaches each generation's record in
+MLflow. The files written here are the ones docs/extending.md shows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers.project import REPO, make_project, overrides
+from pipeline import sweep
+from pipeline.cell import run_cell
+from pipeline.cell_types import STATUS_FINISHED
+from pipeline.sweep import driver
+from pipeline.tracking import Tracker
+
+TASK_YAML = """\
+# Word count: answer in as many words as asked (a toy task of docs/extending.md).
+name: word_count
+path: {data}                 # a JSON-lines file: {{"id", "question", "words"}}
+split: null
+start: 0
+limit: 2
+ids: null
+max_new_tokens: 8
+max_turns: null
+time_budget_s: null
+options: {{}}
+task:
+  version: 1
+  loader: wc_loader          # load(path, **options) and continuation(sample, turn, answers)
+  stop_strings: ["\\n\\n"]
+  scorer:
+    name: "wc_scorer:SCORER"  # a Scorer outside pipeline/scoring
+    params: {{tolerance: 100}}
+    fields: [words, ok]
+"""
+
+LOADER = '''\
+"""Word count: questions asking for an answer of a given length."""
+
+import json
+from pathlib import Path
+
+from pipeline.data.base import Sample, default_continuation
+
+NAME = "word_count"
+
+
+def load(path, split=None):
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [Sample(id=str(r["id"]), dataset=NAME, turns=[r["question"]], reference=r["words"]) for r in rows]
+
+
+def continuation(sample, turn, answers):
+    return default_continuation(sample, turn, answers)
+'''
+
+SCORER = '''\
+"""How many answers have the asked number of words (within ``tolerance``)."""
+
+from pipeline.scoring import prediction_text
+from pipeline.scoring.registry import Scorer
+
+PREFLIGHTS = []
+
+
+def score(dataset, samples, predictions, *, judge=None, max_turns=None, tolerance=0):
+    asked = {s.id: s.reference for s in samples}
+    details = []
+    for p in predictions:
+        words = len(prediction_text(p).split())
+        details.append({"id": p["id"], "words": words, "ok": abs(words - asked[p["id"]]) <= tolerance})
+    return {"metric": "word_count_ok", "score": sum(d["ok"] for d in details) / len(details), "details": details}
+
+
+SCORER = Scorer("word_count", score, fields=("words", "ok"), preflight=PREFLIGHTS.append)
+'''
+
+
+@pytest.fixture(scope="module")
+def own_folder(tmp_path_factory) -> Path:
+    """The user's folder: the task YAML, the loader, the scorer and the data; nothing in the repository."""
+    folder = tmp_path_factory.mktemp("my_dataset")
+    data = folder / "word_count.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "question": f"say {n} words", "words": n}) + "\n" for i, n in enumerate((3, 5, 7))))
+    (folder / "myconf" / "dataset").mkdir(parents=True)
+    (folder / "myconf" / "dataset" / "word_count.yaml").write_text(TASK_YAML.format(data=data))
+    (folder / "wc_loader.py").write_text(LOADER)
+    (folder / "wc_scorer.py").write_text(SCORER)
+    return folder
+
+
+def _repo_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "pipeline", "conf"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_a_dataset_from_a_folder_of_ones_own_runs_through_plan_cell_driver_and_mlflow(own_folder, tmp_path, monkeypatch):
+    before = _repo_status()
+    monkeypatch.syspath_prepend(str(own_folder))
+    root = make_project(tmp_path)
+    args = [*overrides(root, "sweep.methods=[ar]", "sweep.baseline=null", "sweep.datasets=[word_count]"),
+            f"conf_path=[{own_folder / 'myconf'}]"]
+    plan = sweep.expand(sweep.compose(args, root / "conf"), root)
+
+    (cell,) = plan.cells
+    assert cell.dataset_name == "word_count" and plan.sample_counts == {"word_count[0:2]": 2}
+    assert cell.dataset["task"]["scorer"] == "wc_scorer:SCORER" and cell.dataset["task"]["score_fields"] == ["words", "ok"]
+    driver.preflight(plan.cells)  # the scorer's own preflight, before any model loads
+    assert importlib.import_module("wc_scorer").PREFLIGHTS == [None]  # called once, with the cell's judge (none: the scorer uses no judge)
+
+    result = run_cell(cell)
+    assert result.status == STATUS_FINISHED, result.traceback
+    assert result.score_metric == "word_count_ok" and 0.0 <= result.metrics["score"] <= 1.0
+    assert [set(r["score_detail"]) for r in result.records] == [{"words", "ok"}] * 2  # the task's fields only
+
+    tracker = Tracker(f"sqlite:///{root}/mlflow.db", "word_count", str(root / "mlruns"))
+    try:
+        run_id = tracker.log_cell(cell, result)
+        assert [r["score_detail"]["words"] for r in tracker.samples(run_id)] == [d["words"] for d in result.scores["details"]]
+        assert tracker.client.get_run(run_id).data.params["dataset.task.loader"] == "wc_loader"
+    finally:
+        tracker.close()
+    assert _repo_status() == before  # no file of the repository's pipeline/ or conf/ was written
+
+
+def test_a_task_spec_that_cannot_work_is_refused_when_the_sweep_is_planned(own_folder, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(own_folder))
+    root = make_project(tmp_path)
+    broken = own_folder / "broken" / "dataset"
+    broken.mkdir(parents=True)
+    text = TASK_YAML.format(data=own_folder / "word_count.jsonl").replace("name: word_count", "name: word_count_broken")
+    (broken / "word_count_broken.yaml").write_text(text.replace("fields: [words, ok]", "fields: [words, verdict]")
+                                                   .replace("loader: wc_loader", "loader: wc_loaderr"))
+    args = [*overrides(root, "sweep.methods=[ar]", "sweep.baseline=null", "sweep.datasets=[word_count_broken]"),
+            f"conf_path=[{own_folder / 'broken'}]"]
+    with pytest.raises(sweep.SweepConfigError, match=r"loader module 'wc_loaderr' cannot be imported"):
+        sweep.expand(sweep.compose(args, root / "conf"), root)
+    (broken / "word_count_broken.yaml").write_text(text.replace("fields: [words, ok]", "fields: [words, verdict]"))
+    with pytest.raises(sweep.SweepConfigError, match=r"score field\(s\) \['verdict'\] are not written by scorer 'word_count'"):
+        sweep.expand(sweep.compose(args, root / "conf"), root)
