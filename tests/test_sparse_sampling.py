@@ -11,9 +11,17 @@ import pytest
 import torch
 
 from helpers.models import tiny_llama
+from pipeline.decoding.beam_sampling import beam_sample
 from pipeline.decoding.drafting import draft_chain
 from pipeline.decoding.kv import CachedModel
-from pipeline.decoding.verification import token_verify, token_verify_sparse
+from pipeline.decoding.verification import (
+    block_verify,
+    block_verify_sparse,
+    mtad_verify,
+    mtad_verify_sparse,
+    token_verify,
+    token_verify_sparse,
+)
 from pipeline.decoding.vocab import restrict_head
 from pipeline.decoding.warping import Warper, make_generator, sample, sample_sparse, warp
 
@@ -117,3 +125,70 @@ def test_token_verify_sparse_follows_token_verify():
         assert torch.allclose(sparse, dist, atol=1e-6)
         outcomes.add(int(n))
     assert outcomes == {0, 1, 2, 3}
+
+
+def test_block_verify_sparse_follows_block_verify():
+    """Same tau and the same residual law as the dense block rule (Sun et al., Algorithm 2)."""
+    vocab, k, g = 300, 10, 4
+    warper = Warper(temperature=1.0, top_k=k, top_p=0.9)
+    outcomes = set()
+    for seed in range(300):
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(g + 1, vocab, generator=gen) * 3
+        P = warp(logits, 1.0, k, 0.9)
+        Q = warp(logits[:g] + torch.randn(g, vocab, generator=gen) * 1.5, 1.0, k, 0.9)
+        x = torch.stack([sample(Q[i], make_generator(seed * 10 + i)) for i in range(g)])
+        eta = torch.rand(g, generator=gen)
+        tau, dist = block_verify(P, Q, x, eta)
+        tau_s, index, weights = block_verify_sparse(*warper.top_k_rows(logits), Q, x, eta)
+        assert int(tau) == int(tau_s)
+        sparse = torch.zeros(vocab).scatter_(-1, index, weights / weights.sum())
+        assert torch.allclose(sparse, dist, atol=1e-6)
+        outcomes.add(int(tau))
+    assert outcomes == set(range(g + 1))
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.3, 0.9])
+def test_mtad_verify_sparse_follows_mtad_verify(tau):
+    vocab, k, g = 300, 10, 3
+    warper = Warper(temperature=1.0, top_k=k, top_p=0.9)
+    for seed in range(100):
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(g + 1, vocab, generator=gen) * 3
+        P = warp(logits, 1.0, k, 0.9)
+        x = torch.randint(0, vocab, (g,), generator=gen)
+        x[0] = int(P[0].argmax())  # some drafts inside P's support
+        log_q = torch.log(torch.rand(g, generator=gen))
+        acc, row = mtad_verify(P, log_q, x, tau)
+        acc_s, index, weights = mtad_verify_sparse(*warper.top_k_rows(logits), log_q, x, tau)
+        assert int(acc) == int(acc_s)
+        assert torch.equal(torch.zeros(vocab).scatter_(-1, index, weights), row)
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+@pytest.mark.parametrize("restricted", [False, True])
+def test_beam_sample_sparse_path_draws_the_dense_paths_beams(replacement, restricted, monkeypatch):
+    """MTAD's draft: the same beams, log q and draws with and without the top-k fast path."""
+    model = tiny_llama(4, vocab=12, layers=2).eval()
+    if restricted:
+        model = restrict_head(model, [0, 2, 3, 5, 7, 8, 11])
+    draft = CachedModel(model, vocab_size=12)
+    warper = Warper(temperature=1.0, top_k=6, top_p=0.95)
+
+    def run(sparse: bool):
+        if not sparse:
+            monkeypatch.setattr(Warper, "sparse", lambda self, vocab: False)
+        out = []
+        with torch.no_grad():
+            for seed in range(30):
+                draft.reset()
+                context = [1, 2, seed % 5]
+                draft.prefill(context[:-1])
+                gen = make_generator(seed)
+                beam = beam_sample(draft, context, 3, 3, warper, gen, "paper", replacement)
+                out.append((beam.tokens, beam.log_q, draft.length, float(torch.rand(1, generator=gen))))
+        monkeypatch.undo()
+        return out
+
+    for fast, slow in zip(run(True), run(False)):
+        assert fast[0] == slow[0] and torch.equal(fast[1], slow[1]) and fast[2:] == slow[2:]
