@@ -72,9 +72,43 @@ def test_kernel_forward_agrees_with_transformers_in_bf16(kind, extra):
     assert (got - ref[12:]).abs().max() <= 0.05 * ref.abs().max()
 
 
+# head sizes 16 (the scalar attention), 64 and 128 (the vector attention); 40-wide MLPs cover the SiLU tail
+SHAPES = [
+    {"hidden": 64, "heads": 4, "kv_heads": 2},
+    {"hidden": 128, "heads": 2, "kv_heads": 1, "intermediate": 40},
+    {"hidden": 256, "heads": 2, "kv_heads": 2},
+]
+
+
 @needs_kernels
-def test_verification_rows_equal_the_one_token_steps_bit_for_bit():
-    model = bf16_model(5, vocab=64, hidden=64, heads=4, kv_heads=2, layers=3)
+@pytest.mark.parametrize("shape", SHAPES, ids=["d16", "d64", "d128"])
+def test_kernel_forward_agrees_with_transformers_per_head_size(shape):
+    model = bf16_model(4, vocab=50, layers=2, **shape)
+    ids = torch.randint(0, 50, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(ids).logits[0].float()
+        cm = CachedModel(model)
+        cm.prefill(ids[0, :30].tolist())
+        got = torch.cat([cm.forward(ids[0, 30:34].tolist(), keep=4), cm.forward(ids[0, 34:].tolist(), keep=6)])
+    assert (got - ref[30:]).abs().max() <= 0.05 * ref.abs().max()
+
+
+@needs_kernels
+def test_kernel_exp_is_within_two_ulp_of_exp():
+    """The softmax and SiLU use the kernels' vectorised exp: check it against float64 over float32's range."""
+    x = torch.linspace(-100.0, 88.0, 400_001)
+    got = cpu_kernels.kernels().exp(x).double()
+    ref = torch.exp(x.double())
+    ulp = torch.nextafter(ref.float(), torch.tensor(float("inf"))).double() - ref.float().double()
+    normal = ref > torch.finfo(torch.float32).tiny
+    assert float(((got - ref).abs() / ulp)[normal].max()) <= 2.0
+    assert cpu_kernels.kernels().exp(torch.tensor([-200.0, 0.0, 100.0])).tolist() == [0.0, 1.0, float("inf")]
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", SHAPES, ids=["d16", "d64", "d128"])
+def test_verification_rows_equal_the_one_token_steps_bit_for_bit(shape):
+    model = bf16_model(5, vocab=64, layers=3, **shape)
     ids = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.no_grad():
         block = CachedModel(model)
@@ -91,10 +125,11 @@ def test_verification_rows_equal_the_one_token_steps_bit_for_bit():
 
 
 @needs_kernels
-def test_tree_forward_rows_equal_their_paths_as_chains():
+@pytest.mark.parametrize("shape", [{"hidden": 32, "heads": 2, "kv_heads": 1}, *SHAPES[1:]], ids=["d16", "d64", "d128"])
+def test_tree_forward_rows_equal_their_paths_as_chains(shape):
     """A tree verification (mask over the nodes) gives each node the logits of its path as a chain."""
-    model = bf16_model(6, vocab=32, hidden=32, heads=2, kv_heads=1, layers=2)
-    prompt = [1, 2, 3, 4]
+    model = bf16_model(6, vocab=32, layers=2, **shape)
+    prompt = [1, 2, 3, 4] * 9  # 36 keys: more than two 16-key chunks of the vector softmax
     # root 5 with children 6 and 7; 7 has child 8: paths 5-6 and 5-7-8
     tokens = torch.tensor([5, 6, 7, 8])
     parents = [-1, 0, 0, 2]
@@ -180,3 +215,19 @@ def test_a_bad_model_dtype_fails_with_the_choices():
         ModelSpec.from_config({"id": "m", "dtype": "half-ish"})
     with pytest.raises(ValueError, match="unknown dtype"):
         PairSpec.from_config({"name": "p", "target": {"id": "t"}, "dtype": "int3"})
+
+
+@needs_kernels
+@pytest.mark.parametrize("rope", [None, {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}])
+def test_rotary_table_rows_equal_the_modules_own_rows(rope):
+    """The kernels' cos/sin come from a table the model's rotary module computed once: each row is the
+    module's own row for that position (so steps, verifications and transformers see the same rotation)."""
+    extra = {} if rope is None else {"rope_parameters": rope}
+    model = bf16_model(7, vocab=32, hidden=128, heads=2, kv_heads=1, layers=1, max_positions=4096, **extra)
+    lean = CachedModel(model).lean
+    x = torch.zeros(1, 1, 128, dtype=torch.bfloat16)
+    for positions in ([0], [5, 6, 7, 8], [3000], list(range(700, 713))):
+        pos = torch.tensor([positions])
+        cos, sin = lean._rotary_rows(x, pos)
+        ref_cos, ref_sin = lean._rotary[0](x, pos)
+        assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])

@@ -214,6 +214,23 @@ def test_the_preallocated_cache_is_allocated_once_not_per_generation(tiny_pair):
     assert again.tokens == first.tokens and again.steps == first.steps
 
 
+def test_buffers_made_under_inference_mode_are_made_anew_outside_it(tiny_pair):
+    """Generations run under torch.inference_mode; a cell's cost probe then prefills outside it (as
+    ``Drafter.step_cost`` does): the kept buffers are inference tensors that cannot be written there, so
+    the cache is made anew instead of failing."""
+    target, draft = tiny_pair
+    dec = build_decoder("spd", target, draft, gamma=3)
+    first = dec.generate(PROMPT, max_new_tokens=12, eos_token_ids=[], generator=make_generator(7))
+    assert dec.target.cache.layers[0]._k.is_inference()
+    assert dec.drafter_impl.step_cost(dec.target, PROMPT + [1, 2], 3, dec.warper, reps=2) > 0
+    with torch.no_grad():
+        dec.target.reset()
+        dec.target.prefill(PROMPT)
+    assert not dec.target.cache.layers[0]._k.is_inference()
+    again = dec.generate(PROMPT, max_new_tokens=12, eos_token_ids=[], generator=make_generator(7))
+    assert again.tokens == first.tokens
+
+
 @pytest.mark.parametrize(
     "call,message",
     [

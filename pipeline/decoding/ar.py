@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from .base import Decoder, Generation
-from .warping import sample
 
 
 class AutoregressiveDecoder(Decoder):
@@ -17,7 +16,7 @@ class AutoregressiveDecoder(Decoder):
         out: list[int] = []
         for _ in range(max_new_tokens):
             logits = target.forward(pending, keep=1)[-1]
-            y = logits.argmax(-1) if self.warper.greedy else sample(self.warper(logits), generator)
+            y = self.warper.draw(logits, generator)
             pending = y.reshape(1)
             out.append(int(y))
             if out[-1] in eos:

@@ -10,7 +10,7 @@ import torch
 
 from .checkpoints import resolve_dir
 from .kv import CachedModel
-from .warping import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Warper, sample
+from .warping import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Warper
 
 
 @dataclass
@@ -273,9 +273,7 @@ class Decoder:
 
     def _next_token(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
         """One token from one row of target logits: argmax when greedy, else a warped sample."""
-        if self.warper.greedy:
-            return int(logits.argmax(-1))
-        return int(sample(self.warper(logits), generator))
+        return int(self.warper.draw(logits, generator))
 
 
 def validate_params(

@@ -58,6 +58,8 @@ def beam_sample(
 ) -> Beam:
     """Draw ``depth`` tokens by beam sampling from ``model`` after ``context``; return the best beam."""
     greedy = warper.greedy
+    if not greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size):
+        return _beam_sample_sparse(model, context, depth, num_beams, warper, generator, beam_weights, replacement)
     logits = model.forward(context[model.length :], keep=1)[-1]
     start = model.length  # == len(context)
     if greedy:
@@ -97,6 +99,48 @@ def beam_sample(
         beams = torch.cat([beams[b], v[:, None]], 1)
         bl = b.tolist()
         nodes = [nodes[i] + [fed[i]] for i in bl]
+    best = int(weights.argmax())
+    path = nodes[best]
+    if path:
+        model.compact(start, path)
+    return Beam(beams[best].tolist(), log_q[best])
+
+
+def _nonzero_by_id(ids: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k rows ``(ids, probs) [..., k]`` as the non-zero entries of the dense rows, in the order a dense
+    row lists them (token id ascending within a row, rows in order): flattened ``(position, ids, probs)``."""
+    order = ids.argsort(-1)
+    ids, probs = ids.gather(-1, order), probs.gather(-1, order)
+    keep = (probs > 0).flatten().nonzero().squeeze(-1)
+    return keep, ids.flatten()[keep], probs.flatten()[keep]
+
+
+def _beam_sample_sparse(model, context, depth, num_beams, warper, generator, beam_weights, replacement) -> Beam:
+    """``beam_sample`` for a top-k warper on the CPU, on the rows' k entries: the same beams and the same
+    random draws as the dense form (the candidates are the dense rows' non-zero entries, in their order)."""
+    ids, probs = model.forward_sparse(context[model.length :], warper)
+    start = model.length
+    _, cand, w = _nonzero_by_id(ids, probs)
+    sel = sample_k(w, num_beams, replacement, generator)
+    weights = _renormalize(w[sel], beam_weights)
+    log_q = torch.log(w[sel])[:, None]
+    beams = cand[sel][:, None]
+    nodes: list[list[int]] = [[] for _ in range(len(sel))]
+    tree = TokenTree(start)
+    for _ in range(1, depth):
+        parents = [n[-1] if n else -1 for n in nodes]
+        fed = tree.extend(beams[:, -1].tolist(), parents)
+        tok, positions, mask = tree.feed()
+        ids, probs = model.forward_tree(tok, positions, mask, start, warper=warper)  # [W, k] each
+        k = ids.shape[-1]
+        keep, cand, q = _nonzero_by_id(ids, probs)
+        flat = torch.exp(weights)[keep // k] * q
+        pick = sample_k(flat, num_beams, replacement, generator)
+        b, v = keep[pick] // k, cand[pick]
+        weights = _renormalize(flat[pick], beam_weights)
+        log_q = torch.cat([log_q[b], torch.log(q[pick])[:, None]], 1)
+        beams = torch.cat([beams[b], v[:, None]], 1)
+        nodes = [nodes[i] + [fed[i]] for i in b.tolist()]
     best = int(weights.argmax())
     path = nodes[best]
     if path:

@@ -11,8 +11,8 @@ import torch
 
 from .base import Param, int_at_least
 from .speculative import DraftVerifyDecoder
-from .verification import block_verify, greedy_verify
-from .warping import sample
+from .verification import block_verify, block_verify_sparse, greedy_verify
+from .warping import sample, sample_sparse
 
 
 class BlockVerificationDecoder(DraftVerifyDecoder):
@@ -29,7 +29,11 @@ class BlockVerificationDecoder(DraftVerifyDecoder):
         if self.warper.greedy:  # block verification adds nothing for one-hot targets
             n, y = greedy_verify(logits.argmax(-1), tokens)
             return n, y
+        eta = torch.rand(tokens.shape[0], generator=generator, device=logits.device)
+        if self.warper.sparse(logits.shape[-1]) and logits.device.type == "cpu":
+            # top-k rows: verify on their k entries (no full-vocabulary temporaries; the same rule)
+            tau, index, weights = block_verify_sparse(*self.warper.top_k_rows(logits), probs, tokens, eta)
+            return tau, sample_sparse(index, weights, generator)
         P = self.warper(logits)
-        eta = torch.rand(tokens.shape[0], generator=generator, device=P.device)
         tau, dist = block_verify(P, probs, tokens, eta)
         return tau, sample(dist, generator)

@@ -83,9 +83,15 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
 
 def _capability_reason() -> str | None:
     """Why this machine and its switches rule the kernels out (None: they can run here)."""
+    return _reason_for(os.environ.get("PIPELINE_BF16_KERNELS"), os.environ.get("PIPELINE_CPU_BF16"), "avx512_bf16" in _cpu_flags())
+
+
+@functools.lru_cache(maxsize=16)
+def _reason_for(kernels_switch: str | None, bf16_switch: str | None, has_avx512_bf16: bool) -> str | None:
+    """``_capability_reason`` for these switches and CPU (asked on every warped row: cached)."""
     if not env_flag("PIPELINE_BF16_KERNELS"):
         return "PIPELINE_BF16_KERNELS=0"
-    if "avx512_bf16" not in _cpu_flags():
+    if not has_avx512_bf16:
         return "the CPU has no avx512_bf16"
     if not native_bf16():
         return "PIPELINE_CPU_BF16=0"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .kv import CachedModel
-from .warping import Warper, sample
+from .warping import Warper, sample, sample_sparse
 
 
 @dataclass
@@ -26,6 +26,15 @@ def draft_chain(
     """
     pending: list[int] | torch.Tensor = context[draft.length :]
     tokens, rows = [], []
+    if warper.sparse(draft.vocab_size):  # top-k sampling: warp and sample on the draft's own (restricted) head
+        dense = torch.zeros(gamma, draft.vocab_size, device=draft.device)
+        for i in range(gamma):
+            ids, probs = draft.forward_sparse(pending, warper)
+            dense[i].scatter_(-1, ids, probs)
+            t = sample_sparse(ids, probs, generator)
+            tokens.append(t)
+            pending = t.reshape(1)
+        return ChainDraft(torch.stack(tokens), dense)
     for _ in range(gamma):
         q = warper(draft.forward(pending, keep=1)[-1])
         t = sample(q, generator) if not warper.greedy else q.argmax(-1)

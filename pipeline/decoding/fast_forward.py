@@ -31,6 +31,8 @@ from .cpu_kernels import env_flag, fallback_path, kernels
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 FAST_MATMUL_MAX_ROWS = 8  # above this (prefill), F.linear's gemm is as fast
+# rope types whose cos/sin depend on the position alone (a table computed once serves every step)
+STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 
 _LEAN: "weakref.WeakKeyDictionary[nn.Module, LeanForward | None]" = weakref.WeakKeyDictionary()
 
@@ -275,11 +277,26 @@ class LeanForward(nn.Module):
         return self._linear(x, (head.weight, head.bias))
 
 
+    def _rotary_rows(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[n, head_dim]`` of ``positions [1, n]``: rows of a table the model's own rotary
+        module computed once for positions 0..cap (static rope types), else the module on the spot."""
+        rotary = self._rotary[0]
+        if getattr(rotary, "rope_type", None) not in STATIC_ROPE_TYPES:
+            cos, sin = rotary(x, positions)
+            return cos[0], sin[0]
+        need = int(positions.max()) + 1
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0].shape[0] < need:
+            cap = max(need, 512, 2 * (table[0].shape[0] if table is not None else 0))
+            cos, sin = rotary(x, torch.arange(cap, device=x.device)[None])
+            table = self._rope_table = (cos[0], sin[0])
+        return table[0][positions[0]], table[1][positions[0]]
+
     def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out):
         """``forward`` in one call of the bf16 kernels (``csrc/bf16_decoder.cpp``)."""
         x = self._embed[0](input_ids)
         n = input_ids.shape[1]
-        cos, sin = self._rotary[0](x, positions)
+        cos, sin = self._rotary_rows(x, positions)
         start = cache.get_seq_length()
         end = start + n
         if len(cache.layers) < len(self._layers) or not cache.layers[0].is_initialized:
@@ -306,7 +323,7 @@ class LeanForward(nn.Module):
         norm_w, norm_eps = self._norm
         eps = self._layers[0][1]
         h = self.kernels.decoder_forward(
-            x[0], cos[0], sin[0], tensors, start, allowed, norm_w, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate,
+            x[0], cos, sin, tensors, start, allowed, norm_w, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate,
             float(eps), float(norm_eps), float(self.scaling), max(keep, 0),
         )
         for layer in cache.layers:

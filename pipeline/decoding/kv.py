@@ -181,12 +181,18 @@ class CachedModel:
 
     def reset(self) -> None:
         """Empty the cache and the forward counter (start of a new generation). The layers' buffers stay:
-        allocated once (and grown by doubling), not again for every generation."""
-        if self.cache is None:
+        allocated once (and grown by doubling), not again for every generation; but buffers made under
+        ``torch.inference_mode`` (e.g. by a cost probe) cannot be written outside it: those are made anew."""
+        if self.cache is None or (not torch.is_inference_mode_enabled() and self._inference_buffers()):
             self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
         else:
             self.cache.reset()  # PreallocatedLayer.reset: length 0, buffers kept
         self.forwards = 0
+
+    def _inference_buffers(self) -> bool:
+        """Whether the cache's buffers are inference tensors (made under ``torch.inference_mode``)."""
+        first = self.cache.layers[0].__dict__.get("_k") if self.cache.layers else None
+        return first is not None and first.is_inference()
 
     @property
     def length(self) -> int:
@@ -263,8 +269,27 @@ class CachedModel:
         self.forwards += 1
         return self._logits(logits[0])
 
-    def forward_tree(self, tokens: torch.Tensor, positions: torch.Tensor, node_mask: torch.Tensor, tree_start: int) -> torch.Tensor:
-        """Append tree nodes and return the logits of every one of them.
+    def forward_sparse(self, tokens: Sequence[int] | torch.Tensor, warper) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``tokens`` (a causal chain) and warp the last row with a top-k ``warper`` on this model's
+        own head: ``(ids, probs)``, the target-vocabulary ids of the kept tokens and their warped
+        probabilities. The same distribution as ``warper(self.forward(tokens)[-1])`` (whose other entries
+        are 0) without building and sorting the full-vocabulary row: a restricted draft head stays small."""
+        logits = self._run(self._ids(tokens), keep=1)[0, -1]
+        self.forwards += 1
+        return self.top_k_rows(logits, warper)
+
+    def top_k_rows(self, logits: torch.Tensor, warper) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of this model's own-head logits ``[..., V_own]`` warped by a top-k ``warper``, as
+        ``(ids, probs)`` over the target vocabulary (``forward_sparse``)."""
+        logits = logits.float()
+        if self.token_map is None and logits.shape[-1] > self.vocab_size:
+            logits = logits[..., : self.vocab_size]
+        index, probs = warper.top_k_rows(logits)
+        return (index if self.token_map is None else self.token_map[index]), probs
+
+    def forward_tree(self, tokens: torch.Tensor, positions: torch.Tensor, node_mask: torch.Tensor, tree_start: int, warper=None):
+        """Append tree nodes and return the logits of every one of them (with a top-k ``warper``: their
+        warped rows as ``(ids, probs)``, as ``forward_sparse``).
 
         ``tree_start`` is the cache length where the tree's first node lives; every node sees the
         whole cache before it, and ``node_mask[i, j]`` says whether new node i sees tree node j
@@ -284,7 +309,7 @@ class CachedModel:
             tree["cache_position"] = torch.arange(start, start + n, device=self.device)
         logits = self._run(self._ids(tokens), keep=0, **tree)
         self.forwards += 1
-        return self._logits(logits[0])
+        return self._logits(logits[0]) if warper is None else self.top_k_rows(logits[0], warper)
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions (no copy)."""

@@ -15,8 +15,8 @@ import torch
 from .base import Param, boolean, in_closed, int_at_least, one_of
 from .beam_sampling import BEAM_WEIGHTS, beam_sample
 from .speculative import DraftVerifyDecoder
-from .verification import greedy_verify, mtad_verify
-from .warping import sample
+from .verification import greedy_verify, mtad_verify, mtad_verify_sparse
+from .warping import sample, sample_sparse
 
 
 class MTADDecoder(DraftVerifyDecoder):
@@ -46,6 +46,10 @@ class MTADDecoder(DraftVerifyDecoder):
         if self.warper.greedy:
             n, y = greedy_verify(logits.argmax(-1), tokens)
             return n, y
+        if self.warper.sparse(logits.shape[-1]) and logits.device.type == "cpu":
+            # top-k rows: verify on their k entries (the same rule, no full-vocabulary rows)
+            acc, index, weights = mtad_verify_sparse(*self.warper.top_k_rows(logits), log_q, tokens, self.tau)
+            return acc, sample_sparse(index, weights, generator)
         P = self.warper(logits)
         acc, row = mtad_verify(P, log_q, tokens, self.tau)
         return acc, sample(row, generator)

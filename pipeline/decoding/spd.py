@@ -12,8 +12,8 @@ import torch
 
 from .base import Param, in_half_open, int_at_least
 from .speculative import DraftVerifyDecoder
-from .verification import greedy_verify, lenient_greedy_verify, token_verify
-from .warping import sample
+from .verification import greedy_verify, lenient_greedy_verify, token_verify, token_verify_sparse
+from .warping import sample, sample_sparse
 
 
 class SpeculativeDecoder(DraftVerifyDecoder):
@@ -37,7 +37,11 @@ class SpeculativeDecoder(DraftVerifyDecoder):
             else:
                 n, y = greedy_verify(logits.argmax(-1), tokens)
             return n, y
+        u = torch.rand(tokens.shape[0], generator=generator, device=logits.device)
+        if self.warper.sparse(logits.shape[-1]) and logits.device.type == "cpu":
+            # top-k rows: verify on their k entries (no full-vocabulary temporaries; the same rule)
+            n, index, weights = token_verify_sparse(*self.warper.top_k_rows(logits), probs, tokens, u, self.lenience)
+            return n, sample_sparse(index, weights, generator)
         P = self.warper(logits)
-        u = torch.rand(tokens.shape[0], generator=generator, device=P.device)
         n, dist = token_verify(P, probs, tokens, u, self.lenience)
         return n, sample(dist, generator)

@@ -48,6 +48,27 @@ def token_verify(
     return n, _normalize((p_n - q_n).clamp_min(0.0), p_n)
 
 
+def token_verify_sparse(
+    P_index: torch.Tensor, P_probs: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, lenience: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``token_verify`` with the target rows given by their non-zero entries (top-k warping):
+    ``P_index``, ``P_probs [g+1, k]`` (row i of P is ``P_probs[i]`` at ``P_index[i]``, 0 elsewhere).
+
+    Returns ``(n, index, weights)``: the next token is drawn from ``weights`` (unnormalised) over ``index``
+    [k], the support of the residual ``relu(P[n] - Q[n])`` (it lies inside P[n]'s) or of the bonus row.
+    The same rule and the same laws as ``token_verify``, without a full-vocabulary temporary.
+    """
+    g = x.shape[0]
+    px = (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+    qx = Q[torch.arange(g, device=Q.device), x]
+    accepted = u * (lenience * qx) <= px
+    n = accepted.long().cumprod(0).sum()
+    index, p_n = P_index[n], P_probs[n]
+    q_n = Q[n.clamp(max=g - 1)].gather(-1, index) * (n < g)
+    residual = (p_n - q_n).clamp_min(0.0)
+    return n, index, torch.where(residual.sum() > 0, residual, p_n)
+
+
 def greedy_verify(target_argmax: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature 0: accept the longest prefix equal to the target's argmax; next token = argmax of row n.
 
@@ -105,6 +126,29 @@ def block_verify(
     return tau, _normalize(R[tau], P[tau])
 
 
+def block_verify_sparse(
+    P_index: torch.Tensor, P_probs: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, eta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``block_verify`` with the target rows given by their non-zero entries (``P_index``, ``P_probs
+    [g+1, k]``, as ``token_verify_sparse``). The residuals ``relu(pi_i P[i] - Q[i])`` vanish outside P[i]'s
+    support, so they are computed there. Returns ``(tau, index, weights)``: the next token is drawn from
+    ``weights`` (unnormalised) over ``index`` [k]. The same rule as ``block_verify``."""
+    g = x.shape[0]
+    px = (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+    qx = Q[torch.arange(g, device=Q.device), x]
+    S = F.pad(torch.cumsum(torch.log(px) - torch.log(qx), 0), (1, 0))
+    log_pi = S - torch.cummax(S, 0).values
+    pi = log_pi.exp()
+    q_on_p = F.pad(Q.gather(-1, P_index[:g]), (0, 0, 0, 1))  # Q[g] := 0
+    R = (pi[:, None] * P_probs - q_on_p).clamp_min(0.0)
+    Z = R.sum(-1)
+    den = Z + (1.0 - pi)
+    h = torch.where(den > 0, Z / den.clamp_min(torch.finfo(den.dtype).tiny), torch.ones_like(Z))[1:]
+    tau = ((eta <= h).long() * torch.arange(1, g + 1, device=Q.device)).max()
+    weights = R[tau]
+    return tau, P_index[tau], torch.where(weights.sum() > 0, weights, P_probs[tau])
+
+
 def block_expected_accepted(h: torch.Tensor) -> torch.Tensor:
     """Exact E[tau] given the pass probabilities ``h`` of one draft (for tests and analysis)."""
     g = h.shape[0]
@@ -132,6 +176,21 @@ def mtad_verify(
     ok = log_ratio.clamp(max=0.0) > math.log(tau)
     acc = (ok.long() * torch.arange(1, g + 1, device=P.device)).max()
     return acc, P[acc]
+
+
+def mtad_verify_sparse(
+    P_index: torch.Tensor, P_probs: torch.Tensor, log_q: torch.Tensor, x: torch.Tensor, tau: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``mtad_verify`` with the target rows given by their non-zero entries (``P_index``, ``P_probs
+    [g+1, k]``): ``(acc, index, weights)``, the next token drawn from row ``acc``'s entries."""
+    g = x.shape[0]
+    if tau <= 0:
+        acc = torch.tensor(g, device=P_probs.device)
+    else:
+        px = (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+        ok = (torch.log(px).cumsum(0) - log_q.cumsum(0)).clamp(max=0.0) > math.log(tau)
+        acc = (ok.long() * torch.arange(1, g + 1, device=P_probs.device)).max()
+    return acc, P_index[acc], P_probs[acc]
 
 
 def bild_verify(logits: torch.Tensor, x: torch.Tensor, rollback: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -125,6 +125,7 @@ void gemv_blocks(int64_t n, const bf16* const* x, const bf16* P, int64_t in, int
 // Y[n][out] (fp32) = X[n][in] W[out][in]^T with W packed; blocks split over threads (small weights, under
 // ~1 MB, on one thread: the fork/join costs more than the work).
 void gemv(const bf16* X, int64_t n, const bf16* P, int64_t in, int64_t out, float* Y) {
+  if (n <= 0) return;
   const int64_t blocks = (out + OB - 1) / OB;
   const int64_t work = in * OB * 2 * ((n + RG - 1) / RG);  // bytes of weights streamed per block, times the row tiles
   const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 19) / std::max<int64_t>(work, 1));
@@ -161,51 +162,136 @@ struct Dims {
   float eps, scale;
 };
 
+// exp(x) for 16 floats (Cephes' expf polynomial on x - n ln2, scaled by 2^n; within 2 ulp of expf): the same
+// function for every element whatever the row count, so rows stay batch-invariant.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-104.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+inline float exp1(float x) { return _mm512_cvtss_f32(exp512(_mm512_set1_ps(x))); }
+
+// 16 floats rounded to bf16 precision (round to nearest even, as c10::BFloat16; finite inputs), kept as floats
+inline __m512 round_b_ps(__m512 x) {
+  __m512i u = _mm512_castps_si512(x);
+  __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7FFF));
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_add_epi32(u, bias), _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+// 16 bf16 -> 16 floats (exact)
+inline __m512 load_bf16_ps(const bf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// Attention of one query row over m keys, given by their cache indices `keys` in order (the allowed ones:
+// a tree node's path is the same sequence as the chain it stands for, so its row is bit-identical to it).
+// Scores: bf16 products summed in fp32 by VDPBF16PS; softmax and the weighted sum in fp32; output rounded once.
+template <int D>
+void attend_row(const bf16* qr, const bf16* K, const bf16* V, const int32_t* keys, int64_t m, float scale, float* p, bf16* o) {
+  constexpr int C = D / 32, A = D / 16;
+  __m512bh qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = load_bh(qr + 32 * c);
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < m; ++t) {
+    const bf16* kj = K + (int64_t)keys[t] * D;
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) a = _mm512_dpbf16_ps(a, qv[c], load_bh(kj + 32 * c));
+    const float sc = _mm512_reduce_add_ps(a) * scale;
+    p[t] = sc;
+    mx = std::max(mx, sc);
+  }
+  // exp and sum in 16-key chunks (lanes past m are zero): a fixed reduction for a given key sequence
+  __m512 vsum = _mm512_setzero_ps();
+  const __m512 vmx = _mm512_set1_ps(mx);
+  for (int64_t t = 0; t < m; t += 16) {
+    const __mmask16 k = (m - t >= 16) ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - t)) - 1);
+    __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + t), vmx));
+    e = _mm512_maskz_mov_ps(k, e);
+    _mm512_mask_storeu_ps(p + t, k, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  const float inv = 1.f / _mm512_reduce_add_ps(vsum);
+  __m512 acc[A];
+  for (int c = 0; c < A; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < m; ++t) {
+    if (p[t] == 0.f) continue;
+    const bf16* vj = V + (int64_t)keys[t] * D;
+    const __m512 pj = _mm512_set1_ps(p[t]);
+    for (int c = 0; c < A; ++c) acc[c] = _mm512_fmadd_ps(pj, load_bf16_ps(vj + 16 * c), acc[c]);
+  }
+  alignas(64) float out[D];
+  for (int c = 0; c < A; ++c) _mm512_store_ps(out + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+  for (int i = 0; i < D; ++i) o[i] = to_b(out[i]);
+}
+
+// The same for any head size (scalar; the vector form covers head sizes 64 and 128).
+void attend_row_any(const bf16* qr, const bf16* K, const bf16* V, const int32_t* keys, int64_t m, int64_t d, float scale, float* p,
+                    float* acc, bf16* o) {
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < m; ++t) {
+    const bf16* kj = K + (int64_t)keys[t] * d;
+    float s = 0.f;
+    for (int64_t i = 0; i < d; ++i) s += to_f(qr[i]) * to_f(kj[i]);
+    p[t] = s * scale;
+    mx = std::max(mx, p[t]);
+  }
+  float sum = 0.f;
+  for (int64_t t = 0; t < m; ++t) {
+    p[t] = exp1(p[t] - mx);
+    sum += p[t];
+  }
+  std::fill(acc, acc + d, 0.f);
+  for (int64_t t = 0; t < m; ++t) {
+    if (p[t] == 0.f) continue;
+    const bf16* vj = V + (int64_t)keys[t] * d;
+    for (int64_t i = 0; i < d; ++i) acc[i] += p[t] * to_f(vj[i]);
+  }
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < d; ++i) o[i] = to_b(acc[i] * inv);
+}
+
 // Attention of n query rows at positions start..start+n-1 over the cache [0, start+n) of one layer.
 // q: [n][heads*d] (bf16, rotated), caches [kv_heads][cap][d]; allowed: [n][start+n] or null (causal).
 void attention(const bf16* q, int64_t n, const bf16* kc, const bf16* vc, int64_t cap, int64_t start, const bool* allowed,
                const Dims& dm, bf16* out /*[n][heads*d]*/) {
   const int64_t d = dm.head_dim, total = start + n, groups = dm.heads / dm.kv_heads;
   // a few heads over a short context are less work than waking a second thread
-  const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 17) / std::max<int64_t>(total * d, 1));
+  const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 19) / std::max<int64_t>(total * d, 1));
   parallel(dm.heads * n, grain, [&](int64_t b, int64_t e) {
-    std::vector<float> p(total), acc(d);
+    std::vector<float> p(total + 16), acc(d);
+    std::vector<int32_t> keys(total);
+    int64_t keys_row = -1, m = 0;
     for (int64_t t = b; t < e; ++t) {
-      int64_t hh = t / n, r = t % n, kvh = hh / groups;
+      int64_t r = t / dm.heads, hh = t % dm.heads, kvh = hh / groups;
+      if (r != keys_row) {  // the row's keys: causal 0..start+r, or the allowed ones in order
+        m = 0;
+        for (int64_t j = 0; j < total; ++j)
+          if (allowed ? allowed[r * total + j] : (j <= start + r)) keys[m++] = (int32_t)j;
+        keys_row = r;
+      }
       const bf16* qr = q + r * dm.heads * d + hh * d;
       const bf16* K = kc + kvh * cap * d;
       const bf16* V = vc + kvh * cap * d;
-      const int64_t last = start + r;  // causal: keys 0..last
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < total; ++j) {
-        bool ok = allowed ? allowed[r * total + j] : (j <= last);
-        if (!ok) {
-          p[j] = -INFINITY;
-          continue;
-        }
-        const bf16* kj = K + j * d;
-        float s = 0.f;
-        for (int64_t i = 0; i < d; ++i) s += to_f(qr[i]) * to_f(kj[i]);
-        s *= dm.scale;
-        p[j] = s;
-        mx = std::max(mx, s);
-      }
-      float sum = 0.f;
-      for (int64_t j = 0; j < total; ++j) {
-        float v = (p[j] == -INFINITY) ? 0.f : std::exp(p[j] - mx);
-        p[j] = v;
-        sum += v;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < total; ++j) {
-        if (p[j] == 0.f) continue;
-        const bf16* vj = V + j * d;
-        float pj = p[j];
-        for (int64_t i = 0; i < d; ++i) acc[i] += pj * to_f(vj[i]);
-      }
-      float inv = 1.f / sum;
       bf16* o = out + r * dm.heads * d + hh * d;
-      for (int64_t i = 0; i < d; ++i) o[i] = to_b(acc[i] * inv);
+      if (m == 0) {
+        std::fill(o, o + d, to_b(0.f));
+      } else if (d == 64) {
+        attend_row<64>(qr, K, V, keys.data(), m, dm.scale, p.data(), o);
+      } else if (d == 128) {
+        attend_row<128>(qr, K, V, keys.data(), m, dm.scale, p.data(), o);
+      } else {
+        attend_row_any(qr, K, V, keys.data(), m, d, dm.scale, p.data(), acc.data(), o);
+      }
     }
   });
 }
@@ -245,6 +331,70 @@ torch::Tensor pack(torch::Tensor w) {
   return P;
 }
 
+// The kernels' exp over a float tensor (the softmax and SiLU use it; tests check its accuracy against expf).
+torch::Tensor exp_ps(torch::Tensor x) {
+  auto xc = x.to(at::kFloat).contiguous();
+  auto y = torch::empty_like(xc);
+  const float* src = xc.data_ptr<float>();
+  float* dst = y.data_ptr<float>();
+  const int64_t n = xc.numel();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = (n - i >= 16) ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(dst + i, k, exp512(_mm512_maskz_loadu_ps(k, src + i)));
+  }
+  return y;
+}
+
+// The k largest entries of every row of x [n, V] (float32), in descending order: (values [n, k], indices [n, k]).
+// Among equal values the lower index comes first (deterministic). One pass per row: 16 entries at a time
+// are compared with the current k-th largest, and only those above it enter the sorted list of k.
+std::vector<torch::Tensor> topk(torch::Tensor x, int64_t k) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be [n, V] float32");
+  auto xc = x.contiguous();
+  const int64_t n = xc.size(0), V = xc.size(1);
+  TORCH_CHECK(k >= 1 && k <= V, "k must be in [1, V]");
+  auto values = torch::empty({n, k}, xc.options());
+  auto index = torch::empty({n, k}, xc.options().dtype(at::kLong));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = xc.data_ptr<float>() + r * V;
+    float* vals = values.data_ptr<float>() + r * k;
+    int64_t* idx = index.data_ptr<int64_t>() + r * k;
+    int64_t have = 0;
+    auto insert = [&](float v, int64_t i) {  // after every kept value >= v: earlier indices first among ties
+      if (have == k) {
+        if (!(v > vals[k - 1])) return;
+        have = k - 1;  // the smallest kept value drops out
+      }
+      int64_t pos = have;
+      while (pos > 0 && vals[pos - 1] < v) {
+        vals[pos] = vals[pos - 1];
+        idx[pos] = idx[pos - 1];
+        --pos;
+      }
+      vals[pos] = v;
+      idx[pos] = i;
+      ++have;
+    };
+    int64_t i = 0;
+    for (; i < V && have < k; ++i)
+      if (row[i] == row[i]) insert(row[i], i);  // NaN never enters
+    for (; i + 16 <= V; i += 16) {
+      __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
+      while (m) {
+        const int j = __builtin_ctz(m);
+        insert(row[i + j], i + j);
+        m &= m - 1;
+        // a raised threshold can drop later lanes of this chunk
+        m &= _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
+      }
+    }
+    for (; i < V; ++i)
+      if (row[i] > vals[k - 1]) insert(row[i], i);
+    TORCH_CHECK(have == k, "a row has fewer than k non-NaN values");
+  }
+  return {values, index};
+}
+
 // One linear layer in the kernels' form (tests and the bench compare it with F.linear): x [..., in] bf16, P = pack(w).
 torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t out) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && P.scalar_type() == at::kBFloat16, "bf16 only");
@@ -269,6 +419,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2, "x must be [n, hidden] bf16");
   TORCH_CHECK(layers.size() % 9 == 0, "9 tensors per layer");
   const int64_t n = x.size(0), H = x.size(1);
+  TORCH_CHECK(n > 0, "decoder_forward needs at least one row");
   Dims dm{H, heads, kv_heads, head_dim, 0, (float)eps, (float)scale};
   const int64_t qd = heads * head_dim, kvd = kv_heads * head_dim, qkv = qd + 2 * kvd;
   auto opts = x.options();
@@ -278,6 +429,9 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
   auto qkv_b = torch::empty({n, qkv}, opts);
   auto att = torch::empty({n, qd}, opts);
   auto out_f = torch::empty({n, std::max<int64_t>(H, 1)}, opts.dtype(at::kFloat));
+  auto q = torch::empty({n, qd}, opts);
+  auto gu_f = torch::empty({n, 2 * inter}, opts.dtype(at::kFloat));
+  auto act = torch::empty({n, inter}, opts);
   const bool* allowed_p = nullptr;
   torch::Tensor allowed_c;
   if (allowed.defined() && allowed.numel() > 0) {
@@ -326,7 +480,6 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
         std::memcpy(vp + (g * cap + start + r) * head_dim, qb + r * qkv + qd + kvd + g * head_dim, head_dim * sizeof(bf16));
       }
     // queries: a contiguous copy [n][heads*d]
-    auto q = torch::empty({n, qd}, opts);
     for (int64_t r = 0; r < n; ++r) std::memcpy(q.data_ptr<bf16>() + r * qd, qb + r * qkv, qd * sizeof(bf16));
     attention(q.data_ptr<bf16>(), n, kp, vp, cap, start, allowed_p, dm, att.data_ptr<bf16>());
     gemv(att.data_ptr<bf16>(), n, wo.data_ptr<bf16>(), qd, H, out_f.data_ptr<float>());
@@ -336,19 +489,30 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
     }
     // MLP block: down(silu(gate) * up)
     rms_norm(hp, n, H, ln2.data_ptr<bf16>(), dm.eps, h.data_ptr<bf16>());
-    auto gu_f = torch::empty({n, 2 * inter}, opts.dtype(at::kFloat));
     gemv(h.data_ptr<bf16>(), n, wgu.data_ptr<bf16>(), H, 2 * inter, gu_f.data_ptr<float>());
-    auto act = torch::empty({n, inter}, opts);
     {
       const float* f = gu_f.data_ptr<float>();
       bf16* a = act.data_ptr<bf16>();
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t i = 0; i < inter; ++i) {
-          float g = round_b(f[r * 2 * inter + i]);
-          float u = round_b(f[r * 2 * inter + inter + i]);
-          float s = round_b(g / (1.f + std::exp(-g)));
-          a[r * inter + i] = to_b(s * u);
+      // silu(gate) * up as transformers' bf16 modules round it; the same per element whatever the rows
+      const __m512 one = _mm512_set1_ps(1.f);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* fg = f + r * 2 * inter;
+        int64_t i = 0;
+        alignas(64) float buf[16];
+        for (; i + 16 <= inter; i += 16) {
+          __m512 g = round_b_ps(_mm512_loadu_ps(fg + i));
+          __m512 u = round_b_ps(_mm512_loadu_ps(fg + inter + i));
+          __m512 sg = round_b_ps(_mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+          _mm512_store_ps(buf, _mm512_mul_ps(sg, u));
+          for (int j = 0; j < 16; ++j) a[r * inter + i + j] = to_b(buf[j]);
         }
+        for (; i < inter; ++i) {
+          float g = round_b(fg[i]);
+          float u = round_b(fg[inter + i]);
+          float sg = round_b(g / (1.f + exp1(-g)));
+          a[r * inter + i] = to_b(sg * u);
+        }
+      }
     }
     gemv(act.data_ptr<bf16>(), n, wd.data_ptr<bf16>(), inter, H, out_f.data_ptr<float>());
     {
@@ -365,5 +529,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "a [out, in] weight in the kernels' packed layout");
   m.def("linear", &linear, "bf16 x @ w^T for a few rows (batch-invariant), w packed");
+  m.def("topk", &topk, "the k largest entries of each float32 row, descending (ties: lower index first)");
+  m.def("exp", &exp_ps, "the kernels' vectorised exp (float32)");
   m.def("decoder_forward", &decoder_forward, "all decoder layers of a Llama-family model for a few rows");
 }
