@@ -3,7 +3,7 @@
     runs = load_runs("smoke")                      # the project's sqlite:///mlflow.db by default
     samples = load_samples(runs)                   # samples.jsonl of every run, one row per generation
 
-Names come from ``analysis.schema`` (the MLflow layout of ``pipeline/tracking.py``).
+Names come from ``analysis.schema`` (the MLflow layout of ``pipeline/tracking/layout.py``).
 """
 
 from __future__ import annotations

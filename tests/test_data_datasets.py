@@ -7,6 +7,7 @@ import json
 import pytest
 from _fixtures_scoring import DATA
 
+from pipeline import sweep
 from pipeline.data import load_dataset, stop_strings, task_names, task_spec
 
 
@@ -99,6 +100,19 @@ def test_chatgpt_prompts_and_chatalpaca_local_files(tmp_path):
     samples = load_dataset("chatalpaca", conv)
     assert [(s.id, s.turns) for s in samples] == [("7", ["Hi"]), ("8", ["Q"])]
     assert load_dataset("chatalpaca", conv, max_turns=None)[0].turns == ["Hi", "More"]
+
+
+def test_chatgpt_prompts_and_chatalpaca_are_reachable_from_a_sweep(tmp_path):
+    """Both had a loader but no dataset config, so no sweep could name them; now each is a task of its own."""
+    (tmp_path / "prompts.csv").write_text('act,prompt\nPoet,"Write a poem."\nChef,"Plan a dinner."\nCoach,"Plan a run."\n')
+    (tmp_path / "chatalpaca-10k.json").write_text(
+        "".join(json.dumps({"id": str(i), "conversations": [{"from": "human", "value": f"Q{i}"}]}) + "\n" for i in range(3)))
+    for name, path in (("chatgpt_prompts", tmp_path / "prompts.csv"), ("chatalpaca", tmp_path / "chatalpaca-10k.json")):
+        cfg = sweep.compose(["sweep=smoke", "data_root=data", "seeds=[0]", "sweep.methods=[ar]", f"dataset={name}",
+                             f"dataset.path={path}", "dataset.limit=2"])
+        plan = sweep.expand(cfg)
+        assert {c.dataset_name for c in plan.cells} == {name} and plan.sample_counts == {f"{name}[0:2]": 2}
+        assert plan.cells[0].dataset["task"]["scorer"] is None  # measured for speed only
 
 
 def test_slicing():

@@ -6,8 +6,8 @@ A predictions file has one JSON object per line with the sample ``id`` and its `
 (HumanEval: the completion; Spider: the SQL or the chat answer; MT-Bench: the two answers; ROUGE: the
 summary). The scorer prints the score and its per-sample details as JSON on stdout.
 
-The scorers a cell runs, by the name a dataset module gives in ``SCORER``, are registered in
-``pipeline.scoring.registry`` (``SCORERS``, ``scorer_for``).
+The scorers a cell runs, by the name a dataset's task spec gives (``task.scorer.name`` in
+``conf/dataset/<name>.yaml``), are registered in ``pipeline.scoring.registry`` (``Scorer``, ``SCORERS``, ``scorer_for``).
 """
 
 from __future__ import annotations
