@@ -1,6 +1,8 @@
-"""Train an EAGLE-1/2 head for a pair's target (the code: ``pipeline.training.eagle``).
+"""Train an EAGLE head for a pair's target: EAGLE-1/2 (``pipeline.training.eagle``, conf/train_eagle.yaml) or
+EAGLE-3 (``pipeline.training.eagle3``, conf/train_eagle3.yaml: ``head.version: 3``).
 
-    python -m pipeline.train_eagle pair=smollm2-offline            # -> models/smollm2-135m-eagle/
+    python -m pipeline.train_eagle pair=smollm2-offline                             # -> models/smollm2-135m-eagle/
+    python -m pipeline.train_eagle --config-name train_eagle3 pair=smollm2-offline  # -> models/smollm2-135m-eagle3/
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.training.eagle import run
+from pipeline.training import eagle, eagle3
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train_eagle")
 def main(cfg: DictConfig) -> None:
     c = OmegaConf.to_container(cfg, resolve=True)
     c["command"] = "python -m pipeline.train_eagle " + " ".join(sys.argv[1:])
+    run = eagle3.run if int(c["head"].get("version", 2)) == 3 else eagle.run
     info = run(c)
     print(json.dumps(info["heldout_alpha_curve"][-1], indent=2))
 
