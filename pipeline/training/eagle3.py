@@ -65,7 +65,7 @@ LOSS_DECAY = 0.8  # the authors' weight of step j: 0.8 ** j
 
 
 @torch.no_grad()
-def tap_states(model, sequences: list[list[int]], taps, log=print, tag: str = "") -> dict[str, Any]:
+def tap_states(model, sequences: list[list[int]], taps, log=print, tag: str = "") -> list[dict[str, torch.Tensor]]:
     """Per sequence: ``feats [L, 3h]`` (inputs of decoder layers ``taps``), ``last [L, h]`` (the final-normed
     last hidden state, the LM head's input) and ``ids [L]``; sequences shorter than 3 tokens are left out."""
     out = []
@@ -294,6 +294,7 @@ def fit(cfg: dict[str, Any], model, data: dict[str, list], *, base_model: str, l
         "taps": list(head.layers_of(model.config.num_hidden_layers)),
         "draft_vocab_size": head.draft_vocab_size,
         "draft_vocab_coverage": round(coverage, 4),
+        "distinct_train_ids": int(torch.unique(train_ids).numel()),
         "init_from_target": bool(hc.get("init_from_target", False)),
         "train_tokens": int(train_ids.numel()),
         "heldout_tokens": {t: sum(int(s["ids"].numel()) for s in data[t]) for t in heldout},
@@ -330,6 +331,11 @@ def write_card(out_dir: Path, info: dict[str, Any], head: Eagle3Head) -> None:
         f"  embedding (not stored); {n_params / 1e6:.2f}M parameters.",
         "- Draft vocabulary: the most frequent ids of the training text (d2t/t2d as the authors build them), covering",
         f"  {info['draft_vocab_coverage']:.2%} of the training tokens; q = 0 outside it (verification stays exact).",
+    ]
+    seen = info.get("distinct_train_ids")
+    if seen is not None and seen < info["draft_vocab_size"]:
+        lines.append(f"  The training text has {seen} distinct ids: the other {info['draft_vocab_size'] - seen} draft ids are the lowest unseen ids.")
+    lines += [
         "- Data (offline, never evaluation prompts): `pipeline.training.teacher_data.feature_sequences` - standard-library source",
         "  shown as chat answers and the target's own sampled answers to instruction prompts written there;",
         f"  {info['train_tokens']} training tokens; held-out: other stdlib files and other prompts ({info['heldout_tokens']}).",
