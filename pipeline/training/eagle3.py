@@ -323,7 +323,7 @@ def write_card(out_dir: Path, info: dict[str, Any], head: Eagle3Head) -> None:
         f"# EAGLE-3 head for {info['base_model']}",
         "",
         f"Made by `{info['command']}` (seed {info['seed']}, one torch thread; {info['minutes']} min wall on a shared 2-core CPU,",
-        "data included).",
+        "data included)." + (f" {info['note']}" if info.get("note") else ""),
         "",
         f"- Architecture (EAGLE-3, the authors' layout): fc over the inputs of target layers {info['taps']} (3h -> h), one decoder",
         f"  layer over cat(norm(emb(x_{{t+1}})), norm(f_t)) (hidden {c.hidden_size}, FFN {c.intermediate_size}, {c.num_attention_heads} heads,",
