@@ -279,6 +279,15 @@ def feature_data(model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: P
     if cache.exists():
         log(f"loaded cached data {cache}")
         return torch.load(cache)
+    data = {tag: hidden_states(model, seqs, log, tag) for tag, seqs in feature_sequences(model, tokenizer, data_cfg, seed, log).items()}
+    torch.save(data, cache)
+    log("data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
+    return data
+
+
+def feature_sequences(model, tokenizer, data_cfg: dict[str, Any], seed: int, log) -> dict[str, list[list[int]]]:
+    """The token sequences of the feature corpus by tag (``train``, ``heldout_stdlib``, ``heldout_answers``):
+    what ``feature_data`` runs the target over (EAGLE-3 training reads other layers of the same text)."""
     train_prompts, held_prompts = feature_prompts(seed)
     train_prompts = train_prompts[: data_cfg["n_prompts"]]
     held_prompts = held_prompts[: data_cfg["n_heldout_prompts"]]
@@ -288,9 +297,4 @@ def feature_data(model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: P
     seqs_held = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_held]
     gen_train = generate_answers(model, tokenizer, train_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed, log)
     gen_held = generate_answers(model, tokenizer, held_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed + 1, log)
-    data = {}
-    for tag, seqs in (("train", seqs_train + gen_train), ("heldout_stdlib", seqs_held), ("heldout_answers", gen_held)):
-        data[tag] = hidden_states(model, seqs, log, tag)
-    torch.save(data, cache)
-    log("data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
-    return data
+    return {"train": seqs_train + gen_train, "heldout_stdlib": seqs_held, "heldout_answers": gen_held}
