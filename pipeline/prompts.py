@@ -62,8 +62,7 @@ def _template_layout(tokenizer: Any, messages: Messages) -> tuple[str, list[tupl
         before, rest = rest.split(sentinel, 1)
         pieces += [(before, None), ("", i)]
     pieces.append((rest, None))
-    wanted = _render(tokenizer, messages)
-    for transform in (lambda c: c, str.strip):
+    def assemble(transform) -> tuple[str, list[tuple[int, int]]]:
         text, spans = "", []
         for piece, index in pieces:
             if index is None:
@@ -71,17 +70,15 @@ def _template_layout(tokenizer: Any, messages: Messages) -> tuple[str, list[tupl
                 text += piece
             else:
                 text += transform(messages[index]["content"])
+        return text, spans
+
+    wanted = _render(tokenizer, messages)
+    for transform in (lambda c: c, str.strip):
+        text, spans = assemble(transform)
         if text == wanted:
-            break
-    else:  # the template rewrites contents in another way: the contents as given, between its own text
-        text, spans = "", []
-        for piece, index in pieces:
-            if index is None:
-                spans.append((len(text), len(text) + len(piece)))
-                text += piece
-            else:
-                text += messages[index]["content"]
-    return text, spans
+            return text, spans
+    # the template rewrites contents in another way: the contents as given, between its own text
+    return assemble(lambda c: c)
 
 
 def _ids_with_template_controls(tokenizer: Any, text: str, template_spans: list[tuple[int, int]]) -> list[int]:

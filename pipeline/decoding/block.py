@@ -30,9 +30,10 @@ class BlockVerificationDecoder(DraftVerifyDecoder):
             n, y = greedy_verify(logits.argmax(-1), tokens)
             return n, y
         eta = torch.rand(tokens.shape[0], generator=generator, device=logits.device)
-        if self.warper.sparse(logits.shape[-1]) and logits.device.type == "cpu":
+        rows = self.warper.sparse_rows(logits)
+        if rows is not None:
             # top-k rows: verify on their k entries (no full-vocabulary temporaries; the same rule)
-            tau, index, weights = block_verify_sparse(*self.warper.top_k_rows(logits), probs, tokens, eta)
+            tau, index, weights = block_verify_sparse(*rows, probs, tokens, eta)
             return tau, sample_sparse(index, weights, generator)
         P = self.warper(logits)
         tau, dist = block_verify(P, probs, tokens, eta)

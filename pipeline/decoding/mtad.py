@@ -46,9 +46,10 @@ class MTADDecoder(DraftVerifyDecoder):
         if self.warper.greedy:
             n, y = greedy_verify(logits.argmax(-1), tokens)
             return n, y
-        if self.warper.sparse(logits.shape[-1]) and logits.device.type == "cpu":
+        rows = self.warper.sparse_rows(logits)
+        if rows is not None:
             # top-k rows: verify on their k entries (the same rule, no full-vocabulary rows)
-            acc, index, weights = mtad_verify_sparse(*self.warper.top_k_rows(logits), log_q, tokens, self.tau)
+            acc, index, weights = mtad_verify_sparse(*rows, log_q, tokens, self.tau)
             return acc, sample_sparse(index, weights, generator)
         P = self.warper(logits)
         acc, row = mtad_verify(P, log_q, tokens, self.tau)

@@ -38,9 +38,10 @@ class SpeculativeDecoder(DraftVerifyDecoder):
                 n, y = greedy_verify(logits.argmax(-1), tokens)
             return n, y
         u = torch.rand(tokens.shape[0], generator=generator, device=logits.device)
-        if self.warper.sparse(logits.shape[-1]) and logits.device.type == "cpu":
+        rows = self.warper.sparse_rows(logits)
+        if rows is not None:
             # top-k rows: verify on their k entries (no full-vocabulary temporaries; the same rule)
-            n, index, weights = token_verify_sparse(*self.warper.top_k_rows(logits), probs, tokens, u, self.lenience)
+            n, index, weights = token_verify_sparse(*rows, probs, tokens, u, self.lenience)
             return n, sample_sparse(index, weights, generator)
         P = self.warper(logits)
         n, dist = token_verify(P, probs, tokens, u, self.lenience)

@@ -48,6 +48,12 @@ def token_verify(
     return n, _normalize((p_n - q_n).clamp_min(0.0), p_n)
 
 
+def _sparse_at(P_index: torch.Tensor, P_probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``P[i, x_i]`` for the first ``len(x)`` rows of a P given by its non-zero entries (0 off the support)."""
+    g = x.shape[0]
+    return (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+
+
 def token_verify_sparse(
     P_index: torch.Tensor, P_probs: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, lenience: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -59,7 +65,7 @@ def token_verify_sparse(
     The same rule and the same laws as ``token_verify``, without a full-vocabulary temporary.
     """
     g = x.shape[0]
-    px = (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+    px = _sparse_at(P_index, P_probs, x)
     qx = Q[torch.arange(g, device=Q.device), x]
     accepted = u * (lenience * qx) <= px
     n = accepted.long().cumprod(0).sum()
@@ -134,7 +140,7 @@ def block_verify_sparse(
     support, so they are computed there. Returns ``(tau, index, weights)``: the next token is drawn from
     ``weights`` (unnormalised) over ``index`` [k]. The same rule as ``block_verify``."""
     g = x.shape[0]
-    px = (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+    px = _sparse_at(P_index, P_probs, x)
     qx = Q[torch.arange(g, device=Q.device), x]
     S = F.pad(torch.cumsum(torch.log(px) - torch.log(qx), 0), (1, 0))
     log_pi = S - torch.cummax(S, 0).values
@@ -187,7 +193,7 @@ def mtad_verify_sparse(
     if tau <= 0:
         acc = torch.tensor(g, device=P_probs.device)
     else:
-        px = (P_probs[:g] * (P_index[:g] == x[:, None])).sum(-1)
+        px = _sparse_at(P_index, P_probs, x)
         ok = (torch.log(px).cumsum(0) - log_q.cumsum(0)).clamp(max=0.0) > math.log(tau)
         acc = (ok.long() * torch.arange(1, g + 1, device=P_probs.device)).max()
     return acc, P_index[acc], P_probs[acc]

@@ -41,9 +41,16 @@ class Warper:
         row (``sample(self(logits))``'s draw, from the top-k entries alone when ``sparse``)."""
         if self.greedy:
             return logits.argmax(-1)
-        if self.sparse(logits.shape[-1]) and logits.dim() == 1 and logits.device.type == "cpu":
-            return sample_sparse(*self.top_k_rows(logits), generator)
+        rows = self.sparse_rows(logits) if logits.dim() == 1 else None
+        if rows is not None:
+            return sample_sparse(*rows, generator)
         return sample(self(logits), generator)
+
+    def sparse_rows(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``top_k_rows(logits)`` where the engine works on the k entries (top-k warping, CPU), else None."""
+        if self.sparse(logits.shape[-1]) and logits.device.type == "cpu":
+            return self.top_k_rows(logits)
+        return None
 
     def sparse(self, vocab: int) -> bool:
         """Whether rows of ``vocab`` logits warp to at most ``top_k`` non-zero entries (``top_k_rows``)."""
