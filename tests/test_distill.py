@@ -9,11 +9,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers.models import tiny_llama
+from pipeline.decoding.cpu_kernels import kernels
+from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head
 from pipeline.decoding.warping import warp
 from pipeline.training.distill import (
     choose_token_map,
     collate,
+    data_engine,
     evaluate_alpha,
     kd_loss,
     make_batches,
@@ -21,7 +24,7 @@ from pipeline.training.distill import (
     save_checkpoint,
     train,
 )
-from pipeline.training.teacher_data import sample_answers, teacher_force
+from pipeline.training.teacher_data import sample_answers, sample_answers_packed, teacher_force, teacher_force_cached
 
 
 def tiny_target(vocab: int = 256):
@@ -136,3 +139,80 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
     assert torch.allclose(full[..., token_map], restricted, atol=1e-4)
     a_loaded = evaluate_alpha(loaded, heldout_for(target, recs), token_map)["alpha"]
     assert a_loaded == pytest.approx(c1[-1]["alpha"], abs=0.03)  # bf16 storage changes little
+
+
+# --------------------------------------------------------------------------------------------------
+# Packed teacher data: many sequences in one KV cache through the engine's batch-1 forward
+# --------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _rows_alone(cached, ids: list[int], start: int) -> torch.Tensor:
+    """The model's log-prob rows at the answer positions of one sequence, run alone."""
+    cached.reset()
+    return cached.forward(ids, keep=0)[start - 1 : len(ids) - 1].log_softmax(-1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("slots,max_cache", [(2, 16384), (3, 24), (8, 16384)])
+def test_packed_answers_have_each_sequence_own_rows(dtype, slots, max_cache):
+    """Every record's teacher rows are those of its sequence run alone, whatever the packing: few slots
+    (continuous batching: prompts wait for a free slot), a cache small enough to be compacted, all at once."""
+    if dtype == "bfloat16" and kernels() is None:
+        pytest.skip("bf16 kernels unavailable here")
+    target = tiny_target().to(getattr(torch, dtype))
+    cached = CachedModel(target)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (3, 7, 5, 9, 4, 6)]
+    recs = sample_answers_packed(cached, prompts, max_new_tokens=10, top_k_store=8, sample_top_k=20, sample_top_p=0.95,
+                                 eos_id=2, gen=torch.Generator().manual_seed(0), slots=slots, max_cache=max_cache)
+    assert [r.ids[: r.start].tolist() for r in recs] == prompts
+    tol = 4e-3 if dtype == "float32" else 2e-2  # the records keep float16 log-probs
+    for r in recs:
+        answer = r.ids[r.start :].tolist()
+        assert 1 <= len(answer) <= 10 and (len(answer) == 10 or answer[-1] == 2) and 2 not in answer[:-1]
+        rows = _rows_alone(cached, r.ids.tolist(), r.start)
+        vals, idx = rows.topk(8, dim=-1)
+        assert torch.equal(idx[:, 0], r.topk_ids[:, 0].long())
+        assert torch.allclose(vals, r.topk_logp.float(), atol=tol)
+        # every sampled token is inside the warped support of its row (top-20, top-p 0.95)
+        support = warp(rows.exp(), 1.0, 20, 0.95) > 0  # warp of probs: same order as of logits
+        assert bool(support[torch.arange(len(answer)), torch.tensor(answer)].all())
+
+
+def test_packed_answers_are_deterministic_and_draw_from_the_warped_row():
+    target = tiny_llama(1, vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, eos=2, scale=1.0)  # a flat law
+    cached = CachedModel(target)
+    prompts = [[5, 6, 7]] * 400
+    kw = dict(max_new_tokens=1, top_k_store=4, sample_top_k=5, sample_top_p=0.9, eos_id=2, slots=64)
+    recs = sample_answers_packed(cached, prompts, gen=torch.Generator().manual_seed(1), **kw)
+    again = sample_answers_packed(cached, prompts, gen=torch.Generator().manual_seed(1), **kw)
+    assert [r.ids.tolist() for r in recs] == [r.ids.tolist() for r in again]
+    # 400 draws of the first answer token against the warped law of the prompt's last row
+    cached.reset()
+    p = warp(cached.forward([5, 6, 7], keep=1)[-1], 1.0, 5, 0.9)
+    counts = torch.bincount(torch.tensor([int(r.ids[3]) for r in recs]), minlength=p.numel()).double()
+    support = p > 0
+    assert counts[~support].sum() == 0
+    expected = 400 * p[support].double()
+    chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
+    dof = int(support.sum()) - 1
+    assert dof >= 3 and chi2 < dof + 6 * (2 * dof) ** 0.5  # far beyond any plausible deviation at 400 draws
+
+
+def test_teacher_force_cached_matches_transformers_rows():
+    target = tiny_target()
+    seqs = [([5, 9, 11, 40, 41, 42, 2], 3), ([7, 8, 100, 101, 102, 103], 2)]
+    ours = teacher_force_cached(CachedModel(target), seqs, top_k_store=8)
+    ref = teacher_force(target, seqs, top_k_store=8, pad_id=0)
+    for a, b in zip(ours, ref):
+        assert a.start == b.start and torch.equal(a.ids, b.ids)
+        assert torch.equal(a.topk_ids[:, 0], b.topk_ids[:, 0])
+        assert torch.allclose(a.topk_logp.float(), b.topk_logp.float(), atol=2e-3)
+
+
+def test_data_engine_choice():
+    fp32 = tiny_target()
+    assert data_engine("auto", fp32) == "batched" and data_engine("packed", fp32) == "packed"
+    with pytest.raises(ValueError, match="auto, batched or packed"):
+        data_engine("fast", fp32)

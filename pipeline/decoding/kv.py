@@ -296,18 +296,31 @@ class CachedModel:
         (columns cover all tree nodes, the new ones included). ``positions`` are absolute positions.
         """
         n = tokens.numel()
-        start = self.length
-        allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+        allowed = torch.ones(n, self.length + n, dtype=torch.bool, device=self.device)
         allowed[:, tree_start:] = node_mask.to(self.device)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return self.forward_masked(tokens, positions, allowed, warper=warper)
+
+    def forward_masked(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: int = 0, warper=None):
+        """Append ``tokens`` [n] at absolute ``positions`` [n], row i seeing exactly the slots ``allowed[i]``
+        (bool ``[n, length + n]`` over the cache and the new rows): a tree after a shared prefix, or
+        independent sequences packed into one cache (each row sees only its own sequence's slots). Returns
+        the logits of the last ``keep`` rows (0 = all) over the target vocabulary, or with a top-k
+        ``warper`` their warped rows as ``(ids, probs)``, as ``forward_sparse``."""
+        n = tokens.numel()
+        start = self.length
+        allowed = allowed.to(self.device)
+        if self.lean is not None and not self.capture_layers:
+            mask = allowed  # the lean forward takes the boolean form as it is
+        else:
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         tree = {
             "attention_mask": mask[None, None],
             "position_ids": positions.to(self.device, torch.long).reshape(1, -1),
         }
         if self.lean is None or self.capture_layers:  # transformers' forward needs it (the lean one ignores it)
             tree["cache_position"] = torch.arange(start, start + n, device=self.device)
-        logits = self._run(self._ids(tokens), keep=0, **tree)
+        logits = self._run(self._ids(tokens), keep=keep, **tree)
         self.forwards += 1
         return self._logits(logits[0]) if warper is None else self.top_k_rows(logits[0], warper)
 

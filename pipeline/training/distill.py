@@ -33,6 +33,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from pipeline.data import humaneval
+from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head, save_token_map
 from pipeline.decoding.warping import warp
 from pipeline.measure import step_times
@@ -40,7 +41,7 @@ from pipeline.models import DTYPES, load_pair
 from pipeline.prompts import chat_ids
 from pipeline.training.cards import write_model_card
 from pipeline.training.common import repo_path, start_run
-from pipeline.training.teacher_data import generate_teacher_data, load_records, padding_id, sample_answers
+from pipeline.training.teacher_data import generate_teacher_data, load_records, padding_id, sample_answers, sample_answers_packed
 
 WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
 
@@ -104,24 +105,43 @@ def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None)
 
 
 @torch.no_grad()
-def build_heldout(target, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int, batch_size: int = 16) -> dict:
-    """Target-sampled answers (eval warping) and the target's warped top-k rows at every answer position."""
+def build_heldout(target, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int, batch_size: int = 16,
+                  engine: str = "batched") -> dict:
+    """Target-sampled answers (eval warping) and the target's warped top-k rows at every answer position
+    (``engine`` as ``teacher_data.generate_teacher_data``'s)."""
     gen = torch.Generator().manual_seed(seed)
     pad = padding_id(tokenizer)
+    cached = CachedModel(target) if engine == "packed" else None
+    kw = dict(max_new_tokens=max_new_tokens, top_k_store=1, sample_top_k=WARP["top_k"], sample_top_p=WARP["top_p"],
+              eos_id=tokenizer.eos_token_id, gen=gen)
     seqs = []
-    for i in range(0, len(prompts), batch_size):
-        recs = sample_answers(
-            target, [chat_ids(tokenizer, p) for p in prompts[i : i + batch_size]], max_new_tokens=max_new_tokens,
-            top_k_store=1, sample_top_k=WARP["top_k"], sample_top_p=WARP["top_p"], eos_id=tokenizer.eos_token_id,
-            pad_id=pad, gen=gen)
+    step = len(prompts) if cached is not None else batch_size  # packed: one continuous batch
+    for i in range(0, len(prompts), step):
+        batch = [chat_ids(tokenizer, p) for p in prompts[i : i + step]]
+        recs = sample_answers_packed(cached, batch, **kw) if cached is not None else sample_answers(target, batch, pad_id=pad, **kw)
         seqs += [(r.ids.long(), r.start) for r in recs]
     rows = []
     for ids, start in seqs:
-        logits = target(ids[None]).logits[0, start - 1 : len(ids) - 1]
-        p = warp(logits, **WARP)
+        if cached is not None:
+            cached.reset()
+            logits = cached.forward(ids, keep=0)[start - 1 : len(ids) - 1]
+        else:
+            logits = target(ids[None]).logits[0, start - 1 : len(ids) - 1]
+        p = warp(logits.float(), **WARP)
         vals, idx = p.topk(WARP["top_k"], dim=-1)
         rows.append({"ids": ids, "start": start, "p_ids": idx, "p": vals, "argmax": logits.argmax(-1)})
     return {"prompts": prompts, "rows": rows}
+
+
+def data_engine(engine: str, target) -> str:
+    """``data.engine``: ``auto`` is ``packed`` where the target runs on the engine's bf16 CPU kernels (many
+    sequences per weight stream through the batch-1 kernels), else ``batched`` (transformers, e.g. a GPU)."""
+    if engine == "auto":
+        lean = CachedModel(target).lean
+        return "packed" if lean is not None and lean.kernels is not None else "batched"
+    if engine not in ("batched", "packed"):
+        raise ValueError(f"data.engine must be auto, batched or packed, not {engine!r}")
+    return engine
 
 
 @torch.no_grad()
@@ -327,11 +347,14 @@ def run(cfg) -> dict:
 
     pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
     pair_cfg["draft"] = None  # the draft is what we are making
+    pair_cfg.pop("drafter", None)
     pair = load_pair(pair_cfg)
-    target, tok = pair.target.float().eval(), pair.tokenizer
+    target, tok = pair.target.eval(), pair.tokenizer  # the teacher in the pair's precision (the one that serves)
     pad_id = padding_id(tok)
     data_dir = work / "data"
     d = cfg.data
+    engine = data_engine(d.get("engine", "auto"), target)
+    log(f"teacher: {target.dtype}, data engine {engine}")
 
     # 1. teacher data
     t0 = time.time()
@@ -339,7 +362,7 @@ def run(cfg) -> dict:
         target, tok, data_dir, n_prompts=d.n_prompts, tf_fraction=d.tf_fraction, batch_size=d.batch_size,
         max_new_tokens=d.max_new_tokens, top_k_store=d.top_k_store, sample_top_k=d.sample_top_k,
         sample_top_p=d.sample_top_p, seed=cfg.seed, time_budget_s=d.time_budget_s,
-        max_shards=d.get("max_shards"), log=log)
+        max_shards=d.get("max_shards"), engine=engine, slots=d.get("slots", 64), log=log)
     new_gen_s = time.time() - t0
     stamp = data_dir / "wall_s.json"
     wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0
@@ -355,7 +378,7 @@ def run(cfg) -> dict:
         heldout = torch.load(held_file)
     else:
         prompts = heldout_prompts(h.n_humaneval, h.n_mtbench, h.get("mt_bench_path"))
-        heldout = build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed)
+        heldout = build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine)
         torch.save(heldout, held_file)
     log(f"held-out: {len(heldout['rows'])} prompts, {sum(len(r['p']) for r in heldout['rows'])} positions")
 

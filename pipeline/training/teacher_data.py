@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from pipeline.decoding.warping import warp
+from pipeline.decoding.kv import CachedModel
+from pipeline.decoding.warping import Warper, warp
 from pipeline.prompts import chat_ids
 from pipeline.training.prompt_sets import build_prompts, feature_prompts, stdlib_chunks, stdlib_functions
 
@@ -73,8 +74,12 @@ def left_pad(prompt_ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
 
 
 def _warped_sample(logits: torch.Tensor, top_k: int, top_p: float, gen: torch.Generator) -> torch.Tensor:
-    probs = warp(logits, 1.0, top_k, top_p)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    """One draw per row of ``logits [B, V]`` from the warped row (T=1): from its k kept entries alone
+    when top-k is on (a multinomial over a full 49k-vocabulary row costs ~1 ms a row on a CPU)."""
+    if top_k <= 0:
+        return torch.multinomial(warp(logits, 1.0, top_k, top_p), 1, generator=gen).squeeze(-1)
+    index, probs = Warper(1.0, top_k, top_p).top_k_rows(logits)
+    return index.gather(-1, torch.multinomial(probs, 1, generator=gen)).squeeze(-1)
 
 
 @torch.no_grad()
@@ -125,6 +130,86 @@ def sample_answers(
 
 
 @torch.no_grad()
+def sample_answers_packed(
+    cached, prompt_ids: list[list[int]], *, max_new_tokens: int, top_k_store: int, sample_top_k: int,
+    sample_top_p: float, eos_id: int, gen: torch.Generator, slots: int = 48, max_cache: int = 16384,
+) -> list[Record]:
+    """``sample_answers`` on the engine's batch-1 forward (``CachedModel``, e.g. the bf16 CPU kernels):
+    up to ``slots`` independent sequences share one KV cache, each row of a step seeing only its own
+    sequence's slots (``CachedModel.forward_masked``), and a finished sequence's slot takes the next
+    prompt at once (continuous batching). A step of ``slots`` rows streams the weights once, so on a
+    CPU this yields many times the tokens/s of one sequence at a time or of transformers' padded batches.
+
+    Every sampled answer is an exact draw from the warped target (the rows are the model's rows for
+    that sequence alone); draws come from ``gen`` in a fixed order, so a run is deterministic.
+    The cache is compacted to the live sequences' slots when it would exceed ``max_cache``.
+    """
+    n = len(prompt_ids)
+    cached.reset()
+    device = cached.device
+    owner = torch.empty(0, dtype=torch.long, device=device)  # the sequence of every cached slot
+    answers: list[list[int]] = [[] for _ in range(n)]
+    tk_ids: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    tk_lp: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    next_pos = [len(p) for p in prompt_ids]
+    queue = list(range(n))[::-1]
+    feeding: list[int] = []  # sequences whose last sampled token is still to be fed
+    while queue or feeding:
+        rows, seqs = [], []
+        if feeding:  # one step of every live sequence
+            live = torch.tensor(feeding, device=device)
+            start = cached.length
+            if start + len(feeding) > max_cache:
+                keep = torch.isin(owner, live).nonzero().squeeze(-1)
+                cached.compact(0, keep)
+                owner, start = owner[keep], int(keep.numel())
+            allowed = torch.cat([owner[None, :] == live[:, None], torch.eye(len(feeding), dtype=torch.bool, device=device)], 1)
+            tokens = torch.tensor([answers[s][-1] for s in feeding])
+            positions = torch.tensor([next_pos[s] for s in feeding])
+            rows.append(cached.forward_masked(tokens, positions, allowed))
+            owner = torch.cat([owner, live])
+            for s in feeding:
+                next_pos[s] += 1
+            seqs += feeding
+        while queue and len(seqs) < slots:  # new prompts into free slots: their last row gives the first token
+            s = queue.pop()
+            ids = torch.tensor(prompt_ids[s])
+            m, start = len(ids), cached.length
+            allowed = torch.zeros(m, start + m, dtype=torch.bool, device=device)
+            allowed[:, start:] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+            rows.append(cached.forward_masked(ids, torch.arange(m), allowed, keep=1))
+            owner = torch.cat([owner, torch.full((m,), s, device=device)])
+            seqs.append(s)
+        logits = torch.cat(rows).float()
+        vals, idx = logits.log_softmax(-1).topk(top_k_store, dim=-1)
+        tok = _warped_sample(logits, sample_top_k, sample_top_p, gen).tolist()
+        feeding = []
+        for r, s in enumerate(seqs):
+            answers[s].append(tok[r])
+            tk_ids[s].append(idx[r].to(torch.int32))
+            tk_lp[s].append(vals[r].to(torch.float16))
+            if tok[r] != eos_id and len(answers[s]) < max_new_tokens:
+                feeding.append(s)
+    out = []
+    for i, p in enumerate(prompt_ids):
+        full = torch.tensor(p + answers[i], dtype=torch.int32)
+        out.append(Record(full, len(p), torch.stack(tk_ids[i]).cpu(), torch.stack(tk_lp[i]).cpu(), "gen"))
+    return out
+
+
+@torch.no_grad()
+def teacher_force_cached(cached, seqs: list[tuple[list[int], int]], *, top_k_store: int) -> list[Record]:
+    """``teacher_force`` on the engine's forward: one sequence at a time (no padding), all rows' logits."""
+    out = []
+    for s, start in seqs:
+        cached.reset()
+        logp = cached.forward(s, keep=0)[start - 1 : len(s) - 1].log_softmax(-1)
+        vals, idx = logp.topk(top_k_store, dim=-1)
+        out.append(Record(torch.tensor(s, dtype=torch.int32), start, idx.to(torch.int32).cpu(), vals.to(torch.float16).cpu(), "tf"))
+    return out
+
+
+@torch.no_grad()
 def teacher_force(target, seqs: list[tuple[list[int], int]], *, top_k_store: int, pad_id: int) -> list[Record]:
     """Teacher top-k at the answer positions of complete sequences (right-padded batch, one pass)."""
     b = len(seqs)
@@ -168,14 +253,22 @@ def build_tf_sequences(tokenizer, n: int, seed: int, max_len: int) -> list[tuple
 def generate_teacher_data(
     target, tokenizer, out_dir: Path, *, n_prompts: int, tf_fraction: float, batch_size: int,
     max_new_tokens: int, top_k_store: int, sample_top_k: int, sample_top_p: float, seed: int,
-    time_budget_s: float, max_shards: int | None = None, max_tf_len: int = 320, log=print,
+    time_budget_s: float, max_shards: int | None = None, max_tf_len: int = 320, engine: str = "batched",
+    slots: int = 64, log=print,
 ) -> None:
     """Write teacher shards to ``out_dir`` until ``n_prompts`` are done or the time budget is spent.
 
     ``max_shards`` stops after that many shards (a run cut by the time budget is reproduced exactly
     by setting it to the number of shards the run wrote). Shards alternate between sampled answers (``gen``) and teacher-forced stdlib sources (``tf``) so
     that any prefix of the run holds both, in the proportion ``tf_fraction`` of shards.
+
+    ``engine``: ``batched`` runs transformers' forward on left-padded batches (``sample_answers``; right
+    on a GPU); ``packed`` runs the engine's batch-1 forward with up to ``slots`` sequences packed into one
+    KV cache (``sample_answers_packed``, ``teacher_force_cached``; right on a CPU with the bf16 kernels).
     """
+    if engine not in ("batched", "packed"):
+        raise ValueError(f"data.engine must be batched or packed, not {engine!r}")
+    cached = CachedModel(target) if engine == "packed" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = build_prompts(n_prompts, seed)
     # Left padding wastes prefill work on short prompts: sort by length inside blocks of 8 batches
@@ -204,8 +297,15 @@ def generate_teacher_data(
             shard += 1
             continue
         g = torch.Generator().manual_seed(seed * 100003 + shard)
-        if use_tf:
+        if use_tf and cached is not None:
+            recs = teacher_force_cached(cached, batch, top_k_store=top_k_store)
+        elif use_tf:
             recs = teacher_force(target, batch, top_k_store=top_k_store, pad_id=pad)
+        elif cached is not None:
+            recs = sample_answers_packed(
+                cached, [chat_ids(tokenizer, p) for p in batch], max_new_tokens=max_new_tokens,
+                top_k_store=top_k_store, sample_top_k=sample_top_k, sample_top_p=sample_top_p,
+                eos_id=tokenizer.eos_token_id, gen=g, slots=slots)
         else:
             recs = sample_answers(
                 target, [chat_ids(tokenizer, p) for p in batch], max_new_tokens=max_new_tokens,
