@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run test test-slow lint setup clean report
+.PHONY: run test test-slow lint setup clean report check-speculators
 
 # The HumanEval sandbox runs generated code in bubblewrap: installed here when missing (root + apt),
 # otherwise a warning naming the fix (the scorer itself refuses to run without it).
@@ -50,6 +50,16 @@ test: $(STAMP)
 # ruff (pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff check --fix .` mends imports
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# Opt-in: vLLM's `speculators` library reads the EAGLE-3 heads we write (its own config class validates
+# them). It pins transformers <= 5.19, so it lives in its own folder (no deps pulled: no CUDA torch),
+# first on the path for these tests only.
+SPEC_SITE := .cache/speculators-site
+SPEC_PKGS := speculators==0.9.0 transformers==5.19.0 loguru==0.7.3 pydantic-settings==2.16.3 hs-connectors==0.9.0 \
+  openai==3.54.0 httpx==0.28.1 anyio==4.16.0 sniffio==1.3.1 distro==1.9.0 jiter==0.19.0 typer==0.29.2 shellingham==1.5.4
+check-speculators: $(STAMP)
+	test -d $(SPEC_SITE)/speculators || $(PY) -m pip install -q --no-deps --target $(SPEC_SITE) $(SPEC_PKGS)
+	PYTHONPATH=$(SPEC_SITE) $(PY) -m pytest -q -p no:cacheprovider tests/test_decoding_eagle3.py -k speculators
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)

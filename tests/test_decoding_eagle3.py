@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ from pipeline.decoding.eagle3 import Eagle3Head, default_taps, eagle3_config, lo
 from pipeline.decoding.warping import Warper
 
 PROMPT = [0, 3, 5, 0, 3]
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def random_head(target, seed: int, draft_ids, scale: float = 0.5) -> Eagle3Head:
@@ -252,7 +255,8 @@ def test_round_trip_in_both_layouts(tmp_path, layout):
 
 
 def test_speculators_config_validates_with_the_library(tmp_path):
-    speculators = pytest.importorskip("speculators")  # not installed here unless it comes without a CUDA torch
+    # `make test` does not install it (it pins an older transformers): `make check-speculators` runs this
+    speculators = pytest.importorskip("speculators")
     target = tiny_llama(31, vocab=48, hidden=32, layers=8, heads=4, kv_heads=2)
     _authors_checkpoint(tmp_path / "in", target, 4, list(range(0, 48, 2)), "eagle")
     save_eagle3_head(load_eagle3_head(tmp_path / "in"), tmp_path / "out", layout="speculators", verifier="tiny")
@@ -260,6 +264,11 @@ def test_speculators_config_validates_with_the_library(tmp_path):
 
     config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "out")
     assert config.draft_vocab_size == 24 and speculators is not None
+    # the shipped head of the default pair, written in the speculators layout, validates as well
+    shipped = load_eagle3_head(REPO / "models" / "smollm2-135m-eagle3")
+    save_eagle3_head(shipped, tmp_path / "shipped", layout="speculators", verifier="HuggingFaceTB/SmolLM2-135M-Instruct")
+    config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "shipped")
+    assert config.transformer_layer_config.hidden_size == 576 and config.draft_vocab_size == shipped.d2t.numel()
 
 
 def test_bad_heads_are_refused(tmp_path):
