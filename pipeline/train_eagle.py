@@ -21,11 +21,17 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.training import eagle, eagle3
 
 
+def training_config(cfg: DictConfig, overrides: list[str]) -> dict:
+    """The resolved training config: ``head=eagle3`` (the short form) swaps in conf/train_eagle3.yaml with
+    the command line's other ``overrides`` applied to it (Hydra must be initialised, as under ``main``)."""
+    if cfg.get("head") == "eagle3":
+        cfg = compose("train_eagle3", overrides=[o for o in overrides if o != "head=eagle3"])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train_eagle")
 def main(cfg: DictConfig) -> None:
-    if cfg.get("head") == "eagle3":  # the short form: the EAGLE-3 config with the other overrides
-        cfg = compose("train_eagle3", overrides=[o for o in HydraConfig.get().overrides.task if o != "head=eagle3"])
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = training_config(cfg, list(HydraConfig.get().overrides.task))
     c["command"] = "python -m pipeline.train_eagle " + " ".join(sys.argv[1:])
     run = eagle3.run if int(c["head"].get("version", 2)) == 3 else eagle.run
     info = run(c)

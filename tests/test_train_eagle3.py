@@ -6,15 +6,18 @@ vocabulary, a saved head that the engine loads and drafts with, and held-out alp
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder
 from pipeline.decoding.eagle3 import default_taps, load_eagle3_head
 from pipeline.decoding.warping import Warper
+from pipeline.train_eagle import training_config
 from pipeline.training.eagle3 import (
     LOSS_DECAY,
     draft_vocab,
@@ -31,6 +34,8 @@ from pipeline.training.eagle3 import (
 )
 
 VOCAB, LAYERS = 16, 7  # taps: the inputs of layers 2, 3, 4
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +259,15 @@ def test_saved_head_loads_and_drafts_with_the_engine(trained, target):
         assert sum(got.accepted) == 20 and max(got.accepted) >= 2  # the trained head's drafts get accepted
     sampled = build_decoder("spd", target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, temperature=1.0, top_k=10, top_p=0.9)
     assert len(sampled.generate([1, 5, 9], max_new_tokens=12).tokens) == 12
+
+
+@pytest.mark.parametrize("overrides", [["head=eagle3"], ["head=eagle3", "seed=3", "train.steps=7"]])
+def test_head_eagle3_short_form_selects_the_eagle3_config(overrides):
+    """``python -m pipeline.train_eagle head=eagle3 ...`` trains an EAGLE-3 head, the other overrides kept."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = training_config(compose("train_eagle", overrides=overrides), overrides)
+        plain = training_config(compose("train_eagle", overrides=overrides[1:]), overrides[1:])
+    assert int(cfg["head"]["version"]) == 3 and cfg["out_dir"] == "models/smollm2-135m-eagle3"
+    assert int(plain["head"].get("version", 2)) == 2 and plain["out_dir"] == "models/smollm2-135m-eagle"
+    if "seed=3" in overrides:
+        assert cfg["seed"] == 3 and cfg["train"]["steps"] == 7

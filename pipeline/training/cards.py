@@ -23,6 +23,10 @@ def write_model_card(out_dir: Path, info: dict[str, Any]) -> None:
         f"| {c['step']} | {c['train_s'] / 60:.1f} | {'' if c['loss'] is None else round(c['loss'], 4)} | "
         f"{c['alpha']:.4f} | {c['greedy_agreement']:.4f} |" for c in info["curve"])
     figs = info.get("figures", {})
+    threads = info.get("config", {}).get("threads", 1)
+    cpu = f"{threads} CPU thread{'s' if threads != 1 else ''}"
+    engine = {"packed": f"the engine's bf16 kernels, {d.get('slots', '?')} sequences packed into one KV cache",
+              "batched": "transformers' forward on padded batches"}.get(d.get("engine_used", "batched"), d.get("engine_used"))
     lines = [
         f"# {out_dir.name}: a distilled draft for {info['target']}",
         "",
@@ -54,13 +58,13 @@ def write_model_card(out_dir: Path, info: dict[str, Any]) -> None:
         f"{d['gen_records']} sampled answers of the target (T=1, top-k {d['sample_top_k']}, top-p {d['sample_top_p']}, "
         f"up to {d['max_new_tokens']} tokens) to templated instructions, maths, coding tasks and standard-library "
         f"function prompts, and {d['tf_records']} teacher-forced standard-library functions shown as chat answers.",
-        f"- Generation wall time: {d.get('wall_s', float('nan')) / 60:.1f} min on one CPU thread.",
+        f"- Generation wall time: {d.get('wall_s', float('nan')) / 60:.1f} min on {cpu} ({engine}).",
         "",
         "## Training",
         "",
         f"- {t['steps']} steps of ~{t['tokens_per_batch']} padded tokens, AdamW lr {t['lr']}, cosine to 10%, "
         f"forward KL over the teacher's top-{d['top_k_store']} + rest bucket, {t['negatives']} negatives outside the map per step.",
-        f"- Training wall time {t['wall_s'] / 60:.1f} min (one CPU thread), seed {info['seed']}.",
+        f"- Training wall time {t['wall_s'] / 60:.1f} min ({cpu}), seed {info['seed']}.",
         "",
         "## Held-out figures",
         "",
@@ -71,7 +75,7 @@ def write_model_card(out_dir: Path, info: dict[str, Any]) -> None:
         f"- alpha (mean of 1 - TV between warped target and draft rows, T=1, top-k 10, top-p 0.9): "
         f"**{info['final']['alpha']:.4f}** (restricted head), {info.get('final_full', {}).get('alpha', float('nan')):.4f} (full tied head)",
         f"- greedy top-1 agreement: {info['final']['greedy_agreement']:.4f}",
-        f"- cost ratio c (draft step / target step, batch 1, KV cache, one thread on this CPU): "
+        f"- cost ratio c (draft step / target step, batch 1, KV cache, {cpu} on this CPU): "
         f"{figs.get('c_restricted', float('nan')):.3f} restricted head ({figs.get('draft_ms_restricted', float('nan')):.2f} ms), "
         f"{figs.get('c_full', float('nan')):.3f} full head ({figs.get('draft_ms_full', float('nan')):.2f} ms); "
         f"target step {figs.get('target_ms', float('nan')):.2f} ms",

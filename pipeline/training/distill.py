@@ -334,6 +334,16 @@ def step_cost(model, *, context: int = 128, reps: int = 40) -> float:
     return 1e3 * step_times(model, prompt, 1, next(model.parameters()).device, reps=reps)[0]
 
 
+def cost_figures(target, draft_dir: Path) -> dict[str, float]:
+    """Step times of the target and of the saved draft (full and restricted head), both in the target's
+    precision as the pair serves them, and their ratios c."""
+    tgt_ms = step_cost(target)
+    full_ms = step_cost(AutoModelForCausalLM.from_pretrained(draft_dir, dtype=target.dtype).eval())
+    res_ms = step_cost(restrict_head(AutoModelForCausalLM.from_pretrained(draft_dir, dtype=target.dtype).eval()))
+    return {"target_ms": tgt_ms, "draft_ms_full": full_ms, "draft_ms_restricted": res_ms,
+            "c_full": full_ms / tgt_ms, "c_restricted": res_ms / tgt_ms, "dtype": str(target.dtype).removeprefix("torch.")}
+
+
 # --------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------
@@ -409,14 +419,9 @@ def run(cfg) -> dict:
     save_checkpoint(student, token_map, out_dir, cfg.save_dtype)
     figures = {}
     if cfg.measure_cost:
-        tgt_ms = step_cost(target)
-        d_full = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
-        full_ms = step_cost(d_full)
-        d_res = restrict_head(AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval())
-        res_ms = step_cost(d_res)
-        figures = {"target_ms": tgt_ms, "draft_ms_full": full_ms, "draft_ms_restricted": res_ms,
-                   "c_full": full_ms / tgt_ms, "c_restricted": res_ms / tgt_ms}
-        log(f"cost: target {tgt_ms:.2f} ms, draft {full_ms:.2f} ms full head / {res_ms:.2f} ms restricted")
+        figures = cost_figures(target, out_dir)
+        log(f"cost: target {figures['target_ms']:.2f} ms, draft {figures['draft_ms_full']:.2f} ms full head / "
+            f"{figures['draft_ms_restricted']:.2f} ms restricted")
     n_params = sum(p.numel() for p in student.parameters())
     size = sum(f.stat().st_size for f in out_dir.glob("*.safetensors"))
     info = {
@@ -425,7 +430,7 @@ def run(cfg) -> dict:
         "config": OmegaConf.to_container(cfg, resolve=True),
         "student": {**OmegaConf.to_container(s), "vocab_size": target.config.vocab_size, "params": n_params,
                     "bytes": size, "map_size": int(token_map.numel())},
-        "data": {**OmegaConf.to_container(d), "records": len(records), "tokens": n_tok,
+        "data": {**OmegaConf.to_container(d), "engine_used": engine, "records": len(records), "tokens": n_tok,
                  "gen_records": sum(r["kind"] == "gen" for r in records),
                  "tf_records": sum(r["kind"] == "tf" for r in records), "wall_s": wall + new_gen_s,
                  "map_coverage": cov / tot},
