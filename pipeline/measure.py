@@ -94,6 +94,7 @@ class GenerationRecord:
     counted_tokens: int | None = None  # tokens up to the stop string (new_tokens without one)
     category: str | None = None  # the sample's category (per-category reports, Spec-Bench export)
     drafted: list[int] = field(default_factory=list)  # per iteration: draft positions put to the target (speculative methods)
+    prefill_s: float = 0.0  # the part of decode_s spent writing the prompt into the caches (Decoder.prefill_seconds)
 
     @property
     def tokens_per_s(self) -> float:
@@ -127,6 +128,7 @@ class WindowResult:
         recs = self.records
         tokens = sum(r.new_tokens for r in recs)
         steps = sum(r.steps for r in recs)
+        prefill_s = sum(r.prefill_s for r in recs)
         per_sample_rates = [r.tokens_per_s for r in recs if r.decode_s > 0]
         per_sample_accept = [r.new_tokens / r.steps for r in recs if r.steps > 0]
         out: dict[str, Any] = {
@@ -142,6 +144,9 @@ class WindowResult:
             "other_in_window_s": self.window_s - self.decode_s,
             "tokens_per_s": tokens / self.decode_s if self.decode_s > 0 else float("nan"),
             "tokens_per_s_window": tokens / self.window_s if self.window_s > 0 else float("nan"),
+            # decode rate without the prompts' prefill (the bench's prompts are short; a task's may not be)
+            "prefill_s": prefill_s,
+            "tokens_per_s_decode": tokens / (self.decode_s - prefill_s) if self.decode_s > prefill_s else float("nan"),
             "tokens_per_s_mean_of_samples": _mean(per_sample_rates),
             "target_steps": steps,
             "draft_steps": sum(r.draft_steps for r in recs),
@@ -320,6 +325,7 @@ def run_window(
                     steps=gen.steps, draft_steps=gen.draft_steps, accepted=list(gen.accepted),
                     decode_s=dt, hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
                     answer_prefix=prompt.answer_prefix, category=sample.category, drafted=list(gen.drafted),
+                    prefill_s=float(getattr(decoder, "prefill_seconds", lambda: 0.0)()),
                 )
             )
             if turn + 1 < n_turns:

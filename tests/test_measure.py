@@ -78,6 +78,25 @@ def test_records_and_summary(models, tokenizer):
     assert result.device["torch"] == torch.__version__ and "git_commit" in result.device
 
 
+@pytest.mark.parametrize("method", ["ar", "spd"])
+def test_prefill_time_is_inside_decode_time_and_reported_apart(models, tokenizer, method):
+    """A generation's time to write its prompt into the caches (target and draft) is recorded, is part of
+    its decode time, and the decode rate without it (the bench's short prompts hide it) is in the summary."""
+    target, draft = models
+    decoder = build_decoder(method, target, draft if method == "spd" else None, temperature=0.0)
+    result = _window(decoder, _samples(3), tokenizer)
+    s = result.summary()
+    assert all(0 < r.prefill_s < r.decode_s for r in result.records)
+    assert s["prefill_s"] == pytest.approx(sum(r.prefill_s for r in result.records))
+    assert s["tokens_per_s_decode"] == pytest.approx(s["new_tokens"] / (s["decode_s"] - s["prefill_s"]))
+    assert s["tokens_per_s_decode"] > s["tokens_per_s"]
+    models_of = [m for m in (decoder.target, getattr(decoder, "draft", None)) if m is not None]
+    assert decoder.prefill_seconds() == pytest.approx(sum(m.prefill_s for m in models_of)) and len(models_of) == (2 if method == "spd" else 1)
+    for m in models_of:
+        m.reset()
+    assert decoder.prefill_seconds() == 0.0
+
+
 def test_speculative_decoder_counts(models, tokenizer):
     target, draft = models
     decoder = build_decoder("spd", target, draft, temperature=0.0, gamma=3)

@@ -7,6 +7,8 @@ later writes overwrite them), so the prefix is never re-computed and nothing is 
 
 from __future__ import annotations
 
+import time
+
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -176,6 +178,7 @@ class CachedModel:
         if self.token_map is not None:
             self.token_map = self.token_map.to(self.device)
         self.forwards = 0
+        self.prefill_s = 0.0
         self.cache: Cache | None = None
         self.reset()
 
@@ -188,6 +191,7 @@ class CachedModel:
         else:
             self.cache.reset()  # PreallocatedLayer.reset: length 0, buffers kept
         self.forwards = 0
+        self.prefill_s = 0.0
 
     def _inference_buffers(self) -> bool:
         """Whether the cache's buffers are inference tensors (made under ``torch.inference_mode``)."""
@@ -243,11 +247,20 @@ class CachedModel:
             self.hidden = capture[-1][0]
         return logits
 
+    def _clock(self) -> float:
+        """``perf_counter`` after the device's queued work (prefill times are wall times)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def prefill(self, tokens: Sequence[int] | torch.Tensor) -> None:
-        """Write ``tokens`` into the cache without counting a step or keeping logits."""
+        """Write ``tokens`` into the cache without counting a step or keeping logits (its wall time
+        adds to ``prefill_s``, which ``reset`` zeroes: a generation's time to its first forward step)."""
         if len(tokens) == 0:
             return
+        t0 = self._clock()
         self._run(self._ids(tokens), keep=1)
+        self.prefill_s += self._clock() - t0
 
     def prefill_hidden(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Write ``tokens`` into the cache (no step counted) and return their last hidden states
@@ -257,10 +270,12 @@ class CachedModel:
             return torch.zeros(0, width, device=self.device, dtype=self.dtype)
         saved = self.capture_hidden
         self.capture_hidden = True
+        t0 = self._clock()
         try:
             self._run(self._ids(tokens), keep=-1 if (self.lean is not None and not self.capture_layers) else 0)
         finally:
             self.capture_hidden = saved
+        self.prefill_s += self._clock() - t0
         return self.hidden
 
     def forward(self, tokens: Sequence[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
