@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder
@@ -264,6 +265,7 @@ def test_saved_head_loads_and_drafts_with_the_engine(trained, target):
 @pytest.mark.parametrize("overrides", [["head=eagle3"], ["head=eagle3", "seed=3", "train.steps=7"]])
 def test_head_eagle3_short_form_selects_the_eagle3_config(overrides):
     """``python -m pipeline.train_eagle head=eagle3 ...`` trains an EAGLE-3 head, the other overrides kept."""
+    GlobalHydra.instance().clear()  # another test in this process may have left Hydra initialised
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = training_config(compose("train_eagle", overrides=overrides), overrides)
         plain = training_config(compose("train_eagle", overrides=overrides[1:]), overrides[1:])
