@@ -8,7 +8,6 @@ later writes overwrite them), so the prefix is never re-computed and nothing is 
 from __future__ import annotations
 
 import time
-
 from contextlib import contextmanager
 from typing import Sequence
 
