@@ -216,3 +216,5 @@ def test_data_engine_choice():
     assert data_engine("auto", fp32) == "batched" and data_engine("packed", fp32) == "packed"
     with pytest.raises(ValueError, match="auto, batched or packed"):
         data_engine("fast", fp32)
+    if kernels() is not None:  # bf16 on a CPU with the engine's kernels: sequences packed into one cache
+        assert data_engine("auto", tiny_target().to(torch.bfloat16)) == "packed"

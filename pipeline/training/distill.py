@@ -33,6 +33,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from pipeline.data import humaneval
+from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head, save_token_map
 from pipeline.decoding.warping import warp
@@ -137,8 +138,7 @@ def data_engine(engine: str, target) -> str:
     """``data.engine``: ``auto`` is ``packed`` where the target runs on the engine's bf16 CPU kernels (many
     sequences per weight stream through the batch-1 kernels), else ``batched`` (transformers, e.g. a GPU)."""
     if engine == "auto":
-        lean = CachedModel(target).lean
-        return "packed" if lean is not None and lean.kernels is not None else "batched"
+        return "packed" if model_kernel_path(target) == "bf16-avx512" else "batched"
     if engine not in ("batched", "packed"):
         raise ValueError(f"data.engine must be auto, batched or packed, not {engine!r}")
     return engine
