@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import ray
 from ray.cluster_utils import Cluster
@@ -33,3 +37,14 @@ def test_cells_spread_across_nodes(two_nodes, tmp_path):
     nodes = {r["node_id"] for r in out["rows"]}
     cluster_nodes = {n.node_id for n in two_nodes.list_all_nodes()}
     assert len(cluster_nodes) == 2 and nodes == cluster_nodes  # both nodes ran cells, results from both
+
+
+def test_a_local_sweep_starts_its_own_ray_beside_a_running_cluster(two_nodes):
+    """cluster=local never joins another Ray instance on the machine (ray.init() without an address joins
+    the newest `ray start` cluster it finds and then refuses num_cpus: a sweep failed so beside this test)."""
+    code = ("import ray; from pipeline.sweep.ray_runner import start_ray; "
+            "assert start_ray({'kind': 'local', 'num_cpus': 1}); print(int(ray.cluster_resources()['CPU'])); ray.shutdown()")
+    env = {**os.environ, "RAY_ADDRESS": two_nodes.address}  # the strongest pull towards the running cluster
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "1"  # its own one-CPU instance, not the two-node cluster

@@ -42,7 +42,10 @@ def start_ray(cluster: Mapping[str, Any]) -> bool:
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
     if cluster.get("kind") == "local" and not cluster.get("address"):
-        kwargs.update(num_cpus=cluster.get("num_cpus") or os.cpu_count(), object_store_memory=cluster.get("object_store_memory"))
+        # address "local": a new Ray instance of our own, even when this machine runs another (ray.init()
+        # without an address joins the newest `ray start` cluster it finds, and then refuses num_cpus)
+        kwargs.update(address="local", num_cpus=cluster.get("num_cpus") or os.cpu_count(),
+                      object_store_memory=cluster.get("object_store_memory"))
         if cluster.get("num_gpus") is not None:
             kwargs["num_gpus"] = cluster["num_gpus"]
     else:
