@@ -87,21 +87,27 @@ def test_greedy_identity_with_every_drafter(greedy_eagle_pair, method, drafter):
         assert sum(got.accepted) == 40 and len(got.accepted) == got.steps
 
 
-@pytest.mark.parametrize("method", ["specinfer", "mcss"])
+TREE_SHAPES = {"specinfer": {"k_config": [3, 2]}, "mcss": {"k_config": [3, 2]}, "spectr": {"num_drafts": 3, "gamma": 2}}
+
+
+@pytest.mark.parametrize("method", ["specinfer", "mcss", "spectr"])
 def test_lossless_with_eagle_trees(eagle_pair, law, method):
     """EAGLE-2 dynamic trees (2 of the 3 root children expanded by cumulative draft probability) under the
-    multi-candidate walks: children drawn from the head's q rows keep the target's law."""
-    decoder = build_decoder(method, eagle_pair[0], None, drafter={"kind": "eagle", "top_nodes": 2}, k_config=[3, 2], **WARP)
+    multi-candidate walks, and the head's 3 i.i.d. chains under SpecTr's K-SEQ: children drawn from the
+    head's q rows keep the target's law."""
+    top = 0 if method == "spectr" else 2  # K-SEQ needs every chain whole
+    decoder = build_decoder(method, eagle_pair[0], None, drafter={"kind": "eagle", "top_nodes": top}, **TREE_SHAPES[method], **WARP)
     assert decoder.draft is None
     out = samples_of(decoder, 2500)
     assert chi_square_pvalue(out, law) > 1e-3
 
 
 @pytest.mark.parametrize("drafter", ["model", "eagle"])
-@pytest.mark.parametrize("method", ["specinfer", "mcss"])
+@pytest.mark.parametrize("method", ["specinfer", "mcss", "spectr"])
 def test_greedy_identity_with_trees(greedy_eagle_pair, method, drafter):
     ar = build_decoder("ar", greedy_eagle_pair[0], temperature=0)
-    other = build_decoder(method, *greedy_eagle_pair, temperature=0, k_config=[3, 2, 2], drafter=drafter)
+    shape = {"num_drafts": 3, "gamma": 3} if method == "spectr" else {"k_config": [3, 2, 2]}
+    other = build_decoder(method, *greedy_eagle_pair, temperature=0, drafter=drafter, **shape)
     for prompt in ([0], [5, 9, 2, 5, 9], list(range(1, 20)) * 2):
         got = other.generate(prompt, max_new_tokens=40)
         assert got.tokens == ar.generate(prompt, max_new_tokens=40).tokens
@@ -308,14 +314,21 @@ def test_drafter_validation_before_any_model():
         check_method("block", {"drafter": "eagle"}, drafters=ctx)
     eagle_ctx = DrafterContext.of_pair({**pair, "eagle": "models/x", "drafter": "eagle"})
     assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == {"kind": "eagle", "path": None, "top_nodes": 4, "max_nodes": 0}
-    assert check_method("spectr", {}, drafters=eagle_ctx)["drafter"] == {"kind": "model"}  # pair: the method's fallback
+    assert check_method("bild", {}, drafters=eagle_ctx)["drafter"] == {"kind": "model"}  # pair: the method's fallback
     assert check_method("specinfer", {}, drafters=eagle_ctx)["drafter"]["kind"] == "eagle"  # EAGLE trees
     for method in ("spectr", "specinfer", "mcss", "bild"):
-        for kind in ("ngram",) if method in ("specinfer", "mcss") else ("ngram", "eagle", "eagle3"):
+        for kind in ("ngram",) if method in ("specinfer", "mcss", "spectr") else ("ngram", "eagle", "eagle3"):
             with pytest.raises(ValueError, match=f"cannot use drafter: {kind}"):
                 check_method(method, {"drafter": kind}, drafters=eagle_ctx)
-    for method in ("specinfer", "mcss"):  # EAGLE trees
+    for method in ("specinfer", "mcss", "spectr"):  # EAGLE trees (spectr: k chains)
         assert check_method(method, {"drafter": "eagle"}, has_draft=False, drafters=eagle_ctx)["drafter"]["kind"] == "eagle"
+    # SpecTr's K-SEQ needs its k chains whole: a head's tree budget must not stop any of them
+    with pytest.raises(ValueError, match="top_nodes=2 would stop 2 of the 4 chains"):
+        check_method("spectr", {"drafter": {"kind": "eagle", "top_nodes": 2}}, has_draft=False, drafters=eagle_ctx)
+    with pytest.raises(ValueError, match="max_nodes=10 would cut"):
+        check_method("spectr", {"drafter": {"kind": "eagle", "max_nodes": 10}}, has_draft=False, drafters=eagle_ctx)
+    assert check_method("spectr", {"drafter": {"kind": "eagle", "top_nodes": 0, "max_nodes": 16}, "num_drafts": 4, "gamma": 4},
+                        has_draft=False, drafters=eagle_ctx)["drafter"]["max_nodes"] == 16
     with pytest.raises(ValueError, match="needs a draft model"):
         check_method("spd", {"drafter": "model"}, has_draft=False)
     with pytest.raises(ValueError, match="min_ngram"):

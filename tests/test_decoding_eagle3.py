@@ -68,10 +68,12 @@ def test_lossless_with_an_eagle3_drafter(pair, law, method):
     assert float(chain.probs[:, [4, 7]].sum()) == 0.0 and torch.allclose(chain.probs.sum(-1), torch.ones(3))
 
 
-@pytest.mark.parametrize("method", ["specinfer", "mcss"])
+@pytest.mark.parametrize("method", ["specinfer", "mcss", "spectr"])
 def test_lossless_with_eagle3_trees(pair, law, method):
     target, head = pair
-    decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter={"kind": "eagle3", "top_nodes": 2}, k_config=[3, 2], **WARP)
+    shape = {"num_drafts": 3, "gamma": 2} if method == "spectr" else {"k_config": [3, 2]}
+    drafter = {"kind": "eagle3", "top_nodes": 0 if method == "spectr" else 2}
+    decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter=drafter, **shape, **WARP)
     assert chi_square_pvalue(samples_of(decoder, 2000), law) > 1e-3
 
 
@@ -80,7 +82,7 @@ def test_eagle_short_form_resolves_to_eagle3(pair):
     decoder = build_decoder("spd", target, None, assets={"eagle": head}, drafter="eagle", temperature=0)
     assert decoder.drafter["kind"] == "eagle3"
     with pytest.raises(ValueError, match="cannot use drafter: eagle3"):
-        build_decoder("spectr", target, tiny_llama(1), assets={"eagle": head}, drafter="eagle3")
+        build_decoder("bild", target, tiny_llama(1), assets={"eagle": head}, drafter="eagle3")
 
 
 @pytest.fixture(scope="module")

@@ -94,13 +94,13 @@ CHAIN_METHODS = "spd, block, mtad or typical"
 UNSUPPORTED_WHY = {
     "ngram": "n-gram lookup drafts one deterministic chain (q one-hot), so the several sampled candidates "
              "this method verifies would be copies of it",
-    "eagle": "this method needs a draft model's i.i.d. chains or its own small-model loop; an EAGLE head drafts chains "
-             "(spd, block, mtad, typical) and trees (specinfer, mcss)",
-    "eagle3": "this method needs a draft model's i.i.d. chains or its own small-model loop; an EAGLE head drafts chains "
-              "(spd, block, mtad, typical) and trees (specinfer, mcss)",
+    "eagle": "this method needs its own small-model loop; an EAGLE head drafts chains "
+             "(spd, block, mtad, typical) and trees (specinfer, mcss, spectr's k chains)",
+    "eagle3": "this method needs its own small-model loop; an EAGLE head drafts chains "
+              "(spd, block, mtad, typical) and trees (specinfer, mcss, spectr's k chains)",
 }
-SUPPORTING = {"ngram": "spd, block, mtad or typical", "eagle": "spd, block, mtad, typical, specinfer or mcss",
-              "eagle3": "spd, block, mtad, typical, specinfer or mcss"}
+SUPPORTING = {"ngram": "spd, block, mtad or typical", "eagle": "spd, block, mtad, typical, specinfer, mcss or spectr",
+              "eagle3": "spd, block, mtad, typical, specinfer, mcss or spectr"}
 
 
 def resolve_drafter(method: str, values: dict[str, Any], supported: tuple[str, ...], ctx: DrafterContext) -> None:

@@ -69,10 +69,14 @@ class SpecInferDecoder(TreeVerifyDecoder):
         return len(self.k_config)
 
     def propose(self, context, depth, generator):
+        return self.propose_tree(context, list(self.k_config[:depth]), generator)
+
+    def propose_tree(self, context, k_config: list[int], generator):
+        """A token tree with ``k_config[d]`` children per depth-d node, from the draft model or the EAGLE head."""
         if self.eagle:
-            return self.drafter_impl.propose_tree(context, list(self.k_config[:depth]), self.warper, generator, self.replacement,
+            return self.drafter_impl.propose_tree(context, k_config, self.warper, generator, self.replacement,
                                                   self.deterministic_children)
-        return sample_token_tree(self.draft, context, list(self.k_config[:depth]), self.warper, generator, self.replacement)
+        return sample_token_tree(self.draft, context, k_config, self.warper, generator, self.replacement)
 
     def verify(self, P, tree, generator):
         path, dist = mss_tree_walk(P, tree, generator, self.replacement)
