@@ -267,7 +267,7 @@ class Decoder:
     def prefill_seconds(self) -> float:
         """Wall time the last generation spent writing its prompt into the models' caches (target and
         draft; ``CachedModel.prefill_s``): the part of ``generate``'s time before its first forward step."""
-        return sum(m.prefill_s for m in (self.target, getattr(self, "draft", None)) if m is not None)
+        return sum(m.prefill_s for m in (self.target, self.draft) if m is not None)
 
     def _start(self, prompt: list[int]) -> None:
         """A new generation: empty the caches and write all but the prompt's last token into them."""

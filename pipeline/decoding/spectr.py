@@ -13,7 +13,7 @@ from the draft model or from an EAGLE head (``drafter: eagle | eagle3``: the hea
 from __future__ import annotations
 
 from .base import EAGLE_KINDS, Param, int_at_least
-from .drafters import drafter_param, resolve_drafter
+from .drafters import drafter_param
 from .specinfer import TREE_DRAFTERS, SpecInferDecoder
 from .tree_verify import kseq_chain_walk
 from .warping import sample
@@ -32,7 +32,7 @@ class SpecTrDecoder(SpecInferDecoder):
 
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:
-        resolve_drafter(cls.name, values, TREE_DRAFTERS, ctx)
+        super().resolve_drafter(values, ctx)
         scope = values["drafter"]
         if scope["kind"] in EAGLE_KINDS:  # K-SEQ needs every chain whole: no node may be left unexpanded
             k, gamma = values["num_drafts"], values["gamma"]
@@ -42,10 +42,6 @@ class SpecTrDecoder(SpecInferDecoder):
             if scope["max_nodes"] and scope["max_nodes"] < k * gamma:
                 raise ValueError(f"method 'spectr' with drafter {scope['kind']}: max_nodes={scope['max_nodes']} would cut the "
                                  f"{k} x {gamma} chain nodes; set max_nodes: 0 (no budget) or >= num_drafts x gamma")
-
-    @classmethod
-    def draft_alternative(cls) -> str:
-        return ", or set drafter: eagle | eagle3 (with an EAGLE head in the pair)"
 
     @property
     def tree_depth(self) -> int:

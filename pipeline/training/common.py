@@ -3,7 +3,7 @@
 ``start_run`` sets the torch threads and the seed, makes the work folder and opens the run's log (a
 file in the work folder, echoed on stdout); ``load_frozen_target`` loads a pair's target in float32
 on the CPU with its parameters frozen, and its tokenizer; ``warmup_cosine`` is the learning rate of
-the heads' training loops (linear warm-up, cosine decay to zero), ``scheduled_steps`` their loop with its early stops. Relative paths of a training
+the heads' training loops (linear warm-up, cosine decay to zero), ``scheduled_steps`` their schedule with its early stops and ``train_head`` the loop around it. Relative paths of a training
 config (``work_dir``, ``out_dir``) are read from the repository root (``repo_path``), whatever the
 current directory.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+from tqdm.auto import tqdm
 
 from pipeline.models import REPO_ROOT, PairSpec, load_model, load_tokenizer
 from pipeline.training.cards import now
@@ -90,3 +91,31 @@ def scheduled_steps(opt: torch.optim.Optimizer, *, lr: float, warmup: int, steps
         for group in opt.param_groups:
             group["lr"] = rate
         yield step, rate
+
+
+def train_head(head: torch.nn.Module, params: list[torch.Tensor], opt: torch.optim.Optimizer,
+               step_loss: Callable[[], tuple[torch.Tensor, str]], *, lr: float, warmup: int, steps: int, clip: float,
+               desc: str, deadline: float | None = None, stop_after: int | None = None, log: Callable[[str], None] = print,
+               log_every: int = 10, eval_every: int = 0, evaluate: Callable[[int], Any] | None = None) -> int:
+    """The heads' training loop: ``scheduled_steps`` of ``step_loss()`` (the batch's loss and a text of its
+    parts for the log), gradient clipping at ``clip``, a log line every ``log_every`` steps, ``evaluate(step)``
+    every ``eval_every``; ``head`` in eval mode after. Returns the number of steps run."""
+    head.train()
+    done = 0
+    bar = tqdm(scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, stop_after=stop_after, log=log),
+               total=steps, desc=desc, mininterval=5.0)
+    for step, rate in bar:
+        loss, parts = step_loss()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        done = step
+        if log_every and (step % log_every == 0 or step == 1):
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+            log(f"step {step}/{steps} loss {float(loss.detach()):.4f} {parts} lr {rate:.2e}")
+        if eval_every and evaluate is not None and step % eval_every == 0:
+            evaluate(step)
+            head.train()
+    head.eval()
+    return done

@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from pipeline.decoding.eagle import EagleHead, eagle_config, save_eagle_head
 from pipeline.decoding.warping import Warper
-from pipeline.training.common import load_frozen_target, repo_path, scheduled_steps, start_run
+from pipeline.training.common import load_frozen_target, repo_path, start_run, train_head
 from pipeline.training.teacher_data import feature_data
 
 
@@ -93,14 +92,12 @@ def train_eagle(head: EagleHead, seqs, W: torch.Tensor, embed, *, steps: int, ba
 
     ``stop_after``: stop after that many steps without changing the schedule (deterministic, unlike
     ``deadline``, the wall-clock safety net)."""
-    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed)
     picks = windows(seqs, length)
-    head.train()
-    done = 0
-    bar = tqdm(scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, stop_after=stop_after, log=log),
-               total=steps, desc="eagle", mininterval=5.0)
-    for step, rate in bar:
+
+    def step_loss():
         idx = torch.randint(0, len(picks), (batch,), generator=gen).tolist()
         f, e, tgt, mask, pos = window_batch(seqs, [picks[i] for i in idx], length, embed, noise, gen)
         pred = head(f, e, pos)[mask]
@@ -109,20 +106,11 @@ def train_eagle(head: EagleHead, seqs, W: torch.Tensor, embed, *, steps: int, ba
         with torch.no_grad():
             p = torch.softmax(tgt @ W.T, -1)
         p_loss = -(p * torch.log_softmax(pred @ W.T, -1)).sum(-1).mean()
-        loss = v_loss + kl_weight * p_loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
-        opt.step()
-        done = step
-        if log_every and (step % log_every == 0 or step == 1):
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
-            log(f"step {step}/{steps} loss {float(loss.detach()):.4f} (feature {float(v_loss.detach()):.4f}, token {float(p_loss.detach()):.4f}) lr {rate:.2e}")
-        if eval_every and evaluate is not None and step % eval_every == 0:
-            evaluate(step)
-            head.train()
-    head.eval()
-    return done
+        return v_loss + kl_weight * p_loss, f"(feature {float(v_loss.detach()):.4f}, token {float(p_loss.detach()):.4f})"
+
+    return train_head(head, params, opt, step_loss, lr=lr, warmup=warmup, steps=steps, clip=0.5, desc="eagle",
+                      deadline=deadline, stop_after=stop_after, log=log, log_every=log_every, eval_every=eval_every,
+                      evaluate=evaluate)
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:

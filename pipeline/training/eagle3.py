@@ -48,12 +48,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from pipeline.decoding.eagle3 import Eagle3Head, default_taps, eagle3_config, save_eagle3_head
 from pipeline.decoding.warping import Warper
-from pipeline.training.common import load_frozen_target, repo_path, scheduled_steps, start_run
+from pipeline.training.common import load_frozen_target, repo_path, start_run, train_head
 from pipeline.training.teacher_data import feature_sequences
 
 LOSS_DECAY = 0.8  # the authors' weight of step j: 0.8 ** j
@@ -213,27 +212,15 @@ def train_eagle3(head: Eagle3Head, seqs, W: torch.Tensor, embed, *, steps: int, 
     opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed)
     picks = windows(seqs, length)
-    head.train()
-    done = 0
-    bar = tqdm(scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, stop_after=stop_after, log=log),
-               total=steps, desc="eagle3", mininterval=5.0)
-    for step, rate in bar:
+
+    def step_loss():
         idx = torch.randint(0, len(picks), (batch,), generator=gen).tolist()
         loss, losses, accs = ttt_loss(head, ttt_batch(seqs, [picks[i] for i in idx], length, ttt_steps), W, embed, ttt_steps)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, clip)
-        opt.step()
-        done = step
-        if log_every and (step % log_every == 0 or step == 1):
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
-            log(f"step {step}/{steps} loss {float(loss.detach()):.4f} per step {' '.join(f'{v:.3f}' for v in losses)} "
-                f"acc {' '.join(f'{v:.2f}' for v in accs)} lr {rate:.2e}")
-        if eval_every and evaluate is not None and step % eval_every == 0:
-            evaluate(step)
-            head.train()
-    head.eval()
-    return done
+        return loss, f"per step {' '.join(f'{v:.3f}' for v in losses)} acc {' '.join(f'{v:.2f}' for v in accs)}"
+
+    return train_head(head, params, opt, step_loss, lr=lr, warmup=warmup, steps=steps, clip=clip, desc="eagle3",
+                      deadline=deadline, stop_after=stop_after, log=log, log_every=log_every, eval_every=eval_every,
+                      evaluate=evaluate)
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
