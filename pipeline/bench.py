@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bounds import alpha_from_accepted, leviathan_bound
 from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_generator, method_class
-from pipeline.decoding.fast_forward import lean_forward_for, unsupported_reason
+from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
 from pipeline.decoding.speculative import DraftVerifyDecoder
 from pipeline.device import machine_info, synchronize
 from pipeline.measure import step_times
@@ -80,9 +80,22 @@ class _ForwardClock:
         self.inside = 0.0
         self._t0 = 0.0
         self._handles = []
+        self._chains = []  # lean forwards whose fused draft chain (a method, not a module call) is timed too
         for model in models:
             self._handles.append(model.register_forward_pre_hook(self._pre))
             self._handles.append(model.register_forward_hook(self._post))
+            if isinstance(model, LeanForward):
+                model.draft_chain = self._timed_chain(model.draft_chain)
+                self._chains.append(model)
+
+    def _timed_chain(self, chain):
+        def timed(*args, **kwargs):
+            self._pre()
+            try:
+                return chain(*args, **kwargs)
+            finally:
+                self._post()
+        return timed
 
     def _pre(self, *args):
         synchronize(self.device)
@@ -95,6 +108,8 @@ class _ForwardClock:
     def remove(self):
         for h in self._handles:
             h.remove()
+        for model in self._chains:
+            del model.draft_chain  # the class's method again
 
 
 class Bench:
@@ -170,7 +185,10 @@ class Bench:
 
         Passes are interleaved (runner A, B, C, A, B, C, ...) so that drifts in machine load hit
         every implementation alike, and ``probe()`` (the step costs) runs before every pass, so
-        that ratios and bounds can be formed pass by pass.
+        that ratios and bounds can be formed pass by pass. Each pass draws with its own seeds (prompt
+        i of timed pass p = 1, 2, ...: ``seed + p * len(prompts) + i``; warm-up: ``seed + i``, the same for every runner), so acceptance figures
+        pool ``repeats`` independent samples instead of repeating one; the generations of every timed
+        pass are returned (outputs: the last pass's).
         """
         for _ in range(self.cfg.warmup):
             for run_one in runners.values():
@@ -179,22 +197,24 @@ class Bench:
         rates: dict[Any, list[float]] = {k: [] for k in runners}
         probes = []
         last: dict[Any, list[Any]] = {}
-        for _ in range(self.cfg.repeats):
+        gens: dict[Any, list[Any]] = {k: [] for k in runners}
+        for p in range(self.cfg.repeats):
             probes.append(probe())
             for key, run_one in runners.items():
                 tokens, seconds, outs = 0, 0.0, []
                 for i, ids in enumerate(self.prompts):
                     synchronize(self.device)
                     t0 = time.perf_counter()
-                    out = run_one(i, ids)
+                    out = run_one((p + 1) * len(self.prompts) + i, ids)
                     synchronize(self.device)
                     seconds += time.perf_counter() - t0
                     tokens += len(out[0])
                     outs.append(out)
                 rates[key].append(tokens / seconds)
                 last[key] = outs
+                gens[key].extend(o[1] for o in outs)
         results = {
-            k: (rates[k], sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], [o[1] for o in last[k]])
+            k: (rates[k], sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], gens[k])
             for k in runners
         }
         return results, probes

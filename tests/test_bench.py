@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 from pipeline import bench as bench_mod
 from pipeline.bench import Bench
@@ -128,3 +130,28 @@ def test_tree_methods_are_benched_without_a_chain_bound():
     tree = [r for r in rows if r.method == "specinfer"][0]
     assert tree.tokens == 4 and tree.identical_to_transformers is True  # lossless at T = 0
     assert tree.alpha is None and tree.bound is None and tree.efficiency is None
+
+
+def test_timed_passes_draw_with_their_own_seeds_and_pool_the_generations():
+    """Every timed pass gives prompt i its own seed offset (the same for every runner, never the warm-up's),
+    so acceptance figures pool independent samples; rates are per pass, outputs the last pass's."""
+    bench = object.__new__(Bench)
+    bench.cfg = OmegaConf.create({"warmup": 1, "repeats": 3})
+    bench.prompts = [[1, 2], [3], [4, 5, 6]]
+    bench.device = torch.device("cpu")
+    seen = {"a": [], "b": []}
+
+    def runner(name):
+        def run_one(i, ids):
+            seen[name].append(i)
+            return [i] * len(ids), (name, i)
+        return run_one
+
+    results, probes = bench._timed({"a": runner("a"), "b": runner("b")}, probe=lambda: "probe")
+    assert probes == ["probe"] * 3
+    assert seen["a"] == seen["b"]
+    warm, timed = seen["a"][:3], seen["a"][3:]
+    assert warm == [0, 1, 2] and len(set(timed)) == 9 and not set(timed) & set(warm)
+    rates, tokens, outs, gens = results["a"]
+    assert len(rates) == 3 and tokens == 6 and outs == [[i] * n for i, n in zip(timed[-3:], (2, 1, 3))]
+    assert gens == [("a", i) for i in timed]

@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_tokens
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, cpu_kernels
+from pipeline.decoding.drafting import draft_chain
 from pipeline.decoding.fast_forward import LeanForward, model_kernel_path
 from pipeline.decoding.kv import CachedModel
-from pipeline.decoding.warping import Warper
+from pipeline.decoding.vocab import restrict_head
+from pipeline.decoding.warping import Warper, make_generator
 from pipeline.models import ModelSpec, PairSpec, load_model
 
 HAS_KERNELS = cpu_kernels.kernels() is not None
@@ -91,6 +93,107 @@ def test_kernel_forward_agrees_with_transformers_per_head_size(shape):
         cm.prefill(ids[0, :30].tolist())
         got = torch.cat([cm.forward(ids[0, 30:34].tolist(), keep=4), cm.forward(ids[0, 34:].tolist(), keep=6)])
     assert (got - ref[30:]).abs().max() <= 0.05 * ref.abs().max()
+
+
+def _torch_warp_top_k(logits, k, temperature, top_p):
+    """The warp's top-k rows by tensor ops (the path where the kernels are unavailable)."""
+    values, index = logits.float().topk(k, dim=-1)
+    probs = (values / temperature).softmax(-1)
+    if top_p >= 1.0:
+        return index, probs
+    before = probs.cumsum(-1) - probs
+    probs = probs.masked_fill(before >= top_p, 0.0)
+    return index, probs / probs.sum(-1, keepdim=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("vocab,k", [(49152, 10), (1000, 64), (300, 65), (64, 64), (5, 5)])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 0.9), (0.7, 1.0), (1.3, 0.5)])
+def test_kernel_warp_topk_agrees_with_the_tensor_ops(vocab, k, temperature, top_p):
+    """One C++ call per batch of rows: the same kept ids in the same order, the same top-p prefix,
+    probabilities within float32 rounding; bf16 rows as their float32 values; among tied logits the lower
+    id first. k > 64 takes the partial-sort path."""
+    gen = torch.Generator().manual_seed(vocab + k)
+    logits = torch.randn(4, vocab, generator=gen) * 3
+    logits[1, : vocab // 2] = logits[1].max() + 1  # a block of ties at the top
+    for x in (logits, logits.bfloat16()):
+        index, probs = cpu_kernels.kernels().warp_topk(x, k, temperature, top_p)
+        ref_index, ref_probs = _torch_warp_top_k(x, k, temperature, top_p)
+        assert torch.equal(probs > 0, ref_probs > 0)
+        assert torch.allclose(probs, ref_probs, atol=1e-6, rtol=1e-5)
+        assert torch.allclose(probs.sum(-1), torch.ones(4))
+        assert torch.equal(x.float().gather(-1, index), x.float().gather(-1, ref_index))  # the same values kept
+        if x.dtype == torch.float32:  # no ties outside row 1 (bf16 rounding makes some): the same ids
+            assert torch.equal(index[[0, 2, 3]], ref_index[[0, 2, 3]])
+        tied = min(k, vocab // 2)
+        assert index[1, :tied].tolist() == list(range(tied))  # ties: lower id first
+    with pytest.raises(RuntimeError, match="temperature"):
+        cpu_kernels.kernels().warp_topk(logits, k, 0.0, 1.0)
+
+
+@needs_kernels
+def test_kernel_sample_sparse_is_the_inverse_cdf_in_id_order():
+    """The C++ draw equals the tensor-op inverse CDF for the same uniform, zero weights are never drawn,
+    and a row without mass is refused."""
+    ext = cpu_kernels.kernels()
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(500):
+        k = 1 + trial % 12
+        index = torch.randperm(1000, generator=gen)[:k]
+        probs = torch.rand(k, generator=gen)
+        probs[torch.rand(k, generator=gen) < 0.3] = 0.0
+        if probs.sum() == 0:
+            probs[0] = 0.5
+        u = float(torch.rand(1, generator=gen, dtype=torch.float64))
+        order = index.argsort()
+        cdf = probs[order].double().cumsum(-1)
+        pos = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True).clamp(max=k - 1))
+        got = ext.sample_sparse(index, probs, u)
+        assert got.dim() == 0 and int(got) == int(index[order][pos])
+        assert float(probs[index == got].sum()) > 0
+    with pytest.raises(ValueError, match="no probability mass"):
+        ext.sample_sparse(torch.tensor([3, 1]), torch.zeros(2), 0.5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("restricted", [False, True])
+@pytest.mark.parametrize("feed", [1, 2])
+def test_fused_draft_chain_draws_what_the_steps_draw(restricted, feed, monkeypatch):
+    """``CachedModel.draft_chain_sparse`` (one kernel call for the whole chain) against the chain drawn step by
+    step (forward_sparse + sample_sparse): the same tokens, the same q rows bit for bit, the same cache
+    contents and length, the same generator state afterwards; 1 or 2 tokens fed first (2 after a fully
+    accepted block), a restricted head whose map is not sorted."""
+    def make():
+        model = bf16_model(3, vocab=64, hidden=128, heads=2, kv_heads=1, layers=2)
+        if restricted:
+            model = restrict_head(model, [40, 2, 33, 7, 11, 60, 5, 19, 23, 50, 1, 0, 63, 9])
+        return CachedModel(model, vocab_size=64)
+
+    warper = Warper(temperature=0.8, top_k=6, top_p=0.9)
+    runs, calls = {}, []
+    for fused in (True, False):
+        if fused:
+            original = LeanForward.draft_chain
+            monkeypatch.setattr(LeanForward, "draft_chain", lambda self, *a: calls.append(1) or original(self, *a))
+        else:
+            monkeypatch.setattr(CachedModel, "draft_chain_sparse", lambda self, *a: None)
+        draft, out = make(), []
+        with torch.inference_mode():
+            for seed in range(25):
+                draft.reset()
+                context = [1, 2, 3, 4, 5 + seed % 7, 9][: 4 + feed]
+                draft.prefill(context[:-feed])
+                gen = make_generator(seed)
+                chain = draft_chain(draft, context, 3, warper, gen)
+                k_cache = draft.cache.layers[0].keys.clone()
+                out.append((chain.tokens.tolist(), chain.probs, draft.length, draft.forwards, k_cache, torch.rand(1, generator=gen)))
+        runs[fused] = out
+        monkeypatch.undo()
+    for a, b in zip(runs[True], runs[False]):
+        assert a[0] == b[0] and a[2:4] == b[2:4]
+        assert torch.equal(a[1], b[1]) and torch.equal(a[4], b[4]) and torch.equal(a[5], b[5])
+    assert len(calls) == 25  # the fused run took the kernel path
+    assert len({tuple(t[0]) for t in runs[True]}) > 5  # the draws vary with the seed
 
 
 @needs_kernels
@@ -225,9 +328,12 @@ def test_rotary_table_rows_equal_the_modules_own_rows(rope):
     extra = {} if rope is None else {"rope_parameters": rope}
     model = bf16_model(7, vocab=32, hidden=128, heads=2, kv_heads=1, layers=1, max_positions=4096, **extra)
     lean = CachedModel(model).lean
-    x = torch.zeros(1, 1, 128, dtype=torch.bfloat16)
-    for positions in ([0], [5, 6, 7, 8], [3000], list(range(700, 713))):
+    for positions in ([0], [5, 6, 7, 8], [3000], list(range(700, 713)), [9, 4, 4, 10]):
+        x = torch.zeros(len(positions), 128, dtype=torch.bfloat16)
         pos = torch.tensor([positions])
-        cos, sin = lean._rotary_rows(x, pos)
-        ref_cos, ref_sin = lean._rotary[0](x, pos)
+        ref_cos, ref_sin = lean._rotary[0](x[None], pos)
+        cos, sin = lean._rotary_rows(x, pos, 0)  # explicit positions (trees)
         assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])
+        if positions == list(range(positions[0], positions[0] + len(positions))):  # a causal chain: a slice of the table
+            cos, sin = lean._rotary_rows(x, None, positions[0])
+            assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])

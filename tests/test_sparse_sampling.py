@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from helpers.models import tiny_llama
+from pipeline.decoding import verification, warping
 from pipeline.decoding.beam_sampling import beam_sample
+from pipeline.decoding.cpu_kernels import kernels, kernels_unavailable_reason
 from pipeline.decoding.drafting import draft_chain
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.verification import (
@@ -110,9 +112,16 @@ def test_draft_chain_sparse_path_equals_the_dense_one(restricted, monkeypatch):
     [(token_verify, token_verify_sparse, 3, 2.0, 200), (block_verify, block_verify_sparse, 4, 1.5, 300)],
     ids=["token", "block"],
 )
-def test_sparse_verification_follows_the_dense_rule(dense, sparse, g, spread, seeds):
+@pytest.mark.parametrize("cpp", [True, False], ids=["kernels", "tensor-ops"])
+def test_sparse_verification_follows_the_dense_rule(dense, sparse, g, spread, seeds, cpp, monkeypatch):
     """Same accepted count and the same next-token law as the dense rule, for random top-k rows (drafts
-    drawn from Q, some outside P's support, so rejections, residuals and bonus rows all occur)."""
+    drawn from Q, some outside P's support, so rejections, residuals and bonus rows all occur); through
+    the C++ kernels where they run here, and through the tensor ops every machine has."""
+    if cpp and kernels() is None:
+        pytest.skip(f"the engine's kernels are unavailable here: {kernels_unavailable_reason()}")
+    if not cpp:
+        monkeypatch.setattr(verification, "kernels", lambda: None)
+        monkeypatch.setattr(warping, "kernels", lambda: None)
     vocab, k = 300, 10
     warper = Warper(temperature=1.0, top_k=k, top_p=0.9)
     outcomes = set()

@@ -34,6 +34,9 @@ FAST_MATMUL_MAX_ROWS = 8  # above this (prefill), F.linear's gemm is as fast
 # rope types whose cos/sin depend on the position alone (a table computed once serves every step)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 
+_NO_MASK = torch.empty(0, dtype=torch.bool)  # the kernels' "causal" mask argument
+_NO_MAP = torch.empty(0, dtype=torch.long)  # the kernels' "full head" token map argument
+
 _LEAN: "weakref.WeakKeyDictionary[nn.Module, LeanForward | None]" = weakref.WeakKeyDictionary()
 
 
@@ -166,6 +169,7 @@ class LeanForward(nn.Module):
                 )
             )
         self._norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._head = [model.lm_head]
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
@@ -234,13 +238,17 @@ class LeanForward(nn.Module):
         keep: int,
         hidden_out: list | None = None,
     ) -> torch.Tensor:
-        """``mask``: None for a causal chain after the cache, else an additive float or boolean mask
+        """``positions``: ``[1, n]`` absolute positions, or None for a causal chain right after the cache
+        (``cache length .. + n``). ``mask``: None for a causal chain after the cache, else an additive float or boolean mask
         ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none, only ``hidden_out``).
         ``hidden_out``: if given, the LM head's input rows are appended to it."""
         n = input_ids.shape[1]
         if self.kernels is not None:
             return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out)
         x = self._embed[0](input_ids)
+        if positions is None:
+            start = cache.get_seq_length()
+            positions = torch.arange(start, start + n, device=x.device)[None]
         cos, sin = self._rotary[0](x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         shape = (1, n, -1, self.head_dim)
@@ -277,33 +285,34 @@ class LeanForward(nn.Module):
         return self._linear(x, (head.weight, head.bias))
 
 
-    def _rotary_rows(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[n, head_dim]`` of ``positions [1, n]``: rows of a table the model's own rotary
-        module computed once for positions 0..cap (static rope types), else the module on the spot."""
+    def _rotary_rows(self, x: torch.Tensor, positions: torch.Tensor | None, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[n, head_dim]`` of ``positions [1, n]`` (None: ``start .. start + n``): rows of a table
+        the model's own rotary module computed once for positions 0..cap (static rope types; a causal chain
+        takes a slice of it, no gather), else the module on the spot."""
+        n = x.shape[-2]
         rotary = self._rotary[0]
         if getattr(rotary, "rope_type", None) not in STATIC_ROPE_TYPES:
+            if positions is None:
+                positions = torch.arange(start, start + n, device=x.device)[None]
             cos, sin = rotary(x, positions)
             return cos[0], sin[0]
-        need = int(positions.max()) + 1
-        table = getattr(self, "_rope_table", None)
+        need = start + n if positions is None else int(positions.max()) + 1
+        table = self._rope_table
         if table is None or table[0].shape[0] < need:
             cap = max(need, 512, 2 * (table[0].shape[0] if table is not None else 0))
             cos, sin = rotary(x, torch.arange(cap, device=x.device)[None])
             table = self._rope_table = (cos[0], sin[0])
+        if positions is None:
+            return table[0][start : start + n], table[1][start : start + n]
         return table[0][positions[0]], table[1][positions[0]]
 
-    def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out):
-        """``forward`` in one call of the bf16 kernels (``csrc/bf16_decoder.cpp``)."""
-        x = self._embed[0](input_ids)
-        n = input_ids.shape[1]
-        cos, sin = self._rotary_rows(x, positions)
-        start = cache.get_seq_length()
-        end = start + n
+    def _kernel_args(self, cache, end: int) -> list[torch.Tensor]:
+        """The kernels' per-layer arguments: packed weights and cache buffers with room for ``end`` positions
+        (the list is rebuilt only when a buffer grows)."""
         if len(cache.layers) < len(self._layers) or not cache.layers[0].is_initialized:
-            blank = x.new_empty(1, self.num_kv_heads, 0, self.head_dim)
+            blank = self._embed[0].weight.new_empty(1, self.num_kv_heads, 0, self.head_dim)
             for i in range(len(self._layers)):
                 cache.update(blank, blank, i)
-        # the kernels' arguments: packed weights and cache buffers, rebuilt only when a buffer grows
         state = getattr(cache, "_kernel_args", None)
         first = cache.layers[0]
         if state is None or state[0] is not first._k or end > first._k.shape[-2]:
@@ -313,9 +322,47 @@ class LeanForward(nn.Module):
                 tensors.extend(layer.buffers(end))
             state = (first._k, tensors)
             cache._kernel_args = state
-        tensors = state[1]
+        return state[1]
+
+    def can_draft_chain(self) -> bool:
+        """Whether ``draft_chain`` runs here (the bf16 kernels, static rotary table, a head without bias)."""
+        return (self.kernels is not None and self._head_bias is None
+                and getattr(self._rotary[0], "rope_type", None) in STATIC_ROPE_TYPES)
+
+    def draft_chain(self, ids: torch.Tensor, cache, gamma: int, warper, token_map: torch.Tensor | None, vocab: int,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``gamma`` tokens sampled from this model's warped rows after ``ids`` [n0] (the tokens after the cache)
+        in one call of the kernels: ``(tokens [gamma], index [gamma, k], probs [gamma, k])``, ids in the target
+        vocabulary (``token_map``: own head id -> target id). Bit-identical to ``gamma`` separate steps (forward,
+        ``Warper.top_k_rows``, ``sample_sparse``) with the same generator; the cache then holds
+        ``ids + tokens[:-1]`` more positions."""
+        start = cache.get_seq_length()
+        end = start + ids.numel() + gamma - 1
+        tensors = self._kernel_args(cache, end)
+        x = self._embed[0].weight[:1]
+        self._rotary_rows(x, None, end)  # the table covers the chain's positions
+        cos, sin = self._rope_table
+        norm_w, norm_eps = self._norm
+        k = min(warper.top_k, self._vocab if token_map is None else token_map.numel(), vocab)
+        tokens, index, probs = self.kernels.draft_chain(
+            ids, self._embed[0].weight, cos, sin, tensors, start, norm_w, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.intermediate, float(self._layers[0][1]), float(norm_eps), float(self.scaling), self._head_packed, self._vocab,
+            vocab, _NO_MAP if token_map is None else token_map, gamma, k, float(warper.temperature), float(warper.top_p), generator,
+        )
+        for layer in cache.layers:
+            layer.advance(end)
+        return tokens, index, probs
+
+    def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out):
+        """``forward`` in one call of the bf16 kernels (``csrc/bf16_decoder.cpp``)."""
+        x = torch.embedding(self._embed[0].weight, input_ids[0])  # [n, hidden]: the module's lookup without its call machinery
+        n = x.shape[0]
+        start = cache.get_seq_length()
+        cos, sin = self._rotary_rows(x, positions, start)
+        end = start + n
+        tensors = self._kernel_args(cache, end)
         if mask is None:
-            allowed = torch.empty(0, dtype=torch.bool)
+            allowed = _NO_MASK
         elif mask.dtype == torch.bool:
             allowed = mask[0, 0]
         else:
@@ -323,7 +370,7 @@ class LeanForward(nn.Module):
         norm_w, norm_eps = self._norm
         eps = self._layers[0][1]
         h = self.kernels.decoder_forward(
-            x[0], cos, sin, tensors, start, allowed, norm_w, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate,
+            x, cos, sin, tensors, start, allowed, norm_w, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate,
             float(eps), float(norm_eps), float(self.scaling), max(keep, 0),
         )
         for layer in cache.layers:

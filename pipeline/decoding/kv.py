@@ -219,10 +219,6 @@ class CachedModel:
             return logits[..., : self.vocab_size]
         return logits
 
-    def _positions(self, n: int) -> torch.Tensor:
-        start = self.length
-        return torch.arange(start, start + n, device=self.device).reshape(1, -1)
-
     def _run(self, ids: torch.Tensor, keep: int, **tree) -> torch.Tensor:
         """One forward of ``ids`` [1, n] after the cache; the last ``keep`` logit rows (0 = all), [1, rows, V]."""
         capture: list[torch.Tensor] | None = [] if self.capture_hidden else None
@@ -232,11 +228,8 @@ class CachedModel:
             rows = ids.shape[1] if keep <= 0 else keep
             self.hidden = torch.cat([t[0, -rows:] for t in taps], -1)
             return logits
-        if self.lean is not None:
-            positions = tree.get("position_ids")
-            if positions is None:
-                positions = self._positions(ids.shape[1])
-            logits = self.lean(ids, self.cache, positions, tree.get("attention_mask"), keep, capture)
+        if self.lean is not None:  # positions None: a causal chain after the cache
+            logits = self.lean(ids, self.cache, tree.get("position_ids"), tree.get("attention_mask"), keep, capture)
         elif capture is not None:
             with capture_lm_head_input(self.model) as capture:
                 logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree).logits
@@ -292,10 +285,21 @@ class CachedModel:
         self.forwards += 1
         return self.top_k_rows(logits, warper)
 
+    def draft_chain_sparse(self, tokens: Sequence[int] | torch.Tensor, gamma: int, warper, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``gamma`` tokens sampled after ``tokens`` (a causal chain after the cache) from this model's top-k
+        warped rows, as ``gamma`` rounds of ``forward_sparse`` + ``sample_sparse`` would draw them, in one call
+        of the bf16 kernels: ``(tokens [gamma], index [gamma, k], probs [gamma, k])``; None where the kernels
+        cannot (then take the steps one by one). Counts ``gamma`` forwards; the cache then also holds
+        ``tokens`` and the first ``gamma - 1`` drawn tokens."""
+        if self.lean is None or self.capture_hidden or not self.lean.can_draft_chain() or not warper.sparse(self.vocab_size):
+            return None
+        out = self.lean.draft_chain(self._ids(tokens)[0], self.cache, gamma, warper, self.token_map, self.vocab_size, generator)
+        self.forwards += gamma
+        return out
+
     def top_k_rows(self, logits: torch.Tensor, warper) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows of this model's own-head logits ``[..., V_own]`` warped by a top-k ``warper``, as
         ``(ids, probs)`` over the target vocabulary (``forward_sparse``)."""
-        logits = logits.float()
         if self.token_map is None and logits.shape[-1] > self.vocab_size:
             logits = logits[..., : self.vocab_size]
         index, probs = warper.top_k_rows(logits)

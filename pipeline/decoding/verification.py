@@ -14,6 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .cpu_kernels import kernels
+
 
 def _normalize(row: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """``row / row.sum()``, or ``fallback`` when the residual has no mass (reachable only by float error)."""
@@ -48,6 +50,13 @@ def token_verify(
     return n, _normalize((p_n - q_n).clamp_min(0.0), p_n)
 
 
+def _chain_kernels(*tensors: torch.Tensor):
+    """The engine's C++ kernels for a sparse chain verification of these float32 CPU tensors, else None."""
+    if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+        return kernels()
+    return None
+
+
 def _sparse_at(P_index: torch.Tensor, P_probs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``P[i, x_i]`` for the first ``len(x)`` rows of a P given by its non-zero entries (0 off the support)."""
     g = x.shape[0]
@@ -62,8 +71,12 @@ def token_verify_sparse(
 
     Returns ``(n, index, weights)``: the next token is drawn from ``weights`` (unnormalised) over ``index``
     [k], the support of the residual ``relu(P[n] - Q[n])`` (it lies inside P[n]'s) or of the bonus row.
-    The same rule and the same laws as ``token_verify``, without a full-vocabulary temporary.
+    The same rule and the same laws as ``token_verify``, without a full-vocabulary temporary (one C++ call
+    on CPUs with the engine's kernels).
     """
+    ext = _chain_kernels(P_probs, Q, u)
+    if ext is not None:
+        return tuple(ext.token_verify_sparse(P_index, P_probs, Q, x, u, float(lenience)))
     g = x.shape[0]
     px = _sparse_at(P_index, P_probs, x)
     qx = Q[torch.arange(g, device=Q.device), x]
@@ -138,7 +151,11 @@ def block_verify_sparse(
     """``block_verify`` with the target rows given by their non-zero entries (``P_index``, ``P_probs
     [g+1, k]``, as ``token_verify_sparse``). The residuals ``relu(pi_i P[i] - Q[i])`` vanish outside P[i]'s
     support, so they are computed there. Returns ``(tau, index, weights)``: the next token is drawn from
-    ``weights`` (unnormalised) over ``index`` [k]. The same rule as ``block_verify``."""
+    ``weights`` (unnormalised) over ``index`` [k]. The same rule as ``block_verify`` (one C++ call on CPUs
+    with the engine's kernels)."""
+    ext = _chain_kernels(P_probs, Q, eta)
+    if ext is not None:
+        return tuple(ext.block_verify_sparse(P_index, P_probs, Q, x, eta))
     g = x.shape[0]
     px = _sparse_at(P_index, P_probs, x)
     qx = Q[torch.arange(g, device=Q.device), x]

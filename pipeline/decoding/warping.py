@@ -59,8 +59,28 @@ class Warper:
     def top_k_rows(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The warped row as ``(index, probs)`` of its top-k entries (``sparse`` must hold): ``warp``'s
         non-zero entries, computed the same way."""
-        values, index = _topk(logits.float(), min(self.top_k, logits.shape[-1]))
-        return index, _top_p_sorted((values / self.temperature).softmax(-1), self.top_p)
+        return warp_top_k(logits, min(self.top_k, logits.shape[-1]), self.temperature, self.top_p)
+
+
+def _cpu_kernels(logits: torch.Tensor):
+    """The engine's C++ kernels where they can warp ``logits`` (CPU, float32 or bf16), else None."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16):
+        return kernels()
+    return None
+
+
+def warp_top_k(logits: torch.Tensor, k: int, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The non-zero part of ``warp``'s top-k rows (``0 < k <= V``): ``(index, probs)`` ``[..., k]``, index
+    descending in the logits, probs warped (temperature on the k values, softmax, top-p prefix,
+    renormalised; 0 past the prefix). On CPUs with the engine's kernels one C++ call (``warp_topk``) for
+    all rows; elsewhere the same steps as tensor ops."""
+    ext = _cpu_kernels(logits)
+    if ext is not None:
+        index, probs = ext.warp_topk(logits.reshape(-1, logits.shape[-1]), k, float(temperature), float(top_p))
+        shape = (*logits.shape[:-1], k)
+        return index.reshape(shape), probs.reshape(shape)
+    values, index = _topk(logits.float(), k)
+    return index, _top_p_sorted((values / temperature).softmax(-1), top_p)
 
 
 def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,9 +107,10 @@ def warp(
     if temperature == 0:
         out = torch.zeros_like(logits)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    if 0 < top_k < vocab:
-        values, index = _topk(logits, top_k)  # sorted, descending; then the temperature on the k values only
-        probs = _top_p_sorted((values / temperature).softmax(-1), top_p)
+    # top-k, then the temperature on the k values only (with the C++ kernels also top_k >= vocab: every
+    # top-k warp then takes the same path, e.g. a restricted draft head smaller than top_k and its full row)
+    if 0 < top_k and (top_k < vocab or _cpu_kernels(logits) is not None):
+        index, probs = warp_top_k(logits, min(top_k, vocab), temperature, top_p)
         return torch.zeros_like(logits).scatter_(-1, index, probs)
     logits = logits / temperature
     if top_p < 1.0:
@@ -126,7 +147,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
 def sample_sparse(index: torch.Tensor, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """``sample`` of the row whose only non-zero entries are ``probs`` at ``index`` (1-D, distinct ids):
-    the same inverse CDF in index order, so the same draw as ``sample`` of the dense row, without it."""
+    the same inverse CDF in index order, so the same draw as ``sample`` of the dense row, without it
+    (one C++ call on CPUs with the engine's kernels)."""
+    if index.device.type == "cpu" and index.dtype == torch.long and probs.dtype == torch.float32:
+        ext = kernels()
+        if ext is not None:
+            u = torch.rand(1, 1, generator=generator, dtype=torch.float64)
+            return ext.sample_sparse(index, probs, float(u))
     order = index.argsort()
     cdf = probs[order].double().cumsum(-1)
     total = cdf[-1:]

@@ -21,9 +21,11 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <vector>
 
 using bf16 = at::BFloat16;
@@ -351,6 +353,61 @@ torch::Tensor exp_ps(torch::Tensor x) {
 // The k largest entries of every row of x [n, V] (float32), in descending order: (values [n, k], indices [n, k]).
 // Among equal values the lower index comes first (deterministic). One pass per row: 16 entries at a time
 // are compared with the current k-th largest, and only those above it enter the sorted list of k.
+// The k largest entries of one row (NaN skipped) into vals/idx, descending, ties: lower index first; returns how
+// many were found (k unless the row has fewer non-NaN values). Small k (the warps' top-k): one vectorised pass
+// with an insertion list; large k (a whole row kept): a partial sort, the same order.
+int64_t topk_row(const float* row, int64_t V, int64_t k, float* vals, int64_t* idx) {
+  if (k > 64) {
+    std::vector<int64_t> ids;
+    ids.reserve(V);
+    for (int64_t i = 0; i < V; ++i)
+      if (row[i] == row[i]) ids.push_back(i);
+    const int64_t have = std::min<int64_t>(k, (int64_t)ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + have, ids.end(),
+                      [&](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (int64_t i = 0; i < have; ++i) {
+      vals[i] = row[ids[i]];
+      idx[i] = ids[i];
+    }
+    return have;
+  }
+  int64_t have = 0;
+  auto insert = [&](float v, int64_t i) {  // after every kept value >= v: earlier indices first among ties
+    if (have == k) {
+      if (!(v > vals[k - 1])) return;
+      have = k - 1;  // the smallest kept value drops out
+    }
+    int64_t pos = have;
+    while (pos > 0 && vals[pos - 1] < v) {
+      vals[pos] = vals[pos - 1];
+      idx[pos] = idx[pos - 1];
+      --pos;
+    }
+    vals[pos] = v;
+    idx[pos] = i;
+    ++have;
+  };
+  int64_t i = 0;
+  for (; i < V && have < k; ++i)
+    if (row[i] == row[i]) insert(row[i], i);  // NaN never enters
+  for (; i + 16 <= V; i += 16) {
+    __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
+    while (m) {
+      const int j = __builtin_ctz(m);
+      insert(row[i + j], i + j);
+      m &= m - 1;
+      // a raised threshold can drop later lanes of this chunk
+      m &= _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
+    }
+  }
+  for (; i < V; ++i)
+    if (row[i] > vals[k - 1]) insert(row[i], i);
+  return have;
+}
+
+// The k largest entries of every row of x [n, V] (float32), in descending order: (values [n, k], indices [n, k]).
+// Among equal values the lower index comes first (deterministic). One pass per row: 16 entries at a time
+// are compared with the current k-th largest, and only those above it enter the sorted list of k.
 std::vector<torch::Tensor> topk(torch::Tensor x, int64_t k) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be [n, V] float32");
   auto xc = x.contiguous();
@@ -359,43 +416,81 @@ std::vector<torch::Tensor> topk(torch::Tensor x, int64_t k) {
   auto values = torch::empty({n, k}, xc.options());
   auto index = torch::empty({n, k}, xc.options().dtype(at::kLong));
   for (int64_t r = 0; r < n; ++r) {
-    const float* row = xc.data_ptr<float>() + r * V;
-    float* vals = values.data_ptr<float>() + r * k;
-    int64_t* idx = index.data_ptr<int64_t>() + r * k;
-    int64_t have = 0;
-    auto insert = [&](float v, int64_t i) {  // after every kept value >= v: earlier indices first among ties
-      if (have == k) {
-        if (!(v > vals[k - 1])) return;
-        have = k - 1;  // the smallest kept value drops out
-      }
-      int64_t pos = have;
-      while (pos > 0 && vals[pos - 1] < v) {
-        vals[pos] = vals[pos - 1];
-        idx[pos] = idx[pos - 1];
-        --pos;
-      }
-      vals[pos] = v;
-      idx[pos] = i;
-      ++have;
-    };
-    int64_t i = 0;
-    for (; i < V && have < k; ++i)
-      if (row[i] == row[i]) insert(row[i], i);  // NaN never enters
-    for (; i + 16 <= V; i += 16) {
-      __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
-      while (m) {
-        const int j = __builtin_ctz(m);
-        insert(row[i + j], i + j);
-        m &= m - 1;
-        // a raised threshold can drop later lanes of this chunk
-        m &= _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[k - 1]), _CMP_GT_OQ);
-      }
-    }
-    for (; i < V; ++i)
-      if (row[i] > vals[k - 1]) insert(row[i], i);
+    const int64_t have = topk_row(xc.data_ptr<float>() + r * V, V, k, values.data_ptr<float>() + r * k, index.data_ptr<int64_t>() + r * k);
     TORCH_CHECK(have == k, "a row has fewer than k non-NaN values");
   }
   return {values, index};
+}
+
+// The warped rows of logits x [n, V] (float32 or bf16) under top-k, temperature and top-p, as the engine's
+// Warper defines them (pipeline/decoding/warping.py): the k largest logits (ties: lower index first), divided
+// by the temperature, softmax over the k (float32, max subtracted), then the smallest prefix whose mass
+// reaches top_p (a token is kept while the mass strictly before it, summed in float64, is below top_p; the
+// crossing token kept), renormalised. Returns (index [n, k] int64, probs [n, k] float32, 0 past the prefix):
+// the warped row is probs at index and 0 elsewhere. One call instead of ~12 small tensor ops per row.
+// One row of warp_topk: the kept ids (descending logits) into idx and their warped probabilities into p.
+void warp_row(const float* row, int64_t V, int64_t k, float temperature, double top_p, float* vals, int64_t* idx, float* p) {
+  const int64_t have = topk_row(row, V, k, vals, idx);
+  TORCH_CHECK(have == k, "a row has fewer than k non-NaN values");
+  const float mx = vals[0] / temperature;
+  float sum = 0.f;
+  for (int64_t i = 0; i < k; ++i) {
+    p[i] = std::exp(vals[i] / temperature - mx);
+    sum += p[i];
+  }
+  for (int64_t i = 0; i < k; ++i) p[i] /= sum;
+  if (top_p < 1.0) {
+    double before = 0.0;
+    float kept = 0.f;
+    for (int64_t i = 0; i < k; ++i) {
+      const float pi = p[i];
+      if (before >= top_p) p[i] = 0.f;
+      else kept += pi;
+      before += pi;
+    }
+    for (int64_t i = 0; i < k; ++i) p[i] /= kept;
+  }
+}
+
+std::vector<torch::Tensor> warp_topk(torch::Tensor x, int64_t k, double temperature, double top_p) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16), "x must be [n, V] float32 or bf16");
+  TORCH_CHECK(temperature > 0, "temperature must be > 0 (temperature 0 is greedy: no warped row to sample)");
+  auto xc = x.scalar_type() == at::kFloat ? x.contiguous() : x.to(at::kFloat).contiguous();
+  const int64_t n = xc.size(0), V = xc.size(1);
+  TORCH_CHECK(k >= 1 && k <= V, "k must be in [1, V]");
+  auto probs = torch::empty({n, k}, xc.options());
+  auto index = torch::empty({n, k}, xc.options().dtype(at::kLong));
+  std::vector<float> vals(k);
+  for (int64_t r = 0; r < n; ++r)
+    warp_row(xc.data_ptr<float>() + r * V, V, k, (float)temperature, top_p, vals.data(), index.data_ptr<int64_t>() + r * k,
+             probs.data_ptr<float>() + r * k);
+  return {index, probs};
+}
+
+// The inverse-CDF draw of sample_sparse on raw arrays (ids distinct).
+int64_t sample_row(const int64_t* id, const float* pr, int64_t k, double u) {
+  std::vector<int64_t> order(k);
+  for (int64_t i = 0; i < k; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return id[a] < id[b]; });
+  std::vector<double> cdf(k);
+  double acc = 0.0;
+  for (int64_t i = 0; i < k; ++i) cdf[i] = (acc += (double)pr[order[i]]);
+  TORCH_CHECK_VALUE(acc > 0, "cannot sample from a row with no probability mass");
+  const double target = u * acc;
+  int64_t pos = std::upper_bound(cdf.begin(), cdf.end(), target) - cdf.begin();  // first cdf > target
+  pos = std::min(pos, k - 1);
+  return id[order[pos]];
+}
+
+// One draw from the row whose only non-zero entries are probs [k] at index [k] (distinct ids), given a uniform
+// u in [0, 1): the inverse CDF in increasing id order, summed in float64 (the draw ``sample`` makes on the dense
+// row with the same u). Returns the id as a 0-d int64 tensor.
+torch::Tensor sample_sparse(torch::Tensor index, torch::Tensor probs, double u) {
+  TORCH_CHECK(index.dim() == 1 && probs.dim() == 1 && index.numel() == probs.numel() && index.numel() > 0, "index and probs must be [k], k >= 1");
+  TORCH_CHECK(index.scalar_type() == at::kLong && probs.scalar_type() == at::kFloat, "index int64, probs float32");
+  auto ic = index.contiguous();
+  auto pc = probs.contiguous();
+  return at::scalar_tensor(sample_row(ic.data_ptr<int64_t>(), pc.data_ptr<float>(), ic.numel(), u), ic.options());
 }
 
 // One linear layer in the kernels' form (tests and the bench compare it with F.linear): x [..., in] bf16, P = pack(w).
@@ -529,10 +624,185 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
   return y;
 }
 
+// A draft chain in one call (the draft side of spd/block/typical on a CPU): feeds `ids` [n0] (the context tokens
+// after the cache, usually 1) then every drawn token but the last, `gamma` forwards in all, each followed by the
+// head, the warp (top-k, temperature, top-p) and a draw with a uniform from `gen` (at::rand [1, 1] float64: the
+// stream and order of torch.rand in sample_sparse). Ids go through `token_map` (own head id -> target id; empty:
+// identity) before the draw, so the draw is sample_sparse's on the target ids; logits past `vocab` are ignored.
+// The rows are bit-identical to the separate calls (decoder_forward, linear rounded to bf16, warp_topk,
+// sample_sparse). Writes the KV rows start .. start + n0 + gamma - 2 (the caller advances the cache).
+// Returns (tokens [gamma], index [gamma, k] target ids, probs [gamma, k]).
+std::vector<torch::Tensor> draft_chain(torch::Tensor ids, torch::Tensor embed, torch::Tensor cos_table, torch::Tensor sin_table,
+                                       std::vector<torch::Tensor> layers, int64_t start, torch::Tensor final_norm, int64_t heads,
+                                       int64_t kv_heads, int64_t head_dim, int64_t inter, double eps, double final_eps, double scale,
+                                       torch::Tensor head, int64_t head_out, int64_t vocab, torch::Tensor token_map, int64_t gamma,
+                                       int64_t k, double temperature, double top_p, c10::optional<at::Generator> gen) {
+  TORCH_CHECK(ids.dim() == 1 && ids.numel() >= 1 && ids.scalar_type() == at::kLong, "ids must be [n0] int64, n0 >= 1");
+  TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == at::kBFloat16, "embed must be [V, hidden] bf16");
+  TORCH_CHECK(gamma >= 1 && temperature > 0, "gamma >= 1 and temperature > 0");
+  const int64_t H = embed.size(1), n0 = ids.numel(), end = start + n0 + gamma - 1;
+  TORCH_CHECK(cos_table.size(0) >= end && sin_table.size(0) >= end, "the rotary table must cover the chain's positions");
+  const bool mapped = token_map.defined() && token_map.numel() > 0;
+  const int64_t V = mapped ? std::min<int64_t>(head_out, token_map.numel()) : std::min<int64_t>(head_out, vocab);
+  TORCH_CHECK(k >= 1 && k <= V, "k must be in [1, V]");
+  auto map_c = mapped ? token_map.to(at::kLong).contiguous() : token_map;
+  const int64_t* map = mapped ? map_c.data_ptr<int64_t>() : nullptr;
+  auto lopts = ids.options();
+  auto tokens = torch::empty({gamma}, lopts);
+  auto index = torch::empty({gamma, k}, lopts);
+  auto probs = torch::empty({gamma, k}, lopts.dtype(at::kFloat));
+  auto logits_f = torch::empty({1, head_out}, lopts.dtype(at::kFloat));
+  std::vector<float> row(head_out), vals(k);
+  auto ec = embed.contiguous();
+  auto ids_c = ids.contiguous();
+  std::vector<int64_t> feed(ids_c.data_ptr<int64_t>(), ids_c.data_ptr<int64_t>() + n0);
+  const auto dopts = at::TensorOptions().dtype(at::kDouble);
+  int64_t pos = start;
+  for (int64_t step = 0; step < gamma; ++step) {
+    const int64_t n = (int64_t)feed.size();
+    auto x = torch::empty({n, H}, ec.options());
+    for (int64_t r = 0; r < n; ++r) {
+      TORCH_CHECK(feed[r] >= 0 && feed[r] < ec.size(0), "token id outside the embedding");
+      std::memcpy(x.data_ptr<bf16>() + r * H, ec.data_ptr<bf16>() + feed[r] * H, H * sizeof(bf16));
+    }
+    auto h = decoder_forward(x, cos_table.narrow(0, pos, n), sin_table.narrow(0, pos, n), layers, pos, torch::Tensor(), final_norm, heads,
+                             kv_heads, head_dim, inter, eps, final_eps, scale, 1);
+    gemv(h.data_ptr<bf16>(), 1, head.data_ptr<bf16>(), H, head_out, logits_f.data_ptr<float>());
+    const float* lf = logits_f.data_ptr<float>();
+    for (int64_t i = 0; i < V; ++i) row[i] = round_b(lf[i]);  // linear's bf16 output, as a float row
+    int64_t* idx = index.data_ptr<int64_t>() + step * k;
+    float* p = probs.data_ptr<float>() + step * k;
+    warp_row(row.data(), V, k, (float)temperature, top_p, vals.data(), idx, p);
+    if (mapped)
+      for (int64_t i = 0; i < k; ++i) idx[i] = map[idx[i]];
+    const double u = at::rand({1, 1}, gen, dopts).item<double>();
+    const int64_t t = sample_row(idx, p, k, u);
+    tokens.data_ptr<int64_t>()[step] = t;
+    pos += n;
+    feed.assign(1, t);
+  }
+  return {tokens, index, probs};
+}
+
+// Chain verification with the target rows given by their non-zero entries (pipeline/decoding/verification.py,
+// token_verify_sparse and block_verify_sparse: the same rules, in one call instead of ~15-25 small tensor ops).
+// P_index, P_probs [g+1, k] (int64, float32): row i of the warped target is P_probs[i] at P_index[i], 0 elsewhere;
+// Q [g, V] float32 the warped draft rows; x [g] int64 the draft tokens; u [g] float32 the uniforms.
+// Both return (n, index [k], weights [k]): n drafts kept, the next token drawn from weights over index.
+namespace {
+struct ChainRows {
+  int64_t g, k, V;
+  const int64_t* pi;
+  const float* pp;
+  const float* q;
+  const int64_t* x;
+  const float* u;
+  torch::Tensor keep[5];  // contiguous copies alive for the pointers
+};
+
+ChainRows chain_rows(torch::Tensor P_index, torch::Tensor P_probs, torch::Tensor Q, torch::Tensor x, torch::Tensor u) {
+  TORCH_CHECK(P_index.dim() == 2 && P_probs.sizes() == P_index.sizes() && P_index.scalar_type() == at::kLong && P_probs.scalar_type() == at::kFloat,
+              "P_index int64 and P_probs float32, both [g+1, k]");
+  const int64_t g = x.numel();
+  TORCH_CHECK(P_index.size(0) == g + 1 && Q.dim() == 2 && Q.size(0) >= g && Q.scalar_type() == at::kFloat, "Q must be float32 [g, V] and P [g+1, k]");
+  TORCH_CHECK(x.scalar_type() == at::kLong && u.scalar_type() == at::kFloat && u.numel() == g, "x int64 [g], u float32 [g]");
+  ChainRows c;
+  c.keep[0] = P_index.contiguous();
+  c.keep[1] = P_probs.contiguous();
+  c.keep[2] = Q.contiguous();
+  c.keep[3] = x.contiguous();
+  c.keep[4] = u.contiguous();
+  c.g = g;
+  c.k = P_index.size(1);
+  c.V = Q.size(1);
+  c.pi = c.keep[0].data_ptr<int64_t>();
+  c.pp = c.keep[1].data_ptr<float>();
+  c.q = c.keep[2].data_ptr<float>();
+  c.x = c.keep[3].data_ptr<int64_t>();
+  c.u = c.keep[4].data_ptr<float>();
+  for (int64_t i = 0; i < g; ++i) TORCH_CHECK(c.x[i] >= 0 && c.x[i] < c.V, "a draft token is outside Q's vocabulary");
+  for (int64_t i = 0; i < (g + 1) * c.k; ++i) TORCH_CHECK(c.pi[i] >= 0 && c.pi[i] < c.V, "an id of P_index is outside Q's vocabulary");
+  return c;
+}
+
+// P[i, x_i]: the entry of row i at x_i (0 off its support)
+inline float p_at(const ChainRows& c, int64_t i) {
+  float s = 0.f;
+  for (int64_t j = 0; j < c.k; ++j)
+    if (c.pi[i * c.k + j] == c.x[i]) s += c.pp[i * c.k + j];
+  return s;
+}
+
+// (n, index, weights) for residual row `row` of k values (weights = residual, or P's row `n` when it has no mass)
+std::vector<torch::Tensor> chain_result(const ChainRows& c, int64_t n, const float* residual) {
+  auto index = torch::empty({c.k}, c.keep[0].options());
+  auto weights = torch::empty({c.k}, c.keep[1].options());
+  float total = 0.f;
+  for (int64_t j = 0; j < c.k; ++j) total += residual[j];
+  const float* w = total > 0 ? residual : c.pp + n * c.k;
+  std::memcpy(index.data_ptr<int64_t>(), c.pi + n * c.k, c.k * sizeof(int64_t));
+  std::memcpy(weights.data_ptr<float>(), w, c.k * sizeof(float));
+  return {at::scalar_tensor(n, c.keep[0].options()), index, weights};
+}
+}  // namespace
+
+// Token verification: accept x_i while u_i * (lenience * q(x_i)) <= p(x_i); the residual relu(P[n] - Q[n]) on
+// P[n]'s support (the bonus row P[g] when all passed).
+std::vector<torch::Tensor> token_verify_sparse(torch::Tensor P_index, torch::Tensor P_probs, torch::Tensor Q, torch::Tensor x,
+                                               torch::Tensor u, double lenience) {
+  const ChainRows c = chain_rows(P_index, P_probs, Q, x, u);
+  const float l = (float)lenience;
+  int64_t n = 0;
+  while (n < c.g && c.u[n] * (l * c.q[n * c.V + c.x[n]]) <= p_at(c, n)) ++n;
+  std::vector<float> residual(c.k);
+  for (int64_t j = 0; j < c.k; ++j) {
+    const float qn = n < c.g ? c.q[n * c.V + c.pi[n * c.k + j]] : 0.f;
+    residual[j] = std::max(c.pp[n * c.k + j] - qn, 0.f);
+  }
+  return chain_result(c, n, residual.data());
+}
+
+// Block verification (Sun et al., Algorithm 2, in log space): pi_i = min(1, pi_{i-1} p(x_i)/q(x_i)),
+// R_i = relu(pi_i P[i] - Q[i]) (Q[g] := 0), h_i = Z_i / (Z_i + 1 - pi_i); tau = the longest i with eta_i <= h_i.
+std::vector<torch::Tensor> block_verify_sparse(torch::Tensor P_index, torch::Tensor P_probs, torch::Tensor Q, torch::Tensor x,
+                                               torch::Tensor eta) {
+  const ChainRows c = chain_rows(P_index, P_probs, Q, x, eta);
+  const int64_t g = c.g, k = c.k;
+  std::vector<float> pi(g + 1), R((g + 1) * k);
+  double S = 0.0;
+  float Smax = 0.f;
+  pi[0] = 1.f;
+  for (int64_t i = 0; i < g; ++i) {
+    S += (double)(std::log(p_at(c, i)) - std::log(c.q[i * c.V + c.x[i]]));
+    const float Si = (float)S;
+    Smax = std::max(Smax, Si);
+    pi[i + 1] = std::exp(Si - Smax);
+  }
+  int64_t tau = 0;
+  for (int64_t i = 0; i <= g; ++i) {
+    float Z = 0.f;
+    for (int64_t j = 0; j < k; ++j) {
+      const float qv = i < g ? c.q[i * c.V + c.pi[i * k + j]] : 0.f;
+      R[i * k + j] = std::max(pi[i] * c.pp[i * k + j] - qv, 0.f);
+      Z += R[i * k + j];
+    }
+    if (i == 0) continue;
+    const float den = Z + (1.f - pi[i]);
+    const float h = den > 0 ? Z / std::max(den, std::numeric_limits<float>::min()) : 1.f;
+    if (c.u[i - 1] <= h) tau = i;
+  }
+  return chain_result(c, tau, R.data() + tau * k);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "a [out, in] weight in the kernels' packed layout");
   m.def("linear", &linear, "bf16 x @ w^T for a few rows (batch-invariant), w packed");
   m.def("topk", &topk, "the k largest entries of each float32 row, descending (ties: lower index first)");
+  m.def("warp_topk", &warp_topk, "top-k, temperature and top-p of float32/bf16 rows: (index [n, k], probs [n, k])");
+  m.def("sample_sparse", &sample_sparse, "one id from a sparse row (index, probs) given a uniform u: the dense inverse CDF's draw");
+  m.def("token_verify_sparse", &token_verify_sparse, "token verification of a chain on sparse target rows: (n, index, weights)");
+  m.def("block_verify_sparse", &block_verify_sparse, "block verification of a chain on sparse target rows: (tau, index, weights)");
+  m.def("draft_chain", &draft_chain, "gamma draft tokens sampled from the warped draft in one call: (tokens, index, probs)");
   m.def("exp", &exp_ps, "the kernels' vectorised exp (float32)");
   m.def("decoder_forward", &decoder_forward, "all decoder layers of a Llama-family model for a few rows");
 }
