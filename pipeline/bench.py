@@ -309,7 +309,9 @@ class Bench:
         return run_one
 
     def _probe_costs(self) -> dict[str, float]:
-        """t_ar, t_verify and, per drafter, the cost of one draft token (``t_draft_<drafter>``)."""
+        """t_ar, t_verify, per drafter the cost of one draft token (``t_draft_<drafter>``) and per chain
+        method its own proposal's cost per token (``t_propose_<method>_<drafter>``: MTAD's beams cost more
+        than the drafter's chain)."""
         target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
         t_ar, t_verify = step_times(target, prompt, self.cfg.gamma, self.device, reps=reps)
         costs = {"t_ar": t_ar, "t_verify": t_verify, "t_draft_model": float("nan")}
@@ -317,7 +319,30 @@ class Bench:
             dec = build_decoder("spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d))
             costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(dec.target, list(prompt), self.cfg.gamma, dec.warper, reps=reps,
                                                                sync=lambda: synchronize(self.device))
+        for method, d in self.runs():
+            if method != "ar" and self.is_chain(method, "sample", d):
+                costs[f"t_propose_{method}_{d}"] = self._proposal_cost(method, d, prompt, reps)
         return costs
+
+    def _proposal_cost(self, method: str, drafter: str, prompt: list[int], reps: int) -> float:
+        """Median seconds per draft token of ``method``'s own ``gamma``-token proposal after ``prompt`` (its
+        drafter's chain for spd/block, beam sampling for mtad), sampled mode, over ``reps`` after one warm-up."""
+        dec = build_decoder(method, self.pair.target, self.pair.draft, assets=self.pair.assets,
+                            **self.method_params(method, "sample", drafter))
+        prompt, gamma = list(prompt), self.cfg.gamma
+        generator = make_generator(0, self.device)
+        times = []
+        with torch.inference_mode():
+            dec._start(prompt)
+            for _ in range(reps + 1):
+                synchronize(self.device)
+                t0 = time.perf_counter()
+                dec.propose(prompt, gamma, generator)
+                synchronize(self.device)
+                times.append(time.perf_counter() - t0)
+                dec.drafter_impl.rollback(len(prompt) - 1)
+        dec.target.reset()
+        return statistics.median(times[1:]) / gamma
 
     def run(self) -> tuple[list[Row], dict[str, Any]]:
         """All rows. Ratios, speedups and efficiencies are medians of per-pass values (each pass
@@ -368,7 +393,7 @@ class Bench:
                     speedups = [r / a for r, a in zip(rates, ours_ar[0])]
                     row.speedup = med(speedups)
                 if method != "ar" and self.is_chain(method, mode, d):
-                    key = f"t_draft_{d}"
+                    key = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
                     alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
                     bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p[key] + p["t_verify"]) for p in probes]
                     c = med([p[key] / p["t_ar"] for p in probes])
@@ -473,6 +498,8 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
         f"Step costs (medians over passes, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, "
         f"t_verify(gamma+1) {costs['t_verify_ms']:.2f} ms; one draft token: "
         + ", ".join(f"{k[8:-3]} {v:.3f} ms (c {costs['c_' + k[8:-3]]:.3f})" for k, v in costs.items() if k.startswith("t_draft_") and k != "t_draft_ms")
+        + "; each method's own proposal per draft token (its row's t_draft and c): "
+        + ", ".join(f"{k[10:-3].replace('_', ' with ', 1)} {v:.3f} ms" for k, v in costs.items() if k.startswith("t_propose_"))
         + ". "
         "bound (measured costs) = tokens/step x t_ar / (gamma t_draft + t_verify); bound (ideal) = "
         "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); efficiency = speedup vs our ar / bound (measured costs); "

@@ -83,6 +83,11 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
             if r.method != "ar":
                 assert 0.0 <= r.alpha <= 1.0 and r.c > 0 and r.bound > 0 and r.efficiency > 0
     assert costs["t_ar_ms"] > 0 and costs["t_verify_ms"] > 0 and 0 < costs["c"] < 1
+    # each chain method's own proposal cost is its row's t_draft (MTAD's beams are dearer than the chain)
+    assert costs["t_propose_spd_model_ms"] > 0 and costs["t_propose_block_model_ms"] > 0
+    for r in rows:
+        if r.impl == "ours" and r.method != "ar" and r.mode == "sample":
+            assert r.c == pytest.approx(costs[f"t_propose_{r.method}_model_ms"] / costs["t_ar_ms"], rel=0.5)
     info = bench_mod.machine_info(bench.device)
     info["engine"] = bench_mod.engine_info(bench.pair)
     dtype = bench.pair.precision()["target_dtype"]
