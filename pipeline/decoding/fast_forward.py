@@ -296,15 +296,21 @@ class LeanForward(nn.Module):
                 positions = torch.arange(start, start + n, device=x.device)[None]
             cos, sin = rotary(x, positions)
             return cos[0], sin[0]
-        need = start + n if positions is None else int(positions.max()) + 1
-        table = self._rope_table
-        if table is None or table[0].shape[0] < need:
-            cap = max(need, 512, 2 * (table[0].shape[0] if table is not None else 0))
-            cos, sin = rotary(x, torch.arange(cap, device=x.device)[None])
-            table = self._rope_table = (cos[0], sin[0])
+        table = self._static_rope_table(start + n if positions is None else int(positions.max()) + 1)
         if positions is None:
             return table[0][start : start + n], table[1][start : start + n]
         return table[0][positions[0]], table[1][positions[0]]
+
+    def _static_rope_table(self, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[cap, head_dim]`` for positions 0..cap >= ``need``, computed by the model's own rotary
+        module (static rope types) and grown by doubling."""
+        table = self._rope_table
+        if table is None or table[0].shape[0] < need:
+            cap = max(need, 512, 2 * (table[0].shape[0] if table is not None else 0))
+            weight = self._embed[0].weight
+            cos, sin = self._rotary[0](weight[:1], torch.arange(cap, device=weight.device)[None])
+            table = self._rope_table = (cos[0], sin[0])
+        return table
 
     def _kernel_args(self, cache, end: int) -> list[torch.Tensor]:
         """The kernels' per-layer arguments: packed weights and cache buffers with room for ``end`` positions
@@ -339,9 +345,7 @@ class LeanForward(nn.Module):
         start = cache.get_seq_length()
         end = start + ids.numel() + gamma - 1
         tensors = self._kernel_args(cache, end)
-        x = self._embed[0].weight[:1]
-        self._rotary_rows(x, None, end)  # the table covers the chain's positions
-        cos, sin = self._rope_table
+        cos, sin = self._static_rope_table(end)
         norm_w, norm_eps = self._norm
         k = min(warper.top_k, self._vocab if token_map is None else token_map.numel(), vocab)
         tokens, index, probs = self.kernels.draft_chain(

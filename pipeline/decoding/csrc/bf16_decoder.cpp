@@ -350,12 +350,10 @@ torch::Tensor exp_ps(torch::Tensor x) {
   return y;
 }
 
-// The k largest entries of every row of x [n, V] (float32), in descending order: (values [n, k], indices [n, k]).
-// Among equal values the lower index comes first (deterministic). One pass per row: 16 entries at a time
-// are compared with the current k-th largest, and only those above it enter the sorted list of k.
 // The k largest entries of one row (NaN skipped) into vals/idx, descending, ties: lower index first; returns how
-// many were found (k unless the row has fewer non-NaN values). Small k (the warps' top-k): one vectorised pass
-// with an insertion list; large k (a whole row kept): a partial sort, the same order.
+// many were found (k unless the row has fewer non-NaN values). Small k (the warps' top-k): one pass in which 16
+// entries at a time are compared with the current k-th largest and only those above it enter the sorted list;
+// large k (a whole row kept): a partial sort, the same order.
 int64_t topk_row(const float* row, int64_t V, int64_t k, float* vals, int64_t* idx) {
   if (k > 64) {
     std::vector<int64_t> ids;
@@ -405,29 +403,6 @@ int64_t topk_row(const float* row, int64_t V, int64_t k, float* vals, int64_t* i
   return have;
 }
 
-// The k largest entries of every row of x [n, V] (float32), in descending order: (values [n, k], indices [n, k]).
-// Among equal values the lower index comes first (deterministic). One pass per row: 16 entries at a time
-// are compared with the current k-th largest, and only those above it enter the sorted list of k.
-std::vector<torch::Tensor> topk(torch::Tensor x, int64_t k) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be [n, V] float32");
-  auto xc = x.contiguous();
-  const int64_t n = xc.size(0), V = xc.size(1);
-  TORCH_CHECK(k >= 1 && k <= V, "k must be in [1, V]");
-  auto values = torch::empty({n, k}, xc.options());
-  auto index = torch::empty({n, k}, xc.options().dtype(at::kLong));
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t have = topk_row(xc.data_ptr<float>() + r * V, V, k, values.data_ptr<float>() + r * k, index.data_ptr<int64_t>() + r * k);
-    TORCH_CHECK(have == k, "a row has fewer than k non-NaN values");
-  }
-  return {values, index};
-}
-
-// The warped rows of logits x [n, V] (float32 or bf16) under top-k, temperature and top-p, as the engine's
-// Warper defines them (pipeline/decoding/warping.py): the k largest logits (ties: lower index first), divided
-// by the temperature, softmax over the k (float32, max subtracted), then the smallest prefix whose mass
-// reaches top_p (a token is kept while the mass strictly before it, summed in float64, is below top_p; the
-// crossing token kept), renormalised. Returns (index [n, k] int64, probs [n, k] float32, 0 past the prefix):
-// the warped row is probs at index and 0 elsewhere. One call instead of ~12 small tensor ops per row.
 // One row of warp_topk: the kept ids (descending logits) into idx and their warped probabilities into p.
 void warp_row(const float* row, int64_t V, int64_t k, float temperature, double top_p, float* vals, int64_t* idx, float* p) {
   const int64_t have = topk_row(row, V, k, vals, idx);
@@ -452,6 +427,12 @@ void warp_row(const float* row, int64_t V, int64_t k, float temperature, double 
   }
 }
 
+// The warped rows of logits x [n, V] (float32 or bf16) under top-k, temperature and top-p, as the engine's
+// Warper defines them (pipeline/decoding/warping.py): the k largest logits (ties: lower index first), divided
+// by the temperature, softmax over the k (float32, max subtracted), then the smallest prefix whose mass
+// reaches top_p (a token is kept while the mass strictly before it, summed in float64, is below top_p; the
+// crossing token kept), renormalised. Returns (index [n, k] int64, probs [n, k] float32, 0 past the prefix):
+// the warped row is probs at index and 0 elsewhere. One call instead of ~12 small tensor ops per row.
 std::vector<torch::Tensor> warp_topk(torch::Tensor x, int64_t k, double temperature, double top_p) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16), "x must be [n, V] float32 or bf16");
   TORCH_CHECK(temperature > 0, "temperature must be > 0 (temperature 0 is greedy: no warped row to sample)");
@@ -797,7 +778,6 @@ std::vector<torch::Tensor> block_verify_sparse(torch::Tensor P_index, torch::Ten
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "a [out, in] weight in the kernels' packed layout");
   m.def("linear", &linear, "bf16 x @ w^T for a few rows (batch-invariant), w packed");
-  m.def("topk", &topk, "the k largest entries of each float32 row, descending (ties: lower index first)");
   m.def("warp_topk", &warp_topk, "top-k, temperature and top-p of float32/bf16 rows: (index [n, k], probs [n, k])");
   m.def("sample_sparse", &sample_sparse, "one id from a sparse row (index, probs) given a uniform u: the dense inverse CDF's draw");
   m.def("token_verify_sparse", &token_verify_sparse, "token verification of a chain on sparse target rows: (n, index, weights)");
