@@ -48,8 +48,9 @@ from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAI
 from pipeline.data.slices import load_slice, task_of
 from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import build_decoder
+from pipeline.decoding.kv import CachedModel
 from pipeline.energy import make_energy_meter
-from pipeline.measure import Protocol, drafter_costs, predictions_for_scoring, run_window
+from pipeline.measure import Protocol, drafter_costs, predictions_for_scoring, run_window, step_times
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
@@ -247,6 +248,12 @@ def run_cell(cell: Cell) -> CellResult:
                 t_target_step_ms=1e3 * costs["t_ar"], t_draft_step_ms=1e3 * costs["t_draft"],
                 t_verify_ms=1e3 * costs["t_verify"], cost_ratio_c=costs["t_draft"] / costs["t_ar"],
             )
+        elif protocol.costs and isinstance(getattr(decoder, "target", None), CachedModel):
+            # the target's own step in every other cell too (ar, beam, mtjd): the machine's speed while this
+            # cell ran, beside the window's tokens/s (a cell measured in a slow phase of a shared host shows it)
+            with _stage(result, "costs"):
+                probe = window.records[0].prompt_ids if window.records else [0] * 16
+                metrics["t_target_step_ms"] = 1e3 * step_times(decoder.target.model, probe, 1, device, reps=10)[0]
         records = [r.to_dict() for r in window.records]
         if protocol.perplexity:
             with _stage(result, "perplexity"):
