@@ -35,6 +35,7 @@ from typing import Any
 
 import hydra
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bounds import alpha_from_accepted, leviathan_bound
@@ -59,6 +60,7 @@ class Row:
     tokens_per_s: float | None
     tokens: int
     drafter: str | None = None  # model | eagle | ngram (None: ar)
+    gamma: int | None = None  # the draft length this row ran with (None: a method without one)
     note: str | None = None  # why a row was not run
     ratio_to_transformers: float | None = None
     identical_to_transformers: bool | None = None
@@ -241,11 +243,35 @@ class Bench:
 
         return timed
 
+    def gamma_of(self, method: str) -> int | None:
+        """The draft length ``method`` runs with: ``gamma`` when set, else the method's own
+        (``conf/method/<method>.yaml``, as a sweep runs it; the decoder's default without such a file);
+        None for a method that takes none. ``method_params.<method>.gamma`` wins over both."""
+        params = method_class(method).params
+        if "gamma" not in params:
+            return None
+        extra = OmegaConf.select(self.cfg, f"method_params.{method}.gamma", default=None)
+        if extra is not None:
+            return int(extra)
+        if self.cfg.get("gamma") is not None:
+            return int(self.cfg.gamma)
+        conf = REPO_ROOT / "conf" / "method" / f"{method}.yaml"
+        if conf.exists():
+            value = (yaml.safe_load(conf.read_text()) or {}).get("gamma")
+            if value is not None:
+                return int(value)
+        return int(params["gamma"].default)
+
+    def gammas(self) -> list[int]:
+        """The distinct draft lengths of the chain rows (each needs its own t_verify)."""
+        return sorted({self.gamma_of(m) for m, d in self.runs() if m != "ar" and self.is_chain(m, "sample", d)})
+
     def method_params(self, method: str, mode: str, drafter: str | None = None) -> dict[str, Any]:
         """Warping of ``mode``, ``gamma`` for methods that take it, then ``method_params.<method>``, then ``drafter``."""
         params = self._mode_params(mode)
-        if "gamma" in method_class(method).params:
-            params["gamma"] = self.cfg.gamma
+        gamma = self.gamma_of(method)
+        if gamma is not None:
+            params["gamma"] = gamma
         extra = OmegaConf.select(self.cfg, f"method_params.{method}", default=None)
         if extra:
             params.update(OmegaConf.to_container(extra, resolve=True))
@@ -285,14 +311,14 @@ class Bench:
             kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         if assisted and drafter == "ngram":
             ngram = OmegaConf.select(self.cfg, "method_params.spd.max_ngram", default=None) or 3
-            kwargs.update(prompt_lookup_num_tokens=self.cfg.gamma, max_matching_ngram_size=int(ngram))
+            kwargs.update(prompt_lookup_num_tokens=self.gamma_of("spd"), max_matching_ngram_size=int(ngram))
         elif assisted:
-            draft.generation_config.num_assistant_tokens = self.cfg.gamma
+            draft.generation_config.num_assistant_tokens = self.gamma_of("spd")
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             draft.generation_config.assistant_confidence_threshold = 0.0
             kwargs.update(
                 assistant_model=draft,
-                num_assistant_tokens=self.cfg.gamma,
+                num_assistant_tokens=self.gamma_of("spd"),
                 num_assistant_tokens_schedule="constant",
                 assistant_confidence_threshold=0.0,
             )
@@ -309,16 +335,21 @@ class Bench:
         return run_one
 
     def _probe_costs(self) -> dict[str, float]:
-        """t_ar, t_verify, per drafter the cost of one draft token (``t_draft_<drafter>``) and per chain
-        method its own proposal's cost per token (``t_propose_<method>_<drafter>``: MTAD's beams cost more
-        than the drafter's chain)."""
+        """t_ar, per draft length g of the rows ``t_verify_g<g>`` (one target forward of g + 1 tokens;
+        ``t_verify``: the longest), per drafter the cost of one draft token (``t_draft_<drafter>``) and per
+        chain method its own proposal's cost per token (``t_propose_<method>_<drafter>``: MTAD's beams cost
+        more than the drafter's chain)."""
         target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
-        t_ar, t_verify = step_times(target, prompt, self.cfg.gamma, self.device, reps=reps)
-        costs = {"t_ar": t_ar, "t_verify": t_verify, "t_draft_model": float("nan")}
+        costs: dict[str, float] = {}
+        for g in self.gammas() or [self.cfg.get("gamma") or 3]:
+            t_ar, costs[f"t_verify_g{g}"] = step_times(target, prompt, g, self.device, reps=reps)
+            costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
+        costs["t_verify"] = costs[f"t_verify_g{max(self.gammas() or [self.cfg.get('gamma') or 3])}"]
+        costs["t_draft_model"] = float("nan")
         for d in self.drafters:  # each drafter measures its own draft token (Drafter.step_cost), under spd's warping
             dec = build_decoder("spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d))
-            costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(dec.target, list(prompt), self.cfg.gamma, dec.warper, reps=reps,
-                                                               sync=lambda: synchronize(self.device))
+            costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(dec.target, list(prompt), self.gamma_of("spd"), dec.warper,
+                                                               reps=reps, sync=lambda: synchronize(self.device))
         for method, d in self.runs():
             if method != "ar" and self.is_chain(method, "sample", d):
                 costs[f"t_propose_{method}_{d}"] = self._proposal_cost(method, d, prompt, reps)
@@ -329,7 +360,7 @@ class Bench:
         drafter's chain for spd/block, beam sampling for mtad), sampled mode, over ``reps`` after one warm-up."""
         dec = build_decoder(method, self.pair.target, self.pair.draft, assets=self.pair.assets,
                             **self.method_params(method, "sample", drafter))
-        prompt, gamma = list(prompt), self.cfg.gamma
+        prompt, gamma = list(prompt), self.gamma_of(method)
         generator = make_generator(0, self.device)
         times = []
         with torch.inference_mode():
@@ -349,7 +380,6 @@ class Bench:
         times every runner back to back after measuring the step costs), so slow drifts in machine
         load cancel; tokens/s are medians over passes."""
         cfg = self.cfg
-        gamma = cfg.gamma
         rows: list[Row] = []
         all_probes: list[dict[str, float]] = []
         med = statistics.median
@@ -370,14 +400,15 @@ class Bench:
             for d, why in hf_drafters.items():
                 if why is None:
                     hf = results[("transformers", "spd", d)]
-                    rows.append(Row("transformers", "spd", mode, med(hf[0]), hf[1], drafter=d))
+                    rows.append(Row("transformers", "spd", mode, med(hf[0]), hf[1], drafter=d, gamma=self.gamma_of("spd")))
                 else:
                     rows.append(Row("transformers", "spd", mode, None, 0, drafter=d, note=why))
             ours_ar = results.get(("ours", "ar", None))
             for method, d in self.runs():
                 rates, tokens, outs, gens = results[("ours", method, d)]
                 peer = hf_ar if method == "ar" else results.get(("transformers", "spd", d))
-                row = Row("ours", method, mode, med(rates), tokens, drafter=d)
+                gamma = self.gamma_of(method)
+                row = Row("ours", method, mode, med(rates), tokens, drafter=d, gamma=gamma)
                 if peer is not None:
                     row.ratio_to_transformers = med([r / p for r, p in zip(rates, peer[0])])
                 if mode == "greedy":
@@ -395,7 +426,7 @@ class Bench:
                 if method != "ar" and self.is_chain(method, mode, d):
                     key = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
                     alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
-                    bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p[key] + p["t_verify"]) for p in probes]
+                    bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p[key] + p[f"t_verify_g{gamma}"]) for p in probes]
                     c = med([p[key] / p["t_ar"] for p in probes])
                     row.alpha, row.c = alpha, c
                     row.bound_ideal = leviathan_bound(alpha, gamma, c)
@@ -449,7 +480,9 @@ def roofline(pair, costs: dict[str, float], device) -> dict[str, float]:
     out["target_mb"] = target_bytes / 1e6
     out["floor_target_ms"] = 1e3 * target_bytes / bandwidth
     out["ar_over_floor"] = costs["t_ar_ms"] / out["floor_target_ms"]
-    out["verify_over_ar"] = costs["t_verify_ms"] / costs["t_ar_ms"]
+    out["verify_over_ar"] = costs["t_verify_ms"] / costs["t_ar_ms"]  # the longest verification of the rows
+    for k in [k for k in costs if k.startswith("t_verify_g")]:
+        out["verify_over_ar_" + k[len("t_verify_"):-3]] = costs[k] / costs["t_ar_ms"]
     if pair.draft is not None and "t_draft_model_ms" in costs:
         draft_bytes = streamed_bytes(pair.draft)
         out["draft_mb"] = draft_bytes / 1e6
@@ -483,20 +516,34 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def _gammas(rows: list[Row], cfg: DictConfig) -> str:
+    """How the rows' draft lengths were chosen, for the header."""
+    chosen = {}
+    for r in rows:
+        if r.impl == "ours" and r.gamma is not None and not r.note:
+            chosen.setdefault(r.method, r.gamma)
+    if cfg.get("gamma") is not None:
+        return f"gamma {cfg.gamma} (every method)"
+    if not chosen:
+        return "no method with a draft length"
+    return "gamma per method (conf/method/<method>.yaml; gamma=N sets every method's): " + ", ".join(f"{m} {g}" for m, g in chosen.items())
+
+
 def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[str, Any], command: str, cfg: DictConfig) -> str:
+    verify = sorted((int(k[len("t_verify_g"):-3]), v) for k, v in costs.items() if k.startswith("t_verify_g"))
     lines = [
         f"# Benchmark `{name}`",
         "",
         f"Command: `{command}`",
         "",
-        f"Pair `{cfg.pair.name}`, gamma {cfg.gamma}, {len(cfg.prompts)} prompts x {cfg.max_new_tokens} new tokens"
+        f"Pair `{cfg.pair.name}`, {_gammas(rows, cfg)}; {len(cfg.prompts)} prompts x {cfg.max_new_tokens} new tokens"
         f"{' (EOS ignored)' if cfg.ignore_eos else ''}, {cfg.repeats} timed passes after {cfg.warmup} warm-up; "
         f"sampling T={cfg.sampling.temperature}, top-k {cfg.sampling.top_k}, top-p {cfg.sampling.top_p}. "
         "tokens/s: median over passes; ratio, speedup and efficiency: medians of per-pass values (every pass "
         "runs all rows back to back after measuring the step costs).",
         "",
         f"Step costs (medians over passes, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, "
-        f"t_verify(gamma+1) {costs['t_verify_ms']:.2f} ms; one draft token: "
+        + ", ".join(f"t_verify({g}+1) {v:.2f} ms" for g, v in verify) + "; one draft token: "
         + ", ".join(f"{k[8:-3]} {v:.3f} ms (c {costs['c_' + k[8:-3]]:.3f})" for k, v in costs.items() if k.startswith("t_draft_") and k != "t_draft_ms")
         + "; each method's own proposal per draft token (its row's t_draft and c): "
         + ", ".join(f"{k[10:-3].replace('_', ' with ', 1)} {v:.3f} ms" for k, v in costs.items() if k.startswith("t_propose_"))
@@ -509,13 +556,13 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
         "",
         f"Roofline: copy bandwidth {costs['bandwidth_gb_s']:.1f} GB/s (a {costs['target_mb']:.0f} MB copy, read + write); a target step "
         f"streams {costs['target_mb']:.0f} MB: floor {costs['floor_target_ms']:.2f} ms, t_ar / floor {costs['ar_over_floor']:.2f}, "
-        f"t_verify(gamma+1) / t_ar {costs['verify_over_ar']:.2f}"
+        + ", ".join(f"t_verify({g}+1) / t_ar {v / costs['t_ar_ms']:.2f}" for g, v in verify)
         + (f"; the draft streams {costs['draft_mb']:.1f} MB: floor {costs['floor_draft_ms']:.3f} ms, t_draft / floor {costs['draft_over_floor']:.1f}"
            if "draft_mb" in costs else "")
         + ".",
         "",
-        "| impl | method | drafter | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| impl | method | drafter | gamma | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for r in rows:
@@ -523,7 +570,7 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
             notes.append(f"- {r.impl} {r.method} ({r.drafter}, {r.mode}) not run: {r.note}")
             continue
         lines.append(
-            f"| {r.impl} | {r.method} | {_fmt(r.drafter)} | {r.mode} | {_fmt(r.tokens_per_s)} | {_fmt(r.ratio_to_transformers)} | "
+            f"| {r.impl} | {r.method} | {_fmt(r.drafter)} | {_fmt(r.gamma)} | {r.mode} | {_fmt(r.tokens_per_s)} | {_fmt(r.ratio_to_transformers)} | "
             f"{_fmt(r.identical_to_transformers)} | {_fmt(r.tokens_per_step)} | {_fmt(r.alpha, 3)} | {_fmt(r.c, 3)} | "
             f"{_fmt(r.bound)} | {_fmt(r.bound_ideal)} | {_fmt(r.speedup)} | {_fmt(r.efficiency)} | "
             f"{_fmt(None if r.overhead_per_step is None else 100 * r.overhead_per_step, 1)}{'%' if r.overhead_per_step is not None else ''} |"

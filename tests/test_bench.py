@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -15,7 +16,8 @@ from pipeline import bench as bench_mod
 from pipeline.bench import Bench
 from pipeline.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
 FIELDS = {"impl", "method", "mode", "tokens_per_s", "ratio_to_transformers", "identical_to_transformers", "alpha", "c", "bound", "efficiency"}
 
 
@@ -52,7 +54,31 @@ def test_default_pair_as_shipped_with_every_drafter():
         assert got[key].tokens == 5 and got[key].identical_to_transformers is True
     assert got[("ours", "spd", "ngram")].c < 0.1 and costs["t_draft_ngram_ms"] >= 0
     md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
-    assert "Rows not run:" in md and "| ours | spd | ngram | greedy |" in md
+    assert "Rows not run:" in md and "| ours | spd | ngram | 2 | greedy |" in md
+
+
+def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
+    """gamma: null (the default) takes each method's conf/method/<method>.yaml gamma, as `make run` does;
+    every draft length gets its own t_verify and each row's bound uses its own; gamma=N sets them all."""
+    conf = {m: yaml.safe_load((REPO / "conf" / "method" / f"{m}.yaml").read_text())["gamma"] for m in ("spd", "mtad")}
+    cfg = _cfg("repeats=1", "warmup=0", "probe_reps=1", "max_new_tokens=4", "methods=[ar,spd,mtad]", "drafters=[model]",
+               "modes=[sample]", "prompts=[Count: one two three]", "++method_params.mtad.gamma=" + str(conf["spd"] + 1))
+    bench = Bench(cfg)
+    assert bench.gamma_of("ar") is None and bench.gamma_of("spd") == conf["spd"]
+    assert bench.gamma_of("mtad") == conf["spd"] + 1  # method_params.<method>.gamma wins
+    assert bench.gammas() == [conf["spd"], conf["spd"] + 1]
+    rows, costs = bench.run()
+    got = {r.method: r for r in rows if r.impl == "ours"}
+    assert got["ar"].gamma is None and got["spd"].gamma == conf["spd"] and got["mtad"].gamma == conf["spd"] + 1
+    for g in bench.gammas():
+        assert costs[f"t_verify_g{g}_ms"] > 0 and costs[f"verify_over_ar_g{g}"] > 0
+    assert costs["t_verify_ms"] == costs[f"t_verify_g{conf['spd'] + 1}_ms"]  # the longest verification
+    md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
+    assert f"gamma per method (conf/method/<method>.yaml; gamma=N sets every method's): spd {conf['spd']}, mtad {conf['spd'] + 1}" in md
+    assert f"t_verify({conf['spd']}+1) / t_ar" in md and f"t_verify({conf['spd'] + 1}+1) / t_ar" in md
+    one = Bench.__new__(Bench)
+    one.cfg = _cfg("gamma=5")
+    assert one.gamma_of("spd") == 5 and one.gamma_of("mtad") == 5 and one.gamma_of("ar") is None
 
 
 def test_bench_rows_on_the_offline_pair(tmp_path):
