@@ -244,17 +244,17 @@ class Bench:
         return timed
 
     def gamma_of(self, method: str) -> int | None:
-        """The draft length ``method`` runs with: ``gamma`` when set, else the method's own
-        (``conf/method/<method>.yaml``, as a sweep runs it; the decoder's default without such a file);
-        None for a method that takes none. ``method_params.<method>.gamma`` wins over both."""
+        """The draft length ``method`` runs with: ``gamma`` when set (every method's), else
+        ``method_params.<method>.gamma``, else the method's own (``conf/method/<method>.yaml``, as a sweep
+        runs it; the decoder's default without such a file); None for a method that takes none."""
         params = method_class(method).params
         if "gamma" not in params:
             return None
+        if self.cfg.get("gamma") is not None:
+            return int(self.cfg.gamma)
         extra = OmegaConf.select(self.cfg, f"method_params.{method}.gamma", default=None)
         if extra is not None:
             return int(extra)
-        if self.cfg.get("gamma") is not None:
-            return int(self.cfg.gamma)
         conf = REPO_ROOT / "conf" / "method" / f"{method}.yaml"
         if conf.exists():
             value = (yaml.safe_load(conf.read_text()) or {}).get("gamma")
@@ -274,7 +274,7 @@ class Bench:
             params["gamma"] = gamma
         extra = OmegaConf.select(self.cfg, f"method_params.{method}", default=None)
         if extra:
-            params.update(OmegaConf.to_container(extra, resolve=True))
+            params.update({k: v for k, v in OmegaConf.to_container(extra, resolve=True).items() if k != "gamma"})  # gamma: gamma_of
         if drafter is not None:
             params["drafter"] = self.drafter_values.get(drafter, drafter)
         return params
@@ -526,7 +526,7 @@ def _gammas(rows: list[Row], cfg: DictConfig) -> str:
         return f"gamma {cfg.gamma} (every method)"
     if not chosen:
         return "no method with a draft length"
-    return "gamma per method (conf/method/<method>.yaml; gamma=N sets every method's): " + ", ".join(f"{m} {g}" for m, g in chosen.items())
+    return "gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): " + ", ".join(f"{m} {g}" for m, g in chosen.items())
 
 
 def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[str, Any], command: str, cfg: DictConfig) -> str:

@@ -58,14 +58,14 @@ def test_default_pair_as_shipped_with_every_drafter():
 
 
 def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
-    """gamma: null (the default) takes each method's conf/method/<method>.yaml gamma, as `make run` does;
-    every draft length gets its own t_verify and each row's bound uses its own; gamma=N sets them all."""
+    """gamma: null (the default) takes method_params.<method>.gamma, else the method's conf/method/<method>.yaml
+    gamma; every draft length gets its own t_verify and each row's bound uses its own; gamma=N sets them all."""
     conf = {m: yaml.safe_load((REPO / "conf" / "method" / f"{m}.yaml").read_text())["gamma"] for m in ("spd", "mtad")}
-    cfg = _cfg("repeats=1", "warmup=0", "probe_reps=1", "max_new_tokens=4", "methods=[ar,spd,mtad]", "drafters=[model]",
+    cfg = _cfg("~method_params.spd", "repeats=1", "warmup=0", "probe_reps=1", "max_new_tokens=4", "methods=[ar,spd,mtad]", "drafters=[model]",
                "modes=[sample]", "prompts=[Count: one two three]", "++method_params.mtad.gamma=" + str(conf["spd"] + 1))
     bench = Bench(cfg)
     assert bench.gamma_of("ar") is None and bench.gamma_of("spd") == conf["spd"]
-    assert bench.gamma_of("mtad") == conf["spd"] + 1  # method_params.<method>.gamma wins
+    assert bench.gamma_of("mtad") == conf["spd"] + 1  # method_params.<method>.gamma over conf/method
     assert bench.gammas() == [conf["spd"], conf["spd"] + 1]
     rows, costs = bench.run()
     got = {r.method: r for r in rows if r.impl == "ours"}
@@ -74,7 +74,7 @@ def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
         assert costs[f"t_verify_g{g}_ms"] > 0 and costs[f"verify_over_ar_g{g}"] > 0
     assert costs["t_verify_ms"] == costs[f"t_verify_g{conf['spd'] + 1}_ms"]  # the longest verification
     md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
-    assert f"gamma per method (conf/method/<method>.yaml; gamma=N sets every method's): spd {conf['spd']}, mtad {conf['spd'] + 1}" in md
+    assert f"gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): spd {conf['spd']}, mtad {conf['spd'] + 1}" in md
     assert f"t_verify({conf['spd']}+1) / t_ar" in md and f"t_verify({conf['spd'] + 1}+1) / t_ar" in md
     one = Bench.__new__(Bench)
     one.cfg = _cfg("gamma=5")

@@ -11,7 +11,8 @@ every key changed once, ``ar``, ``beam`` and ``mtjd`` included (their cells now 
 (``drafter: {kind: model}``; ``max_ngram``/``min_ngram`` only in an ngram scope) and their own drafter's
 cost ratio c. A change that alters any of them must bump ``HARNESS_VERSION`` and say so in the README.
 A change of a shipped sweep's own config is not a harness change: the smoke sweep's datasets went from
-2 samples x 64 new tokens to 3 x 128 (its keys and those of ``mtad_tau``, made from it, are new).
+2 samples x 64 new tokens to 3 x 128 and runs spd and block at gamma 2 (its keys and those of ``mtad_tau``,
+made from it, are new).
 """
 
 from __future__ import annotations
@@ -31,28 +32,28 @@ PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {
         ['sweep=smoke', 'data_root=data'],
         [
             ('ar', 'humaneval', 0, '24d7dfdbfb5d'),
-            ('spd', 'humaneval', 0, 'f2ce2aa40ddd'),
-            ('block', 'humaneval', 0, 'a4dafa3371b7'),
+            ('spd', 'humaneval', 0, '2bc7e2a0ea5b'),
+            ('block', 'humaneval', 0, 'a9a47dc4ee90'),
             ('mtad', 'humaneval', 0, 'c48ec322c571'),
             ('ar', 'humaneval', 1, 'c5cc4637fc92'),
-            ('spd', 'humaneval', 1, '31b808c323c9'),
-            ('block', 'humaneval', 1, '046f7f2f0ae0'),
+            ('spd', 'humaneval', 1, '9eb876b8dffa'),
+            ('block', 'humaneval', 1, '2ec0ac0f2519'),
             ('mtad', 'humaneval', 1, '64229685d3cf'),
             ('ar', 'humaneval', 2, 'dbe68c63d112'),
-            ('spd', 'humaneval', 2, 'e42edab06269'),
-            ('block', 'humaneval', 2, '522c1013c6db'),
+            ('spd', 'humaneval', 2, '4ba1b5edad72'),
+            ('block', 'humaneval', 2, '2a9bd4fe73c4'),
             ('mtad', 'humaneval', 2, '7b7c702cb53b'),
             ('ar', 'mt_bench', 0, '4a1a8d3d9fba'),
-            ('spd', 'mt_bench', 0, '059107fc9f7a'),
-            ('block', 'mt_bench', 0, 'c502cb5fe3b9'),
+            ('spd', 'mt_bench', 0, 'f6b2fe006820'),
+            ('block', 'mt_bench', 0, '552b9fe2c1ef'),
             ('mtad', 'mt_bench', 0, '427c270c8db6'),
             ('ar', 'mt_bench', 1, 'a7b8e4e0d2ba'),
-            ('spd', 'mt_bench', 1, '6593ae8d29a9'),
-            ('block', 'mt_bench', 1, 'ed599f386552'),
+            ('spd', 'mt_bench', 1, '166e887b0a93'),
+            ('block', 'mt_bench', 1, '6cefd0192c43'),
             ('mtad', 'mt_bench', 1, 'bf423a06a873'),
             ('ar', 'mt_bench', 2, '39ecf6bb4277'),
-            ('spd', 'mt_bench', 2, '33ceb395487d'),
-            ('block', 'mt_bench', 2, 'a61ce0cfee96'),
+            ('spd', 'mt_bench', 2, 'ca27ff4309d2'),
+            ('block', 'mt_bench', 2, 'd5e470c70a95'),
             ('mtad', 'mt_bench', 2, '9110d03061f1'),
         ],
     ),
