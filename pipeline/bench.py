@@ -341,10 +341,11 @@ class Bench:
         more than the drafter's chain)."""
         target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
         costs: dict[str, float] = {}
-        for g in self.gammas() or [self.cfg.get("gamma") or 3]:
+        lengths = self.gammas() or [self.gamma_of("spd")]  # no chain row: spd's, for the roofline line
+        for g in lengths:
             t_ar, costs[f"t_verify_g{g}"] = step_times(target, prompt, g, self.device, reps=reps)
             costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
-        costs["t_verify"] = costs[f"t_verify_g{max(self.gammas() or [self.cfg.get('gamma') or 3])}"]
+        costs["t_verify"] = costs[f"t_verify_g{max(lengths)}"]
         costs["t_draft_model"] = float("nan")
         for d in self.drafters:  # each drafter measures its own draft token (Drafter.step_cost), under spd's warping
             dec = build_decoder("spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d))

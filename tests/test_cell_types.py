@@ -30,8 +30,12 @@ from pipeline.tracking.layout import param_value
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((REPO / "tests" / "golden" / "cell_configs.json").read_text())
 CASES = {
+    # the smoke sweep as it was when the golden file was recorded (2 samples x 64 tokens, every method at its
+    # conf/method gamma): the layout is what is pinned here, not the smoke sweep's current settings
     "judged": ["sweep=smoke", "data_root=data", "judge.enabled=true", "judge.kind=openai", "judge.base_url=http://a:1/v1",
-               "judge.model=m", "seeds=[0]"],
+               "judge.model=m", "seeds=[0]", "sweep.methods=[ar,spd,block,mtad]",
+               "sweep.datasets=[{dataset: humaneval, limit: 2, max_new_tokens: 64},"
+               "{dataset: mt_bench, limit: 2, max_new_tokens: 64, max_turns: 1}]"],
     "all_methods": ["sweep=all_methods", "data_root=data"],
 }
 
