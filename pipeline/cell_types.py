@@ -70,6 +70,9 @@ class Cell:
     """The accelerator type the cell is measured on (``cluster.accelerator_type``) or ``any``."""
     harness: str
     """``HARNESS_VERSION`` the cell was planned under (part of its key; param ``harness_version``)."""
+    weights: dict[str, str] = field(default_factory=dict)
+    """Content fingerprints of the local weights the cell reads, by role (``target``, ``draft``, ``eagle``,
+    ``medusa``; ``pipeline.models.weights_identity``): part of its key; params ``weights.*``."""
     judge: dict[str, Any] | None = None
     """The judge config that scores the cell (MT-Bench with ``judge.enabled`` only), else None."""
     baseline: bool = False
@@ -102,6 +105,7 @@ class Cell:
             "judge": self.judge,
             "hardware": self.hardware,
             "harness_version": self.harness,
+            "weights": self.weights,
         }
 
     def describe(self) -> str:

@@ -28,6 +28,7 @@ GGUF files are converted once into a safetensors copy under the cache folder
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.util
 import os
@@ -43,6 +44,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.decoding.base import DRAFTERS, EAGLE_KINDS, DrafterContext
+from pipeline.decoding.checkpoints import resolve_dir
 from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
 from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.fast_forward import model_kernel_path
@@ -188,6 +190,78 @@ class PairSpec:
         """The pair's precision on this machine: per model the resolved dtype and kernel path, the CPU's bf16
         capability (part of a cell's key; ``predicted`` names the kernels without building them)."""
         return precision_info(resolve_device(self.device), self.dtypes(), build=not predicted)
+
+
+# Files of a model folder that do not change what it computes: cards and training records (editing a card
+# must not re-run a sweep).
+_NOT_WEIGHTS = ("*.md", "metrics.json", ".*")
+
+
+def content_fingerprint(path: str | Path) -> str:
+    """sha256 of a local model file or folder's contents (names and bytes of every file but cards and
+    training records, in name order): the same weights give the same fingerprint on every machine.
+
+    Cached per process by the files' sizes and modification times (a 100 MB GGUF hashes in ~0.1 s)."""
+    root = Path(path)
+    files = [root] if root.is_file() else sorted(
+        p for p in root.rglob("*") if p.is_file() and not any(p.match(g) for g in _NOT_WEIGHTS)
+        and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _fingerprint(str(root), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(root: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for name, _size, _mtime in stamp:
+        rel = Path(name).relative_to(root).as_posix() if name != root else Path(name).name
+        digest.update(rel.encode() + b"\0")
+        with open(name, "rb") as fh:
+            digest.update(hashlib.file_digest(fh, "sha256").digest())
+    return digest.hexdigest()[:16]
+
+
+def model_fingerprint(spec: ModelSpec) -> str | None:
+    """The content fingerprint of a model that lives in files here (a local folder, or a package's or
+    folder's GGUF file), else None: a Hub model is named by its id and ``revision``, a ``random_init`` one
+    by its config and seed (both already in the pair's identity)."""
+    if spec.random_init:
+        return None
+    try:
+        location = Path(spec.location())
+    except ModelNotAvailableError:
+        return None
+    if not location.exists():
+        return None
+    return content_fingerprint(location / spec.gguf_file if spec.gguf_file else location)
+
+
+def weights_identity(pair: Mapping[str, Any], method: str, params: Mapping[str, Any]) -> dict[str, str]:
+    """Content fingerprints of the local weights one cell reads (part of its key): the target, and the
+    draft model, EAGLE head or Medusa heads its drafter takes. Retraining a checkpoint in ``models/``
+    therefore gives new keys to exactly the cells that use it, and a resumed sweep re-measures them."""
+    spec = PairSpec.from_config(pair)
+    out: dict[str, str] = {}
+    found = model_fingerprint(spec.target)
+    if found:
+        out["target"] = found
+    drafter = params.get("drafter")
+    kind = drafter.get("kind") if isinstance(drafter, Mapping) else drafter
+    own_path = drafter.get("path") if isinstance(drafter, Mapping) else None
+    folder: Any = None
+    if kind == "model" and spec.draft is not None:
+        found = model_fingerprint(spec.draft)
+        if found:
+            out["draft"] = found
+    elif kind in EAGLE_KINDS:
+        folder = own_path or spec.extra.get("eagle")
+    elif kind == "medusa" or method == "medusa":
+        folder = own_path or spec.extra.get("medusa")
+    if folder:
+        directory = resolve_dir(folder)
+        if directory.exists():
+            out["eagle" if kind in EAGLE_KINDS else "medusa"] = content_fingerprint(directory)
+    return out
 
 
 def canonical_dtype(name: str) -> str:

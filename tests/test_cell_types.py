@@ -7,7 +7,9 @@ computed from the fields and must give the same names and values (paths under th
 written ``<repo>``). A change here changes the MLflow layout that stores and the analysis rely on.
 The draft-based cells were re-recorded once for HARNESS_VERSION 3 (drafters as plugins: ``method.drafter``
 became the drafter's scope, ``method.drafter.kind`` ..., and ``max_ngram``/``min_ngram`` left cells whose
-drafter is not ngram); the other cells' entries are those of before.
+drafter is not ngram); the other cells' entries are those of before. For HARNESS_VERSION 4 every entry's key,
+``harness_version`` and the new ``weights`` (the content fingerprints of the local weights the cell reads)
+were re-recorded; nothing else of any entry changed.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ Flow (docs/DESIGN.md sections 1 and 7), steps 1-3 of ``python -m pipeline.sweep`
 3. ``ar`` baseline cells are added for every (pair, dataset, seed) that has other methods.
 
 A cell is a ``pipeline.cell_types.Cell``; its key is the hash of its identity (``HARNESS_VERSION``,
-method and resolved parameters, pair, dataset, seed, measurement protocol, hardware; the judge is not
-part of it): the same configuration gives the same key.
+method and resolved parameters, pair, dataset, seed, measurement protocol, hardware, precision, and the
+content of the local weights it reads; the judge is not part of it): the same configuration on the same
+weights gives the same key.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pipeline.cell_types import Cell, cell_key
 from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import DrafterContext, check_method
-from pipeline.models import PairSpec
+from pipeline.models import PairSpec, weights_identity
 from pipeline.scoring.registry import check_task_scorer
 from pipeline.sweep.checks import check_device, check_measure, check_models_available, context_length
 from pipeline.sweep.compose import (
@@ -52,7 +53,10 @@ __all__ = ["CONF_DIR", "HARNESS_VERSION", "Plan", "SweepConfigError", "check_com
 # and `mtjd` included (their cells now measure another precision); (b) drafters as plugins: a draft-based
 # method's parameters carry only its drafter's own scope (`drafter: {kind: ngram, max_ngram: 3,
 # min_ngram: 1}`, not max_ngram/min_ngram on every cell) and its cost ratio c is its own drafter's.
-HARNESS_VERSION = "3"
+# 4: the content of the local weights a cell reads (target GGUF or folder, draft model, EAGLE or Medusa
+# heads; ``models.weights_identity``) in its identity: retraining a checkpoint in models/ re-measures the
+# cells that use it on resume, where before an old store served the old checkpoint's cells.
+HARNESS_VERSION = "4"
 DATASET_KEYS = ("name", "path", "split", "start", "limit", "ids", "max_new_tokens", "max_turns", "time_budget_s", "options")
 SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
@@ -291,6 +295,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
     # The judge scores the generations, it does not change them: not part of the key (a judge change
     # re-judges the logged generations, see `driver.classify`). None here keeps the keys of earlier stores.
     harness = HARNESS_VERSION
+    weights = weights_identity(pair, method["name"], params)
     identity = {
         "harness": harness,
         "method": {"name": method["name"], "params": params},
@@ -301,6 +306,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         "judge": None,
         "hardware": hardware,
         "precision": PairSpec.from_config(pair).precision(predicted=True),
+        "weights": weights,
     }
     return Cell(
         key=cell_key(identity),
@@ -315,6 +321,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         measure=measure,
         hardware=hardware,
         harness=harness,
+        weights=weights,
         judge=dict(judge) if (judge.get("enabled") and scorer is not None and scorer.uses_judge) else None,
         baseline=baseline,
         fault=fault,

@@ -83,7 +83,8 @@ PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
 PARAM_KEY_LIMIT = 250
 ISOLATION_PARAM = "isolation"  # params isolation.* : the CPU isolation a cell ran under
 # a cell's params are ``flatten(Cell.config)``: cell_key, sweep, label, method.*, pair.*, dataset.* (dataset.task.*
-# included), seed, measure.*, judge.*, hardware, harness_version; the pair's config is under this prefix
+# included), seed, measure.*, judge.*, hardware, harness_version, weights.* (content fingerprints of the local
+# weights the cell reads: target, draft, eagle, medusa); the pair's config is under this prefix
 PARAM_PAIR_PREFIX = "pair."
 
 # ------------------------------------------------------------------------------- metrics
