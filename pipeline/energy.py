@@ -10,6 +10,11 @@ By availability, for the device a cell runs on:
 2. ``RaplMeter``: Intel/AMD RAPL package energy from ``/sys/class/powercap`` where readable (CPU runs).
 3. ``NullMeter``: energy recorded as unavailable with the reason. Never an estimate.
 
+Besides, by name: ``ZeusMeter`` (``zeus``), Zeus's ``ZeusMonitor`` (ml-energy/zeus, the meter behind the
+ML.ENERGY leaderboard) on the cell's GPU, and ``PairedMeter`` (``nvml+zeus``, or any ``<meter>+<meter>``):
+two meters on the same windows, the first's reading the figure and the second's kept beside it
+(``EnergyReading.reference``), with their difference in ``energy_summary``: our meter against the field's.
+
 Every meter: ``start()`` then ``stop() -> EnergyReading`` around the window (the caller synchronises
 the device first), and ``measure_idle(seconds)`` for the idle power with models resident, from which
 ``energy_summary`` derives the idle-subtracted ("dynamic") figures.
@@ -44,6 +49,7 @@ class EnergyReading:
     poller_mean_power_w: float | None = None
     poller_max_gap_s: float | None = None
     device: dict[str, Any] = field(default_factory=dict)
+    reference: dict[str, Any] | None = None  # a second meter's reading of the same window (PairedMeter)
 
     @property
     def mean_power_w(self) -> float | None:
@@ -66,6 +72,7 @@ class IdleReading:
     seconds: float = 0.0
     method: str | None = None
     reason: str | None = None
+    reference_power_w: float | None = None  # a second meter's idle power over the same seconds (PairedMeter)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +100,9 @@ class EnergyMeter:
         reading = self.stop()
         if reading.energy_j is None:
             return IdleReading(False, seconds=reading.duration_s, reason=reading.reason)
-        return IdleReading(True, reading.energy_j / reading.duration_s, reading.duration_s, reading.method)
+        ref = reading.reference or {}
+        ref_w = ref["energy_j"] / ref["duration_s"] if ref.get("energy_j") is not None and ref.get("duration_s") else None
+        return IdleReading(True, reading.energy_j / reading.duration_s, reading.duration_s, reading.method, reference_power_w=ref_w)
 
     def info(self) -> dict[str, Any]:
         return {"meter": self.name, "available": self.available, "reason": self.reason}
@@ -336,16 +345,105 @@ class RaplMeter(EnergyMeter):
         )
 
 
+# --------------------------------------------------------------------------- Zeus and pairs
+
+
+ZEUS_FIX = "install it with `pip install zeus==0.16.0` (pinned in requirements.lock)"
+
+
+class ZeusMeter(EnergyMeter):
+    """Zeus's ``ZeusMonitor`` on one CUDA device (index as torch numbers it, ``CUDA_VISIBLE_DEVICES``
+    applied, as Zeus takes it): the field's reference meter. Zeus reads the same driver counter as
+    ``NvmlMeter`` on Volta and later and polls power in a process of its own on older GPUs; its code is
+    not ours, which is the point of running it beside ours. The caller synchronises the device."""
+
+    name = "zeus"
+
+    def __init__(self, index: int, monitor: Any = None):
+        if monitor is None:
+            from zeus.monitor import ZeusMonitor  # noqa: PLC0415 - only when asked for, GPU runs
+
+            monitor = ZeusMonitor(gpu_indices=[index], cpu_indices=[])
+        self.index, self.monitor = int(index), monitor
+        self.available = self.index in list(getattr(monitor, "gpu_indices", [self.index]))
+        self.reason = None if self.available else f"Zeus does not see CUDA device {self.index}"
+        self._windows = 0
+        self._key: str | None = None
+
+    def start(self) -> None:
+        self._windows += 1
+        self._key = f"pipeline-{self._windows}"
+        self.monitor.begin_window(self._key, sync_execution=False)
+
+    def stop(self) -> EnergyReading:
+        measurement = self.monitor.end_window(self._key, sync_execution=False)
+        energy = measurement.gpu_energy.get(self.index)
+        return EnergyReading(
+            meter=self.name,
+            available=energy is not None,
+            energy_j=None if energy is None else float(energy),
+            duration_s=float(measurement.time),
+            method="zeus" if energy is not None else None,
+            reason=None if energy is not None else f"Zeus measured no energy for CUDA device {self.index}",
+            device={"index": self.index, "zeus": _zeus_version()},
+        )
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "index": self.index, "zeus": _zeus_version()}
+
+
+def _zeus_version() -> str | None:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("zeus")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+class PairedMeter(EnergyMeter):
+    """Two meters on the same windows: ``primary``'s reading is the figure, ``reference``'s rides along
+    (``EnergyReading.reference``; ``energy_summary`` adds ``reference_energy_j`` and ``energy_vs_reference``).
+    The reference starts first and stops last, so its window holds the primary's (microseconds apart)."""
+
+    def __init__(self, primary: EnergyMeter, reference: EnergyMeter):
+        self.primary, self.reference = primary, reference
+        self.name = f"{primary.name}+{reference.name}"
+        self.available, self.reason = primary.available, primary.reason
+
+    def start(self) -> None:
+        self.reference.start()
+        self.primary.start()
+
+    def stop(self) -> EnergyReading:
+        reading = self.primary.stop()
+        reading.reference = self.reference.stop().to_dict()
+        return reading
+
+    def info(self) -> dict[str, Any]:
+        return {"meter": self.name, "available": self.available, "reason": self.reason,
+                "primary": self.primary.info(), "reference": self.reference.info()}
+
+    def close(self) -> None:
+        self.primary.close()
+        self.reference.close()
+
+
 # --------------------------------------------------------------------------- factory and summary
 
 
 def make_energy_meter(device: Any = None, kind: str = "auto", poll_hz: float = POLL_HZ) -> EnergyMeter:
     """The best meter for ``device`` (a torch device or string), or a NullMeter saying why none.
 
-    ``kind``: ``auto`` (NVML for CUDA devices, RAPL for the CPU), ``nvml``, ``rapl`` or ``none``.
+    ``kind``: ``auto`` (NVML for CUDA devices, RAPL for the CPU), ``nvml``, ``rapl``, ``zeus``, ``none``, or
+    ``<a>+<b>`` (``nvml+zeus``): meter ``a`` with meter ``b`` beside it on the same windows (``PairedMeter``).
     """
-    if kind not in ("auto", "nvml", "rapl", "none"):
-        raise ValueError(f"unknown energy meter {kind!r}; valid: auto, nvml, rapl, none")
+    check_energy_meter(kind)
+    if "+" in kind:
+        primary, reference = kind.split("+")
+        return PairedMeter(make_energy_meter(device, primary, poll_hz), make_energy_meter(device, reference, poll_hz))
+    if kind == "zeus":
+        return _zeus_meter(device)
     if kind == "none":
         return NullMeter("energy measurement switched off")
     dev_type = "cpu"
@@ -368,6 +466,31 @@ def make_energy_meter(device: Any = None, kind: str = "auto", poll_hz: float = P
     return NullMeter(f"no energy meter for device type {dev_type!r}")
 
 
+ENERGY_METERS = ("auto", "nvml", "rapl", "zeus", "none")
+
+
+def check_energy_meter(kind: Any) -> None:
+    """ValueError naming the valid values unless ``kind`` is a meter name or ``<a>+<b>`` of two distinct ones."""
+    parts = str(kind).split("+")
+    if not isinstance(kind, str) or len(parts) > 2 or any(p not in ENERGY_METERS for p in parts) or (
+            len(parts) == 2 and (parts[0] == parts[1] or "none" in parts)):
+        raise ValueError(f"unknown energy meter {kind!r}; valid: {', '.join(ENERGY_METERS)}, or two of auto/nvml/rapl/zeus "
+                         "joined by '+' (the first is the figure, the second a reference on the same windows: nvml+zeus)")
+
+
+def _zeus_meter(device: Any) -> EnergyMeter:
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return NullMeter(f"the Zeus meter measures CUDA GPUs; this cell runs on {dev.type}")
+    try:
+        meter = ZeusMeter(dev.index if dev.index is not None else torch.cuda.current_device())
+    except ImportError as err:
+        return NullMeter(f"Zeus is not installed ({err}): {ZEUS_FIX}")
+    except Exception as err:  # noqa: BLE001 - no driver, a GPU Zeus cannot open
+        return NullMeter(f"Zeus unavailable: {type(err).__name__}: {err}")
+    return meter if meter.available else NullMeter(meter.reason or "Zeus unavailable")
+
+
 def energy_summary(reading: EnergyReading, idle: IdleReading | None, tokens: int) -> dict[str, Any]:
     """J/token (total board energy / tokens) and the idle-subtracted ("dynamic") figures; None where unknown."""
     out: dict[str, Any] = {
@@ -387,4 +510,12 @@ def energy_summary(reading: EnergyReading, idle: IdleReading | None, tokens: int
         out["dynamic_energy_j"] = reading.energy_j - out["idle_power_w"] * reading.duration_s
         if tokens > 0:
             out["dynamic_j_per_token"] = out["dynamic_energy_j"] / tokens
+    ref = reading.reference
+    if ref is not None:  # a second meter on the same window: its figures and ours against it
+        ref_j = ref.get("energy_j")
+        out["reference_meter"] = ref.get("meter")
+        out["reference_energy_j"] = ref_j
+        out["reference_j_per_token"] = ref_j / tokens if ref_j is not None and tokens > 0 else None
+        out["energy_vs_reference"] = reading.energy_j / ref_j - 1.0 if reading.energy_j is not None and ref_j else None
+        out["reference_idle_power_w"] = idle.reference_power_w if idle is not None else None
     return out

@@ -56,7 +56,7 @@ class Protocol:
     warmup_seconds: float = 10.0  # ... and at least this long
     warmup_samples: int = 3  # how many samples after the slice the warm-up uses
     idle_seconds: float = 10.0  # idle power with the models resident (only with an energy meter)
-    energy_meter: str = "auto"  # auto | nvml | rapl | none
+    energy_meter: str = "auto"  # auto | nvml | rapl | zeus | none, or nvml+zeus (a reference meter beside)
     perplexity: bool = True  # teacher-forced target pass after the window
     score: bool = True  # run the task's scorer
     threads: int | None = None  # torch intra-op threads; None: what the cell's isolation holds

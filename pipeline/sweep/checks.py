@@ -11,6 +11,7 @@ import gguf
 import torch
 from huggingface_hub import try_to_load_from_cache
 
+from pipeline.energy import check_energy_meter
 from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.sweep.compose import CONF_DIR, SweepConfigError
 
@@ -126,7 +127,6 @@ _MEASURE_RULES = {  # key: (types, minimum, what)
     "idle_seconds": ((int, float), 0, "a number >= 0"),
     "threads": (int, 1, "null or an integer >= 1"),
 }
-ENERGY_METERS = ("auto", "nvml", "rapl", "none")
 
 
 def check_measure(measure: Mapping[str, Any]) -> list[str]:
@@ -140,7 +140,9 @@ def check_measure(measure: Mapping[str, Any]) -> list[str]:
     for key in ("perplexity", "score"):
         if key in measure and not isinstance(measure[key], bool):
             errors.append(f"measure.{key}={measure[key]!r}: must be true or false")
-    if measure.get("energy_meter", "auto") not in ENERGY_METERS:
-        errors.append(f"measure.energy_meter={measure.get('energy_meter')!r}: valid: {', '.join(ENERGY_METERS)}")
+    try:
+        check_energy_meter(measure.get("energy_meter", "auto"))
+    except ValueError as err:
+        errors.append(f"measure.energy_meter: {err}")
     return errors
 
