@@ -19,6 +19,11 @@ acceptance rate alpha, and reports Leviathan's bound in both forms:
 
 with efficiency = measured speedup over our ``ar`` / measured-cost bound, and the per-step
 overhead outside the two models' forward passes. Results go to ``benchmarks/<name>.md|json``.
+
+Energy (``energy_meter``, as the sweep's ``measure.energy_meter``: ``auto`` = NVML on a GPU, RAPL on a CPU
+where readable, else none): every runner's pass over the prompts is one metered window, so each row has
+J/token (median over passes), idle-subtracted with the idle power measured once before the passes
+(``idle_seconds``); with ``nvml+zeus``, Zeus's reading of the same windows and ours against it per pass.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_genera
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
 from pipeline.decoding.speculative import DraftVerifyDecoder
 from pipeline.device import machine_info, synchronize
+from pipeline.energy import energy_summary, make_energy_meter
 from pipeline.measure import step_times
 from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
@@ -72,6 +78,10 @@ class Row:
     speedup: float | None = None
     efficiency: float | None = None
     overhead_per_step: float | None = None
+    j_per_token: float | None = None  # energy meter's J per new token, median over passes
+    dynamic_j_per_token: float | None = None  # the same less idle power x window time
+    reference_j_per_token: float | None = None  # a reference meter's (energy_meter: nvml+zeus) on the same windows
+    energy_vs_reference: float | None = None  # ours / reference - 1, median of per-pass values
 
 
 class _ForwardClock:
@@ -148,6 +158,9 @@ class Bench:
                     except ValueError as err:
                         self.skipped[(method, d)] = str(err)
         self.pair = load_pair(spec)
+        self.meter = make_energy_meter(next(self.pair.target.parameters()).device, cfg.get("energy_meter", "none"))
+        self.idle = None  # the idle power, measured once before the first timed pass when a meter is available
+        self.energy: dict[Any, list[dict[str, Any]]] = {}  # runner -> energy_summary of each timed pass (the last _timed call)
         self.draft_full_vocab = self.pair.draft is not None and getattr(self.pair.draft, "draft_token_map", None) is None
         self.device = next(self.pair.target.parameters()).device
         self.prompts = [encode_prompt(self.pair.tokenizer, p, spec.chat) for p in cfg.prompts]
@@ -197,6 +210,10 @@ class Bench:
                 for i, ids in enumerate(self.prompts):
                     run_one(i, ids)
         rates: dict[Any, list[float]] = {k: [] for k in runners}
+        self.energy = {k: [] for k in runners}
+        if self.meter.available and self.idle is None and self.cfg.get("idle_seconds", 0) > 0:
+            synchronize(self.device)
+            self.idle = self.meter.measure_idle(float(self.cfg.idle_seconds))
         probes = []
         last: dict[Any, list[Any]] = {}
         gens: dict[Any, list[Any]] = {k: [] for k in runners}
@@ -204,6 +221,9 @@ class Bench:
             probes.append(probe())
             for key, run_one in runners.items():
                 tokens, seconds, outs = 0, 0.0, []
+                if self.meter.available:  # the runner's pass is one metered window
+                    synchronize(self.device)
+                    self.meter.start()
                 for i, ids in enumerate(self.prompts):
                     synchronize(self.device)
                     t0 = time.perf_counter()
@@ -212,6 +232,8 @@ class Bench:
                     seconds += time.perf_counter() - t0
                     tokens += len(out[0])
                     outs.append(out)
+                if self.meter.available:
+                    self.energy[key].append(energy_summary(self.meter.stop(), self.idle, tokens))
                 rates[key].append(tokens / seconds)
                 last[key] = outs
                 gens[key].extend(o[1] for o in outs)
@@ -398,6 +420,7 @@ class Bench:
             results, probes = self._timed(runners, self._probe_costs)
             self.probes[mode] = probes
             all_probes += probes
+            energy = {(impl, m, d): self.energy[(impl, m, d)] for impl, m, d in runners}
             hf_ar = results[("transformers", "ar", None)]
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))
             for d, why in hf_drafters.items():
@@ -437,6 +460,9 @@ class Bench:
                     if ours_ar:
                         row.efficiency = med([s / b for s, b in zip(speedups, bounds)])
                 rows.append(row)
+            for row in rows:
+                if row.mode == mode and not row.note:
+                    _energy_figures(row, energy.get((row.impl, row.method, row.drafter), []))
             for (method, d), why in self.skipped.items():
                 rows.append(Row("ours", method, mode, None, 0, drafter=d, note=why))
         costs = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in all_probes[0]}
@@ -446,7 +472,23 @@ class Bench:
         costs["t_draft_ms"] = costs[f"t_draft_{self.drafters[0]}_ms"]
         costs["c"] = costs[f"c_{self.drafters[0]}"]
         costs.update(roofline(self.pair, costs, self.device))
+        costs["energy_meter"] = self.meter.info()
+        if self.idle is not None and self.idle.available:
+            costs["idle_power_w"] = self.idle.power_w
+            costs["reference_idle_power_w"] = self.idle.reference_power_w
         return rows, costs
+
+
+def _energy_figures(row: Row, passes: list[dict[str, Any]]) -> None:
+    """A row's energy columns: medians over its metered passes (None where the meter read nothing)."""
+    def median_of(key: str) -> float | None:
+        values = [p[key] for p in passes if p.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    row.j_per_token = median_of("j_per_token")
+    row.dynamic_j_per_token = median_of("dynamic_j_per_token")
+    row.reference_j_per_token = median_of("reference_j_per_token")
+    row.energy_vs_reference = median_of("energy_vs_reference")
 
 
 def streamed_bytes(model) -> int:
@@ -532,6 +574,26 @@ def _gammas(rows: list[Row], cfg: DictConfig) -> str:
     return "gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): " + ", ".join(f"{m} {g}" for m, g in chosen.items())
 
 
+def _energy_lines(rows: list[Row], costs: dict[str, Any]) -> list[str]:
+    """The energy table (rows with a reading), or one line saying why there is none."""
+    meter = costs.get("energy_meter") or {}
+    if not meter.get("available"):
+        return ["", f"Energy: not measured ({meter.get('reason') or 'energy_meter=none'})."]
+    ref = meter.get("reference")
+    idle = costs.get("idle_power_w")
+    head = (f"Energy: meter {meter.get('meter')}; each row's pass over the prompts is one window, J/token the median over passes; "
+            f"idle power {_fmt(idle, 1)} W" + (f" (reference {_fmt(costs.get('reference_idle_power_w'), 1)} W)" if ref else "")
+            + "; dynamic = less idle power x window time" + ("; ours vs reference: ours / reference - 1 per pass, median." if ref else "."))
+    lines = ["", head, "", "| impl | method | drafter | mode | J/token | dynamic J/token |" + (" reference J/token | ours vs reference |" if ref else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if ref else "")]
+    for r in rows:
+        if r.note or r.j_per_token is None and r.reference_j_per_token is None:
+            continue
+        tail = f" {_fmt(r.reference_j_per_token, 4)} | {_fmt(None if r.energy_vs_reference is None else 100 * r.energy_vs_reference, 2)}% |" if ref else ""
+        lines.append(f"| {r.impl} | {r.method} | {_fmt(r.drafter)} | {r.mode} | {_fmt(r.j_per_token, 4)} | {_fmt(r.dynamic_j_per_token, 4)} |" + tail)
+    return lines
+
+
 def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[str, Any], command: str, cfg: DictConfig) -> str:
     verify = sorted((int(k[len("t_verify_g"):-3]), v) for k, v in costs.items() if k.startswith("t_verify_g"))
     lines = [
@@ -578,6 +640,7 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
             f"{_fmt(r.bound)} | {_fmt(r.bound_ideal)} | {_fmt(r.speedup)} | {_fmt(r.efficiency)} | "
             f"{_fmt(None if r.overhead_per_step is None else 100 * r.overhead_per_step, 1)}{'%' if r.overhead_per_step is not None else ''} |"
         )
+    lines += _energy_lines(rows, costs)
     if notes:
         lines += ["", "Rows not run:", *sorted(set(notes))]
     lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "engine"), ""]
@@ -595,6 +658,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
     rows, costs = bench.run()
+    bench.meter.close()
     info = machine_info(bench.device)
     info.update(bench.pair.precision())
     info["engine"] = engine_info(bench.pair)

@@ -14,6 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from pipeline import bench as bench_mod
+from pipeline import energy
 from pipeline.bench import Bench
 from pipeline.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
 
@@ -56,6 +57,7 @@ def test_default_pair_as_shipped_with_every_drafter():
     assert got[("ours", "spd", "ngram")].c < 0.1 and costs["t_draft_ngram_ms"] >= 0
     md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
     assert "Rows not run:" in md and "| ours | spd | ngram | 2 | greedy |" in md
+    assert "\nEnergy: " in md  # a table where this machine has a meter (auto: RAPL on a CPU), else why not
 
 
 def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
@@ -176,6 +178,7 @@ def test_timed_passes_draw_with_their_own_seeds_and_pool_the_generations():
     bench.cfg = OmegaConf.create({"warmup": 1, "repeats": 3})
     bench.prompts = [[1, 2], [3], [4, 5, 6]]
     bench.device = torch.device("cpu")
+    bench.meter, bench.idle = energy.NullMeter("energy_meter=none"), None
     seen = {"a": [], "b": []}
 
     def runner(name):
@@ -192,3 +195,56 @@ def test_timed_passes_draw_with_their_own_seeds_and_pool_the_generations():
     rates, tokens, outs, gens = results["a"]
     assert len(rates) == 3 and tokens == 6 and outs == [[i] * n for i, n in zip(timed[-3:], (2, 1, 3))]
     assert gens == [("a", i) for i in timed]
+
+
+def _zone(root: Path, name: str) -> Path:
+    """A RAPL package zone (the sysfs layout RaplMeter reads) whose counter the runners below advance."""
+    zone = root / name
+    zone.mkdir(parents=True)
+    (zone / "name").write_text("package-0\n")
+    (zone / "energy_uj").write_text("0\n")
+    (zone / "max_energy_range_uj").write_text("1000000000000\n")
+    return zone
+
+
+def _spend(zone: Path, uj: int) -> None:
+    (zone / "energy_uj").write_text(f"{int((zone / 'energy_uj').read_text()) + uj}\n")
+
+
+def test_every_runners_pass_is_one_metered_window(tmp_path):
+    """With a meter, each runner's pass over the prompts is a window: J/token per pass and runner, idle power
+    once before the passes, and a reference meter's reading of the same windows beside ours."""
+    ours, ref = _zone(tmp_path, "intel-rapl:0"), _zone(tmp_path, "intel-rapl:1")
+    bench = object.__new__(Bench)
+    bench.cfg = OmegaConf.create({"warmup": 1, "repeats": 2, "idle_seconds": 0.2})
+    bench.prompts = [[1, 2], [3]]
+    bench.device = torch.device("cpu")
+    bench.meter = energy.PairedMeter(energy.RaplMeter([ours]), energy.RaplMeter([ref]))
+    bench.idle = None
+    cost = {"a": 1000, "b": 3000}  # uJ per new token: b spends 3x a's energy per token
+
+    def runner(name):
+        def run_one(i, ids):
+            _spend(ours, cost[name] * len(ids))
+            _spend(ref, cost[name] * len(ids) * 99 // 100)  # the reference reads 1% less
+            return list(ids), None
+        return run_one
+
+    bench._timed({"a": runner("a"), "b": runner("b")}, probe=lambda: {})
+    assert bench.idle.available and bench.idle.power_w == 0.0 and bench.idle.reference_power_w == 0.0  # nothing spent idling
+    for name in ("a", "b"):
+        passes = bench.energy[name]
+        assert len(passes) == 2
+        for p in passes:
+            assert p["j_per_token"] == pytest.approx(cost[name] / 1e6)
+            assert p["reference_j_per_token"] == pytest.approx(cost[name] * 0.99 / 1e6)
+            assert p["energy_vs_reference"] == pytest.approx(1 / 0.99 - 1)
+            assert p["dynamic_j_per_token"] == pytest.approx(p["j_per_token"])  # idle power 0
+    row = bench_mod.Row("ours", "spd", "sample", 1.0, 3)
+    bench_mod._energy_figures(row, bench.energy["b"])
+    assert row.j_per_token == pytest.approx(0.003) and row.energy_vs_reference == pytest.approx(1 / 0.99 - 1)
+    costs = {"energy_meter": bench.meter.info(), "idle_power_w": 0.0, "reference_idle_power_w": 0.0}
+    lines = "\n".join(bench_mod._energy_lines([row], costs))
+    assert "Energy: meter rapl+rapl" in lines and "| ours | spd | – | sample | 0.0030 | 0.0030 | 0.0030 | 1.01% |" in lines
+    unmetered = bench_mod._energy_lines([row], {"energy_meter": energy.NullMeter("no readable RAPL package counter").info()})
+    assert unmetered == ["", "Energy: not measured (no readable RAPL package counter)."]
