@@ -11,7 +11,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import logging  # noqa: E402
 
 import pytest  # noqa: E402
-import ray  # noqa: E402
 import torch  # noqa: E402
 
 from helpers.models import tiny_llama  # noqa: E402
@@ -55,6 +54,8 @@ def data_root() -> Path:
 @pytest.fixture(scope="module")
 def ray_session():
     """A local 2-CPU Ray session shared by the sweep tests of one module (each test has its own project)."""
+    import ray  # noqa: PLC0415 - here, not at the top: a GPU node without Ray still runs the CUDA and energy tests
+
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,

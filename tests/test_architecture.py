@@ -10,6 +10,8 @@ edges too (a lazy import still ties two modules together).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,15 @@ def test_a_cycle_written_to_disk_is_found(tmp_path):
     assert find_cycle(graph) in (["pipeline.measure", "pipeline.prompts", "pipeline.measure"],
                                  ["pipeline.prompts", "pipeline.measure", "pipeline.prompts"])
     assert layer_violations(graph) == ["pipeline.prompts (base) imports pipeline.measure (measurement), a later layer"]
+
+
+def test_the_gpu_tests_collect_without_ray_mlflow_or_gguf():
+    """A GPU node with a CUDA PyTorch image and the offline kit (jobs/offline_gpu_kit.sh: hydra, zeus) but no
+    Ray, MLflow or gguf can run the CUDA and energy tests: collecting them imports none of the three."""
+    code = ("import sys\n"
+            "for name in ('ray', 'mlflow', 'gguf'):\n"
+            "    sys.modules[name] = None  # importing it raises ImportError\n"
+            "import pytest\n"
+            "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests/test_decoding_cuda.py', 'tests/test_energy.py']))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

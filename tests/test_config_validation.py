@@ -103,6 +103,7 @@ def _refused_before_ray(monkeypatch, tmp_path, overrides, error=sweep.SweepConfi
     (["measure.threads=0"], r"measure.threads=0: must be null or an integer >= 1"),
     (["measure.threads=-2"], r"measure.threads=-2: must be null or an integer >= 1"),
     (["measure.warmup_seconds=-1"], r"measure.warmup_seconds=-1: must be a number >= 0"),
+    (["measure.energy_meter=nvml+smi"], r"measure.energy_meter: unknown energy meter 'nvml\+smi'; valid: auto, nvml, rapl, zeus, none"),
     (["dataset=humaneval", "dataset.max_new_tokens=9000"], r"max_new_tokens=9000 does not fit the context of pair 'smollm2-offline'.*8192 positions"),
     (["pair=smollm2-offline", "pair.draft.id=/nonexistent/draft-model"], r"draft model folder '/nonexistent/draft-model' does not exist"),
     (["pair=smollm2-offline", "pair.draft.id=models/no-such-draft"], r"draft model folder 'models/no-such-draft' does not exist"),

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# What a GPU node without PyPI or Hub access needs, beyond a CUDA PyTorch image that already has
+# transformers, pytest and nvidia-ml-py, to run the engine's CUDA tests, `python -m pipeline.bench` on
+# the random-weight pair (conf/pair/random-llama3-8b-1b.yaml) and our energy meter against Zeus's:
+#
+#   bash jobs/offline_gpu_kit.sh [KIT_DIR] [PYTHON_VERSION]      # here, with PyPI (default .kit, 3.12)
+#
+# KIT_DIR gets wheels/ (hydra-core, omegaconf, antlr4 built here from its sdist, zeus and its needs but
+# amdsmi) and tokenizer.tgz (the offline pair's tokenizer, 0.6 MB, instead of its 98 MB GGUF: the random
+# pair takes only its tokenizer from it). The commands to run on the node are in jobs/README.md
+# (*A GPU node without internet*). What cannot travel this way, and why, is said there too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KIT=${1:-.kit}
+PYV=${2:-3.12}
+PY=${PY:-.venv/bin/python}
+LOCK=requirements.lock
+pin() { grep -i "^$1==" "$LOCK" || { echo "no pin for $1 in $LOCK" >&2; exit 1; }; }
+
+rm -rf "$KIT" && mkdir -p "$KIT/wheels"
+# pure-Python wheels, the versions requirements.lock pins; antlr4's 4.9.3 (what omegaconf 2.3 needs) is an sdist only
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation py \
+  -d "$KIT/wheels" "$(pin hydra-core)" "$(pin omegaconf)" "$(pin tyro)" "$(pin docstring_parser)" "$(pin typeguard)" \
+  "$(pin httpx)" "$(pin httpcore)" zeus==0.16.0
+"$PY" -m pip wheel -q --no-deps -w "$KIT/wheels" "$(pin antlr4-python3-runtime)"
+
+# the offline pair's tokenizer as a plain folder (what conf/pair/random-llama3-8b-1b.yaml's `tokenizer:` reads)
+HF_HUB_OFFLINE=1 "$PY" - "$KIT" <<'EOF'
+import sys, tarfile, tempfile
+from pathlib import Path
+from pipeline.models import load_tokenizer, pair_config, ModelSpec
+spec = ModelSpec.from_config(pair_config("random-llama3-8b-1b")["target"]["tokenizer"])
+with tempfile.TemporaryDirectory() as tmp:
+    load_tokenizer(spec).save_pretrained(Path(tmp) / "tokenizer")
+    with tarfile.open(Path(sys.argv[1]) / "tokenizer.tgz", "w:gz") as tar:
+        tar.add(Path(tmp) / "tokenizer", arcname="tokenizer")
+EOF
+ls -l "$KIT"/wheels "$KIT"/tokenizer.tgz
+du -sh "$KIT"
