@@ -145,20 +145,25 @@ def test_nvml_meter_logic(monkeypatch, counter, instant, method, field):
     assert reading.poller_samples >= 3 and reading.device["name"] == "Fake GPU"
 
 
+def _busy_window(meter: energy.EnergyMeter, device: torch.device, seconds: float = 3.0) -> energy.EnergyReading:
+    """One metered window of back-to-back 8192^3 matrix products on ``device``."""
+    a = torch.randn(8192, 8192, device=device)
+    torch.cuda.synchronize()
+    meter.start()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    return meter.stop()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_nvml_counter_and_poller_agree_on_a_gpu():
     device = torch.device("cuda")
     meter = energy.make_energy_meter(device)
     assert isinstance(meter, energy.NvmlMeter), meter.reason
-    a = torch.randn(8192, 8192, device=device)
-    torch.cuda.synchronize()
-    meter.start()
-    end = time.perf_counter() + 3.0
-    while time.perf_counter() < end:
-        a = (a @ a).clamp_(-1, 1)
-        torch.cuda.synchronize()
-    reading = meter.stop()
+    reading = _busy_window(meter, device)
     idle = meter.measure_idle(2.0)
     print("NVML window:", reading.to_dict(), "idle:", idle.to_dict())
     assert reading.method == "counter" and reading.energy_j > 0
@@ -252,14 +257,7 @@ def test_nvml_and_zeus_agree_on_a_gpu():
     device = torch.device("cuda")
     meter = energy.make_energy_meter(device, "nvml+zeus")
     assert isinstance(meter, energy.PairedMeter) and meter.available and isinstance(meter.reference, energy.ZeusMeter), meter.info()
-    a = torch.randn(8192, 8192, device=device)
-    torch.cuda.synchronize()
-    meter.start()
-    end = time.perf_counter() + 3.0
-    while time.perf_counter() < end:
-        a = (a @ a).clamp_(-1, 1)
-        torch.cuda.synchronize()
-    reading = meter.stop()
+    reading = _busy_window(meter, device)
     summary = energy.energy_summary(reading, meter.measure_idle(2.0), tokens=1)
     print("NVML vs Zeus:", summary)
     assert abs(summary["energy_vs_reference"]) < 0.02
