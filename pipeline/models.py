@@ -201,7 +201,8 @@ def content_fingerprint(path: str | Path) -> str:
     """sha256 of a local model file or folder's contents (names and bytes of every file but cards and
     training records, in name order): the same weights give the same fingerprint on every machine.
 
-    Cached per process by the files' sizes and modification times (a 100 MB GGUF hashes in ~0.1 s)."""
+    Remembered by the files' paths, sizes and modification times, in this process and under the cache
+    folder (``fingerprints/``), so that a 16 GB checkpoint is read once, not at every plan."""
     root = Path(path)
     files = [root] if root.is_file() else sorted(
         p for p in root.rglob("*") if p.is_file() and not any(p.match(g) for g in _NOT_WEIGHTS)
@@ -212,13 +213,26 @@ def content_fingerprint(path: str | Path) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _fingerprint(root: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
+    memo = _cache_root() / "fingerprints" / hashlib.sha256(repr((root, stamp)).encode()).hexdigest()[:32]
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
     digest = hashlib.sha256()
     for name, _size, _mtime in stamp:
         rel = Path(name).relative_to(root).as_posix() if name != root else Path(name).name
         digest.update(rel.encode() + b"\0")
         with open(name, "rb") as fh:
             digest.update(hashlib.file_digest(fh, "sha256").digest())
-    return digest.hexdigest()[:16]
+    found = digest.hexdigest()[:16]
+    try:  # written whole or not at all: concurrent planners may race here
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=memo.parent, delete=False) as tmp:
+            tmp.write(found)
+        os.replace(tmp.name, memo)
+    except OSError:
+        pass  # a read-only cache folder: hash again next time
+    return found
 
 
 def model_fingerprint(spec: ModelSpec) -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sweep
+from pipeline import models, sweep
 from pipeline.decoding.base import DRAFTER_KINDS, Param, int_at_least
 from pipeline.decoding.drafters import NgramDrafter, register_drafter
 from pipeline.models import content_fingerprint
@@ -204,6 +204,31 @@ def test_retraining_a_checkpoint_renews_exactly_the_cells_that_read_it(project, 
     after_medusa = keys()
     assert after_medusa["medusa"] != before["medusa"]
     assert after_medusa["ar"] == before["ar"] and after_medusa["spd"] == after_draft["spd"]
+
+
+def test_a_fingerprint_is_read_once_and_follows_the_files(tmp_path, monkeypatch):
+    """Remembered under the cache folder by paths, sizes and times (a big checkpoint is hashed once), and a
+    changed file changes it even within the same second (sizes and nanosecond times are in the stamp)."""
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "head"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"w" * 1000)
+    (folder / "config.json").write_text("{}")
+    (folder / "MODEL_CARD.md").write_text("card")
+    models._fingerprint.cache_clear()
+    first = content_fingerprint(folder)
+    memo = list((tmp_path / "cache" / "fingerprints").iterdir())
+    assert len(memo) == 1 and memo[0].read_text() == first
+    models._fingerprint.cache_clear()
+    memo[0].write_text("from-the-cache")  # a second planner reads the memo, not the weights
+    assert content_fingerprint(folder) == "from-the-cache"
+    (folder / "model.safetensors").write_bytes(b"v" * 1000)
+    second = content_fingerprint(folder)
+    assert second not in (first, "from-the-cache")
+    (folder / "MODEL_CARD.md").write_text("another card")
+    models._fingerprint.cache_clear()
+    shutil.rmtree(tmp_path / "cache")
+    assert content_fingerprint(folder) == second  # hashed again from the files: the card does not count
 
 
 def test_a_cell_logs_the_fingerprints_of_its_weights(project, bf16_cpu):
