@@ -69,13 +69,16 @@ def parse_param(text: str | None) -> Any:
         return text
 
 
-def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: bool = True) -> pd.DataFrame:
+def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: bool = True, all_configs: bool = False) -> pd.DataFrame:
     """One row per active cell run of experiment ``sweep``: id tags, canonical metrics, parsed params.
 
     Deleted (superseded) runs are never returned; failed cells are dropped unless
     ``finished_only=False``. ``seed`` is an int; metrics a run did not log are NaN. A cell key with
     several active runs (two drivers on one store before leases existed) is counted once, by its
     newest finished run, with a warning naming the keys: pooling duplicates would shrink the spread.
+    A label with runs of several configurations (a store that outlived a change of the sweep's settings,
+    of a checkpoint or of the harness) keeps those of its newest run's configuration, with a warning
+    (``all_configs=True``: all, labelled ``<label>@<config>``); column ``config`` is the fingerprint.
     ``df.attrs`` holds ``sweep`` and ``tracking_uri``.
     """
     uri = tracking_uri or default_tracking_uri()
@@ -100,10 +103,14 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
         row.update({col: metrics.get(name, math.nan) for col, name in schema.METRICS.items()})
         row.update({col: parse_param(params.get(name)) for col, name in schema.PARAMS.items()})
         row["_pair_config"] = {k: v for k, v in params.items() if k.startswith(schema.PAIR_PARAM_PREFIX)}
+        row["_config"] = {k: v for k, v in params.items() if _is_config_param(k)}
         rows.append(row)
     rows = dedupe_runs(rows)
     _split_pairs_by_config(rows)
-    columns = list(dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS, "pair_config"]))
+    rows = _newest_configs(rows, keep_all=all_configs)
+    for row in rows:
+        row.pop("_time", None)
+    columns = list(dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS, "pair_config", "config"]))
     df = pd.DataFrame(rows, columns=columns)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df["sweep"] = df["sweep"].fillna(sweep).replace("", sweep)
@@ -135,9 +142,51 @@ def dedupe_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "each is counted once, by its newest finished run. Delete the extra runs (mlflow runs delete) to silence this.",
             stacklevel=3,
         )
-    for row in best.values():
-        row.pop("_time", None)
     return list(best.values())
+
+
+def _is_config_param(name: str) -> bool:
+    """What a label's configuration is, beyond its pair: the method's parameters, the weights it read, the
+    harness, and the dataset slice (not where the data lives on this machine)."""
+    if name.startswith(("method.", "weights.")) or name in ("harness_version", "weights"):
+        return True
+    return name.startswith("dataset.") and name not in ("dataset.path", "dataset.config_path")
+
+
+def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[dict[str, Any]]:
+    """Per (pair, dataset, label), the runs of its newest run's configuration (``config``: a fingerprint of
+    ``_is_config_param`` params); a warning says what was left out and which params differ. ``keep_all``:
+    every run, the label of each configuration but the newest's written ``<label>@<config>``."""
+    groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
+    configs: dict[str, dict[str, str]] = {}
+    for row in rows:
+        config = row.pop("_config")
+        row["config"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:6]
+        configs[row["config"]] = config
+        groups.setdefault((row["pair"], row["dataset"], row["label"]), {}).setdefault(row["config"], []).append(row)
+    out: list[dict[str, Any]] = []
+    for (pair, dataset, label), by_config in groups.items():
+        newest = max(by_config, key=lambda c: max(r.get("_time") or 0 for r in by_config[c]))
+        out += by_config[newest]
+        if len(by_config) == 1:
+            continue
+        older = [c for c in by_config if c != newest]
+        differ = sorted({k for c in by_config for k in configs[c] if len({str(configs[o].get(k)) for o in by_config}) > 1})
+        n_old = sum(len(by_config[c]) for c in older)
+        if keep_all:
+            for c in older:
+                for row in by_config[c]:
+                    row["label"] = f"{label}@{c}"
+                out += by_config[c]
+            what = f"reported apart as {', '.join(f'{label}@{c}' for c in older)}"
+        else:
+            what = "left out (load_runs(..., all_configs=True) keeps them)"
+        warnings.warn(
+            f"{pair} {dataset} {label!r}: {n_old} run(s) of {len(older)} older configuration(s) (differing: {', '.join(differ)}) "
+            f"beside {len(by_config[newest])} of the newest ({newest}): {what}",
+            stacklevel=3,
+        )
+    return out
 
 
 def _split_pairs_by_config(rows: list[dict[str, Any]]) -> None:

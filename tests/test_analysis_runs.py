@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import replace
 
 import pytest
@@ -107,6 +108,35 @@ def test_report_cli_without_notebooks_writes_tables_and_figures(uri, tmp_path):
 def test_ablation_figure_only_where_a_param_varies(runs):
     assert figures.ablation_curves(runs, "num_beams") is None  # every mtad cell has 4 beams
     assert figures.ablation_curves(runs, "tau") is not None
+
+
+def test_a_label_keeps_its_newest_configuration(tmp_path):
+    """A store that outlived a change (here spd's gamma and its draft's weights; ar unchanged): the report's
+    runs are the newest configuration's, never the two pooled; all_configs=True keeps both apart."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "resumed", str(tmp_path / "mlruns"))
+    tracker.start_parent("resumed", {"sweep": "resumed"}, {"cells.total": 5})
+    ar = _cell("ar", "mt_bench", 0)
+    tracker.log_cell(replace(ar, sweep="resumed"), _result("ar", "mt_bench", 0))
+    for version, gamma in (("old", 4), ("new", 2)):
+        for seed in (0, 1):
+            base = _cell("spd", "mt_bench", seed)
+            cell = replace(base, sweep="resumed", params={**base.params, "gamma": gamma}, weights={"draft": version},
+                           key=cell_key({"base": base.key, "version": version}))
+            result = replace(_result("spd", "mt_bench", seed), cell_key=cell.key)
+            result.metrics = {**result.metrics, "tokens_per_s": 100.0 if version == "old" else 200.0}
+            tracker.log_cell(cell, result)
+            time.sleep(0.01)  # the newer configuration's runs end later
+    tracker.end_parent("FINISHED", {"cells_ran": 5})
+    with pytest.warns(UserWarning, match=r"'spd': 2 run\(s\) of 1 older configuration\(s\) \(differing: method.gamma, weights.draft\)"):
+        df = load_runs("resumed", uri)
+    assert sorted(df["label"]) == ["ar", "spd", "spd"] and set(df.loc[df["label"] == "spd", "tokens_per_s"]) == {200.0}
+    assert set(df.loc[df["label"] == "spd", "gamma"]) == {2}
+    with pytest.warns(UserWarning, match=r"reported apart as spd@"):
+        every = load_runs("resumed", uri, all_configs=True)
+    old = every[every["label"].str.startswith("spd@")]
+    assert len(every) == 5 and len(old) == 2 and set(old["tokens_per_s"]) == {100.0} and set(old["gamma"]) == {4}
+    assert old["label"].iloc[0] == f"spd@{old['config'].iloc[0]}"
 
 
 def test_one_pair_name_with_two_configs_is_reported_apart(tmp_path):
