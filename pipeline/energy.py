@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -348,7 +349,8 @@ class RaplMeter(EnergyMeter):
 # --------------------------------------------------------------------------- Zeus and pairs
 
 
-ZEUS_FIX = "install it with `pip install zeus==0.16.0` (pinned in requirements.lock)"
+ZEUS_FIX = ("install it with `pip install --no-deps zeus==0.16.0` (what `make setup` does; its needs but amdsmi are in "
+            "requirements.lock: amdsmi without AMD's library breaks ray.init())")
 
 
 class ZeusMeter(EnergyMeter):
@@ -394,10 +396,8 @@ class ZeusMeter(EnergyMeter):
 
 def _zeus_version() -> str | None:
     try:
-        from importlib.metadata import version  # noqa: PLC0415
-
         return version("zeus")
-    except Exception:  # noqa: BLE001 - not installed
+    except PackageNotFoundError:
         return None
 
 
