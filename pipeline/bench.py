@@ -48,7 +48,7 @@ from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_genera
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
 from pipeline.decoding.speculative import DraftVerifyDecoder
 from pipeline.device import machine_info, synchronize
-from pipeline.energy import energy_summary, make_energy_meter
+from pipeline.energy import check_energy_meter, energy_summary, make_energy_meter
 from pipeline.measure import step_times
 from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
@@ -157,6 +157,7 @@ class Bench:
                         check_method(method, self.method_params(method, mode, d), drafters=ctx)
                     except ValueError as err:
                         self.skipped[(method, d)] = str(err)
+        check_energy_meter(cfg.get("energy_meter", "none"))  # before any model loads
         self.pair = load_pair(spec)
         self.meter = make_energy_meter(next(self.pair.target.parameters()).device, cfg.get("energy_meter", "none"))
         self.idle = None  # the idle power, measured once before the first timed pass when a meter is available
@@ -420,7 +421,7 @@ class Bench:
             results, probes = self._timed(runners, self._probe_costs)
             self.probes[mode] = probes
             all_probes += probes
-            energy = {(impl, m, d): self.energy[(impl, m, d)] for impl, m, d in runners}
+            energy = dict(self.energy)  # this mode's passes (the next mode's _timed starts afresh)
             hf_ar = results[("transformers", "ar", None)]
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))
             for d, why in hf_drafters.items():

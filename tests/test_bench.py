@@ -146,6 +146,7 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
         ("method_params.mtad.tau=2", r"tau=2 must be a number in \[0.0, 1.0\]"),
         ("modes=[greedy,beam]", "unknown mode 'beam'"),
         ("drafters=[nope]", "unknown drafter 'nope'"),
+        ("energy_meter=nvml+smi", r"unknown energy meter 'nvml\+smi'; valid: auto, nvml, rapl, zeus, none"),
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
