@@ -165,6 +165,7 @@ def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[
         configs[row["config"]] = config
         groups.setdefault((row["pair"], row["dataset"], row["label"]), {}).setdefault(row["config"], []).append(row)
     out: list[dict[str, Any]] = []
+    notes: list[str] = []
     for (pair, dataset, label), by_config in groups.items():
         newest = max(by_config, key=lambda c: max(r.get("_time") or 0 for r in by_config[c]))
         out += by_config[newest]
@@ -173,19 +174,17 @@ def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[
         older = [c for c in by_config if c != newest]
         differ = sorted({k for c in by_config for k in configs[c] if len({str(configs[o].get(k)) for o in by_config}) > 1})
         n_old = sum(len(by_config[c]) for c in older)
+        note = f"{pair} {dataset} {label!r}: {n_old} run(s) of {len(older)} older configuration(s) (differing: {', '.join(differ)})"
         if keep_all:
             for c in older:
                 for row in by_config[c]:
                     row["label"] = f"{label}@{c}"
                 out += by_config[c]
-            what = f"reported apart as {', '.join(f'{label}@{c}' for c in older)}"
-        else:
-            what = "left out (load_runs(..., all_configs=True) keeps them)"
-        warnings.warn(
-            f"{pair} {dataset} {label!r}: {n_old} run(s) of {len(older)} older configuration(s) (differing: {', '.join(differ)}) "
-            f"beside {len(by_config[newest])} of the newest ({newest}): {what}",
-            stacklevel=3,
-        )
+            note += f" reported apart as {', '.join(f'{label}@{c}' for c in older)}"
+        notes.append(note)
+    if notes:  # one warning for the whole store
+        what = "reported apart" if keep_all else "left out, the newest configuration of each label kept (load_runs(..., all_configs=True) keeps them)"
+        warnings.warn(f"runs of older configurations {what}: " + "; ".join(notes), stacklevel=3)
     return out
 
 
