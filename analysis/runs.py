@@ -145,6 +145,16 @@ def dedupe_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(best.values())
 
 
+def _fingerprint(config: dict[str, Any]) -> str:
+    """Six hex digits naming a set of params (``pair_config``, ``config``)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:6]
+
+
+def _differing(configs: list[dict[str, Any]]) -> list[str]:
+    """The param names whose values are not the same in all of ``configs`` (absent counts as a value)."""
+    return sorted({k for c in configs for k in c if len({str(o.get(k)) for o in configs}) > 1})
+
+
 def _is_config_param(name: str) -> bool:
     """What a label's configuration is, beyond its pair: the method's parameters, the weights it read, the
     harness, and the dataset slice (not where the data lives on this machine)."""
@@ -161,7 +171,7 @@ def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[
     configs: dict[str, dict[str, str]] = {}
     for row in rows:
         config = row.pop("_config")
-        row["config"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:6]
+        row["config"] = _fingerprint(config)
         configs[row["config"]] = config
         groups.setdefault((row["pair"], row["dataset"], row["label"]), {}).setdefault(row["config"], []).append(row)
     out: list[dict[str, Any]] = []
@@ -172,7 +182,7 @@ def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[
         if len(by_config) == 1:
             continue
         older = [c for c in by_config if c != newest]
-        differ = sorted({k for c in by_config for k in configs[c] if len({str(configs[o].get(k)) for o in by_config}) > 1})
+        differ = _differing([configs[c] for c in by_config])
         n_old = sum(len(by_config[c]) for c in older)
         note = f"{pair} {dataset} {label!r}: {n_old} run(s) of {len(older)} older configuration(s) (differing: {', '.join(differ)})"
         if keep_all:
@@ -198,13 +208,13 @@ def _split_pairs_by_config(rows: list[dict[str, Any]]) -> None:
     by_name: dict[str, dict[str, dict[str, str]]] = {}
     for row in rows:
         config = row.pop("_pair_config")
-        fingerprint = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:6]
+        fingerprint = _fingerprint(config)
         row["pair_config"] = fingerprint
         by_name.setdefault(row["pair"], {})[fingerprint] = config
     for name, configs in by_name.items():
         if len(configs) < 2:
             continue
-        keys = sorted({k for c in configs.values() for k in c if len({str(o.get(k)) for o in configs.values()}) > 1})
+        keys = _differing(list(configs.values()))
         warnings.warn(
             f"pair {name!r} has runs with {len(configs)} different configs (differing: {', '.join(keys)}); "
             f"they are reported apart as {', '.join(f'{name}@{f}' for f in sorted(configs))}",

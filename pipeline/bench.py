@@ -421,7 +421,6 @@ class Bench:
             results, probes = self._timed(runners, self._probe_costs)
             self.probes[mode] = probes
             all_probes += probes
-            energy = dict(self.energy)  # this mode's passes (the next mode's _timed starts afresh)
             hf_ar = results[("transformers", "ar", None)]
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))
             for d, why in hf_drafters.items():
@@ -463,7 +462,7 @@ class Bench:
                 rows.append(row)
             for row in rows:
                 if row.mode == mode and not row.note:
-                    _energy_figures(row, energy.get((row.impl, row.method, row.drafter), []))
+                    _energy_figures(row, self.energy.get((row.impl, row.method, row.drafter), []))  # this mode's passes
             for (method, d), why in self.skipped.items():
                 rows.append(Row("ours", method, mode, None, 0, drafter=d, note=why))
         costs = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in all_probes[0]}

@@ -194,7 +194,7 @@ class PairSpec:
 
 # Files of a model folder that do not change what it computes: cards and training records (editing a card
 # must not re-run a sweep).
-_NOT_WEIGHTS = ("*.md", "metrics.json", ".*")
+_NOT_WEIGHTS = ("*.md", "metrics.json")  # hidden files and folders are left out too
 
 
 def content_fingerprint(path: str | Path) -> str:
@@ -260,21 +260,16 @@ def weights_identity(pair: Mapping[str, Any], method: str, params: Mapping[str, 
     if found:
         out["target"] = found
     drafter = params.get("drafter")
-    kind = drafter.get("kind") if isinstance(drafter, Mapping) else drafter
-    own_path = drafter.get("path") if isinstance(drafter, Mapping) else None
-    folder: Any = None
-    if kind == "model" and spec.draft is not None:
+    scope = drafter if isinstance(drafter, Mapping) else {"kind": drafter}
+    if scope["kind"] == "model" and spec.draft is not None:
         found = model_fingerprint(spec.draft)
         if found:
             out["draft"] = found
-    elif kind in EAGLE_KINDS:
-        folder = own_path or spec.extra.get("eagle")
-    elif kind == "medusa" or method == "medusa":
-        folder = own_path or spec.extra.get("medusa")
-    if folder:
-        directory = resolve_dir(folder)
-        if directory.exists():
-            out["eagle" if kind in EAGLE_KINDS else "medusa"] = content_fingerprint(directory)
+        return out
+    role = "eagle" if scope["kind"] in EAGLE_KINDS else "medusa" if "medusa" in (scope["kind"], method) else None
+    folder = role and (scope.get("path") or spec.extra.get(role))
+    if folder and resolve_dir(folder).exists():
+        out[role] = content_fingerprint(resolve_dir(folder))
     return out
 
 
