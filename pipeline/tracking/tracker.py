@@ -328,7 +328,10 @@ class Tracker:
             tags[TAG_ERROR] = (result.error or "unknown error")[:ERROR_LIMIT]
         if self.parent_run_id:
             tags[MLFLOW_PARENT_RUN_ID] = self.parent_run_id
-        run = self.client.create_run(self.experiment_id, tags=str_tags(tags), run_name=f"{cell.label}|{cell.dataset_name}|s{cell.seed}")
+        # the run spans the cell's own time (the runs table's Created and Duration), not the moment it is logged
+        start_ms = int(result.started_at * 1000) if result.started_at else None
+        run = self.client.create_run(self.experiment_id, start_time=start_ms, tags=str_tags(tags),
+                                     run_name=f"{cell.label}|{cell.dataset_name}|s{cell.seed}")
         run_id = run.info.run_id
         try:
             self._write_cell(run_id, cell, result)
@@ -357,7 +360,8 @@ class Tracker:
         if result.traceback:
             self.client.log_text(run_id, result.traceback, TRACEBACK_ARTIFACT)
         self.client.set_tag(run_id, TAG_STATUS, result.status)
-        self.client.set_terminated(run_id, "FINISHED" if result.finished else "FAILED")
+        end_ms = int(result.ended_at * 1000) if result.ended_at else None
+        self.client.set_terminated(run_id, "FINISHED" if result.finished else "FAILED", end_time=end_ms)
 
     def mark_log_failed(self, run_id: str, error: str) -> None:
         """Best effort after a failed write of a cell run: the run stays non-finished (it is retried)."""
