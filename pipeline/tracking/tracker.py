@@ -158,7 +158,8 @@ class Tracker:
     def cell_runs(self, status: str | None = None) -> list[Any]:
         """Active cell runs of the experiment (optionally only those with ``cell_status=status``)."""
         flt = f"tags.{TAG_KIND} = '{KIND_CELL}'" + (f" and tags.{TAG_STATUS} = '{status}'" if status else "")
-        runs, token = [], None
+        runs: list[Any] = []
+        token: str | None = None
         while True:
             page = self.client.search_runs(
                 [self.experiment_id], filter_string=flt, run_view_type=ViewType.ACTIVE_ONLY,
