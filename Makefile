@@ -50,9 +50,12 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
-# ruff (pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff check --fix .` mends imports
+# ruff and mypy (both pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff check --fix .` mends
+# imports. mypy checks the packages below (third-party libraries are read for their types, never reported on).
+MYPY_PATHS := pipeline/tracking pipeline/measure.py pipeline/energy.py pipeline/acceptance.py pipeline/bounds.py pipeline/cell_types.py
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy $(MYPY_PATHS)
 
 # Opt-in: vLLM's `speculators` library reads the EAGLE-3 heads we write (its own config class validates
 # them). It pins transformers <= 5.19, so it lives in its own folder (no deps pulled: no CUDA torch),

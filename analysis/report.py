@@ -169,12 +169,19 @@ def _metric_name(*parts: Any) -> str:
 # The runs table a sweep opens on (the experiment's shared view, ``layout.VIEW_STATE_TAG``): the cell runs
 # (the parent run, with the report's figures, is one filter clear away), grouped by dataset and method label
 # with MLflow's own average over the seeds, and the columns a reader compares.
+VIEW_METRICS = (layout.METRIC_SPEEDUP, layout.METRIC_TOKENS_PER_S, layout.METRIC_ACCEPTED_PER_STEP, layout.METRIC_J_PER_TOKEN,
+                layout.METRIC_SCORE, layout.METRIC_PERPLEXITY)
 VIEW_COLUMNS = (
-    *(f"metrics.`{m}`" for m in (layout.METRIC_TOKENS_PER_S, layout.METRIC_SPEEDUP, layout.METRIC_ACCEPTED_PER_STEP,
-                                 layout.METRIC_PERPLEXITY, layout.METRIC_SCORE, layout.METRIC_J_PER_TOKEN)),
+    *(f"metrics.`{m}`" for m in VIEW_METRICS),
     *(f"tags.`{t}`" for t in (layout.TAG_DATASET, layout.TAG_LABEL, layout.TAG_SEED, layout.TAG_STATUS)),
     *(f"params.`{p}`" for p in ("method.name", "method.gamma", "pair.name", "dataset.max_new_tokens")),
 )
+# MLflow's table sorts the selected metrics by name unless the view gives ``columnOrder`` (its column ids are
+# ``<kind>.`<key>```, or a field name): the run name (wide enough for a group's "dataset: ..., label: ..." row),
+# Created and Duration (the cell's own start and time: ``CellResult.started_at``), the compared metrics in the
+# order above, then the rest.
+RUN_NAME_COLUMN = "attributes.`Run Name`"
+LEAD_COLUMNS = (RUN_NAME_COLUMN, "runDateAndNestInfo", "duration")  # run name, Created, Duration (the UI's own ids)
 VIEW_STATE = {
     "searchFilter": f"tags.{layout.TAG_KIND} = '{layout.KIND_CELL}'",
     "orderByKey": f"tags.`{layout.TAG_LABEL}`",
@@ -182,6 +189,9 @@ VIEW_STATE = {
     "runsHiddenMode": "SHOW_ALL",
     "groupBy": {"aggregateFunction": "average",
                 "groupByKeys": [{"mode": "tag", "groupByData": layout.TAG_DATASET}, {"mode": "tag", "groupByData": layout.TAG_LABEL}]},
+    "columnOrder": [*LEAD_COLUMNS, *VIEW_COLUMNS],
+    # wide enough for "Group: dataset: mt_bench, label: mtad(tau=0.3)", narrow enough that the compared metrics fit
+    "columnWidths": {RUN_NAME_COLUMN: 345, **{f"metrics.`{m}`": 100 for m in VIEW_METRICS}},
 }
 
 
@@ -194,7 +204,8 @@ def share_view(client, experiment_id: str, extra_columns: Sequence[str] = ()) ->
     """Store the runs-table view (``VIEW_STATE``: the cells grouped by dataset and method, averaged over seeds,
     with ``VIEW_COLUMNS``) as the experiment's shared view state (what the UI's *Share* button writes), so
     :func:`view_url` opens on it."""
-    state = {**VIEW_STATE, "selectedColumns": [*VIEW_COLUMNS, *extra_columns]}
+    columns = [*VIEW_COLUMNS, *extra_columns]
+    state = {**VIEW_STATE, "selectedColumns": columns, "columnOrder": [*LEAD_COLUMNS, *columns]}
     client.set_experiment_tag(experiment_id, layout.VIEW_STATE_TAG, json.dumps(state))
 
 

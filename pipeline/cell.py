@@ -204,7 +204,7 @@ def run_cell(cell: Cell) -> CellResult:
     """Run every stage of one cell; never raises (failures come back as ``status: failed``)."""
     t_start = time.perf_counter()
     result = CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="start", node_id=_node_id(),
-                        hostname=socket.gethostname(), pid=os.getpid())
+                        hostname=socket.gethostname(), pid=os.getpid(), started_at=time.time())
     try:
         protocol = Protocol.from_config(cell.measure)
         dataset = dict(cell.dataset)
@@ -288,6 +288,7 @@ def run_cell(cell: Cell) -> CellResult:
         result.error = f"{type(err).__name__}: {err}"
         result.traceback = traceback.format_exc()
         result.metrics = {"cell_wall_s": time.perf_counter() - t_start}
+    result.ended_at = time.time()
     return result
 
 

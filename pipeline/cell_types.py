@@ -158,6 +158,11 @@ class CellResult:
     """``Type: message`` of the failure (tag ``error``), None when finished."""
     traceback: str | None = None
     """Full traceback of the failure (``traceback.txt``)."""
+    started_at: float | None = None
+    """Wall-clock (epoch seconds) when the cell began: its MLflow run's start time, so the runs table's
+    *Created* and *Duration* columns show the cell's own time, not the moment it was logged."""
+    ended_at: float | None = None
+    """Wall-clock (epoch seconds) when the cell ended: its MLflow run's end time."""
 
     @property
     def finished(self) -> bool:

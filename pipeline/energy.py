@@ -194,7 +194,7 @@ class NvmlMeter(EnergyMeter):
         pynvml.nvmlInit()
         self.uuid, self.poll_hz = uuid, poll_hz
         self.handle, self.mig_note = self._handle(uuid)
-        self.device_info = {
+        self.device_info: dict[str, Any] = {
             "uuid": uuid,
             "name": _text(pynvml.nvmlDeviceGetName(self.handle)),
             "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
@@ -461,8 +461,8 @@ def make_energy_meter(device: Any = None, kind: str = "auto", poll_hz: float = P
         except Exception as err:  # noqa: BLE001 - no driver, no library, unknown UUID
             return NullMeter(f"NVML unavailable: {type(err).__name__}: {err}")
     if kind == "rapl" or (kind == "auto" and dev_type == "cpu"):
-        meter = RaplMeter(rapl_packages())
-        return meter if meter.available else NullMeter(meter.reason)
+        rapl = RaplMeter(rapl_packages())
+        return rapl if rapl.available else NullMeter(rapl.reason or "RAPL unavailable")
     return NullMeter(f"no energy meter for device type {dev_type!r}")
 
 

@@ -379,7 +379,8 @@ def step_times(model: Any, prompt: Sequence[int], gamma: int, device: torch.devi
     device = torch.device(device)
     prompt = list(prompt)
     cm = CachedModel(model)
-    single, block = [], []
+    single: list[float] = []
+    block: list[float] = []
     with torch.inference_mode():
         cm.prefill(prompt)
         length = cm.length

@@ -39,6 +39,8 @@ def test_cell_runs_every_stage(plan):
     assert len(result.records) == 2 and all("prediction" in r and "perplexity" in r for r in result.records)
     assert result.warmup["generations"] == 1 and result.warmup["on_measured_samples"] is False
     assert result.scores["metric"] == "pass@1" and result.judge_identity is None
+    # wall-clock bounds of the cell (its MLflow run's start and end), enclosing its measured wall time
+    assert result.ended_at - result.started_at >= m["cell_wall_s"] - 0.01 > 0
 
 
 def test_mt_bench_without_judge_is_speed_only(plan):
@@ -57,6 +59,7 @@ def test_a_raising_cell_comes_back_failed_with_traceback(plan):
     assert result.status == STATUS_FAILED and result.stage == "generate"
     assert "injected fault" in result.error and "Traceback" in result.traceback
     assert result.metrics["cell_wall_s"] > 0 and result.records == [] and result.scores is None
+    assert result.ended_at >= result.started_at > 0  # a failed cell's run spans its own time too
 
 
 def test_warmup_samples_are_outside_the_slice(plan):

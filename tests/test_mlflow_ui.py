@@ -114,6 +114,12 @@ def test_ui_serves_the_experiment_runs_metrics_and_figures(served):
     view = json.loads(_tags(exp)["mlflow.sharedViewState.sweep"])  # report.view_url opens the runs table on it
     assert {f"metrics.`{m}`" for m in ("tokens_per_s", "speedup", "accepted_per_step", "perplexity", "score", "j_per_token")} <= set(view["selectedColumns"])
     assert {"tags.`label`", "params.`method.gamma`"} <= set(view["selectedColumns"])
+    # MLflow sorts selected metrics by name (accepted_per_step first) unless the view orders them: the compared
+    # metrics come right after the run name, Created and Duration, in the order a reader compares them
+    order = view["columnOrder"]
+    assert order[:9] == ["attributes.`Run Name`", "runDateAndNestInfo", "duration",
+                         *(f"metrics.`{m}`" for m in ("speedup", "tokens_per_s", "accepted_per_step", "j_per_token", "score", "perplexity"))]
+    assert set(view["selectedColumns"]) <= set(order)
     # the first screen: the cells (not one collapsed parent row), grouped by dataset and method, averaged over seeds
     assert view["searchFilter"] == "tags.kind = 'cell'"
     assert view["groupBy"] == {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
@@ -133,6 +139,8 @@ def test_ui_serves_the_experiment_runs_metrics_and_figures(served):
     assert len(finished) == 23
     one = next(c for c in finished if _tags(c["data"])["label"] == "spd" and _tags(c["data"])["dataset"] == "humaneval"
                and _tags(c["data"])["seed"] == "0")
+    # the run spans the cell's own time (Duration), not the 30 ms it took to log it
+    assert int(one["info"]["end_time"]) - int(one["info"]["start_time"]) > 20_000
     params = {p["key"]: p["value"] for p in one["data"]["params"]}
     metrics = {m["key"]: m["value"] for m in one["data"]["metrics"]}
     assert params["method.gamma"] == "4" and params["dataset.name"] == "humaneval"

@@ -41,6 +41,7 @@ from pipeline.tracking import (
     StoreWriteError,
     Tracker,
     check_tracking_uri,
+    layout,
     pick_active,
     resolve_tracking_uri,
 )
@@ -231,11 +232,8 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     if todo or to_rescore:
         tracker.start_parent(
             run_name=f"{plan.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-            tags={"sweep": plan.name, "cluster": cluster.get("kind"), "ray_address": cluster.get("address") or "local",
-                  "command": " ".join(sys.argv)},
-            params={"sweep.name": plan.name, "cells.total": len(plan.cells), "cells.to_run": len(todo),
-                    "cells.to_rescore": len(to_rescore), "cluster.kind": cluster.get("kind"),
-                    "cluster.cpu_isolation": cluster.get("cpu_isolation")},
+            tags=layout.parent_tags(plan.name, cluster, " ".join(sys.argv)),
+            params=layout.parent_params(plan.name, cluster, len(plan.cells), len(todo), len(to_rescore)),
         )
         status = "FAILED"
         started_ray = False
@@ -254,9 +252,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
             raise
         finally:
             try:
-                tracker.end_parent(status, {"cells_total": len(plan.cells), "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
-                                            "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"],
-                                            "cells_elsewhere": outcome["elsewhere"], "wall_s": time.perf_counter() - t0})
+                tracker.end_parent(status, layout.parent_metrics(len(plan.cells), outcome, time.perf_counter() - t0))
             except Exception as err:  # noqa: BLE001 - the store is gone: said once, below, not as a traceback
                 failure = failure or store_failed(tracker, err, "closing the sweep's parent run", outcome)
             finally:

@@ -248,5 +248,7 @@ def _short(err: BaseException, limit: int = 500) -> str:
 def _failure(cell: Cell, error: str, err: BaseException | None, elapsed: float) -> CellResult:
     """The result of a cell whose actor died, raised through Ray or timed out."""
     tb = "".join(traceback.format_exception(err)) if err is not None else error
-    return CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="actor", error=error, traceback=tb, metrics={"cell_wall_s": elapsed})
+    now = time.time()
+    return CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="actor", error=error, traceback=tb, metrics={"cell_wall_s": elapsed},
+                      started_at=now - elapsed, ended_at=now)
 

@@ -77,6 +77,27 @@ TAG_HEARTBEAT = "heartbeat"  # epoch seconds, refreshed while the driver lives
 TAG_DRIVER_PID = "driver_pid"
 TAG_DRIVER_HOST = "driver_host"
 TAG_REPORT = "report"  # set by analysis.report when it logged its figures and tables to the parent
+TAG_CLUSTER = "cluster"  # the cluster kind the invocation ran on (conf/cluster)
+TAG_RAY_ADDRESS = "ray_address"  # the Ray address, "local" for a local Ray
+TAG_COMMAND = "command"  # the command line of the invocation
+
+
+def parent_tags(sweep: str, cluster: Mapping[str, Any], command: str) -> dict[str, Any]:
+    """A parent run's tags (besides ``TAG_KIND``, the heartbeat and the driver's pid and host, which the tracker adds)."""
+    return {TAG_SWEEP: sweep, TAG_CLUSTER: cluster.get("kind"), TAG_RAY_ADDRESS: cluster.get("address") or "local", TAG_COMMAND: command}
+
+
+def parent_params(sweep: str, cluster: Mapping[str, Any], total: int, to_run: int, to_rescore: int) -> dict[str, Any]:
+    """A parent run's params: the plan's size and what this invocation set out to do."""
+    return {"sweep.name": sweep, "cells.total": total, "cells.to_run": to_run, "cells.to_rescore": to_rescore,
+            "cluster.kind": cluster.get("kind"), "cluster.cpu_isolation": cluster.get("cpu_isolation")}
+
+
+def parent_metrics(total: int, outcome: Mapping[str, Any], wall_s: float) -> dict[str, float]:
+    """A parent run's metrics when it ends: what became of the cells (``outcome`` is the driver's tally)."""
+    return {"cells_total": total, "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
+            "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"], "cells_elsewhere": outcome["elsewhere"],
+            "wall_s": wall_s}
 
 # ------------------------------------------------------------------------------- params
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)

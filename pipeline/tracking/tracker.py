@@ -158,7 +158,8 @@ class Tracker:
     def cell_runs(self, status: str | None = None) -> list[Any]:
         """Active cell runs of the experiment (optionally only those with ``cell_status=status``)."""
         flt = f"tags.{TAG_KIND} = '{KIND_CELL}'" + (f" and tags.{TAG_STATUS} = '{status}'" if status else "")
-        runs, token = [], None
+        runs: list[Any] = []
+        token: str | None = None
         while True:
             page = self.client.search_runs(
                 [self.experiment_id], filter_string=flt, run_view_type=ViewType.ACTIVE_ONLY,
@@ -328,7 +329,10 @@ class Tracker:
             tags[TAG_ERROR] = (result.error or "unknown error")[:ERROR_LIMIT]
         if self.parent_run_id:
             tags[MLFLOW_PARENT_RUN_ID] = self.parent_run_id
-        run = self.client.create_run(self.experiment_id, tags=str_tags(tags), run_name=f"{cell.label}|{cell.dataset_name}|s{cell.seed}")
+        # the run spans the cell's own time (the runs table's Created and Duration), not the moment it is logged
+        start_ms = int(result.started_at * 1000) if result.started_at else None
+        run = self.client.create_run(self.experiment_id, start_time=start_ms, tags=str_tags(tags),
+                                     run_name=f"{cell.label}|{cell.dataset_name}|s{cell.seed}")
         run_id = run.info.run_id
         try:
             self._write_cell(run_id, cell, result)
@@ -357,7 +361,8 @@ class Tracker:
         if result.traceback:
             self.client.log_text(run_id, result.traceback, TRACEBACK_ARTIFACT)
         self.client.set_tag(run_id, TAG_STATUS, result.status)
-        self.client.set_terminated(run_id, "FINISHED" if result.finished else "FAILED")
+        end_ms = int(result.ended_at * 1000) if result.ended_at else None
+        self.client.set_terminated(run_id, "FINISHED" if result.finished else "FAILED", end_time=end_ms)
 
     def mark_log_failed(self, run_id: str, error: str) -> None:
         """Best effort after a failed write of a cell run: the run stays non-finished (it is retried)."""
