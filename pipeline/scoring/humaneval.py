@@ -173,6 +173,10 @@ _SERVER = sandbox_program("server")
 _CHECKER = sandbox_program("checker")
 
 MAX_MESSAGE_BYTES = 8 * 2**20
+# The trusted checker's own limits (it runs outside the sandbox's cgroup and rlimits and decodes what the
+# program sends): CPU seconds = the program's timeout + 1 (+ 1 s to SIGKILL), address space = what it
+# has after starting the sandbox + this.
+CHECKER_MEMORY_MB = 512
 SANDBOX_MARKER = "pipeline-humaneval-sandbox"  # argv[1] of every sandboxed interpreter, to find leftovers
 
 
@@ -207,6 +211,7 @@ def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | Non
         "rlimits": sandbox.rlimits(limits),
         "code": code, "entry_point": entry_point, "prompt": prompt, "test": test,
         "timeout": limits.timeout_s, "startup_s": STARTUP_ALLOWANCE_S, "max_message": MAX_MESSAGE_BYTES,
+        "max_tasks": int(limits.max_tasks), "checker_cpu_s": int(limits.timeout_s) + 1, "checker_memory": CHECKER_MEMORY_MB * 2**20,
     }).encode()
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER, *cgroups], stdin=subprocess.PIPE,
@@ -227,6 +232,8 @@ def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | Non
     try:
         report = json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
+        if proc.returncode in (-signal.SIGKILL, -signal.SIGXCPU):  # its own hard CPU limit: a C-level loop
+            return ExecResult("timed out", "the checker's CPU-time limit (answers too costly to check)", duration)
         tail = " ".join(err.decode(errors="replace").split())[-150:]
         return ExecResult("error", f"checker gave no verdict (exit {proc.returncode}): {tail}", duration)
     if report["status"] == "error":

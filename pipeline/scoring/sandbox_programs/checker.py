@@ -22,7 +22,7 @@ from pipeline.scoring.sandbox_programs.codec import _dec, _describe, _enc, _json
 
 _cgroups = sys.argv[1:]  # on the command line: known even if the scorer dies before the payload is written
 _t0 = time.monotonic()
-layers = ["bwrap", "seccomp", "rlimits", "separate-checker"]
+layers = ["bwrap", "seccomp", "rlimits", "separate-checker", "checker-rlimits"]
 
 def _release_cgroups():
     # the sandbox is gone: leave the run's cgroups for their parent and remove them (the scorer that
@@ -86,6 +86,32 @@ proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stde
                         pass_fds=(fd, info_w), preexec_fn=_limits, close_fds=True)
 os.close(fd)
 os.close(info_w)
+
+class _CheckerLimit(BaseException):
+    pass
+
+def _xcpu(signum, frame):
+    raise _CheckerLimit()
+
+def _own_limits():
+    # The checker decodes and checks what the sandboxed program chose to send, outside the sandbox's
+    # cgroup and rlimits: it gets its own, once the sandbox has started (which it must not inherit).
+    # CPU: SIGXCPU (a verdict) at the soft limit, SIGKILL one second later if a C-level loop (a set
+    # built by the test code, say) does not return to the interpreter. Memory: the address space it
+    # has now plus a fixed budget (a MemoryError is the answer's failure).
+    signal.signal(signal.SIGXCPU, _xcpu)
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = int(used.ru_utime + used.ru_stime) + 1 + int(payload["checker_cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    try:
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        size = 256 * 2**20
+    mem = size + int(payload["checker_memory"])
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+
+_own_limits()
 sandbox_pid = None
 
 def _sandbox_pid():
@@ -167,7 +193,7 @@ try:
     _up = True  # the sandbox is up (the completion has not been sent yet)
     sandbox_pid = _sandbox_pid()
     signal.setitimer(signal.ITIMER_REAL, payload["timeout"])
-    _send({"code": payload["code"], "entry_point": payload["entry_point"]})
+    _send({"code": payload["code"], "entry_point": payload["entry_point"], "max_tasks": payload["max_tasks"]})
     first = _recv()
     if "error" in first:
         raise CandidateError(str(first["error"])[:200])
@@ -181,6 +207,8 @@ try:
     status, detail = "passed", ""
 except _Timeout:
     status, detail = "timed out", "wall-clock limit of %gs" % payload["timeout"]
+except _CheckerLimit:
+    status, detail = "timed out", "the checker's CPU-time limit (answers too costly to check)"
 except CandidateError as err:
     status, detail = "failed", str(err)
 except _ServerGone as err:
