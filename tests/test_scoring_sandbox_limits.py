@@ -234,6 +234,53 @@ def test_ordinary_programs_still_run_under_the_allow_list(no_cgroups):
     assert result.passed, result
 
 
+MANY_FILES = '''
+import os
+os.close(os.open("/tmp/f", os.O_CREAT | os.O_WRONLY, 0o600))
+for i in range(N):
+    if HOW == "files":
+        os.close(os.open("/tmp/%0200d" % i, os.O_CREAT | os.O_WRONLY, 0o600))  # no bytes: the tmpfs size never fills
+    elif HOW == "links":
+        os.link("/tmp/f", "/tmp/l%0200d" % i)
+    else:
+        os.mkdir("/tmp/d%0200d" % i)
+import time
+time.sleep(1)
+'''
+
+
+@pytest.mark.parametrize("how", ["files", "links", "dirs"])
+def test_files_in_tmp_are_counted_without_cgroups(no_cgroups, how):
+    # each costs about 1 KiB of kernel memory that no rlimit sees (120,000 in 4 s took 150 MB)
+    program = MANY_FILES.replace("HOW", repr(how))
+    result = _run(program.replace("N)", "3000)"), max_files=500)
+    assert result.status == "failed" and "more than 500 files in /tmp" in result.detail, result
+    assert _run(program.replace("N)", "100)"), max_files=500).passed
+
+
+MANY_THREADS = '''
+import threading, time
+threading.stack_size(32768)  # little address space per thread, a kernel stack each all the same
+ts = [threading.Thread(target=time.sleep, args=(1.5,)) for _ in range(N)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+'''
+
+
+def test_threads_are_counted_without_cgroups(no_cgroups):
+    result = _run(MANY_THREADS.replace("N)", "300)"), max_tasks=32)
+    assert result.status == "failed" and "more than 32 threads" in result.detail, result
+    assert _run(MANY_THREADS.replace("N)", "8)"), max_tasks=32).passed
+
+
+def test_limits_must_be_finite():
+    for bad in (float("inf"), float("nan"), 0, -1):
+        with pytest.raises(ValueError, match="timeout_s"):
+            sandbox.SandboxLimits(timeout_s=bad)
+    with pytest.raises(ValueError, match="max_files"):
+        sandbox.SandboxLimits(max_files=0)
+
+
 # ----------------------------------------------------------------------------- item 5: the checker's bounds
 
 _P = 2**61 - 1  # every multiple of it hashes to 0

@@ -177,6 +177,7 @@ MAX_MESSAGE_BYTES = 8 * 2**20
 # program sends): CPU seconds = the program's timeout + 1 (+ 1 s to SIGKILL), address space = what it
 # has after starting the sandbox + this.
 CHECKER_MEMORY_MB = 512
+WATCH_INTERVAL_S = 0.01  # how often the checker counts the sandbox's files and threads
 SANDBOX_MARKER = "pipeline-humaneval-sandbox"  # argv[1] of every sandboxed interpreter, to find leftovers
 
 
@@ -211,7 +212,8 @@ def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | Non
         "rlimits": sandbox.rlimits(limits),
         "code": code, "entry_point": entry_point, "prompt": prompt, "test": test,
         "timeout": limits.timeout_s, "startup_s": STARTUP_ALLOWANCE_S, "max_message": MAX_MESSAGE_BYTES,
-        "max_tasks": int(limits.max_tasks), "checker_cpu_s": int(limits.timeout_s) + 1, "checker_memory": CHECKER_MEMORY_MB * 2**20,
+        "max_tasks": int(limits.max_tasks), "max_files": int(limits.max_files), "watch_interval_s": WATCH_INTERVAL_S,
+        "checker_cpu_s": int(limits.timeout_s) + 1, "checker_memory": CHECKER_MEMORY_MB * 2**20,
     }).encode()
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER, *cgroups], stdin=subprocess.PIPE,

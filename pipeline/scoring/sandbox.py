@@ -61,6 +61,7 @@ DEFAULT_MEMORY_MB = 1024
 DEFAULT_DISK_MB = 16
 DEFAULT_MAX_OPEN_FILES = 256
 DEFAULT_MAX_TASKS = 64
+DEFAULT_MAX_FILES = 10_000
 MAX_PENDING_SIGNALS = 1024
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_PREFIX = "pipeline-sandbox-"  # + the scorer's pid + a random suffix
@@ -86,12 +87,13 @@ class SandboxLimits:
     memory_mb: int = DEFAULT_MEMORY_MB
     disk_mb: int = DEFAULT_DISK_MB
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
-    max_tasks: int = DEFAULT_MAX_TASKS  # processes + threads, where a cgroup can enforce it
+    max_tasks: int = DEFAULT_MAX_TASKS  # processes + threads (a cgroup's pids.max, RLIMIT_NPROC, the checker's count)
+    max_files: int = DEFAULT_MAX_FILES  # files, directories and links in /tmp (the checker's count)
 
     def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        for name in ("memory_mb", "disk_mb", "max_open_files", "max_tasks"):
+        if not 0 < self.timeout_s < float("inf"):
+            raise ValueError(f"timeout_s must be > 0 and finite, got {self.timeout_s}")
+        for name in ("memory_mb", "disk_mb", "max_open_files", "max_tasks", "max_files"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
