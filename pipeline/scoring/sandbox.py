@@ -15,19 +15,31 @@ Every program runs in ``bwrap`` (Debian package ``bubblewrap``) with
   found under the binds that holds dataset contents (:func:`exposed_dataset_files`: by name, by
   content, or a byte-for-byte copy of a known dataset file), are covered by an empty read-only tmpfs
   or ``/dev/null``;
-- a seccomp filter that refuses ``socket``/``socketpair`` (every address family), process creation
-  (``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``, ``clone3``), ``ptrace``,
-  ``process_vm_*``, the pidfd family (``pidfd_open``, ``pidfd_getfd``, ``pidfd_send_signal``), ``kcmp``,
-  ``memfd_create``, ``unshare``/``setns``, the mount calls old and new (``mount``, ``umount2``, ``fsopen``,
-  ``fsmount``, ``fsconfig``, ``fspick``, ``move_mount``, ``open_tree``, ``mount_setattr``), file handles,
-  ``keyctl``, ``bpf``, ``userfaultfd``, ``perf_event_open``, ``io_uring_setup`` (x86-64 and aarch64);
-- resource limits: address space (memory), CPU seconds, file size, open files, no core dumps.
-  Since the program cannot create a second process, the address-space limit bounds the memory of
-  the program as a whole (threads share it), and the tmpfs size bounds its disk;
+- a seccomp allow-list (x86-64 and aarch64; another architecture's calls kill the program): the calls an
+  interpreter, numpy, threads and /tmp files need (:data:`_ALLOWED`); ``clone`` only with
+  ``CLONE_THREAD``, ``fcntl`` only for descriptor flags and lock queries (no record locks, leases,
+  notifications or pipe resizing). Every other call is refused: EPERM for the named ways out
+  (:data:`_DENIED`: sockets, process creation, ``ptrace``, ``process_vm_*``, the pidfd family, ``kcmp``,
+  namespaces, the mount calls old and new including ``listmount``/``statmount``/``open_tree_attr``, file
+  handles, keys, ``bpf``, ``userfaultfd``, ``perf_event_open``, io_uring, SysV shared memory, message
+  queues and semaphores, POSIX message queues, ``memfd_create``/``memfd_secret``, ``vmsplice``, POSIX
+  timers, inotify, fanotify), ENOSYS for the rest, including whatever a newer kernel adds;
+- resource limits: address space (memory), CPU seconds, file size, open files, pending signals, no core
+  dumps, no POSIX message queue bytes. Since the program cannot create a second process nor hold memory
+  outside its address space (shared memory, secret memory, io_uring, pipes' spliced pages: refused
+  above), the address-space limit bounds the memory of the program as a whole (threads share it), and
+  the tmpfs size bounds its disk;
+- the trusted checker (``sandbox_programs/checker.py``, the sandbox's parent) counts the files of /tmp
+  (the tmpfs caps bytes, not files, and each file costs kernel memory) and the sandbox's threads (each a
+  kernel stack) every 10 ms and kills the sandbox past ``max_files``/``max_tasks``; the server also sets
+  ``RLIMIT_NPROC`` to ``max_tasks``, which the kernel enforces (per user namespace) for a non-root
+  scorer. The checker itself runs under CPU-time and address-space limits of its own, and decodes
+  answers with bounded counts (no set or dict of colliding keys);
 - where cgroups are writable (v1 ``pids`` + ``memory``, or v2 with both delegated), a cgroup per run
   with ``pids.max`` (processes and threads) and a memory limit (address space + /tmp). Whoever
   outlives the run removes them: the trusted checker once the sandbox is gone, the scorer after the
-  checker, and the next scorer any left by a process that no longer exists.
+  checker, and the next scorer any left by a process that no longer exists. ``PIPELINE_SANDBOX_NO_CGROUPS=1``
+  runs without them where they are writable (the mode of a non-root scorer; the tests use it).
 
 A missing ``bwrap`` is an error (:class:`SandboxUnavailableError`) naming the fix: nothing ever runs
 unsandboxed.
