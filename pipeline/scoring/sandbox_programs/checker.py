@@ -205,13 +205,15 @@ def _gone():
     raise _ServerGone("the program ended without an answer (exit status %s)" % code)
 
 def _readn(n):
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(_from, n - len(buf))
+    # linear in n however the program trickles its bytes (``bytes +=`` per chunk would be quadratic)
+    buf, got = [], 0
+    while got < n:
+        chunk = os.read(_from, min(n - got, 1 << 20))
         if not chunk:
             _gone()
-        buf += chunk
-    return buf
+        buf.append(chunk)
+        got += len(chunk)
+    return b"".join(buf)
 
 def _recv():
     n = struct.unpack(">I", _readn(4))[0]
