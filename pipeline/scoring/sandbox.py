@@ -643,4 +643,5 @@ def bounded(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
 
 __all__ = ["SandboxLimits", "SandboxUnavailableError", "bwrap_command", "rlimits", "seccomp_file",
            "seccomp_filter", "preflight", "bounded", "create_cgroups", "remove_cgroups", "remove_stale_cgroups",
-           "masked_paths", "exposed_dataset_files", "register_dataset_file", "dataset_paths", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB", "FIX"]
+           "masked_paths", "exposed_dataset_files", "register_dataset_file", "dataset_paths", "DEFAULT_TIMEOUT_S", "DEFAULT_MEMORY_MB", "FIX",
+           "NO_CGROUPS_ENV"]

@@ -269,6 +269,7 @@ except _ServerGone as err:
     status, detail = "failed", _over[0] if _over else str(err)
 except BaseException as err:  # noqa: BLE001 - whatever the checked code raised is its failure
     status, detail = "failed", _describe(err)
+signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # the verdict is known: only the hard limit (SIGKILL) is left
 signal.setitimer(signal.ITIMER_REAL, 0)
 _stop()
 if proc.returncode == -signal.SIGXCPU or proc.returncode == 128 + signal.SIGXCPU:
