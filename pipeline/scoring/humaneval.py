@@ -177,8 +177,8 @@ _CHECKER = sandbox_program("checker")
 
 MAX_MESSAGE_BYTES = 8 * 2**20
 # The trusted checker's own limits (it runs outside the sandbox's cgroup and rlimits and decodes what the
-# program sends): CPU seconds = the program's timeout + 1 (+ 1 s to SIGKILL), address space = what it
-# has after starting the sandbox + this.
+# program sends): CPU seconds = what it used to start the sandbox + the program's timeout + 2 (SIGXCPU,
+# then SIGKILL 1 s later), address space = what it has after starting the sandbox + this.
 CHECKER_MEMORY_MB = 512
 WATCH_INTERVAL_S = 0.01  # how often the checker counts the sandbox's files and threads
 SANDBOX_MARKER = "pipeline-humaneval-sandbox"  # argv[1] of every sandboxed interpreter, to find leftovers

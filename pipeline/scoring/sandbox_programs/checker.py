@@ -270,6 +270,8 @@ except _ServerGone as err:
 except BaseException as err:  # noqa: BLE001 - whatever the checked code raised is its failure
     status, detail = "failed", _describe(err)
 signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # the verdict is known: only the hard limit (SIGKILL) is left
+if _over:  # past a count, whether or not the answers came first
+    status, detail = "failed", _over[0]
 signal.setitimer(signal.ITIMER_REAL, 0)
 _stop()
 if proc.returncode == -signal.SIGXCPU or proc.returncode == 128 + signal.SIGXCPU:
