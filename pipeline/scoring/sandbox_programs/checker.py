@@ -16,13 +16,14 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 from pipeline.scoring.sandbox_programs.codec import _dec, _describe, _enc, _json  # noqa: E402 - inlined by the build
 
 _cgroups = sys.argv[1:]  # on the command line: known even if the scorer dies before the payload is written
 _t0 = time.monotonic()
-layers = ["bwrap", "seccomp", "rlimits", "separate-checker"]
+layers = ["bwrap", "seccomp", "rlimits", "separate-checker", "checker-rlimits"]
 
 def _release_cgroups():
     # the sandbox is gone: leave the run's cgroups for their parent and remove them (the scorer that
@@ -86,6 +87,81 @@ proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stde
                         pass_fds=(fd, info_w), preexec_fn=_limits, close_fds=True)
 os.close(fd)
 os.close(info_w)
+
+class _CheckerLimit(BaseException):
+    pass
+
+def _xcpu(signum, frame):
+    raise _CheckerLimit()
+
+def _own_limits():
+    # The checker decodes and checks what the sandboxed program chose to send, outside the sandbox's
+    # cgroup and rlimits: it gets its own, once the sandbox has started (which it must not inherit).
+    # CPU: SIGXCPU (a verdict) at the soft limit, SIGKILL one second later if a C-level loop (a set
+    # built by the test code, say) does not return to the interpreter. Memory: the address space it
+    # has now plus a fixed budget (a MemoryError is the answer's failure).
+    signal.signal(signal.SIGXCPU, _xcpu)
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = int(used.ru_utime + used.ru_stime) + 1 + int(payload["checker_cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    try:
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        size = 256 * 2**20
+    mem = size + int(payload["checker_memory"])
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+
+_over = []  # what the watcher stopped the sandbox for
+
+def _count_files(tmp_fd):
+    st = os.fstatvfs(tmp_fd)
+    return st.f_files - st.f_ffree  # inodes in use on the sandbox's /tmp (a hard link takes one too)
+
+def _count_tasks():
+    # the sandbox's init (bwrap, pid 1 inside) and its children (the server: it cannot create another process)
+    total = 1
+    with open("/proc/%d/task/%d/children" % (sandbox_pid, sandbox_pid)) as f:
+        children = f.read().split()
+    for child in children:
+        with open("/proc/%s/status" % child) as f:
+            total += int(next(line for line in f if line.startswith("Threads:")).split()[1])
+    return total
+
+def _watch(tmp_fd, base_files, tasks):
+    # Kernel memory that no rlimit counts, where no cgroup does: each file of /tmp (the tmpfs caps bytes,
+    # not files; about 1 KiB each, 120,000 empty files took 150 MB in 4 s) and each thread (its kernel
+    # stack; a thread with a small stack costs little address space). Polled, so the excess is what can
+    # be created in one interval.
+    while True:
+        try:
+            if _count_files(tmp_fd) - base_files > payload["max_files"]:
+                _over.append("more than %d files in /tmp" % payload["max_files"])
+            elif tasks and _count_tasks() > payload["max_tasks"]:
+                _over.append("more than %d threads" % payload["max_tasks"])
+        except (OSError, ValueError, StopIteration):
+            return  # the sandbox is gone
+        if _over:
+            try:
+                os.kill(sandbox_pid, signal.SIGKILL)
+            except OSError:
+                pass
+            return
+        time.sleep(payload["watch_interval_s"])
+
+def _start_watch():
+    try:
+        tmp_fd = os.open("/proc/%d/root/tmp" % sandbox_pid, os.O_RDONLY | os.O_DIRECTORY)
+        base_files = _count_files(tmp_fd)
+    except (OSError, ValueError):
+        return  # not readable here: the layer is not reported
+    try:
+        tasks = _count_tasks() > 0
+    except (OSError, ValueError, StopIteration):
+        tasks = False  # a kernel without /proc/<pid>/task/<tid>/children
+    threading.stack_size(256 * 1024)
+    threading.Thread(target=_watch, args=(tmp_fd, base_files, tasks), daemon=True).start()
+    layers.append("watch-files-and-threads" if tasks else "watch-files")
 sandbox_pid = None
 
 def _sandbox_pid():
@@ -129,13 +205,15 @@ def _gone():
     raise _ServerGone("the program ended without an answer (exit status %s)" % code)
 
 def _readn(n):
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(_from, n - len(buf))
+    # linear in n however the program trickles its bytes (``bytes +=`` per chunk would be quadratic)
+    buf, got = [], 0
+    while got < n:
+        chunk = os.read(_from, min(n - got, 1 << 20))
         if not chunk:
             _gone()
-        buf += chunk
-    return buf
+        buf.append(chunk)
+        got += len(chunk)
+    return b"".join(buf)
 
 def _recv():
     n = struct.unpack(">I", _readn(4))[0]
@@ -166,8 +244,10 @@ try:
     hello = _recv()
     _up = True  # the sandbox is up (the completion has not been sent yet)
     sandbox_pid = _sandbox_pid()
+    _start_watch()
+    _own_limits()  # after the watcher's thread exists (its stack and allocator arena are address space)
     signal.setitimer(signal.ITIMER_REAL, payload["timeout"])
-    _send({"code": payload["code"], "entry_point": payload["entry_point"]})
+    _send({"code": payload["code"], "entry_point": payload["entry_point"], "max_tasks": payload["max_tasks"]})
     first = _recv()
     if "error" in first:
         raise CandidateError(str(first["error"])[:200])
@@ -181,12 +261,17 @@ try:
     status, detail = "passed", ""
 except _Timeout:
     status, detail = "timed out", "wall-clock limit of %gs" % payload["timeout"]
+except _CheckerLimit:
+    status, detail = "timed out", "the checker's CPU-time limit (answers too costly to check)"
 except CandidateError as err:
     status, detail = "failed", str(err)
 except _ServerGone as err:
-    status, detail = "failed", str(err)
+    status, detail = "failed", _over[0] if _over else str(err)
 except BaseException as err:  # noqa: BLE001 - whatever the checked code raised is its failure
     status, detail = "failed", _describe(err)
+signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # the verdict is known: only the hard limit (SIGKILL) is left
+if _over:  # past a count, whether or not the answers came first
+    status, detail = "failed", _over[0]
 signal.setitimer(signal.ITIMER_REAL, 0)
 _stop()
 if proc.returncode == -signal.SIGXCPU or proc.returncode == 128 + signal.SIGXCPU:

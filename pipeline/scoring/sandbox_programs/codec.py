@@ -4,11 +4,20 @@ Not imported: ``pipeline.scoring.humaneval`` inlines this file's text where a pr
 so each program stays one self-contained ``python -c`` source (the sandbox sees no project files).
 Values cross the pipe as tagged JSON: None/bool/int/float/complex/str/bytes/list/tuple/dict/set;
 numpy scalars as their Python value; anything else is an error.
+
+Decoding is bounded, since the checker decodes what the sandboxed program chose to send (outside the
+sandbox's limits): at most ``_MAX_ITEMS`` values per message, and no set or dict whose keys collide
+(more than ``_MAX_SAME_HASH`` keys of one hash: ints, floats and tuples have hashes an adversary can
+choose, and inserting n colliding keys costs n**2 comparisons; 290,000 such ints kept a checker busy
+for 29 s). A real set never needs it: equal keys are one key, distinct keys of realistic data almost
+never share a hash.
 """
 
 import json as _json  # noqa: F401 - used by the programs that inline this file
 
 _MAX_DEPTH = 200
+_MAX_ITEMS = 200_000
+_MAX_SAME_HASH = 32
 
 def _enc(x, depth=0, loose=False):
     if depth > _MAX_DEPTH:
@@ -37,7 +46,34 @@ def _enc(x, depth=0, loose=False):
         return _enc(x.item(), depth, loose)
     raise TypeError("cannot pass a %s value between the sandbox and the checker" % t.__name__)
 
-def _dec(o, depth=0):
+class _Budget:
+    """How many more values one message may decode to."""
+
+    def __init__(self, items):
+        self.left = items
+
+    def take(self):
+        self.left -= 1
+        if self.left < 0:
+            raise ValueError("answer holds more than %d values" % _MAX_ITEMS)
+
+
+def _no_collisions(keys):
+    # counting hashes is linear; a set or dict built from keys that pass is too
+    seen = {}
+    for k in keys:
+        h = hash(k)
+        n = seen.get(h, 0) + 1
+        if n > _MAX_SAME_HASH:
+            raise ValueError("a set or dict whose keys share one hash (%d or more)" % n)
+        seen[h] = n
+    return keys
+
+
+def _dec(o, depth=0, budget=None):
+    if budget is None:
+        budget = _Budget(_MAX_ITEMS)
+    budget.take()
     if depth > _MAX_DEPTH or type(o) is not dict or len(o) != 1:
         raise ValueError("malformed value")
     (tag, v), = o.items()
@@ -55,11 +91,18 @@ def _dec(o, depth=0):
         return v
     if tag == "y" and type(v) is str:
         return bytes.fromhex(v)
-    if tag in ("l", "t", "set", "fs") and type(v) is list:
-        items = [_dec(e, depth + 1) for e in v]
-        return {"l": list, "t": tuple, "set": set, "fs": frozenset}[tag](items)
+    if tag in ("l", "t") and type(v) is list:
+        items = [_dec(e, depth + 1, budget) for e in v]
+        return items if tag == "l" else tuple(items)
+    if tag in ("set", "fs") and type(v) is list:
+        items = _no_collisions([_dec(e, depth + 1, budget) for e in v])
+        return set(items) if tag == "set" else frozenset(items)
     if tag == "d" and type(v) is list:
-        return {_dec(p[0], depth + 1): _dec(p[1], depth + 1) for p in v if type(p) is list and len(p) == 2}
+        if any(type(p) is not list or len(p) != 2 for p in v):
+            raise ValueError("malformed value")
+        pairs = [(_dec(p[0], depth + 1, budget), _dec(p[1], depth + 1, budget)) for p in v]
+        _no_collisions([k for k, _ in pairs])
+        return dict(pairs)
     raise ValueError("malformed value")
 
 def _describe(err):

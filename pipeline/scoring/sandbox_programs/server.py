@@ -38,6 +38,16 @@ def _recv():
 
 _send({"hello": 1})
 _msg = _recv()
+if _msg.get("max_tasks"):
+    # processes and threads of this sandbox: counted per user namespace, enforced by the kernel for a
+    # non-root scorer (the cgroup's pids.max does it where cgroups are writable); a thread costs kernel
+    # memory (its kernel stack) that the address-space limit does not see
+    import resource as _resource
+    try:
+        _resource.setrlimit(_resource.RLIMIT_NPROC, (_msg["max_tasks"], _msg["max_tasks"]))
+    except (OSError, ValueError):
+        pass
+    del _resource
 _globals = {}
 try:
     exec(compile(_msg["code"], "<humaneval>", "exec"), _globals)
