@@ -329,7 +329,7 @@ def test_cli_bad_predictions_file_is_one_line_and_exit_2(tmp_path, lines, expect
     assert out.stdout == ""
 
 
-@pytest.mark.parametrize("extra", [["--max-rows", "0"], ["--max-bytes", "-1"], ["--timeout", "0"]])
+@pytest.mark.parametrize("extra", [["--max-rows", "0"], ["--max-bytes", "-1"], ["--timeout", "0"], ["--timeout", "inf"], ["--max-sql-bytes", "0"]])
 def test_cli_bad_limits_are_refused(tmp_path, extra):
     out = _cli(tmp_path, ['{"id": "0", "prediction": "SELECT 1"}'], *extra)
     assert out.returncode == 2 and extra[0] in out.stderr and "Traceback" not in out.stderr, out.stderr
