@@ -197,8 +197,11 @@ def _set_limits(heap_bytes: int, extra_address_space: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    with open("/proc/self/status") as status:
-        size_kb = next((int(line.split()[1]) for line in status if line.startswith("VmSize:")), 0)
+    try:
+        with open("/proc/self/status") as status:
+            size_kb = next((int(line.split()[1]) for line in status if line.startswith("VmSize:")), 0)
+    except OSError:  # no /proc: the limit is the extra alone, which an interpreter's start fits in many times
+        size_kb = 0
     limit = size_kb * 1024 + int(extra_address_space)
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
