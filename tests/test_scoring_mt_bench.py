@@ -262,7 +262,7 @@ class RawJudge:
             while b"\r\n\r\n" not in data:
                 data += conn.recv(65536)
             head, body = data.split(b"\r\n\r\n", 1)
-            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+            length = int(next((line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0))
             while len(body) < length:
                 body += conn.recv(65536)
             ok = json.dumps({"model": "m", "choices": [{"message": {"role": "assistant", "content": "Rating: [[7]]"}}]}).encode()
@@ -343,6 +343,16 @@ def test_an_unavailable_judge_fails_the_run_and_stops_sending(samples, templates
         with pytest.raises(mb.JudgeUnavailableError, match="HTTP 401"):
             mb.judge_predictions(preds, samples, judge, templates, turns=(1,), workers=2)
     assert server.requests < 8
+
+
+def test_the_preflight_is_bounded_too():
+    with RawJudge("trickle") as server:
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match="not reachable.*within 1.0 s"):
+            mb.check_endpoint(server.url, None, "gpt-4", timeout_s=1.0)
+    assert time.perf_counter() - start < 4
+    with RawJudge("bad_json") as server, pytest.raises(ValueError, match="did not answer with a model list"):
+        mb.check_endpoint(server.url, None, "gpt-4")
 
 
 @pytest.mark.parametrize("setting", [{"timeout_s": float("inf")}, {"timeout_s": float("nan")}, {"timeout_s": 0}, {"max_retries": -1},

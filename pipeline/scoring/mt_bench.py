@@ -38,7 +38,6 @@ import re
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -220,11 +219,11 @@ class _HTTPSConnection(http.client.HTTPSConnection):
         self.sock = sock
 
 
-def post_json(url: str, payload: Mapping[str, Any], headers: Mapping[str, str], timeout_s: float,
-              max_bytes: int = MAX_RESPONSE_BYTES) -> tuple[int, str, bytes]:
-    """POST ``payload`` as JSON; ``(status, reason, body)`` within ``timeout_s`` in all (``TimeoutError``
-    otherwise), a body of at most ``max_bytes`` (``BadAnswerError`` beyond). Proxies as urllib takes them
-    from the environment (``https_proxy``, ``http_proxy``, ``no_proxy``)."""
+def http_request(url: str, headers: Mapping[str, str], timeout_s: float, payload: Mapping[str, Any] | None = None,
+                 max_bytes: int = MAX_RESPONSE_BYTES) -> tuple[int, str, bytes]:
+    """POST ``payload`` as JSON (GET without one); ``(status, reason, body)`` within ``timeout_s`` in all
+    (``TimeoutError`` otherwise), a body of at most ``max_bytes`` (``BadAnswerError`` beyond). Proxies as
+    urllib takes them from the environment (``https_proxy``, ``http_proxy``, ``no_proxy``)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"judge URL {url!r} is not an http:// or https:// URL")
@@ -250,7 +249,10 @@ def post_json(url: str, payload: Mapping[str, Any], headers: Mapping[str, str], 
     else:
         conn = kind(parts.hostname, parts.port, timeout=timeout_s, deadline=deadline)
     try:
-        conn.request("POST", target, body=json.dumps(payload).encode(), headers=headers)
+        if payload is None:
+            conn.request("GET", target, headers=headers)
+        else:
+            conn.request("POST", target, body=json.dumps(payload).encode(), headers=headers)
         response = conn.getresponse()
         if response.length is not None and response.length > max_bytes:
             raise BadAnswerError(f"the answer is larger than {max_bytes} bytes ({response.length})")
@@ -347,7 +349,7 @@ class OpenAIJudge:
         last_error, bad_answer = "", False
         for attempt in range(self.max_retries + 1):
             try:
-                status, reason, body = post_json(url, payload, self._headers(), self.timeout_s)
+                status, reason, body = http_request(url, self._headers(), self.timeout_s, payload)
             except (OSError, http.client.HTTPException, BadAnswerError) as err:  # TimeoutError, IncompleteRead, TLS...
                 last_error, bad_answer = f"{type(err).__name__}: {err}", isinstance(err, BadAnswerError)
             else:
@@ -495,7 +497,7 @@ def preflight(cfg: Mapping[str, Any] | None) -> str | None:
 
 
 def check_endpoint(base_url: str, api_key_env: str | None = "OPENAI_API_KEY", model: str | None = None, timeout_s: float = 5.0) -> list[str]:
-    """GET ``{base_url}/models`` once with a short timeout; the served model ids, or ValueError naming the fix."""
+    """GET ``{base_url}/models`` once within ``timeout_s`` in all; the served model ids, or ValueError naming the fix."""
     url = base_url.rstrip("/") + "/models"
     headers = {}
     key = os.environ.get(api_key_env) if api_key_env else None
@@ -504,14 +506,18 @@ def check_endpoint(base_url: str, api_key_env: str | None = "OPENAI_API_KEY", mo
     fix = ("start the OpenAI-compatible server, or set judge.base_url to where it listens (up to /v1), "
            "or judge.enabled=false / judge.kind=transformers")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as response:
-            payload = json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        hint = f" (the key in ${api_key_env} is missing or wrong)" if err.code in (401, 403) else ""
-        raise ValueError(f"judge endpoint {url} answered HTTP {err.code} {err.reason}{hint}: {fix}") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, json.JSONDecodeError) as err:
+        status, reason, body = http_request(url, headers, timeout_s)  # timeout_s for the whole request
+    except (OSError, http.client.HTTPException, BadAnswerError) as err:
         raise ValueError(f"judge endpoint {url} is not reachable ({type(err).__name__}: {getattr(err, 'reason', err)}): {fix}") from None
-    served = [str(m.get("id")) for m in (payload.get("data") or []) if isinstance(m, Mapping)]
+    if status >= 400:
+        hint = f" (the key in ${api_key_env} is missing or wrong)" if status in (401, 403) else ""
+        raise ValueError(f"judge endpoint {url} answered HTTP {status} {reason}{hint}: {fix}")
+    try:
+        payload = json.loads(body or b"{}")
+        models = payload.get("data") or []
+        served = [str(m.get("id"))[:200] for m in models if isinstance(m, Mapping)]
+    except (ValueError, AttributeError, TypeError) as err:
+        raise ValueError(f"judge endpoint {url} did not answer with a model list ({type(err).__name__}): {fix}") from None
     if model and served and model not in served:
         raise ValueError(f"judge endpoint {url} does not serve model {model!r} (it serves {served}): set judge.model to one of them")
     return served
