@@ -285,9 +285,11 @@ def _read_until(fd: int, n: int, deadline: float) -> bytearray:
     """Up to ``n`` bytes from ``fd``, fewer when it closes or ``deadline`` (``time.monotonic``) passes."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
+    poller = select.poll()  # not select.select: a process with many descriptors (a Ray worker) may pass 1024
+    poller.register(fd, select.POLLIN)
     while got < n:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not poller.poll(max(1, math.ceil(left * 1000))):
             break
         count = os.readv(fd, [view[got:]])
         if count == 0:
