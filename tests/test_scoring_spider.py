@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import shutil
@@ -236,13 +237,24 @@ def test_distinct_kept_by_default_and_stripped_like_the_official_evaluation(toy_
 # ----------------------------------------------------------------------------- trust, second round (issue 25)
 
 _PEAK_RSS = """
-import sys
+import resource, sys
 from pipeline.scoring import spider as sp
-r = sp.execute(sys.argv[1], sys.argv[2], max_bytes=int(sys.argv[3]))
+r = sp.execute(sys.argv[1], sys.stdin.read(), max_bytes=int(sys.argv[2]), timeout_s=float(sys.argv[3]))
 print(r.error)
-# VmHWM: this process's own peak (ru_maxrss would include the forking pytest process's)
-print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) // 1024)
+# VmHWM: this process's own peak (ru_maxrss would include the forking pytest process's); and its
+# children's (the query process, reaped by then): the scoring as a whole
+own = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) // 1024)
+# bytes written by this process and its reaped children (temp files included), from /proc/self/io
+print(next(int(line.split()[1]) for line in open("/proc/self/io") if line.startswith("wchar:")))
 """
+
+
+def _peak(db, sql, max_bytes, timeout_s=10.0):
+    """(error, peak RSS in MB of the scoring process and its query process, bytes they wrote) of one query."""
+    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(db), str(max_bytes), str(timeout_s)], cwd=REPO, input=sql,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
+    return out[0], int(out[1]), int(out[2])
 
 
 @pytest.mark.parametrize("sql", [
@@ -251,10 +263,9 @@ print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.st
 ])
 def test_the_whole_result_is_capped_not_each_value(blob_db, sql):
     # one process per query: its peak memory is the query's (old code: the whole row, 240 MB, then the error)
-    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(blob_db), sql, str(32 * 2**20)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
-    assert "result larger than" in out[0], out
-    assert int(out[1]) < 160, f"peak RSS {out[1]} MB for a 32 MiB budget"
+    error, peak_mb, _ = _peak(blob_db, sql, 32 * 2**20)
+    assert "result larger than" in error, error
+    assert peak_mb < 160, f"peak RSS {peak_mb} MB for a 32 MiB budget"
 
 
 def test_the_budget_shrinks_as_rows_arrive(blob_db):
@@ -262,7 +273,8 @@ def test_the_budget_shrinks_as_rows_arrive(blob_db):
     result = sp.execute(blob_db, "SELECT b, b FROM t", max_bytes=10 * 2**20)
     assert not result.ok and "result larger than" in result.error
     assert sp.execute(blob_db, "SELECT b, b FROM t", max_bytes=41 * 2**20).ok
-    assert sp.execute(blob_db, "SELECT id, length(b) FROM t", max_bytes=100).rows == [(i, 4 * 2**20) for i in range(5)]
+    # length(b) does not build b: five rows of two numbers are charged 5 * (56 + 2 * (32 + 8)) = 680 bytes
+    assert sp.execute(blob_db, "SELECT id, length(b) FROM t", max_bytes=1000).rows == [(i, 4 * 2**20) for i in range(5)]
 
 
 @pytest.mark.parametrize("prediction", ["SELECT name FROM singer\x00", "\x00", "SELECT 'a\x00b'; DROP", "```sql\nSELECT\x00 1\n```",
@@ -317,7 +329,7 @@ def test_cli_bad_predictions_file_is_one_line_and_exit_2(tmp_path, lines, expect
     assert out.stdout == ""
 
 
-@pytest.mark.parametrize("extra", [["--max-rows", "0"], ["--max-bytes", "-1"], ["--timeout", "0"]])
+@pytest.mark.parametrize("extra", [["--max-rows", "0"], ["--max-bytes", "-1"], ["--timeout", "0"], ["--timeout", "inf"], ["--max-sql-bytes", "0"]])
 def test_cli_bad_limits_are_refused(tmp_path, extra):
     out = _cli(tmp_path, ['{"id": "0", "prediction": "SELECT 1"}'], *extra)
     assert out.returncode == 2 and extra[0] in out.stderr and "Traceback" not in out.stderr, out.stderr
@@ -328,3 +340,116 @@ def test_cli_lone_surrogate_keeps_every_result(tmp_path):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["num_samples"] == 2 and result["details"][0]["sql"] == "SELECT \ud800"
+
+
+# ----------------------------------------------------------------------------- trust, third round (issue 36)
+
+_ROWS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT {n}) "
+# one `instr` is one SQLite VM instruction: (2M - 1M) * 1M byte comparisons, about 20 s here, which neither
+# the progress handler nor sqlite3_interrupt can stop (they act between instructions)
+_ONE_LONG_INSTRUCTION = "SELECT instr(printf('%.*c', 2000000, 'a'), printf('%.*c', 1000000, 'a') || 'b') FROM singer LIMIT 1"
+
+
+def test_one_long_sqlite_instruction_is_stopped_at_the_deadline(toy_db):
+    start = time.perf_counter()
+    result = sp.execute(toy_db, _ONE_LONG_INSTRUCTION, timeout_s=1)
+    assert result.timed_out and not result.ok and "timed out after 1" in result.error
+    assert time.perf_counter() - start < 8  # the deadline and a process start, not the instruction's 20 s or more
+
+
+def test_a_killed_query_leaves_no_process_and_the_next_query_runs(toy_db):
+    with sp.QueryRunner(timeout_s=1) as runner:
+        assert runner.run(toy_db, "SELECT count(*) FROM singer").rows == [(4,)]
+        pid = runner._proc.pid
+        assert runner.run(toy_db, _ONE_LONG_INSTRUCTION).timed_out
+        with pytest.raises(ProcessLookupError):  # killed and reaped
+            os.kill(pid, 0)
+        assert runner.run(toy_db, "SELECT name FROM singer WHERE id = 2").rows == [("Bob",)]
+    scored = sp.score_predictions(
+        [{"id": "0", "prediction": _ONE_LONG_INSTRUCTION}, {"id": "1", "prediction": "SELECT count(*) FROM singer"}],
+        {str(i): {"query": "SELECT count(*) FROM singer", "db_path": str(toy_db), "db_id": "toy"} for i in range(2)},
+        timeout_s=1)
+    assert [d["timed_out"] for d in scored["details"]] == [True, False] and scored["num_correct"] == 1
+
+
+_ORPHAN = """
+import sys
+from pipeline.scoring import spider as sp
+runner = sp.QueryRunner(timeout_s=600)
+print(runner._start().pid, flush=True)
+runner.run(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_the_query_process_dies_with_the_scorer(toy_db):
+    # a scorer killed mid-query (a cell's timeout, a driver's ctrl-c) leaves no query running on
+    scorer = subprocess.Popen([sys.executable, "-c", _ORPHAN, str(toy_db), _ONE_LONG_INSTRUCTION], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    pid = int(scorer.stdout.readline())
+    time.sleep(0.5)
+    scorer.kill()
+    scorer.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            break
+        if "\nState:\tZ" in status:  # dead, waiting for init to reap it
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the query process outlived its scorer")
+
+
+def test_empty_values_and_nulls_are_charged(toy_db):
+    # 99,999 rows of 500 empty blobs: no byte of payload, 50M values (old code: 400 MB and more)
+    sql = _ROWS.format(n=99_999) + "SELECT " + ", ".join(["x''"] * 500) + " FROM c"
+    error, peak_mb, _ = _peak(toy_db, sql, 8 * 2**20)
+    assert "result larger than" in error, error
+    assert peak_mb < 120, f"peak RSS {peak_mb} MB for an 8 MiB budget"
+    assert sp.execute(toy_db, "SELECT NULL, x'', 1", max_bytes=56 + 3 * 32 + 8).rows == [(None, b"", 1)]
+    assert not sp.execute(toy_db, "SELECT NULL, x'', 1", max_bytes=56 + 3 * 32 + 7).ok
+
+
+def test_temp_storage_stays_in_capped_memory(toy_db):
+    # a sort of 20,000 rows of 200 kB keys: 4 GB, which SQLite spilled to temp files (5.2 GB in 10 s)
+    sql = _ROWS.format(n=20_000) + "SELECT x FROM c ORDER BY zeroblob(200000) || x"
+    start = time.perf_counter()
+    error, peak_mb, written = _peak(toy_db, sql, 8 * 2**20, timeout_s=20)
+    assert error and "out of memory" in error, error
+    assert time.perf_counter() - start < 15
+    assert written < 2**20, f"{written} bytes written by a read-only query"
+    assert peak_mb < sp.address_space_limit(8 * 2**20) // 2**20 + 64
+
+
+def test_huge_in_list_is_refused_before_it_compiles(toy_db):
+    # a 5 MB IN (...) list took 2.05 GB to compile, outside the timeout
+    huge = "SELECT name FROM singer WHERE id IN (" + ", ".join(str(i) for i in range(700_000)) + ")"
+    start = time.perf_counter()
+    error, peak_mb, _ = _peak(toy_db, huge, 8 * 2**20, timeout_s=5)
+    assert f"longer than {sp.DEFAULT_MAX_SQL_BYTES} bytes" in error, error
+    assert peak_mb < 120 and time.perf_counter() - start < 10
+    # under the length limit, the compile is bounded by the heap and counted in the deadline
+    near = "SELECT name FROM singer WHERE id IN (" + ", ".join(str(i) for i in range(14_000)) + ")"
+    assert len(near) < sp.DEFAULT_MAX_SQL_BYTES
+    assert sorted(sp.execute(toy_db, near).rows) == [("Ann",), ("Bob",), ("Cid",), ("Dee",)]
+    assert "longer than 1000 bytes" in sp.execute(toy_db, near, max_sql_bytes=1000).error
+
+
+@pytest.mark.parametrize("sql, expect", [
+    ("SELECT " + " + ".join(["1"] * 3000), "too large"),  # expression depth (SQLITE_LIMIT_EXPR_DEPTH)
+    (" UNION ".join(["SELECT 1"] * 600), "too many terms in compound SELECT"),
+    ("SELECT ?1200", "variable number must be between"),
+])
+def test_sqlite_compile_limits(toy_db, sql, expect):
+    result = sp.execute(toy_db, sql)
+    assert not result.ok and expect in result.error, result.error
+
+
+@pytest.mark.parametrize("kwargs, name", [({"timeout_s": float("inf")}, "timeout_s"), ({"timeout_s": float("nan")}, "timeout_s"),
+                                          ({"max_sql_bytes": 0}, "max_sql_bytes"), ({"max_bytes": 1.5}, "max_bytes")])
+def test_bad_limits_are_refused_before_anything_runs(toy_db, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        sp.score_predictions([{"id": "0", "prediction": "SELECT 1"}], _sample(toy_db, "SELECT 1"), **kwargs)
