@@ -126,6 +126,11 @@ def write_report(
     runs = load_runs(sweep, uri)
     if runs.empty:
         raise LookupError(f"sweep {sweep!r} in {uri} has no finished cell runs yet")
+    runs = stats.mark_disturbed(runs)  # cells measured while the machine was disturbed: flagged, timing left out
+    if runs["disturbed"].any():
+        log(f"{int(runs['disturbed'].sum())} of {len(runs)} cells were measured on a disturbed machine (target step >= "
+            f"{stats.DISTURBED_SLOWDOWN}x the calibration): their timing is left out of the tables and the timing claims "
+            "(column `disturbed` in runs.csv)")
     samples = load_samples(runs, uri)
     tables = build_tables(runs, samples, reference, cost_ratio=cost_ratio, n_boot=n_boot)
     written: dict[str, Any] = {"out": out_dir, "tables": tables.write(out_dir)}

@@ -158,6 +158,9 @@ class CellResult:
     """``Type: message`` of the failure (tag ``error``), None when finished."""
     traceback: str | None = None
     """Full traceback of the failure (``traceback.txt``)."""
+    speculation_profile: dict[str, Any] | None = None
+    """The cell's acceptance as specdec_bench's ``speculation_profile.json`` (``pipeline.acceptance``); None
+    for a method that drafts nothing."""
 
     @property
     def finished(self) -> bool:

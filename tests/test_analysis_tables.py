@@ -50,7 +50,7 @@ def test_table5_markdown_and_latex():
     assert "\\begin{tabular}{lccc}" in tex and "\\bottomrule" in tex
     summary = t.summary_markdown()
     assert "n/a" not in summary.split("####")[1].splitlines()[4]  # ar has no bound: '–', not 'n/a'
-    assert "| spd | 3 | <u>1.92 ± 0.39</u> |" in summary  # per-seed speedup, then mean ± std; second of the non-baseline rows
+    assert "| spd | 3 | – | <u>1.92 ± 0.39</u> |" in summary  # per-seed speedup, then mean ± std; second of the non-baseline rows
     assert "| mtad | 3 | **2.73 ± 0.27** |" in summary
 
 

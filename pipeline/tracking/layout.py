@@ -9,7 +9,7 @@ The writer (``pipeline.tracking.tracker``), the driver, the report and ``analysi
   finished, ``TAG_JUDGE``), the flattened ``Cell.config`` as params (``flatten``), the cell's numeric
   metrics (``numeric_metrics``; the ones a reader compares: ``COMPARED_METRICS``) and the artifacts
   ``SAMPLES_ARTIFACT``, ``CONFIG_ARTIFACT``, ``RESULT_ARTIFACT`` (``RESULT_FIELDS`` of the result),
-  ``SCORES_ARTIFACT`` and, for failures, ``TRACEBACK_ARTIFACT``.
+  ``SCORES_ARTIFACT``, ``PROFILE_ARTIFACT`` (methods that draft) and, for failures, ``TRACEBACK_ARTIFACT``.
 - ``TAG_STATUS`` is a ``CellResult.status`` (``STATUS_FINISHED``, ``STATUS_SCORE_FAILED``,
   ``STATUS_FAILED``, defined with the result in ``pipeline/cell_types.py``) or ``STATUS_LOGGING``
   while the run is being written.
@@ -109,6 +109,7 @@ RESULT_ARTIFACT = "result.json"
 SCORES_ARTIFACT = "scores.json"
 CONFIG_ARTIFACT = "cell_config.yaml"
 TRACEBACK_ARTIFACT = "traceback.txt"
+PROFILE_ARTIFACT = "speculation_profile.json"  # NVIDIA specdec_bench's acceptance profile (pipeline.acceptance)
 SCORE_DETAIL_FIELD = "score_detail"  # a SAMPLES_ARTIFACT record's verdicts (its task's `score_fields`)
 # The fields of a CellResult written to RESULT_ARTIFACT.
 RESULT_FIELDS = ("status", "error", "stage", "stages", "summary", "energy", "idle", "warmup", "device", "settings", "node_id", "hostname")
