@@ -39,6 +39,14 @@ def test_cell_runs_every_stage(plan):
     assert len(result.records) == 2 and all("prediction" in r and "perplexity" in r for r in result.records)
     assert result.warmup["generations"] == 1 and result.warmup["on_measured_samples"] is False
     assert result.scores["metric"] == "pass@1" and result.judge_identity is None
+    # the machine's speed just before and after the window (the driver compares it with the sweep's calibration)
+    assert m["probe_before_ms"] > 0 and m["probe_after_ms"] > 0
+    # the acceptance as specdec_bench's speculation_profile.json: consistent with the records it came from
+    profile = result.speculation_profile
+    steps = [e for r in result.records for e in r["accepted"]]
+    assert profile["verification_method"] == "longest_prefix" and profile["num_speculative_tokens"] >= cell.params["gamma"]
+    assert profile["mean_accept_length"] == pytest.approx(sum(steps) / len(steps), abs=1e-6)
+    assert profile["validation"]["mean_consistency"]["passed"] and profile["measurement_conditions"]["dataset"] == "humaneval"
 
 
 def test_mt_bench_without_judge_is_speed_only(plan):
@@ -49,6 +57,7 @@ def test_mt_bench_without_judge_is_speed_only(plan):
     assert "costs" in result.stages and result.metrics["t_target_step_ms"] > 0
     assert not {"t_draft_step_ms", "t_verify_ms", "cost_ratio_c"} & set(result.metrics)
     assert result.metrics["generations"] == 4  # 2 samples x 2 turns
+    assert result.metrics["probe_before_ms"] > 0 and result.speculation_profile is None  # ar drafts nothing
 
 
 def test_a_raising_cell_comes_back_failed_with_traceback(plan):
