@@ -270,7 +270,7 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
             for metric, frame in sig.items():
                 if (pair, dataset, lb) in frame.index:
                     s = frame.loc[(pair, dataset, lb)]
-                    for k in ("diff", "low", "high", "significant", "n_units"):
+                    for k in ("diff", "low", "high", "significant", "n_units", "n_prompts"):
                         row[f"{metric}_{k}"] = s[k]
             rows.append(row)
     out = pd.DataFrame(rows)
