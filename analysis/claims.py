@@ -404,9 +404,9 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
               "reference_value": value(ref, ctx) if ref is not None else math.nan, "method_value": value(new, ctx),
               "mde": _from_d((Z_95 + Z_POWER) * se, claim.scale) if math.isfinite(se) else math.nan}
     if n < MIN_PROMPTS:
-        result.update(status=TOO_FEW, verdict=TOO_FEW, low=math.nan, high=math.nan)
-        notes.insert(0, f"{n} {unit}: with fewer than {MIN_PROMPTS} no sign pattern of the {unit}' effects is rare enough to "
-                        f"decide at 95% (needs at least {MIN_PROMPTS} {unit}; {n_pairs} paired generations are not independent)")
+        result.update(status=TOO_FEW, verdict=TOO_FEW, low=math.nan, high=math.nan, mde=math.inf)  # no effect is detectable
+        notes.insert(0, f"{n} {unit}: the exact test needs at least {MIN_PROMPTS} {unit} to decide at 95% (the most extreme of "
+                        f"{2 ** n} sign patterns is 1 in {2 ** n}); the {n_pairs} paired generations are not independent")
         needed = samples_needed(n, se, effect, claim.direction, claim.margin, claim.scale)
         result["samples_needed"] = float(max(MIN_PROMPTS, needed)) if math.isfinite(needed) or math.isinf(needed) else float(MIN_PROMPTS)
     else:

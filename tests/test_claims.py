@@ -284,7 +284,7 @@ def test_make_run_sizes_never_contradict_a_lossless_method():
         table = evaluate_claims(claims, runs, samples)
         assert (table["verdict"] != CONTRADICTED).all() and (table["verdict"] == TOO_FEW).all(), table[["claim", "verdict"]]
         assert (table["samples_needed"] >= 6).all() and (table["n"] == 3).all() and (table["n_pairs"] == 9).all()
-        assert table["note"].str.contains("needs at least 6 prompts").all()
+        assert table["note"].str.contains("needs at least 6 prompts to decide").all()
 
 
 def test_each_verdicts_false_positive_rate_on_a_null_effect_is_at_most_nominal():
