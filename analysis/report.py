@@ -143,7 +143,7 @@ def write_report(
     runs.to_csv(runs_csv, index=False)
     written["runs_csv"] = runs_csv
     log(f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}")
-    written["figures"] = figures.save_all(runs, out_dir / "figures")
+    written["figures"] = figures.save_all(stats.without_disturbed_timing(runs), out_dir / "figures")  # speeds of undisturbed cells
     log(f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}")
     claims = claims_report.write_claims(runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep)
     written["claims"] = claims
