@@ -186,6 +186,13 @@ VERIFICATION_METHODS = {
 CHAIN_METHODS = frozenset({"spd", "block", "hsd", "typical", "bild"})
 
 
+def checkpoint_id(path: Any) -> str | None:
+    """A model path as the profile publishes it: its last two components (``org/model``, a Hub id unchanged), as
+    specdec_bench's ``checkpoint_id`` does, so a profile carries no local directory layout."""
+    parts = [p for p in str(path or "").replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:]) if parts else None
+
+
 def length_histogram(requests: Sequence[Sequence[int]]) -> dict[int, int]:
     """Steps per acceptance length (tokens emitted by a verification step, bonus included), over every request."""
     hist: dict[int, int] = {}

@@ -44,7 +44,7 @@ from typing import Any, Iterator, Mapping
 import ray
 import torch
 
-from pipeline.acceptance import speculation_profile
+from pipeline.acceptance import checkpoint_id, speculation_profile
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
 from pipeline.data.slices import load_slice, task_of
 from pipeline.data.tasks import TaskSpec
@@ -260,7 +260,7 @@ def run_cell(cell: Cell) -> CellResult:
         records = [r.to_dict() for r in window.records]
         profile = speculation_profile(
             window.records, method=cell.method, num_speculative_tokens=decoder.config.get("gamma") or getattr(decoder, "tree_depth", None),
-            target_model={"id": spec.target.id}, draft_checkpoint={"id": spec.draft.id} if spec.draft else None,
+            target_model={"id": checkpoint_id(spec.target.id)}, draft_checkpoint={"id": checkpoint_id(spec.draft.id)} if spec.draft else None,
             measurement_conditions={"dataset": cell.dataset_name, "seed": cell.seed, "device": window.device.get("gpu_name") or str(device),
                                     "batch_size": 1, "label": cell.label})
         if protocol.perplexity:

@@ -30,7 +30,14 @@ from analysis.claims import (
 )
 from analysis.claims_report import acceptance_tables, write_claims
 from helpers.exact import PROMPT
-from pipeline.acceptance import acceptance_metrics, position_counts, reconstruct_drafted, records_metrics, speculation_profile
+from pipeline.acceptance import (
+    acceptance_metrics,
+    checkpoint_id,
+    position_counts,
+    reconstruct_drafted,
+    records_metrics,
+    speculation_profile,
+)
 from pipeline.bounds import expected_tokens
 from pipeline.decoding import build_decoder, make_generator
 
@@ -389,6 +396,9 @@ def test_speculation_profile_matches_specdec_bench_on_its_own_example():
     assert profile["schema_version"] == "1.0" and profile["measured"] is True and profile["verification_method"] == "longest_prefix"
     assert profile["accept_length_model"] == "chain_analytic" and profile["acceptance_length_histogram"] == {"1": 40, "2": 30, "3": 30}
     assert json.loads(json.dumps(profile)) == profile  # plain JSON
+    # model paths published as specdec_bench does: org/model, no local directory layout
+    assert checkpoint_id("/lustre/fsw/x/hf-local/nvidia/MiniMax-M2.7-DFlash") == "nvidia/MiniMax-M2.7-DFlash"
+    assert checkpoint_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct" and checkpoint_id(None) is None
 
 
 def test_speculation_profile_per_step_and_per_request_means_and_method_words():

@@ -17,6 +17,7 @@ Steps 4-6 of ``python -m pipeline.sweep`` (docs/DESIGN.md sections 1 and 7):
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import replace
@@ -45,6 +46,8 @@ from pipeline.tracking import (
     resolve_tracking_uri,
 )
 from pipeline.tracking.layout import TAG_JUDGE, TAG_RESCORED_AT, TAG_SCORE_METRIC, TAG_STATUS
+
+METRIC_UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")  # characters MLflow refuses in a metric name
 
 
 def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str, str]:
@@ -254,7 +257,8 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
             raise
         finally:
             try:
-                calibrated = {f"calibration.{pair}.target_step_ms": c["target_step_ms"] for pair, c in outcome.get("calibration", {}).items()}
+                calibrated = {"calibration." + METRIC_UNSAFE.sub("_", pair) + ".target_step_ms": c["target_step_ms"]
+                              for pair, c in outcome.get("calibration", {}).items()}  # an MLflow-legal name per pair
                 tracker.end_parent(status, {"cells_total": len(plan.cells), "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
                                             "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"],
                                             "cells_elsewhere": outcome["elsewhere"], "wall_s": time.perf_counter() - t0, **calibrated})
