@@ -1,16 +1,23 @@
-"""Claims as data (``analysis/claims.yaml``), tested on a sweep's generations with a paired bootstrap.
+"""Claims as data (``analysis/claims.yaml``), tested on a sweep's generations with an exact test over prompts.
 
     claims = load_claims()                                   # or load_claims("my_claims.yaml")
     table = evaluate_claims(claims, runs, samples)           # one row per claim x (pair, dataset)
 
 Each claim names a method, a reference, a statistic, a scale (relative or absolute effect), a direction
-and a margin. The effect ``statistic(method) vs statistic(reference)`` is bootstrapped over pairs of
-generations with the same (seed, prompt id, turn), resampled within each seed (stratified), 95%
-percentile interval. The verdict: supported / contradicted / inconclusive at this size (see
-``verdict``); for an inconclusive claim, the pairs a decisive answer would need at 80% power if the
-measured effect is the true one (``samples_needed``), and the minimum detectable effect at this size.
-Claims needing a GPU (absolute speed, energy) or a cost ratio are listed as untested off those, with
-the command that tests them.
+and a margin. Generations of one prompt are not independent, so the unit is the prompt: per prompt, the
+statistic of the method's generations (every seed and turn) against the reference's generations of the
+same (seed, prompt, turn), as a log ratio (relative) or a difference (absolute); the effect is their mean
+(a relative one shown as ratio - 1) and its 95% interval the exact sign-flip interval over prompts
+(``analysis.stats.sign_flip_interval``: valid at any size when the prompt-level effects are symmetric under
+the null, as they are for a lossless method against ``ar``). Below ``stats.MIN_PROMPTS`` (6) prompts no
+interval can exclude anything: the verdict is "too few prompts", with the prompts needed. Otherwise the
+verdict is supported / contradicted / inconclusive at this size (``verdict``); for an inconclusive claim, the
+prompts a decisive answer would need at 80% power if the measured effect is the true one (``samples_needed``),
+and the minimum detectable effect at this size. Timing claims use only cells not flagged ``disturbed``
+(their probes around the window against the sweep's calibration, docs/measurement.md), or say that none were
+left; a speedup measured above its own bound is a "measurement problem", not a verdict on the method. Claims
+needing a GPU (absolute speed, energy) or a cost ratio are listed as untested off those, with the command
+that tests them; claims on methods without cells in the sweep say "no data".
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from analysis.stats import MIN_PROMPTS, mark_disturbed, sign_flip_interval
 from pipeline.acceptance import as_list, reconstruct_drafted
 from pipeline.bounds import expected_tokens
 
@@ -33,6 +41,10 @@ SCALES = ("relative", "absolute")
 REQUIRES = ("cpu", "gpu", "cost_ratio")
 Z_95, Z_POWER = 1.959964, 0.841621  # two-sided 5% test, 80% power
 SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
+TOO_FEW = "too few prompts"  # verdict and status: fewer prompts than the exact test can decide with (stats.MIN_PROMPTS)
+MEASUREMENT_PROBLEM = "measurement problem"  # a speedup above its own bound: the measurement, not the method
+NO_DATA, DISTURBED = "no data", "disturbed"  # statuses of claims left untested: no cells of a method; only disturbed cells
+TIMING_STATISTICS = ("tokens_per_s", "speedup_over_bound", "j_per_token")  # decided on undisturbed cells only
 
 
 @dataclass(frozen=True)
@@ -105,11 +117,19 @@ def _check(entry: dict, where: str) -> None:
     stat = STATISTICS[entry["statistic"]]
     if entry.get("reference") is None and not stat.one_sample:
         raise ValueError(f"{where}: statistic {entry['statistic']!r} compares two methods; set `reference` (a label of the sweep)")
-    margin = entry.get("margin", 0.0)
-    if not isinstance(margin, (int, float)) or margin < 0:
-        raise ValueError(f"{where}: margin must be a number >= 0 on the effect's scale, not {margin!r}")
+    margin = entry.get("margin")
+    margin = 0.0 if margin is None else margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
+        raise ValueError(f"{where}: margin must be a finite number >= 0 on the effect's scale (e.g. 0.05), not {margin!r}: "
+                         "an infinite margin would call any effect equivalent")
     if entry.get("direction") == "equivalent" and not margin:
         raise ValueError(f"{where}: an equivalence claim needs a margin > 0 (the difference that counts as equal)")
+    if entry.get("scale", "relative") == "relative" and entry.get("direction") in ("at_least", "equivalent") and margin >= 1:
+        raise ValueError(f"{where}: a relative margin of {margin!r} allows any effect (a ratio cannot fall 100% or more below 1); "
+                         "use a margin below 1, e.g. 0.05 for 5%")
+    claimed = entry.get("claimed")
+    if claimed is not None and (isinstance(claimed, bool) or not isinstance(claimed, (int, float)) or not math.isfinite(claimed)):
+        raise ValueError(f"{where}: claimed must be a finite number on the effect's scale or null, not {claimed!r}")
 
 
 def load_claims(path: str | Path | None = None) -> list[Claim]:
@@ -166,26 +186,41 @@ def verdict(low: float, high: float, direction: str, margin: float = 0.0) -> str
     return SUPPORTED if ok else CONTRADICTED if against else INCONCLUSIVE
 
 
-def distance_to_decision(effect: float, direction: str, margin: float = 0.0) -> float:
-    """How far the measured effect lies from the boundary the CI must clear for a decisive verdict."""
-    if direction in ("greater", "less"):
-        return abs(effect)
-    if direction == "at_least":
-        return abs(effect + margin)
-    if direction == "at_most":
-        return abs(effect - margin)
-    return abs(margin - abs(effect))
+def _to_d(value: float, scale: str) -> float:
+    """An effect on the claim's scale onto the scale of the prompt-level effects (log ratio for relative)."""
+    if scale != "relative":
+        return value
+    return math.log1p(value) if value > -1 else -math.inf
 
 
-def samples_needed(n: int, se: float, effect: float, direction: str, margin: float = 0.0) -> float:
-    """Pairs for a decisive verdict at 80% power (two-sided 5%) if ``effect`` is the truth and the
-    standard error shrinks as 1/sqrt(n): n ((1.96 + 0.84) se / distance)^2; inf when the effect sits on the boundary."""
-    dist = distance_to_decision(effect, direction, margin)
+def _from_d(value: float, scale: str) -> float:
+    """The inverse of ``_to_d``."""
+    return math.expm1(value) if scale == "relative" else value
+
+
+def boundaries(direction: str, margin: float = 0.0) -> tuple[float, ...]:
+    """The effects (claim's scale) a CI must clear for a decisive verdict: 0, -margin, +margin or both."""
+    return {"greater": (0.0,), "less": (0.0,), "at_least": (-margin,), "at_most": (margin,), "equivalent": (-margin, margin)}[direction]
+
+
+def distance_to_decision(effect: float, direction: str, margin: float = 0.0, scale: str = "absolute") -> float:
+    """How far the measured effect lies from the nearest boundary the CI must clear, on the scale of the
+    prompt-level effects (log ratio for a relative claim)."""
+    d = _to_d(effect, scale)
+    return min(abs(d - _to_d(b, scale)) for b in boundaries(direction, margin))
+
+
+def samples_needed(n: int, se: float, effect: float, direction: str, margin: float = 0.0, scale: str = "absolute") -> float:
+    """Prompts for a decisive verdict at 80% power (two-sided 5%) if ``effect`` is the truth and the
+    standard error (of the mean prompt-level effect, ``se``) shrinks as 1/sqrt(n): n ((1.96 + 0.84) se / distance)^2,
+    never below the fewest prompts the exact test can decide with (``stats.MIN_PROMPTS``); inf when the
+    effect sits on the boundary."""
+    dist = distance_to_decision(effect, direction, margin, scale)
     if not (n and math.isfinite(se) and math.isfinite(dist)):
         return math.nan
     if dist <= 0:
         return math.inf
-    return float(max(n, math.ceil(n * ((Z_95 + Z_POWER) * se / dist) ** 2)))
+    return float(max(n, MIN_PROMPTS, math.ceil(n * ((Z_95 + Z_POWER) * se / dist) ** 2)))
 
 
 # ----------------------------------------------------------------------------------- units and the bootstrap
@@ -228,35 +263,31 @@ def select(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return frame[frame["label"] == labels[0]] if len(labels) else rows
 
 
-def bootstrap(ref: np.ndarray | None, new: np.ndarray, value: Callable[[np.ndarray, dict], float], ctx: dict, *,
-              scale: str = "relative", strata: np.ndarray | None = None, n_boot: int = 2000, level: float = 0.95,
-              seed: int = 0) -> tuple[float, float, float]:
-    """(effect, low, high): the effect of ``new`` over ``ref`` (paired rows; None: one-sample, effect of
-    ``value(new)`` against 1 on the relative scale, 0 on the absolute) and its percentile interval, pairs
-    resampled with replacement within each stratum."""
-    n = new.shape[0]
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    groups = [np.arange(n)] if strata is None else [np.flatnonzero(strata == s) for s in pd.unique(strata)]
-
-    def effect(idx: np.ndarray) -> float:
+def cluster_effects(ref: np.ndarray | None, new: np.ndarray, clusters: np.ndarray, value: Callable[[np.ndarray, dict], float],
+                    ctx: dict, scale: str = "relative") -> np.ndarray:
+    """One effect per cluster (prompt): ``value`` of the method's units of that cluster (every seed and turn)
+    against the reference's (paired rows; None: one-sample, against 1 on the relative scale, 0 on the absolute),
+    as a log ratio (relative) or a difference (absolute). A cluster whose effect is undefined (a zero or
+    negative value on the relative scale) is NaN."""
+    out = []
+    for c in pd.unique(clusters):
+        idx = np.flatnonzero(clusters == c)
         b = value(new[idx], ctx)
-        if ref is None:
-            a = 1.0 if scale == "relative" else 0.0
-        else:
-            a = value(ref[idx], ctx)
+        a = (1.0 if scale == "relative" else 0.0) if ref is None else value(ref[idx], ctx)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return float(b / a - 1.0) if scale == "relative" else float(b - a)
+            if scale == "relative":
+                out.append(math.log(b / a) if a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b) else math.nan)
+            else:
+                out.append(b - a)
+    return np.asarray(out, dtype=float)
 
-    rng = np.random.default_rng(seed)
-    point = effect(np.arange(n))
-    reps = np.array([effect(np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups])) for _ in range(n_boot)])
-    reps = reps[np.isfinite(reps)]
-    if reps.size < n_boot // 2:
-        return point, math.nan, math.nan
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(reps, [tail, 1.0 - tail])
-    return point, float(low), float(high)
+
+def pooled_effect(ref: np.ndarray | None, new: np.ndarray, value: Callable[[np.ndarray, dict], float], ctx: dict, scale: str) -> float:
+    """The effect of every unit pooled (one statistic per side): shown beside the prompt-level mean."""
+    b = value(new, ctx)
+    a = (1.0 if scale == "relative" else 0.0) if ref is None else value(ref, ctx)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(b / a - 1.0) if scale == "relative" else float(b - a)
 
 
 def _speedup_bound_value(ctx: dict) -> Callable[[np.ndarray, dict], float]:
@@ -287,22 +318,46 @@ def _on_gpu(cells: pd.DataFrame) -> bool:
     return bool(len(devices)) and not devices.str.contains("cpu").any()
 
 
+def undisturbed(cells: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """(the cells not flagged ``disturbed``, how many were left out): timing claims use only these."""
+    if "disturbed" not in cells:
+        return cells, 0
+    flagged = cells["disturbed"].fillna(False).astype(bool)
+    return cells[~flagged], int(flagged.sum())
+
+
 def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, cost_ratio: float | None = None,
                    n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """One claim on one (pair, dataset) group of runs and samples: a row of the claims table."""
+    """One claim on one (pair, dataset) group of runs and samples: a row of the claims table.
+
+    The effect is the mean of the prompt-level effects (log ratios for a relative claim, shown as a ratio - 1),
+    its 95% interval the exact sign-flip interval over prompts (``stats.sign_flip_interval``); below
+    ``stats.MIN_PROMPTS`` prompts the verdict is "too few prompts". ``n_boot`` is kept for callers; the
+    interval is exact and needs no replicates.
+    """
     stat = STATISTICS[claim.statistic]
     base = {"claim": claim.id, "source": claim.source, "wording": claim.wording, "method": claim.method,
             "reference": claim.reference, "statistic": claim.statistic, "scale": claim.scale, "direction": claim.direction,
             "margin": claim.margin, "claimed": claim.claimed, "requires": claim.requires,
-            "effect": math.nan, "low": math.nan, "high": math.nan, "n": 0, "reference_value": math.nan, "method_value": math.nan,
-            "samples_needed": math.nan, "mde": math.nan, "claimed_in_ci": None, "note": ""}
+            "effect": math.nan, "low": math.nan, "high": math.nan, "n": 0, "n_pairs": 0, "pooled_effect": math.nan,
+            "reference_value": math.nan, "method_value": math.nan, "samples_needed": math.nan, "mde": math.nan,
+            "claimed_in_ci": None, "note": ""}
     cells = select(runs, claim.method)
     ref_cells = select(runs, claim.reference) if claim.reference else cells.iloc[0:0]
     missing = [n for n, c in ((claim.method, cells), (claim.reference, ref_cells)) if n and c.empty]
     if missing:
-        return _untested(base, "not in sweep", f"no finished cells of {', '.join(missing)} in this sweep", claim)
+        return _untested(base, NO_DATA, f"no data: no finished cells of {', '.join(missing)} in this sweep", claim)
     if claim.requires == "gpu" and not (_on_gpu(cells) and (ref_cells.empty or _on_gpu(ref_cells))):
         return _untested(base, "needs GPU", "an absolute speed or energy claim: decided on GPU cells only", claim)
+    notes = []
+    if claim.statistic in TIMING_STATISTICS:
+        (cells, out_new), (ref_cells, out_ref) = undisturbed(cells), undisturbed(ref_cells)
+        if cells.empty or (claim.reference and ref_cells.empty):
+            return _untested(base, DISTURBED, "every cell of the method or the reference was measured while the machine was "
+                             "disturbed (its target step well above the sweep's calibration): no timing verdict", claim)
+        if out_new + out_ref:
+            notes.append(f"{out_new + out_ref} cell(s) measured on a disturbed machine left out")
+        samples = samples[samples["run_id"].isin(set(cells["run_id"]) | set(ref_cells["run_id"]))]
     ctx: dict[str, Any] = {}
     if "gamma" in stat.needs:
         gamma = pd.to_numeric(cells.get("gamma"), errors="coerce").dropna()
@@ -314,12 +369,12 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
         if cost_ratio is None and logged.empty:
             return _untested(base, "needs c", "needs the cost ratio c = t_draft / t_target (not logged by these cells; pass --cost-ratio)", claim)
         ctx["cost_ratio"] = float(cost_ratio) if cost_ratio is not None else float(logged.mean())  # given, else the cells' own
-    if stat.cell_level:
+    if stat.cell_level:  # cells paired by seed: the seed is the cluster
         a = ref_cells[["seed", *stat.columns]].dropna()
         b = cells[["seed", *stat.columns]].dropna()
         joined = a.merge(b, on="seed", suffixes=("_ref", "_new"))
-        strata = None
-    else:
+        clusters, unit = joined["seed"].to_numpy(), "seeds"
+    else:  # generations paired by (seed, prompt, turn): the prompt is the cluster
         key = ["seed", "id", "turn"]
         b = select(samples, claim.method)[[*key, *stat.columns]].dropna().drop_duplicates(key)
         if claim.reference is None:
@@ -328,29 +383,51 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
             ref_cols = stat.columns[:2] if claim.statistic == "speedup_over_bound" else stat.columns
             a = select(samples, claim.reference)[[*key, *ref_cols]].dropna().drop_duplicates(key)
             joined = a.rename(columns={c: f"{c}_ref" for c in ref_cols}).merge(b.rename(columns={c: f"{c}_new" for c in stat.columns}), on=key)
-        strata = joined["seed"].to_numpy()
+        clusters, unit = joined["id"].astype(str).to_numpy(), "prompts"
     new = joined[[f"{c}_new" for c in stat.columns]].to_numpy(dtype=float)
     ref = None if claim.reference is None else joined[[c for c in joined.columns if c.endswith("_ref")]].to_numpy(dtype=float)
-    if new.shape[0] < 2:
-        return {**base, "status": "too few pairs", "verdict": INCONCLUSIVE, "n": int(new.shape[0]), "note": "fewer than 2 paired generations"}
+    n_pairs = int(new.shape[0])
+    if n_pairs == 0:
+        return {**base, "status": TOO_FEW, "verdict": TOO_FEW, "samples_needed": float(MIN_PROMPTS),
+                "note": "no paired generations" + (f"; {'; '.join(notes)}" if notes else "")}
     value = _speedup_bound_value(ctx) if claim.statistic == "speedup_over_bound" else stat.value
-    effect, low, high = bootstrap(ref, new, value, ctx, scale=claim.scale, strata=strata, n_boot=n_boot, seed=seed)
-    n = int(new.shape[0])
-    se = (high - low) / (2 * Z_95) if math.isfinite(low) and math.isfinite(high) else math.nan
-    result = {**base, "status": "tested", "effect": effect, "low": low, "high": high, "n": n, "se": se,
+    d = cluster_effects(ref, new, clusters, value, ctx, claim.scale)
+    undefined = int((~np.isfinite(d)).sum())
+    if undefined:
+        notes.append(f"{undefined} {unit} without a defined effect left out (a zero value on a relative scale)")
+    ci = sign_flip_interval(d, seed=seed)
+    n = ci.n_clusters
+    effect, low, high = _from_d(ci.mean, claim.scale), _from_d(ci.low, claim.scale), _from_d(ci.high, claim.scale)
+    se = ci.se
+    result = {**base, "status": "tested", "effect": effect, "low": low, "high": high, "n": n, "n_pairs": n_pairs, "se": se,
+              "pooled_effect": pooled_effect(ref, new, value, ctx, claim.scale),
               "reference_value": value(ref, ctx) if ref is not None else math.nan, "method_value": value(new, ctx),
-              "verdict": verdict(low, high, claim.direction, claim.margin), "mde": (Z_95 + Z_POWER) * se}
-    result["samples_needed"] = n if result["verdict"] != INCONCLUSIVE else samples_needed(n, se, effect, claim.direction, claim.margin)
-    if claim.claimed is not None and math.isfinite(low):
-        result["claimed_in_ci"] = bool(low <= claim.claimed <= high)
+              "mde": _from_d((Z_95 + Z_POWER) * se, claim.scale) if math.isfinite(se) else math.nan}
+    if n < MIN_PROMPTS:
+        result.update(status=TOO_FEW, verdict=TOO_FEW, low=math.nan, high=math.nan, mde=math.inf)  # no effect is detectable
+        notes.insert(0, f"{n} {unit}: the exact test needs at least {MIN_PROMPTS} {unit} to decide at 95% (the most extreme of "
+                        f"{2 ** n} sign patterns is 1 in {2 ** n}); the {n_pairs} paired generations are not independent")
+        needed = samples_needed(n, se, effect, claim.direction, claim.margin, claim.scale)
+        result["samples_needed"] = float(max(MIN_PROMPTS, needed)) if math.isfinite(needed) or math.isinf(needed) else float(MIN_PROMPTS)
+    else:
+        result["verdict"] = verdict(low, high, claim.direction, claim.margin)
+        result["samples_needed"] = n if result["verdict"] != INCONCLUSIVE else samples_needed(n, se, effect, claim.direction, claim.margin, claim.scale)
+    if claim.claimed is not None and math.isfinite(result["low"]):
+        result["claimed_in_ci"] = bool(result["low"] <= claim.claimed <= result["high"])
     if claim.statistic in ("tokens_per_s", "speedup_over_bound") and not _on_gpu(cells):
-        result["note"] = "CPU timing, indicative: the cells ran one after another and the machine's load may differ between them"
+        notes.append("CPU timing, indicative: the cells ran one after another and the machine's load may differ between them")
+    if claim.statistic == "speedup_over_bound" and result["verdict"] == CONTRADICTED and claim.direction == "at_most":
+        result["verdict"] = MEASUREMENT_PROBLEM
+        notes.insert(0, "the measured speedup lies above its own bound, which no method can do: a measurement problem "
+                        "(load or phase differences between the cells, a cost ratio c measured in another state), not a verdict on the method")
     if se == 0 and np.ptp(new, axis=0).max() == 0 and (ref is None or np.ptp(ref, axis=0).max() == 0):
-        result["verdict"], result["note"] = INCONCLUSIVE, "no spread: every generation has the same value (e.g. all scores 0), nothing to decide"
+        result["verdict"] = INCONCLUSIVE
+        notes.insert(0, "no spread: every generation has the same value (e.g. all scores 0), nothing to decide")
+    result["note"] = "; ".join(notes)
     return result
 
 
-COLUMNS = ["pair", "dataset", "claim", "verdict", "effect", "low", "high", "n", "samples_needed", "mde", "claimed", "claimed_in_ci",
+COLUMNS = ["pair", "dataset", "claim", "verdict", "effect", "low", "high", "n", "n_pairs", "pooled_effect", "samples_needed", "mde", "claimed", "claimed_in_ci",
            "reference_value", "method_value", "method", "reference", "statistic", "scale", "direction", "margin", "requires",
            "status", "note", "source", "wording"]
 
@@ -358,6 +435,7 @@ COLUMNS = ["pair", "dataset", "claim", "verdict", "effect", "low", "high", "n", 
 def evaluate_claims(claims: Sequence[Claim], runs: pd.DataFrame, samples: pd.DataFrame, *, cost_ratio: float | None = None,
                     n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Every claim on every (pair, dataset) group of the sweep: the claims table (``COLUMNS``)."""
+    runs = mark_disturbed(runs)
     samples = add_acceptance_columns(samples, runs)
     rows = []
     for (pair, dataset), group in runs.groupby(["pair", "dataset"], sort=True):

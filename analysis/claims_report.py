@@ -2,10 +2,11 @@
 
     written = write_claims(runs, samples, "reports/claims")     # called by analysis.report.write_report
 
-- ``claims.md``: per claim and (pair, dataset) the measured effect, its paired bootstrap 95% CI, the verdict
-  (supported / contradicted / inconclusive at this size), the pairs a decisive answer would need and the
-  minimum detectable effect at this size; then the claims untested here with the command that tests them;
-  then the acceptance table.
+- ``claims.md``: per claim and (pair, dataset) the measured effect (the mean of the prompt-level effects), its
+  exact 95% CI over prompts, the verdict (supported / contradicted / inconclusive at this size / too few prompts /
+  measurement problem), the prompts a decisive answer would need and the minimum detectable effect at this
+  size; then the claims untested here (no data, needs a GPU, only disturbed cells...) with the command that
+  tests them; then the acceptance table.
 - ``acceptance.md|csv``: per method (pooled over its cells) and per cell, the acceptance metrics of
   ``pipeline.acceptance`` (pooled over tokens and per-request means, conventions named) and Leviathan's
   i.i.d. check (alpha from the per-position rates against alpha implied by tokens per step).
@@ -22,12 +23,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.claims import CONTRADICTED, SUPPORTED, Claim, evaluate_claims, load_claims
+from analysis.claims import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, TOO_FEW, Claim, evaluate_claims, load_claims
 from analysis.figures import savefig
 from analysis.runs import label_methods, order_labels
+from analysis.stats import MIN_PROMPTS
 from pipeline.acceptance import CONVENTIONS, PER_REQUEST, POOLED, records_metrics
 
-COLORS = {SUPPORTED: "tab:green", CONTRADICTED: "tab:red", "inconclusive": "tab:gray"}
+COLORS = {SUPPORTED: "tab:green", CONTRADICTED: "tab:red", "inconclusive": "tab:gray", TOO_FEW: "tab:gray", MEASUREMENT_PROBLEM: "tab:orange"}
+SHOWN = ("tested", TOO_FEW)  # statuses with a row in the claims table (the others are untested here)
 SYMBOL = {">": "greater", "<": "less", ">=": "at_least", "<=": "at_most", "~": "equivalent"}
 CLAIM_SYMBOL = {v: k for k, v in SYMBOL.items()}
 
@@ -122,17 +125,21 @@ def acceptance_markdown(per_method: pd.DataFrame) -> str:
 
 def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
     """claims.md's claims sections: the tested claims, then those untested here."""
-    tested = table[table["status"].isin(["tested", "too few pairs"])]
-    untested = table[~table["status"].isin(["tested", "too few pairs"])].drop_duplicates("claim")
+    tested = table[table["status"].isin(SHOWN)]
+    untested = table[~table["status"].isin(SHOWN)].drop_duplicates("claim")
     lines = [
         f"# Claims{f' — sweep `{sweep}`' if sweep else ''}",
         "",
-        "Effect = statistic(method) vs statistic(reference): relative (ratio - 1, in %) or absolute (difference). "
-        "95% CI: paired bootstrap over generations with the same (seed, prompt id, turn), resampled within each seed, 2000 replicates. "
-        "Verdict: the CI against the claim's boundary. *Needed* = pairs for a decisive verdict at 80% power if the measured effect is "
-        "the true one; *MDE* = the smallest effect this size detects at 80% power (2.8 standard errors).",
+        "The unit is the prompt (generations of one prompt are not independent): per prompt, the statistic of the method's "
+        "generations of every seed and turn against the reference's generations of the same (seed, prompt, turn), as a log ratio "
+        "(relative) or a difference (absolute). Effect = the mean of those prompt-level effects (relative: shown as ratio - 1, in %). "
+        "95% CI: the exact sign-flip interval over prompts (every sign pattern up to 14 prompts, 10,000 random ones above; exact "
+        f"at any size when the effects are symmetric under the null). Below {MIN_PROMPTS} prompts no interval can exclude anything: "
+        "*too few prompts*. Verdict: the CI against the claim's boundary. *Needed* = prompts for a decisive verdict at 80% power if "
+        "the measured effect is the true one; *MDE* = the smallest effect this size detects at 80% power (2.8 standard errors). "
+        "Timing claims use only cells not measured on a disturbed machine; a speedup above its own bound is a *measurement problem*.",
         "",
-        "| pair | dataset | claim | method vs reference | statistic | claim | effect | 95% CI | verdict | n pairs | needed | MDE | paper's figure (in CI?) |",
+        "| pair | dataset | claim | method vs reference | statistic | claim | effect | 95% CI | verdict | n prompts (pairs) | needed | MDE | paper's figure (in CI?) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in tested.to_dict("records"):
@@ -141,11 +148,12 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
         claimed = "–" if r["claimed"] is None or pd.isna(r["claimed"]) else (
             f"{_fmt(r['claimed'], pct) if pct else _fmt(r['claimed'])} ({'yes' if r['claimed_in_ci'] else 'no' if r['claimed_in_ci'] is not None else '–'})")
         need = float(r["samples_needed"]) if pd.notna(r["samples_needed"]) else math.nan
-        needed = "decided" if r["verdict"] != "inconclusive" else (str(int(need)) if math.isfinite(need) else "∞" if math.isinf(need) else "–")
+        undecided = r["verdict"] in ("inconclusive", TOO_FEW)
+        needed = "decided" if not undecided else (str(int(need)) if math.isfinite(need) else "∞" if math.isinf(need) else "–")
         vs = f"{r['method']} vs {r['reference']}" if isinstance(r["reference"], str) and r["reference"] else f"{r['method']} (one-sample)"
         verdict = f"**{r['verdict']}**" + (f" ({r['note']})" if r["note"] else "")
         lines.append(f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | {_boundary(pd.Series(r))} | "
-                     f"{_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | {r['n']} | {needed} | "
+                     f"{_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | {r['n']} ({r.get('n_pairs', '–')}) | {needed} | "
                      f"{_fmt(r['mde'], pct).replace('+', '') if pct else _fmt(r['mde'])} | {claimed} |")
     lines += ["", "## Claims", ""]
     for r in table.drop_duplicates("claim").to_dict("records"):
@@ -191,7 +199,8 @@ def forest_plot(table: pd.DataFrame):
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"{r['claim']} ({r['dataset']})" for r in rows.iloc[::-1].to_dict("records")], fontsize=8)
         ax.set_xlabel("ratio method / reference (relative effect + 1, log scale)" if scale == "relative" else "effect (absolute difference)")
-    axes[0, 0].set_title("Claims: effect and paired bootstrap 95% CI (green supported, red contradicted, grey inconclusive;\n"
+    axes[0, 0].set_title("Claims: effect and exact 95% CI over prompts (green supported, red contradicted, grey inconclusive,\n"
+                         "orange a measurement problem; "
                          "dashed: the claim's boundary; x: the paper's figure)", fontsize=9)
     fig.tight_layout()
     return fig
@@ -223,9 +232,9 @@ def write_claims(runs: pd.DataFrame, samples: pd.DataFrame, out_dir: str | Path,
 def claim_metrics(table: pd.DataFrame) -> dict[str, float]:
     """MLflow metrics of the parent run: ``claim.<id>.<dataset>.effect|low|high|verdict`` (verdict +1 supported,
     -1 contradicted, 0 inconclusive)."""
-    code = {SUPPORTED: 1.0, CONTRADICTED: -1.0, "inconclusive": 0.0}
+    code = {SUPPORTED: 1.0, CONTRADICTED: -1.0, "inconclusive": 0.0, TOO_FEW: 0.0, MEASUREMENT_PROBLEM: 0.0}
     out = {}
-    for r in table[table["status"] == "tested"].to_dict("records"):
+    for r in table[table["status"].isin(SHOWN)].to_dict("records"):
         name = f"claim.{r['claim']}.{r['dataset']}".replace("[", "_").replace("]", "")
         for key in ("effect", "low", "high"):
             if isinstance(r[key], float) and np.isfinite(r[key]):

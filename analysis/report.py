@@ -126,6 +126,11 @@ def write_report(
     runs = load_runs(sweep, uri)
     if runs.empty:
         raise LookupError(f"sweep {sweep!r} in {uri} has no finished cell runs yet")
+    runs = stats.mark_disturbed(runs)  # cells measured while the machine was disturbed: flagged, timing left out
+    if runs["disturbed"].any():
+        log(f"{int(runs['disturbed'].sum())} of {len(runs)} cells were measured on a disturbed machine (target step >= "
+            f"{stats.DISTURBED_SLOWDOWN}x the calibration): their timing is left out of the tables and the timing claims "
+            "(column `disturbed` in runs.csv)")
     samples = load_samples(runs, uri)
     tables = build_tables(runs, samples, reference, cost_ratio=cost_ratio, n_boot=n_boot)
     written: dict[str, Any] = {"out": out_dir, "tables": tables.write(out_dir)}
@@ -138,7 +143,7 @@ def write_report(
     runs.to_csv(runs_csv, index=False)
     written["runs_csv"] = runs_csv
     log(f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}")
-    written["figures"] = figures.save_all(runs, out_dir / "figures")
+    written["figures"] = figures.save_all(stats.without_disturbed_timing(runs), out_dir / "figures")  # speeds of undisturbed cells
     log(f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}")
     claims = claims_report.write_claims(runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep)
     written["claims"] = claims

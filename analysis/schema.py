@@ -93,6 +93,14 @@ METRICS: dict[str, str] = {
     # Not logged by the sweep today (pipeline.bench measures it, the cells do not): the draft/target
     # step-time ratio c of Leviathan's bound. Read when present, otherwise the bound is "n/a".
     "cost_ratio": "cost_ratio_c",
+    # the machine's speed (pipeline.measure.probe_step_ms): the target's step on a fixed probe just before and just after
+    # the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived from them
+    "t_target_step_ms": "t_target_step_ms",
+    "probe_before_ms": "probe_before_ms",
+    "probe_after_ms": "probe_after_ms",
+    "calibrated_target_step_ms": "calibrated_target_step_ms",
+    "step_slowdown": "step_slowdown",
+    "disturbed": "disturbed",  # 1: a probe >= measure.DISTURBED_SLOWDOWN x the calibration (timing left out of claims)
 }
 
 # Params under this prefix describe the pair (models, draft, dtype...): runs whose pair config differs

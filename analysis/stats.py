@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -20,6 +21,7 @@ import pandas as pd
 
 from analysis import schema
 from pipeline.bounds import alpha_from_tokens_per_step, leviathan_bound
+from pipeline.measure import DISTURBED_SLOWDOWN
 
 GROUP = ("pair", "dataset", "label")
 MATCH = ("pair", "dataset", "seed", "device")
@@ -51,6 +53,50 @@ def per_seed_ratio(runs: pd.DataFrame, metric: str, baseline: str = schema.BASEL
     with np.errstate(divide="ignore", invalid="ignore"):
         values = runs[metric].to_numpy(dtype=float) / merged["_base"].to_numpy(dtype=float)
     return pd.Series(values, index=runs.index, name=f"{metric}_ratio")
+
+
+# ----------------------------------------------------------------------------------- disturbed cells
+
+TIMING_COLUMNS = ("tokens_per_s", "tokens_per_s_window", "tokens_per_s_mean_of_samples", "j_per_token", "dynamic_j_per_token",
+                  "speedup", "energy_ratio", "dynamic_energy_ratio")
+
+
+def mark_disturbed(runs: pd.DataFrame, threshold: float = DISTURBED_SLOWDOWN) -> pd.DataFrame:
+    """A copy of ``runs`` with ``step_slowdown`` and a boolean ``disturbed`` per cell.
+
+    A cell's probes (``probe_before_ms``, ``probe_after_ms``: the target's step on a fixed prompt just before
+    and after its window) are compared with its pair's step calibrated by the driver at the sweep's start
+    (``calibrated_target_step_ms``); cells of a store without a calibration (or run by an older driver) are
+    compared with the fastest probe of the same pair on the same device (the machine's quiet speed as the
+    sweep saw it). Disturbed: the slower probe is at least ``threshold`` times the reference. Cells without
+    probes are never flagged (``step_slowdown`` NaN)."""
+    out = runs.copy()
+    probe_cols = [c for c in ("probe_before_ms", "probe_after_ms") if c in out]
+    if not probe_cols or out.empty:
+        out["step_slowdown"] = out.get("step_slowdown", pd.Series(math.nan, index=out.index))
+        out["disturbed"] = False
+        return out
+    probes = out[probe_cols].apply(pd.to_numeric, errors="coerce")
+    slowest = probes.max(axis=1)
+    calibrated = pd.to_numeric(out["calibrated_target_step_ms"], errors="coerce") if "calibrated_target_step_ms" in out else pd.Series(math.nan, index=out.index)
+    group = [c for c in ("pair", "device") if c in out]
+    quickest = probes.min(axis=1)
+    fastest = quickest.groupby([out[c].astype(str) for c in group]).transform("min") if group else pd.Series(quickest.min(), index=out.index)
+    reference = calibrated.where(calibrated.notna() & (calibrated > 0), fastest)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["step_slowdown"] = slowest / reference
+    out["disturbed"] = (out["step_slowdown"] >= threshold).fillna(False).astype(bool)
+    return out
+
+
+def without_disturbed_timing(runs: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``runs`` whose timing columns (tokens/s, J/token and their ratios) are NaN for disturbed cells:
+    means over seeds then use only undisturbed cells; the cells' other metrics (tokens/step, score) stay."""
+    out = mark_disturbed(runs) if "disturbed" not in runs or runs["disturbed"].dtype != bool else runs.copy()
+    for col in TIMING_COLUMNS:
+        if col in out:
+            out[col] = out[col].where(~out["disturbed"])
+    return out
 
 
 def add_ratios(runs: pd.DataFrame, baseline: str = schema.BASELINE) -> pd.DataFrame:
@@ -154,28 +200,32 @@ BOOTSTRAP_METRICS: dict[str, tuple[tuple[str, ...], Callable[[np.ndarray], float
 }
 
 
-def paired_units(samples: pd.DataFrame, label: str, reference: str, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(reference units, method units, seeds) of generations present, with finite values, in both."""
+def paired_units(samples: pd.DataFrame, label: str, reference: str, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(reference units, method units, seeds, prompt ids) of generations present, with finite values, in both."""
     key = ["seed", "id", "turn"]
     a = samples.loc[samples["label"] == reference, [*key, *columns]].drop_duplicates(key)
     b = samples.loc[samples["label"] == label, [*key, *columns]].drop_duplicates(key)
     joined = a.merge(b, on=key, how="inner", suffixes=("_ref", "_new")).dropna()
     ref = joined[[f"{c}_ref" for c in columns]].to_numpy(dtype=float)
     new = joined[[f"{c}_new" for c in columns]].to_numpy(dtype=float)
-    seeds = joined["seed"].to_numpy()
-    return ref, new, seeds
+    return ref, new, joined["seed"].to_numpy(), joined["id"].astype(str).to_numpy()
 
 
 def significance(samples: pd.DataFrame, reference: str, metric: str = "tokens_per_s", *, n_boot: int = 2000,
-                 level: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """Per (pair, dataset, label): paired bootstrap of ``metric`` against ``reference`` (a label).
+                 level: float = 0.95, seed: int = 0, exclude_runs: Iterable[str] = ()) -> pd.DataFrame:
+    """Per (pair, dataset, label): paired bootstrap of ``metric`` against ``reference`` (a label), resampling
+    prompts (``cluster_bootstrap``: a prompt's generations of every seed and turn move together).
 
-    Columns: pair, dataset, label, reference, metric, diff, low, high, n_units, significant.
-    The reference's own row and labels sharing no generations with it are left out.
+    Columns: pair, dataset, label, reference, metric, diff, low, high, n_units (paired generations),
+    n_prompts, significant. The reference's own row and labels sharing no generations with it are left out;
+    generations of ``exclude_runs`` (e.g. cells measured on a disturbed machine) are left out first.
     """
     if metric not in BOOTSTRAP_METRICS:
         raise ValueError(f"no bootstrap statistic for {metric!r}; valid: {sorted(BOOTSTRAP_METRICS)}")
     columns, stat = BOOTSTRAP_METRICS[metric]
+    excluded = set(exclude_runs)
+    if excluded and "run_id" in samples:
+        samples = samples[~samples["run_id"].isin(excluded)]
     rows = []
     for (pair, dataset), g in samples.groupby(["pair", "dataset"], sort=False):
         if reference not in set(g["label"]):
@@ -183,15 +233,129 @@ def significance(samples: pd.DataFrame, reference: str, metric: str = "tokens_pe
         for label in g["label"].unique():
             if label == reference:
                 continue
-            ref, new, seeds = paired_units(g, label, reference, columns)
+            ref, new, _, prompts = paired_units(g, label, reference, columns)
             if ref.shape[0] == 0:
                 continue
-            res = paired_bootstrap(ref, new, stat, strata=seeds, n_boot=n_boot, level=level, seed=seed)
+            res = cluster_bootstrap(ref, new, prompts, stat, n_boot=n_boot, level=level, seed=seed)
             rows.append({"pair": pair, "dataset": dataset, "label": label, "reference": reference, "metric": metric,
                          "diff": res.diff, "low": res.low, "high": res.high, "reference_value": res.reference_value,
-                         "n_units": res.n_units, "significant": res.significant})
-    cols = ["pair", "dataset", "label", "reference", "metric", "diff", "low", "high", "reference_value", "n_units", "significant"]
+                         "n_units": int(ref.shape[0]), "n_prompts": res.n_units,
+                         "significant": res.significant and res.n_units >= MIN_PROMPTS})
+    cols = ["pair", "dataset", "label", "reference", "metric", "diff", "low", "high", "reference_value", "n_units", "n_prompts", "significant"]
     return pd.DataFrame(rows, columns=cols)
+
+# ----------------------------------------------------------------------------------- prompt-level exact test
+
+# Generations of one prompt are not independent (they share the prompt's difficulty, length and topic), so a
+# test that treats them as the units over-states its precision when prompts are few: 6 pairs from 3 prompts
+# are 3 clusters. The unit here is the prompt: one effect per prompt (its generations of every seed and turn
+# pooled), then Fisher's sign-flip (randomization) test of their mean and the exact interval that inverts it
+# (Hartigan 1969: the bounds are order statistics of the means of subsets of the prompt-level effects). Under
+# a null where the method's and the reference's generations of a prompt are exchangeable (a lossless method
+# against ``ar``), a prompt-level effect is symmetric about 0, and the test is exact at every size: each
+# one-sided tail rejects with probability at most LEVEL_TAIL, the two together at most 1 - level.
+
+EXACT_MAX_CLUSTERS = 14  # enumerate all 2^n sign patterns up to here (16,384); above, FLIPS random ones (still exact)
+FLIPS = 10000
+TAIL = 0.025  # each side of a 95% interval
+
+
+def min_clusters(tail: float = TAIL) -> int:
+    """The fewest clusters (prompts) with which the exact test can reject at all: the smallest n with
+    2^n * tail >= 1 (6 at 2.5% per side: with 5 prompts the most extreme of 32 sign patterns has p = 1/32)."""
+    if not 0 < tail < 0.5:
+        raise ValueError(f"tail {tail!r} must lie in (0, 0.5)")
+    return int(math.ceil(math.log2(1.0 / tail)))
+
+
+MIN_PROMPTS = min_clusters()
+
+
+@dataclass
+class ClusterInterval:
+    """Mean of the cluster-level effects ``d`` and its exact sign-flip interval (on the scale of ``d``)."""
+
+    mean: float
+    low: float
+    high: float
+    n_clusters: int
+    sd: float
+    exact: bool  # every sign pattern enumerated (else FLIPS random ones)
+
+    @property
+    def se(self) -> float:
+        """Standard error of the mean of the cluster effects (sd / sqrt(n)); NaN below 2 clusters."""
+        return self.sd / math.sqrt(self.n_clusters) if self.n_clusters > 1 else math.nan
+
+
+@functools.lru_cache(maxsize=None)
+def _all_subsets(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every non-empty subset of n items as a 0/1 float matrix (one row each) and the subsets' sizes."""
+    masks = ((np.arange(1, 2 ** n)[:, None] >> np.arange(n)) & 1).astype(float)
+    return masks, masks.sum(axis=1)
+
+
+def _subset_means(d: np.ndarray, seed: int) -> tuple[np.ndarray, int, int]:
+    """(means of the non-empty flipped subsets, number of patterns incl. the identity, empty random subsets)."""
+    n = d.size
+    if n <= EXACT_MAX_CLUSTERS:
+        masks, sizes = _all_subsets(n)
+        return (masks @ d) / sizes, 2 ** n, 0
+    rng = np.random.default_rng(seed)
+    masks = rng.integers(0, 2, size=(FLIPS, n), dtype=np.uint8).astype(float)
+    sizes = masks.sum(axis=1)
+    keep = sizes > 0
+    return (masks[keep] @ d) / sizes[keep], FLIPS + 1, int((~keep).sum())
+
+
+def sign_flip_interval(d: Sequence[float] | np.ndarray, *, tail: float = TAIL, seed: int = 0) -> ClusterInterval:
+    """Exact interval for the centre of symmetric cluster effects ``d`` (NaNs dropped): the set of theta that
+    Fisher's sign-flip test of mean(d - theta) does not reject at ``tail`` on either side.
+
+    The test of "centre <= theta" counts the sign patterns whose flipped sum is at least the observed one; a
+    pattern flipping the subset F does so exactly when theta >= mean(d over F). So the lower bound is the K-th
+    smallest subset mean with K = floor(tail * patterns) (minus the empty random subsets, which always count),
+    the upper bound the K-th largest; with K < 1 (fewer than ``min_clusters`` clusters) the interval is the
+    whole line. Deterministic: the random patterns (above ``EXACT_MAX_CLUSTERS``) come from ``seed``.
+    """
+    d = np.asarray(d, dtype=float)
+    d = d[np.isfinite(d)]
+    n = int(d.size)
+    if n == 0:
+        return ClusterInterval(math.nan, math.nan, math.nan, 0, math.nan, True)
+    mean, sd = float(d.mean()), (float(d.std(ddof=1)) if n > 1 else math.nan)
+    means, total, empty = _subset_means(d, seed)
+    k = int(math.floor(tail * total + 1e-12)) - empty
+    if k < 1:
+        return ClusterInterval(mean, -math.inf, math.inf, n, sd, n <= EXACT_MAX_CLUSTERS)
+    ordered = np.sort(means)
+    return ClusterInterval(mean, float(ordered[k - 1]), float(ordered[-k]), n, sd, n <= EXACT_MAX_CLUSTERS)
+
+
+def cluster_bootstrap(reference: np.ndarray, method: np.ndarray, clusters: np.ndarray, statistic: Callable[[np.ndarray], float], *,
+                      n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> BootstrapResult:
+    """Paired bootstrap of ``statistic(method) - statistic(reference)`` that resamples whole clusters (prompts)
+    with replacement, each with all its units (seeds, turns): generations of one prompt move together, so
+    the interval reflects how much the answer depends on which prompts were drawn. A descriptive interval
+    for the tables; with few clusters it is too narrow (3 prompts have 10 distinct resamples), so verdicts
+    use ``sign_flip_interval`` instead."""
+    reference, method = np.asarray(reference, dtype=float), np.asarray(method, dtype=float)
+    if reference.shape != method.shape:
+        raise ValueError(f"paired arrays differ in shape: {reference.shape} vs {method.shape}")
+    n = reference.shape[0]
+    if n == 0:
+        return BootstrapResult(math.nan, math.nan, math.nan, 0, n_boot, level)
+    labels = pd.unique(np.asarray(clusters))
+    members = [np.flatnonzero(np.asarray(clusters) == c) for c in labels]
+    rng = np.random.default_rng(seed)
+    point = statistic(method) - statistic(reference)
+    diffs = np.empty(n_boot)
+    for b in range(n_boot):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
+        diffs[b] = statistic(method[idx]) - statistic(reference[idx])
+    alpha = (1.0 - level) / 2.0
+    low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
+    return BootstrapResult(float(point), float(low), float(high), int(len(labels)), n_boot, level, float(statistic(reference)))
 
 
 # ----------------------------------------------------------------------------------- Leviathan's bound
@@ -199,6 +363,8 @@ def significance(samples: pd.DataFrame, reference: str, metric: str = "tokens_pe
 
 NO_C_REASON = "cost ratio c not logged by the cells (pipeline.bench measures it; pass cost_ratio=...)"
 NO_GAMMA_REASON = "no chain draft of length gamma"
+ABOVE_BOUND = ("measured speedup above its own bound: a measurement problem (load or phase differences between the cells, "
+               "c measured in another state), not a property of the method")
 
 
 def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None = None) -> pd.DataFrame:
@@ -240,5 +406,7 @@ def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None 
         row["c"] = float(np.nanmean(c_values))
         row["bound_mean"], row["bound_std"], _ = mean_std(bounds)
         row["bound_note"] = note
+        if math.isfinite(row["speedup_mean"]) and math.isfinite(row["bound_mean"]) and row["speedup_mean"] > row["bound_mean"]:
+            row["bound_note"] = f"{note}; {ABOVE_BOUND}"
         rows.append(row)
     return pd.DataFrame(rows)

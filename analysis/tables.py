@@ -124,19 +124,21 @@ class Tables:
 
     def _summary_cells(self, latex: bool) -> tuple[list[str], list[tuple[str, str, list[list[str]]]]]:
         ref = self.reference
-        header = ["method", "seeds", schema.DISPLAY["speedup"], schema.DISPLAY["energy_ratio"], "tokens/step (block eff.)",
+        header = ["method", "seeds", "disturbed cells", schema.DISPLAY["speedup"], schema.DISPLAY["energy_ratio"], "tokens/step (block eff.)",
                   "accepted drafts/step", "alpha (derived)", "Leviathan bound", f"Δ tokens/s vs {ref} [95% CI]", f"Δ score vs {ref} [95% CI]"]
         blocks = []
         for pair, dataset in self._blocks(self.summary):
             block = self.summary[(self.summary["pair"] == pair) & (self.summary["dataset"] == dataset)]
             rows = []
             for r in block.to_dict("records"):
-                cells = [latex_escape(r["label"]) if latex else r["label"], str(int(r["seeds"]))]
+                cells = [latex_escape(r["label"]) if latex else r["label"], str(int(r["seeds"])), _disturbed_cell(r)]
                 for col in SUMMARY_COLUMNS:
                     cells.append(mark(fmt_mean_std(r[f"{col}_mean"], r[f"{col}_std"], DIGITS[col], latex), r.get(f"{col}_mark", ""), latex))
                 cells.append(fmt_mean_std(r["alpha_mean"], r["alpha_std"], DIGITS["alpha"], latex))
                 if math.isfinite(r["bound_mean"]):
-                    cells.append(fmt_mean_std(r["bound_mean"], r.get("bound_std", math.nan), DIGITS["bound"], latex))
+                    above = stats.ABOVE_BOUND in str(r["bound_note"])  # the speedup above it: the measurement, not the method
+                    cells.append(fmt_mean_std(r["bound_mean"], r.get("bound_std", math.nan), DIGITS["bound"], latex)
+                                 + (" (below the speedup: measurement problem)" if above else ""))
                 else:
                     cells.append("n/a" if r["bound_note"] == stats.NO_C_REASON else MISSING)
                 for metric in ("tokens_per_s", "score"):
@@ -197,6 +199,13 @@ class Tables:
         return list(frame[["pair", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
 
 
+def _disturbed_cell(row: dict) -> str:
+    """``k/n``: the label's cells measured on a disturbed machine (their timing left out); ``0/n`` when none,
+    ``–`` when none was checked (no probes or calibration)."""
+    checked = row.get("checked_cells", 0)
+    return f"{int(row.get('disturbed_cells', 0))}/{int(row.get('cells', 0))}" if checked else MISSING
+
+
 def _sig_cell(row: dict, metric: str, is_reference: bool, latex: bool) -> str:
     if is_reference:
         return "ref"
@@ -234,9 +243,11 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
     methods = label_methods(runs) if len(runs) else {}
     bound = stats.bound_frame(runs, cost_ratio).set_index(["pair", "dataset", "label"]) if len(runs) else None
     sig = {}
+    disturbed_runs = set(runs.loc[runs["disturbed"], "run_id"]) if "disturbed" in runs and "run_id" in runs else set()
     if samples is not None and len(samples):
         for metric in ("tokens_per_s", "score"):
-            sig[metric] = stats.significance(samples, reference, metric, n_boot=n_boot, seed=seed).set_index(["pair", "dataset", "label"])
+            sig[metric] = stats.significance(samples, reference, metric, n_boot=n_boot, seed=seed,
+                                             exclude_runs=disturbed_runs if metric == "tokens_per_s" else ()).set_index(["pair", "dataset", "label"])
     rows = []
     for pair, dataset in _blocks(runs):
         block = runs[(runs["pair"] == pair) & (runs["dataset"] == dataset)]
@@ -246,6 +257,10 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
                                  schema.DIRECTION.get(col, 1), DIGITS[col]) for col in ("speedup", "energy_ratio", "accepted_per_step")}
         for lb in labels:
             row = {"pair": pair, "dataset": dataset, "label": lb, "method": methods.get(lb, lb), "seeds": int(agg.at[lb, "seeds"])}
+            own = block[block["label"] == lb]
+            row["cells"] = len(own)
+            row["disturbed_cells"] = int(own["disturbed"].sum()) if "disturbed" in own else 0
+            row["checked_cells"] = int(own["step_slowdown"].notna().sum()) if "step_slowdown" in own else 0
             for col in SUMMARY_COLUMNS:
                 row[f"{col}_mean"], row[f"{col}_std"] = agg.at[lb, f"{col}_mean"], agg.at[lb, f"{col}_std"]
                 row[f"{col}_mark"] = marks.get(col, {}).get(lb, "")
@@ -255,7 +270,7 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
             for metric, frame in sig.items():
                 if (pair, dataset, lb) in frame.index:
                     s = frame.loc[(pair, dataset, lb)]
-                    for k in ("diff", "low", "high", "significant", "n_units"):
+                    for k in ("diff", "low", "high", "significant", "n_units", "n_prompts"):
                         row[f"{metric}_{k}"] = s[k]
             rows.append(row)
     out = pd.DataFrame(rows)
@@ -266,7 +281,11 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
 
 def build_tables(runs: pd.DataFrame, samples: pd.DataFrame | None = None, reference: str = schema.BASELINE, *,
                  cost_ratio=None, n_boot: int = 2000, seed: int = 0) -> Tables:
-    """Both tables for finished runs (``analysis.runs.load_runs``) and their generations (``load_samples``)."""
+    """Both tables for finished runs (``analysis.runs.load_runs``) and their generations (``load_samples``).
+
+    Cells measured on a disturbed machine (``stats.mark_disturbed``) keep their acceptance and score; their
+    timing (tokens/s, J/token, speedup, energy ratio) is left out of the means and the tokens/s bootstrap."""
+    runs = stats.without_disturbed_timing(stats.mark_disturbed(runs))
     runs = stats.add_ratios(runs) if "speedup" not in runs else runs
     labels = set(runs["label"])
     if reference not in labels:
@@ -278,9 +297,18 @@ def build_tables(runs: pd.DataFrame, samples: pd.DataFrame | None = None, refere
         "speedup, J/token ÷ ar: per seed against the ar cell of the same pair, dataset, seed and device, then mean ± std over seeds.",
         "tokens/step (block efficiency): new tokens per target forward pass, bonus token included; accepted drafts/step = tokens/step - 1 for methods with a draft.",
         "alpha: per seed, the acceptance rate whose expected tokens/step (1 - a^(g+1))/(1 - a) equals the measured one (an effective alpha for non-chain verification).",
-        f"Δ vs {reference}: paired bootstrap over generations (seed, sample, turn), resampled within seeds, {n_boot} replicates, seed {seed}; "
-        "tokens/s as total tokens / total decode time, score as the mean per-sample score; * = the 95% interval excludes 0.",
+        f"Δ vs {reference}: paired bootstrap over generations (seed, sample, turn) that resamples whole prompts (a prompt's generations "
+        f"of every seed move together), {n_boot} replicates, seed {seed}; tokens/s as total tokens / total decode time, score as the "
+        f"mean per-sample score; * = the 95% interval excludes 0 with at least {stats.MIN_PROMPTS} prompts (fewer cannot decide; "
+        "analysis/claims.py decides with an exact test over prompts).",
+        "disturbed cells: cells whose target step, probed just before and after the window, was at least "
+        f"{stats.DISTURBED_SLOWDOWN}x the pair's step calibrated at the sweep's start; their timing is left out of every mean above.",
     ]
+    if runs["disturbed"].any():
+        flagged = runs[runs["disturbed"]]
+        notes.append("disturbed: " + ", ".join(f"{r.label}/{r.dataset}/seed {r.seed} ({r.step_slowdown:.1f}x)" for r in flagged.itertuples()))
+    if len(summary) and summary["bound_note"].astype(str).str.contains(stats.ABOVE_BOUND, regex=False).any():
+        notes.append(f"Leviathan bound: {stats.ABOVE_BOUND}.")
     if len(summary) and (summary["bound_note"] == stats.NO_C_REASON).any():
         notes.append(f"Leviathan bound n/a: {stats.NO_C_REASON}. Without c, the bound at c = 0 is the tokens/step column itself.")
     if runs["j_per_token"].isna().all():

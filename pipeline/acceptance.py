@@ -30,7 +30,7 @@ reached), the same way for every method.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from pipeline.bounds import alpha_from_tokens_per_step, expected_tokens
 
@@ -167,3 +167,100 @@ def records_metrics(records: Sequence[Any], gamma: int | None = None, max_new_to
             drafted = reconstruct_drafted(accepted, int(gamma), max_new_tokens)
         requests.append((accepted, list(drafted)))
     return acceptance_metrics(requests, gamma)
+
+
+# ----------------------------------------------------------------------------------- specdec_bench's profile
+
+PROFILE_SCHEMA_VERSION = "1.0"  # NVIDIA Model-Optimizer examples/specdec_bench speculation_profile.py SCHEMA_VERSION
+# How each method verifies, in specdec_bench's ``verification_method`` vocabulary where it has a word
+# ("longest_prefix": token-by-token, the standard; "block": block verification, whose per-position vectors do
+# not describe a longest-correct-prefix law, so a reader must know), else the rule's own name.
+VERIFICATION_METHODS = {
+    "spd": "longest_prefix", "block": "block", "hsd": "hsd", "mtad": "mtad_joint", "typical": "typical_acceptance",
+    "bild": "bild", "medusa": "tree_typical", "specinfer": "tree_specinfer", "mcss": "tree_mcss", "spectr": "tree_spectr",
+    "traversal": "tree_traversal",
+}
+# Methods whose draft of K tokens is a prefix of their draft of K + 1 (specdec_bench's chain drafting): the
+# marginal vector then predicts the acceptance length at every smaller K ("chain_analytic"); others re-plan
+# the whole draft when K changes ("measured_per_k").
+CHAIN_METHODS = frozenset({"spd", "block", "hsd", "typical", "bild"})
+
+
+def checkpoint_id(path: Any) -> str | None:
+    """A model path as the profile publishes it: its last two components (``org/model``, a Hub id unchanged), as
+    specdec_bench's ``checkpoint_id`` does, so a profile carries no local directory layout."""
+    parts = [p for p in str(path or "").replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:]) if parts else None
+
+
+def length_histogram(requests: Sequence[Sequence[int]]) -> dict[int, int]:
+    """Steps per acceptance length (tokens emitted by a verification step, bonus included), over every request."""
+    hist: dict[int, int] = {}
+    for accepted in requests:
+        for e in accepted:
+            hist[int(e)] = hist.get(int(e), 0) + 1
+    return dict(sorted(hist.items()))
+
+
+def speculation_profile(records: Sequence[Any], *, method: str, num_speculative_tokens: int | None = None,
+                        target_model: Mapping[str, Any] | None = None, draft_checkpoint: Mapping[str, Any] | None = None,
+                        measurement_conditions: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The cell's acceptance as NVIDIA specdec_bench's ``speculation_profile.json`` (schema 1.0), so vLLM's
+    synthetic sampler and Dynamo's mocker can replay what was measured here; None for a method that drafts
+    nothing (specdec_bench writes no profile for ``--speculative_algorithm NONE`` either).
+
+    As specdec_bench computes it from the histogram of acceptance lengths L (per verification step, bonus
+    included): ``marginal_accept_rates[i]`` = P(L >= i + 2) (the first i + 1 drafts all accepted; vLLM's
+    synthetic sampler), ``conditional_accept_rates[i]`` = P(L >= i + 2 | L >= i + 1) (Dynamo), both dense over
+    ``num_speculative_tokens`` positions; ``mean_accept_length`` per step (what the vectors describe, = 1 +
+    sum of the marginals) and ``mean_accept_length_per_request`` (the mean of each generation's own mean, its
+    ``Average_AL``); and the same ``validation`` block (mean consistency, non-increasing marginals). The
+    vectors are the survival function of the histogram itself, so a length that never occurred between two
+    that did still gets its true rate (specdec_bench's own builder writes 0.0 there). ``num_speculative_tokens``
+    is the draft length (a tree's depth); the vectors are never cut below the longest step measured.
+    """
+    requests = []
+    for rec in records:
+        get = rec.get if isinstance(rec, Mapping) else lambda k, r=rec: getattr(r, k, None)
+        accepted = as_list(get("accepted"))
+        if accepted and (get("draft_steps") or 0) > 0:
+            requests.append([int(e) for e in accepted])
+    if not requests:
+        return None
+    hist = length_histogram(requests)
+    steps = sum(hist.values())
+    k = max(int(num_speculative_tokens or 0), max(hist) - 1, 1)  # never shorter than the longest step seen
+    survival = [sum(v for length, v in hist.items() if length >= i + 2) / steps for i in range(k)]  # P(L >= i + 2)
+    previous = [1.0, *survival[:-1]]
+    conditional = [s / p if p > 0 else 0.0 for s, p in zip(survival, previous)]
+    mean_step = sum(length * v for length, v in hist.items()) / steps
+    mean_request = sum(sum(a) / len(a) for a in requests) / len(requests)
+    implied = 1.0 + sum(survival)
+    violations = [{"position": i, "value": survival[i], "previous": survival[i - 1]}
+                  for i in range(1, len(survival)) if survival[i] > survival[i - 1] + 1e-9]
+    return {
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "measured": True,
+        "method": method,
+        "draft_checkpoint": dict(draft_checkpoint) if draft_checkpoint else None,
+        "target_model": dict(target_model) if target_model else None,
+        "num_speculative_tokens": k,
+        "block_size": None,
+        "max_supported_k": k,
+        "verification_method": VERIFICATION_METHODS.get(method, method),
+        "conditional_accept_rates": [round(x, 6) for x in conditional],
+        "marginal_accept_rates": [round(x, 6) for x in survival],
+        "mean_accept_length": round(mean_step, 6),
+        "mean_accept_length_per_request": round(mean_request, 6),
+        "accept_length_model": "chain_analytic" if method in CHAIN_METHODS else "measured_per_k",
+        "accept_length_by_k": {str(k): round(mean_step, 6)},
+        "acceptance_length_histogram": {str(length): v for length, v in hist.items()},
+        "per_category": None,
+        "measurement_conditions": dict(measurement_conditions) if measurement_conditions else None,
+        "validation": {
+            "mean_consistency": {"implied_mean_accept_length": round(implied, 6), "reported_mean_accept_length": round(mean_step, 6),
+                                 "abs_delta": round(abs(implied - mean_step), 6), "tolerance": 0.02,
+                                 "passed": abs(implied - mean_step) <= 0.02},
+            "marginal_monotonicity": {"passed": not violations, "violations": violations},
+        },
+    }

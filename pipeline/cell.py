@@ -44,13 +44,15 @@ from typing import Any, Iterator, Mapping
 import ray
 import torch
 
+from pipeline.acceptance import checkpoint_id, speculation_profile
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
 from pipeline.data.slices import load_slice, task_of
 from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import build_decoder
 from pipeline.decoding.kv import CachedModel
+from pipeline.device import environment_info
 from pipeline.energy import make_energy_meter
-from pipeline.measure import Protocol, drafter_costs, predictions_for_scoring, run_window, step_times
+from pipeline.measure import Protocol, drafter_costs, predictions_for_scoring, probe_step_ms, run_window, step_times
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
@@ -58,8 +60,8 @@ from pipeline.scoring.registry import scorer_for
 from pipeline.tracking.layout import SCORE_DETAIL_FIELD
 
 __all__ = [
-    "Cell", "CellActor", "CellResult", "apply_isolation", "inject_fault", "judge_identity", "predictions_from_records",
-    "prepare_pair", "rescore", "run_cell", "score_cell",
+    "Cell", "CellActor", "CellResult", "apply_isolation", "calibrate_pair", "inject_fault", "judge_identity",
+    "predictions_from_records", "prepare_pair", "rescore", "run_cell", "score_cell",
 ]
 
 
@@ -235,6 +237,7 @@ def run_cell(cell: Cell) -> CellResult:
                 time_budget_s=dataset.get("time_budget_s"),
                 stop_strings=task.stops(spec.chat),
                 max_turns=dataset.get("max_turns"),
+                probe=partial(probe_step_ms, _target_model(decoder, pair), device) if protocol.costs else None,
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
@@ -255,6 +258,11 @@ def run_cell(cell: Cell) -> CellResult:
                 probe = window.records[0].prompt_ids if window.records else [0] * 16
                 metrics["t_target_step_ms"] = 1e3 * step_times(decoder.target.model, probe, 1, device, reps=10)[0]
         records = [r.to_dict() for r in window.records]
+        profile = speculation_profile(
+            window.records, method=cell.method, num_speculative_tokens=decoder.config.get("gamma") or getattr(decoder, "tree_depth", None),
+            target_model={"id": checkpoint_id(spec.target.id)}, draft_checkpoint={"id": checkpoint_id(spec.draft.id)} if spec.draft else None,
+            measurement_conditions={"dataset": cell.dataset_name, "seed": cell.seed, "device": window.device.get("gpu_name") or str(device),
+                                    "batch_size": 1, "label": cell.label})
         if protocol.perplexity:
             with _stage(result, "perplexity"):
                 ppl = perplexity(pair.target, pairs_from_records(records)[0])
@@ -282,6 +290,7 @@ def run_cell(cell: Cell) -> CellResult:
             warmup=info["warmup"],
             device={**info["device"], **precision},
             settings=info["settings"],
+            speculation_profile=profile,
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a record (OOM included)
         result.status = STATUS_FAILED
@@ -290,6 +299,12 @@ def run_cell(cell: Cell) -> CellResult:
         result.metrics = {"cell_wall_s": time.perf_counter() - t_start}
     result.ended_at = time.time()
     return result
+
+
+def _target_model(decoder: Any, pair: Any) -> Any:
+    """The target model the decoder runs (its cache's model where it has one): what the machine probe times."""
+    target = getattr(decoder, "target", None)
+    return target.model if isinstance(target, CachedModel) else pair.target
 
 
 def _format(task: TaskSpec, tokenizer: Any, chat: bool, sample: Any, turn: int, answers: Any) -> Any:
@@ -317,6 +332,25 @@ class CellActor:
 
     def run(self, cell: Cell) -> CellResult:
         return run_cell(cell)
+
+
+def calibrate_pair(pair: Mapping[str, Any], isolation: Mapping[str, Any] | None = None, rounds: int = 3, reps: int = 10) -> dict[str, Any]:
+    """The pair's target step on the machine probe (``measure.probe_step_ms``) at the start of a sweep, with
+    the cells' threads and cores: the fastest of ``rounds`` medians after one warm-up round (the machine's
+    quiet speed as well as this moment shows it). Each cell's probes around its window are compared with it
+    (``measure.disturbance``). Returns ``{target_step_ms, rounds_ms, device}``."""
+    apply_isolation(isolation)
+    loaded = load_pair(pair)
+    device = next(loaded.target.parameters()).device
+    probe_step_ms(loaded.target, device, reps=reps)  # first calls pay one-time costs (allocation, kernels)
+    values = [probe_step_ms(loaded.target, device, reps=reps) for _ in range(max(1, int(rounds)))]
+    return {"target_step_ms": min(values), "rounds_ms": values, "device": _device_name(device)}
+
+
+def _device_name(device: torch.device) -> str:
+    """The device as a cell's run is tagged with it (GPU name, else the device string)."""
+    info = environment_info(device)
+    return str(info.get("gpu_name") or info.get("device") or device)
 
 
 def prepare_pair(pair: Mapping[str, Any]) -> str:

@@ -163,6 +163,9 @@ class CellResult:
     *Created* and *Duration* columns show the cell's own time, not the moment it was logged."""
     ended_at: float | None = None
     """Wall-clock (epoch seconds) when the cell ended: its MLflow run's end time."""
+    speculation_profile: dict[str, Any] | None = None
+    """The cell's acceptance as specdec_bench's ``speculation_profile.json`` (``pipeline.acceptance``); None
+    for a method that drafts nothing."""
 
     @property
     def finished(self) -> bool:

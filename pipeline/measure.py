@@ -21,6 +21,9 @@ Protocol:
 6. A time budget (the papers' fixed-time runs) stops starting new samples once the window has lasted
    ``time_budget_s``; how many finished is recorded.
 7. Detokenisation, perplexity and scoring happen after the window.
+8. The machine's speed just before and just after the window (``probe``: the target's single-token step on
+   a fixed prompt, ``probe_step_ms``): compared with the pair's step calibrated at the start of the sweep
+   (``disturbance``), it tells a cell measured while something else loaded the machine.
 
 Randomness: each generation gets its own generator seeded from ``(seed, sample id, turn)``, so a
 sample's output does not depend on the warm-up, the slice or the budget.
@@ -29,6 +32,7 @@ sample's output does not depend on the warm-up, the slice or the budget.
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -123,6 +127,7 @@ class WindowResult:
     peak_memory: dict[str, Any]
     device: dict[str, Any]
     settings: dict[str, Any] = field(default_factory=dict)
+    probe: dict[str, float] = field(default_factory=dict)  # probe_before_ms / probe_after_ms (run_window's ``probe``)
 
     def summary(self) -> dict[str, Any]:
         recs = self.records
@@ -156,6 +161,7 @@ class WindowResult:
             "warmup_generations": self.warmup.get("generations"),
             "warmup_s": self.warmup.get("seconds"),
             **{f"peak_memory_{k}": v for k, v in self.peak_memory.items()},
+            **self.probe,
         }
         out.update(energy_summary(self.energy, self.idle, tokens))
         # acceptance in vLLM / Spec-Bench conventions, pooled and per request (pipeline.acceptance)
@@ -264,13 +270,16 @@ def run_window(
     time_budget_s: float | None = None,
     stop_strings: Sequence[str] = (),
     max_turns: int | None = None,
+    probe: Callable[[], float] | None = None,
 ) -> WindowResult:
     """Warm up, measure idle power, then decode ``samples`` inside one timed, metered window.
 
     ``formatter(sample, turn, previous_answers) -> Prompt`` builds prompts (default: the dataset's
     own formatting via ``pipeline.data.format_sample`` with ``chat``). Multi-turn samples are answered
     turn by turn (``max_turns`` caps them). Without warm-up samples the warm-up reuses the first
-    samples' prompts (recorded as ``warmup.on_measured_samples``).
+    samples' prompts (recorded as ``warmup.on_measured_samples``). ``probe()`` (milliseconds, e.g.
+    ``probe_step_ms`` of the target) runs right before the window opens and right after it closes, outside it:
+    the summary's ``probe_before_ms`` and ``probe_after_ms``.
     """
     if formatter is None:
         if chat is None:
@@ -299,6 +308,7 @@ def run_window(
     warm["on_measured_samples"] = on_measured
     synchronize(device)
     idle = meter.measure_idle(idle_seconds) if (meter.available and idle_seconds > 0) else None
+    probes = {"probe_before_ms": float(probe())} if probe is not None else {}
 
     # 4. the window
     records: list[GenerationRecord] = []
@@ -335,6 +345,8 @@ def run_window(
     window_s = time.perf_counter() - window_t0
     reading = meter.stop()
     memory = peak_memory(device)
+    if probe is not None:
+        probes["probe_after_ms"] = float(probe())
 
     # 7. after the window: detokenise, cut at stop strings
     for rec in records:
@@ -368,6 +380,7 @@ def run_window(
             "warmup_seconds_min": warmup_seconds,
             "draft_length": _draft_length(decoder),
         },
+        probe=probes,
     )
 
 
@@ -412,6 +425,31 @@ def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | st
     t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
     t_draft = decoder.drafter_impl.step_cost(decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device))
     return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
+
+
+# --------------------------------------------------------------------------- the machine's speed
+
+PROBE_TOKENS = 32  # the probe's prompt: ids 1..32 (modulo the vocabulary), the same probe everywhere
+DISTURBED_SLOWDOWN = 1.5  # a probe this many times the calibrated step: the machine was disturbed
+
+
+def probe_step_ms(model: Any, device: torch.device | str, reps: int = 10) -> float:
+    """The target's single-token step after a fixed ``PROBE_TOKENS``-token prompt (median of ``reps``,
+    milliseconds): the machine's speed as the pair sees it, comparable between the sweep's calibration and
+    every cell of the pair."""
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or PROBE_TOKENS + 1)
+    prompt = [1 + i % (vocab - 1) for i in range(PROBE_TOKENS)] if vocab > 1 else [0] * PROBE_TOKENS
+    return 1e3 * step_times(model, prompt, 1, device, reps=reps)[0]
+
+
+def disturbance(probes_ms: Sequence[float], calibrated_ms: float, threshold: float = DISTURBED_SLOWDOWN) -> dict[str, float]:
+    """``step_slowdown`` (the slowest probe over the calibrated step) and ``disturbed`` (1.0 when it is at
+    least ``threshold``, else 0.0); NaN for both without a finite calibration or probe."""
+    values = [float(v) for v in probes_ms if v is not None and math.isfinite(float(v)) and float(v) > 0]
+    if not values or not (calibrated_ms is not None and math.isfinite(calibrated_ms) and calibrated_ms > 0):
+        return {"step_slowdown": math.nan, "disturbed": math.nan}
+    slowdown = max(values) / float(calibrated_ms)
+    return {"step_slowdown": slowdown, "disturbed": 1.0 if slowdown >= threshold else 0.0}
 
 
 def predictions_for_scoring(result: WindowResult) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from analysis import tables
 
@@ -50,8 +51,22 @@ def test_table5_markdown_and_latex():
     assert "\\begin{tabular}{lccc}" in tex and "\\bottomrule" in tex
     summary = t.summary_markdown()
     assert "n/a" not in summary.split("####")[1].splitlines()[4]  # ar has no bound: '–', not 'n/a'
-    assert "| spd | 3 | <u>1.92 ± 0.39</u> |" in summary  # per-seed speedup, then mean ± std; second of the non-baseline rows
-    assert "| mtad | 3 | **2.73 ± 0.27** |" in summary
+    assert "| spd | 3 | – | <u>1.92 ± 0.39</u> |" in summary  # per-seed speedup, then mean ± std; second of the non-baseline rows
+    assert "| mtad | 3 | – | **2.73 ± 0.27** |" in summary
+
+
+def test_disturbed_cells_are_a_column_and_out_of_the_timing_means():
+    runs = _runs()
+    runs["calibrated_target_step_ms"], runs["probe_before_ms"], runs["probe_after_ms"] = 10.0, 10.0, 10.0
+    disturbed = (runs["label"] == "spd") & (runs["seed"] == 2)  # measured beside a CPU-heavy job: 25 tokens/s is not spd's
+    runs.loc[disturbed, "probe_after_ms"] = 30.0
+    t = tables.build_tables(runs)
+    summary = t.summary_markdown()
+    assert "| spd | 3 | 1/3 |" in summary and "| ar | 3 | 0/3 |" in summary
+    spd = t.summary.set_index("label").loc["spd"]
+    assert spd["speedup_mean"] == pytest.approx((20 / 10 + 18 / 12) / 2) and spd["disturbed_cells"] == 1  # seeds 0 and 1 only
+    assert "| tokens/s | 11.00 ± 1.00 | <u>19.00 ± 1.41</u> |" in t.table5_markdown()
+    assert any("spd/humaneval/seed 2 (3.0x)" in n for n in t.notes)
 
 
 def test_marks_compare_the_shown_values():

@@ -41,6 +41,14 @@ def test_cell_runs_every_stage(plan):
     assert result.scores["metric"] == "pass@1" and result.judge_identity is None
     # wall-clock bounds of the cell (its MLflow run's start and end), enclosing its measured wall time
     assert result.ended_at - result.started_at >= m["cell_wall_s"] - 0.01 > 0
+    # the machine's speed just before and after the window (the driver compares it with the sweep's calibration)
+    assert m["probe_before_ms"] > 0 and m["probe_after_ms"] > 0
+    # the acceptance as specdec_bench's speculation_profile.json: consistent with the records it came from
+    profile = result.speculation_profile
+    steps = [e for r in result.records for e in r["accepted"]]
+    assert profile["verification_method"] == "longest_prefix" and profile["num_speculative_tokens"] >= cell.params["gamma"]
+    assert profile["mean_accept_length"] == pytest.approx(sum(steps) / len(steps), abs=1e-6)
+    assert profile["validation"]["mean_consistency"]["passed"] and profile["measurement_conditions"]["dataset"] == "humaneval"
 
 
 def test_mt_bench_without_judge_is_speed_only(plan):
@@ -51,6 +59,7 @@ def test_mt_bench_without_judge_is_speed_only(plan):
     assert "costs" in result.stages and result.metrics["t_target_step_ms"] > 0
     assert not {"t_draft_step_ms", "t_verify_ms", "cost_ratio_c"} & set(result.metrics)
     assert result.metrics["generations"] == 4  # 2 samples x 2 turns
+    assert result.metrics["probe_before_ms"] > 0 and result.speculation_profile is None  # ar drafts nothing
 
 
 def test_a_raising_cell_comes_back_failed_with_traceback(plan):

@@ -7,6 +7,8 @@ on a case where they differ; ``drafted`` as the engine records it.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 
 import numpy as np
@@ -17,7 +19,9 @@ from analysis.claims import (
     CLAIMS_FILE,
     CONTRADICTED,
     INCONCLUSIVE,
+    MEASUREMENT_PROBLEM,
     SUPPORTED,
+    TOO_FEW,
     Claim,
     evaluate_claims,
     load_claims,
@@ -26,11 +30,25 @@ from analysis.claims import (
 )
 from analysis.claims_report import acceptance_tables, write_claims
 from helpers.exact import PROMPT
-from pipeline.acceptance import acceptance_metrics, position_counts, reconstruct_drafted, records_metrics
+from pipeline.acceptance import (
+    acceptance_metrics,
+    checkpoint_id,
+    position_counts,
+    reconstruct_drafted,
+    records_metrics,
+    speculation_profile,
+)
 from pipeline.bounds import expected_tokens
 from pipeline.decoding import build_decoder, make_generator
 
 # ----------------------------------------------------------------------------------- synthetic sweeps
+
+# the keys of NVIDIA specdec_bench's speculation_profile.json (Model-Optimizer examples/specdec_bench/specdec_bench/
+# speculation_profile.py, build_profile, schema 1.0)
+PROFILE_KEYS = {"schema_version", "measured", "method", "draft_checkpoint", "target_model", "num_speculative_tokens", "block_size",
+                "max_supported_k", "verification_method", "conditional_accept_rates", "marginal_accept_rates", "mean_accept_length",
+                "mean_accept_length_per_request", "accept_length_model", "accept_length_by_k", "acceptance_length_histogram",
+                "per_category", "measurement_conditions", "validation"}
 
 
 def synthetic(effects: dict[str, float], n_prompts: int = 20, seeds=(0, 1, 2), sd: float = 0.3, rng_seed: int = 0,
@@ -69,8 +87,9 @@ PPL_CLAIM = Claim(id="ppl", source="test", wording="lower perplexity", method="m
 
 
 def test_a_true_effect_is_found_and_a_null_one_is_not_at_the_stated_rates():
-    # 60 pairs, paired noise sd ~0.42 on the log scale: SE of the relative effect ~5.5%; a -25% effect sits > 4 SE
-    # away (power ~99%), a null is "supported" (CI below 0) at the one-sided 2.5% rate.
+    # 20 prompts x 3 seeds: per prompt the log ratio of two means of 3 lognormal(0.3) values (sd ~0.25); SE of the mean
+    # effect ~5.5%; a -25% effect sits > 4 SE away (power ~99%), a null is "supported" (CI below 0) at most at the
+    # one-sided 2.5% rate of the exact test.
     found = false_support = contradicted_true = 0
     reps = 30
     for r in range(reps):
@@ -78,7 +97,7 @@ def test_a_true_effect_is_found_and_a_null_one_is_not_at_the_stated_rates():
         row = evaluate_claims([PPL_CLAIM], runs, samples, n_boot=300, seed=r).iloc[0]
         found += row["verdict"] == SUPPORTED
         contradicted_true += row["verdict"] == CONTRADICTED
-        assert row["low"] < row["effect"] < row["high"] and row["n"] == 60
+        assert row["low"] < row["effect"] < row["high"] and row["n"] == 20 and row["n_pairs"] == 60
         runs, samples = synthetic({"ar": 0.0, "m": 0.0}, rng_seed=1000 + r)
         row = evaluate_claims([PPL_CLAIM], runs, samples, n_boot=300, seed=r).iloc[0]
         false_support += row["verdict"] == SUPPORTED
@@ -90,7 +109,7 @@ def test_effect_and_interval_on_a_noise_free_case():
     runs, samples = synthetic({"ar": 0.0, "m": -0.2}, sd=0.0)
     row = evaluate_claims([PPL_CLAIM], runs, samples, n_boot=200).iloc[0]
     assert row["effect"] == pytest.approx(-0.2) and row["low"] == pytest.approx(-0.2) and row["high"] == pytest.approx(-0.2)
-    assert row["verdict"] == SUPPORTED and row["samples_needed"] == 60
+    assert row["verdict"] == SUPPORTED and row["samples_needed"] == 20  # prompts
 
 
 def test_verdicts_for_every_direction():
@@ -118,7 +137,7 @@ def test_gpu_claims_and_missing_methods_are_untested_here_with_the_command():
     runs, samples = synthetic({"ar": 0.0, "m": -0.2})
     table = evaluate_claims(claims, runs, samples, n_boot=100).set_index("claim")
     assert table.at["speed", "verdict"] == "untested" and "run it on a GPU" in table.at["speed", "note"]
-    assert table.at["bild", "status"] == "not in sweep" and "bild" in table.at["bild", "note"]
+    assert table.at["bild", "status"] == "no data" and "no data" in table.at["bild", "note"] and "bild" in table.at["bild", "note"]
     runs, samples = synthetic({"ar": 0.0, "m": -0.2}, device="NVIDIA H100")
     table = evaluate_claims(claims, runs, samples, n_boot=100).set_index("claim")
     assert table.at["speed", "status"] == "tested" and table.at["energy", "effect"] == pytest.approx(-0.2 / 1.0)
@@ -244,5 +263,153 @@ def test_speedup_over_bound_uses_the_cells_logged_cost_ratio():
     m, ar = samples[samples["label"] == "m"], samples[samples["label"] == "ar"]
     speedup = (m["new_tokens"].sum() / m["decode_s"].sum()) / (ar["new_tokens"].sum() / ar["decode_s"].sum())
     alpha = m["accepted"].map(lambda a: sum(x - 1 for x in a)).sum() / m["accepted"].map(lambda a: sum(min(x, 4) for x in a)).sum()
-    assert row["effect"] == pytest.approx(speedup / (expected_tokens(alpha, 4) / (4 * 0.1 + 1)) - 1)
+    assert row["pooled_effect"] == pytest.approx(speedup / (expected_tokens(alpha, 4) / (4 * 0.1 + 1)) - 1)
+    assert row["n"] == 8 and row["low"] <= row["effect"] <= row["high"]  # the effect: the mean over the 8 prompts
     assert evaluate_claims([claim], runs, samples, n_boot=50, cost_ratio=0.2).iloc[0]["effect"] != pytest.approx(row["effect"])
+
+
+# ----------------------------------------------------------------------------------- verdicts the data can carry
+
+
+def _null_claims() -> list[Claim]:
+    common = dict(source="s", wording="w", method="m", reference="ar", statistic="perplexity", scale="relative")
+    return [Claim(id="greater", direction="greater", **common), Claim(id="less", direction="less", **common),
+            Claim(id="at_least", direction="at_least", margin=0.0, **common),
+            Claim(id="equivalent", direction="equivalent", margin=0.10, **common)]
+
+
+WRONG = {"greater": (SUPPORTED, CONTRADICTED), "less": (SUPPORTED, CONTRADICTED), "at_least": (SUPPORTED, CONTRADICTED),
+         "equivalent": (CONTRADICTED,)}  # what a null effect (m and ar the same law) must not be called
+
+
+def test_make_run_sizes_never_contradict_a_lossless_method():
+    # make run: 3 prompts x 3 seeds per dataset (conf/sweep/smoke.yaml); the shipped claims on spd and block (lossless)
+    claims = [c for c in load_claims() if c.method in ("spd", "block") and c.statistic in ("perplexity", "score")]
+    assert {c.id for c in claims} >= {"lossless_ppl_equals_ar[spd]", "lossless_score_equals_ar[block]"}
+    for r in range(10):
+        runs, samples = synthetic({"ar": 0.0, "spd": 0.0, "block": 0.0}, n_prompts=3, sd=0.5, rng_seed=r)
+        table = evaluate_claims(claims, runs, samples)
+        assert (table["verdict"] != CONTRADICTED).all() and (table["verdict"] == TOO_FEW).all(), table[["claim", "verdict"]]
+        assert (table["samples_needed"] >= 6).all() and (table["n"] == 3).all() and (table["n_pairs"] == 9).all()
+        assert table["note"].str.contains("needs at least 6 prompts to decide").all()
+
+
+def test_each_verdicts_false_positive_rate_on_a_null_effect_is_at_most_nominal():
+    # the whole path (samples -> prompt-level effects -> interval -> verdict) at make run's size and a larger one;
+    # tests/test_analysis_stats.py counts the exact rate of the interval over every sign pattern
+    for n_prompts, reps in ((3, 8), (10, 40)):
+        wrong = dict.fromkeys(WRONG, 0)
+        for r in range(reps):
+            runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=n_prompts, sd=0.5, rng_seed=500 + r, alpha=0.0, gamma=1)
+            for row in evaluate_claims(_null_claims(), runs, samples, seed=r).to_dict("records"):
+                wrong[row["claim"]] += row["verdict"] in WRONG[row["claim"]]
+        bound = 0.05 + 2 * math.sqrt(0.05 * 0.95 / reps)
+        assert all(k / reps <= bound for k in wrong.values()), (n_prompts, wrong)
+        if n_prompts < 6:
+            assert sum(wrong.values()) == 0
+
+
+def test_claims_report_prompts_as_the_unit_and_an_exact_interval():
+    runs, samples = synthetic({"ar": 0.0, "m": -0.25}, n_prompts=8, rng_seed=3)
+    row = evaluate_claims([PPL_CLAIM], runs, samples).iloc[0]
+    per_prompt = []
+    for _, g in samples.groupby("id"):
+        m, ar = g[g["label"] == "m"]["perplexity"].mean(), g[g["label"] == "ar"]["perplexity"].mean()
+        per_prompt.append(math.log(m / ar))
+    assert row["effect"] == pytest.approx(math.expm1(np.mean(per_prompt)))
+    # 8 prompts: 256 sign patterns, K = floor(0.025 x 256) = 6: the 6th smallest and largest of the 255 subset means
+    means = sorted(np.mean(s) for k in range(1, 9) for s in itertools.combinations(per_prompt, k))
+    assert (row["low"], row["high"]) == pytest.approx((math.expm1(means[5]), math.expm1(means[-6])))
+    assert row["n"] == 8 and row["n_pairs"] == 24 and row["verdict"] == verdict(row["low"], row["high"], "less")
+
+
+def _with_probes(runs: pd.DataFrame, slow: dict[tuple[str, int], float]) -> pd.DataFrame:
+    runs = runs.copy()
+    runs["calibrated_target_step_ms"] = 10.0
+    runs["probe_before_ms"] = 10.0
+    runs["probe_after_ms"] = [10.0 * slow.get((lb, s), 1.0) for lb, s in zip(runs["label"], runs["seed"])]
+    return runs
+
+
+def test_timing_claims_leave_out_disturbed_cells_or_say_none_were_left():
+    claim = Claim(id="speed", source="s", wording="w", method="m", reference="ar", statistic="tokens_per_s", direction="greater")
+    runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=8, seeds=(0, 1, 2))
+    # seed 1 of m measured beside a CPU-heavy job: every one of its generations 5x slower
+    slowed = samples["run_id"] == "m-1"
+    samples.loc[slowed, "decode_s"] *= 5.0
+    row = evaluate_claims([claim], _with_probes(runs, {("m", 1): 4.0}), samples).iloc[0]
+    assert row["n_pairs"] == 16 and "1 cell(s) measured on a disturbed machine left out" in row["note"]
+    naive = evaluate_claims([claim], runs, samples).iloc[0]  # without probes nothing is flagged: the slow cell counts
+    assert naive["n_pairs"] == 24 and naive["effect"] < row["effect"]
+    # perplexity is no timing claim: the disturbed cell still counts
+    assert evaluate_claims([PPL_CLAIM], _with_probes(runs, {("m", 1): 4.0}), samples).iloc[0]["n_pairs"] == 24
+    every = {("m", s): 3.0 for s in (0, 1, 2)}
+    row = evaluate_claims([claim], _with_probes(runs, every), samples).iloc[0]
+    assert row["status"] == "disturbed" and row["verdict"] == "untested" and "disturbed" in row["note"]
+
+
+def test_a_speedup_above_its_own_bound_is_a_measurement_problem():
+    claim = Claim(id="bound", source="s", wording="w", method="m", reference="ar", statistic="speedup_over_bound", direction="at_most",
+                  requires="cost_ratio")
+    runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=8)
+    samples.loc[samples["label"] == "m", "decode_s"] /= 20.0  # m measured 20x faster than the bound allows
+    row = evaluate_claims([claim], runs, samples, cost_ratio=0.1).iloc[0]
+    assert row["low"] > 0 and row["verdict"] == MEASUREMENT_PROBLEM and "not a verdict on the method" in row["note"]
+
+
+@pytest.mark.parametrize(("margin", "message"), [(".inf", "finite number"), (".nan", "finite number"), ("-0.1", "finite number"),
+                                                 ("true", "finite number"), ("'0.1'", "finite number"), ("1.5", "below 1")])
+def test_a_margin_must_be_finite_and_in_range(tmp_path, margin, message):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: perplexity, "
+                   f"direction: equivalent, margin: {margin}}}\n")
+    with pytest.raises(ValueError, match=message):
+        load_claims(bad)
+
+
+def test_hsd_and_traversal_claims_say_no_data_until_their_cells_exist():
+    claims = [c for c in load_claims() if c.id.startswith(("hsd_", "traversal_"))]
+    assert {c.method for c in claims} == {"hsd", "hsd_eagle3", "traversal"}
+    runs, samples = synthetic({"ar": 0.0, "spd": 0.0, "block": 0.0}, n_prompts=6)
+    table = evaluate_claims(claims, runs, samples)
+    assert (table["status"] == "no data").all() and table["note"].str.contains("no data").all()
+    assert table["note"].str.contains("python -m pipeline.sweep").all()  # the command that decides each
+    effects = {"ar": 0.0, "spd": 0.0, "block": 0.0, "hsd": 0.0, "specinfer": 0.0, "traversal": 0.0, "spd_eagle3": 0.0, "hsd_eagle3": 0.0}
+    runs, samples = synthetic(effects, n_prompts=6)
+    table = evaluate_claims(claims, runs, samples).set_index("claim")
+    assert (table["status"] == "tested").all()
+    assert table.at["hsd_lossless_ppl_equals_ar", "reference"] == "ar" and table.at["traversal_tokens_per_step_vs_specinfer", "n"] == 6
+
+
+# ----------------------------------------------------------------------------------- specdec_bench's profile
+
+
+def test_speculation_profile_matches_specdec_bench_on_its_own_example():
+    # specdec_bench tests/test_speculation_profile.py: 100 steps, 40 emitted 1 token, 30 emitted 2, 30 emitted 3
+    records = [{"accepted": [1] * 40 + [2] * 30 + [3] * 30, "draft_steps": 300, "drafted": [3] * 100}]
+    profile = speculation_profile(records, method="spd", num_speculative_tokens=3)
+    assert set(profile) == PROFILE_KEYS
+    assert profile["marginal_accept_rates"] == pytest.approx([0.6, 0.3, 0.0])
+    assert profile["conditional_accept_rates"] == pytest.approx([0.6, 0.5, 0.0])
+    assert profile["mean_accept_length"] == pytest.approx(1.9) and profile["mean_accept_length_per_request"] == pytest.approx(1.9)
+    assert profile["validation"]["mean_consistency"]["passed"] and profile["validation"]["marginal_monotonicity"]["passed"]
+    assert profile["schema_version"] == "1.0" and profile["measured"] is True and profile["verification_method"] == "longest_prefix"
+    assert profile["accept_length_model"] == "chain_analytic" and profile["acceptance_length_histogram"] == {"1": 40, "2": 30, "3": 30}
+    assert json.loads(json.dumps(profile)) == profile  # plain JSON
+    # model paths published as specdec_bench does: org/model, no local directory layout
+    assert checkpoint_id("/lustre/fsw/x/hf-local/nvidia/MiniMax-M2.7-DFlash") == "nvidia/MiniMax-M2.7-DFlash"
+    assert checkpoint_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct" and checkpoint_id(None) is None
+
+
+def test_speculation_profile_per_step_and_per_request_means_and_method_words():
+    # a short request of long steps and a long one of short steps: the two means differ, the vectors describe steps
+    records = [{"accepted": [3, 3], "draft_steps": 4}, {"accepted": [1] * 8, "draft_steps": 16}, {"accepted": [1, 1], "draft_steps": 0}]
+    profile = speculation_profile(records, method="block", num_speculative_tokens=2)
+    assert profile["mean_accept_length"] == pytest.approx(14 / 10) and profile["mean_accept_length_per_request"] == pytest.approx(2.0)
+    assert profile["marginal_accept_rates"] == pytest.approx([0.2, 0.2]) and profile["conditional_accept_rates"] == pytest.approx([0.2, 1.0])
+    assert profile["verification_method"] == "block" and profile["validation"]["mean_consistency"]["passed"]
+    # a length that never occurred between two that did keeps its true rate; K is never below the longest step
+    sparse = speculation_profile([{"accepted": [1, 3, 3, 5], "draft_steps": 8}], method="traversal", num_speculative_tokens=2)
+    assert sparse["num_speculative_tokens"] == 4 and sparse["marginal_accept_rates"] == pytest.approx([0.75, 0.75, 0.25, 0.25])
+    assert sparse["verification_method"] == "tree_traversal" and sparse["accept_length_model"] == "measured_per_k"
+    assert speculation_profile([{"accepted": [1] * 5, "draft_steps": 0}], method="ar") is None  # nothing drafted: no profile

@@ -232,3 +232,25 @@ def test_the_protocol_has_one_default_and_the_config_repeats_it():
     window = inspect.signature(measure.run_window).parameters
     assert [window[k].default for k in ("warmup_generations", "warmup_seconds", "idle_seconds")] == [3, 10.0, 10.0]
     assert measure.Protocol.from_config({"warmup_seconds": 0.0, "threads": None, "unknown": 1}) == measure.Protocol(warmup_seconds=0.0)
+
+
+def test_the_machine_probe_brackets_the_window_and_flags_a_slow_machine(models, tokenizer):
+    target, draft = models
+    dec = build_decoder("ar", target, None)
+    calls = []
+
+    def probe() -> float:  # a machine that is quiet before the window and loaded after it
+        calls.append(time.perf_counter())
+        return 10.0 if len(calls) == 1 else 25.0
+
+    result = measure.run_window(dec, _samples(2), tokenizer=tokenizer, chat=False, eos_token_ids=[2], max_new_tokens=4, seed=0,
+                                warmup_generations=0, warmup_seconds=0.0, idle_seconds=0.0, probe=probe)
+    s = result.summary()
+    assert (s["probe_before_ms"], s["probe_after_ms"]) == (10.0, 25.0) and len(calls) == 2
+    assert measure.disturbance([s["probe_before_ms"], s["probe_after_ms"]], 10.0) == {"step_slowdown": 2.5, "disturbed": 1.0}
+    assert measure.disturbance([10.5, 11.0], 10.0)["disturbed"] == 0.0
+    assert measure.disturbance([], 10.0)["disturbed"] != measure.disturbance([], 10.0)["disturbed"]  # NaN: nothing to compare
+    assert "probe_before_ms" not in measure.run_window(dec, _samples(1), tokenizer=tokenizer, chat=False, eos_token_ids=[2], max_new_tokens=2,
+                                                       seed=0, warmup_generations=0, warmup_seconds=0.0, idle_seconds=0.0).summary()
+    assert measure.probe_step_ms(target, "cpu", reps=3) > 0
+    assert measure.probe_step_ms(tiny_llama(0, vocab=8), "cpu", reps=2) > 0  # a vocabulary smaller than the probe prompt

@@ -31,7 +31,7 @@ from pipeline.cell import Cell, CellResult, judge_identity, rescore
 from pipeline.data.slices import task_of
 from pipeline.scoring.registry import scorer_for
 from pipeline.sweep.plan import CONF_DIR, Plan, SweepConfigError, expand
-from pipeline.sweep.ray_runner import actor_options, prepare_pairs, run_cells, start_ray
+from pipeline.sweep.ray_runner import actor_options, calibrate_pairs, prepare_pairs, run_cells, start_ray, with_disturbance
 from pipeline.sweep.summary import summary_tables
 from pipeline.tracking import (
     STATUS_FAILED,
@@ -291,8 +291,13 @@ def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], kn
           f"({'GPU' if opts.get('num_gpus') else 'CPU'} actors, isolation {opts['isolation']['mode']}, "
           f"{opts['isolation']['threads']} thread(s) each)", flush=True)
     prepare_pairs(plan, opts)
+    # each pair's target step before any cell runs: a cell's probes around its window against it flag the
+    # cells measured while the machine was disturbed (docs/measurement.md)
+    calibration = calibrate_pairs(todo, opts, capacity)
+    outcome["calibration"] = calibration
 
     def on_result(cell: Cell, result: CellResult) -> None:
+        result = with_disturbance(cell, result, calibration)
         failure = None
         try:
             tracker.log_cell(cell, result)

@@ -9,7 +9,7 @@ The writer (``pipeline.tracking.tracker``), the driver, the report and ``analysi
   finished, ``TAG_JUDGE``), the flattened ``Cell.config`` as params (``flatten``), the cell's numeric
   metrics (``numeric_metrics``; the ones a reader compares: ``COMPARED_METRICS``) and the artifacts
   ``SAMPLES_ARTIFACT``, ``CONFIG_ARTIFACT``, ``RESULT_ARTIFACT`` (``RESULT_FIELDS`` of the result),
-  ``SCORES_ARTIFACT`` and, for failures, ``TRACEBACK_ARTIFACT``.
+  ``SCORES_ARTIFACT``, ``PROFILE_ARTIFACT`` (methods that draft) and, for failures, ``TRACEBACK_ARTIFACT``.
 - ``TAG_STATUS`` is a ``CellResult.status`` (``STATUS_FINISHED``, ``STATUS_SCORE_FAILED``,
   ``STATUS_FAILED``, defined with the result in ``pipeline/cell_types.py``) or ``STATUS_LOGGING``
   while the run is being written.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Mapping
 
 from pipeline.cell_types import STATUS_FAILED as STATUS_FAILED
@@ -93,11 +94,17 @@ def parent_params(sweep: str, cluster: Mapping[str, Any], total: int, to_run: in
             "cluster.kind": cluster.get("kind"), "cluster.cpu_isolation": cluster.get("cpu_isolation")}
 
 
+METRIC_UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")  # characters MLflow refuses in a metric name
+
+
 def parent_metrics(total: int, outcome: Mapping[str, Any], wall_s: float) -> dict[str, float]:
-    """A parent run's metrics when it ends: what became of the cells (``outcome`` is the driver's tally)."""
+    """A parent run's metrics when it ends: what became of the cells (``outcome`` is the driver's tally) and each
+    pair's target step calibrated before any cell ran (``calibration.<pair>.target_step_ms``)."""
+    calibrated = {"calibration." + METRIC_UNSAFE.sub("_", pair) + ".target_step_ms": c["target_step_ms"]
+                  for pair, c in outcome.get("calibration", {}).items()}
     return {"cells_total": total, "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
             "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"], "cells_elsewhere": outcome["elsewhere"],
-            "wall_s": wall_s}
+            "wall_s": wall_s, **calibrated}
 
 # ------------------------------------------------------------------------------- params
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
@@ -130,6 +137,7 @@ RESULT_ARTIFACT = "result.json"
 SCORES_ARTIFACT = "scores.json"
 CONFIG_ARTIFACT = "cell_config.yaml"
 TRACEBACK_ARTIFACT = "traceback.txt"
+PROFILE_ARTIFACT = "speculation_profile.json"  # NVIDIA specdec_bench's acceptance profile (pipeline.acceptance)
 SCORE_DETAIL_FIELD = "score_detail"  # a SAMPLES_ARTIFACT record's verdicts (its task's `score_fields`)
 # The fields of a CellResult written to RESULT_ARTIFACT.
 RESULT_FIELDS = ("status", "error", "stage", "stages", "summary", "energy", "idle", "warmup", "device", "settings", "node_id", "hostname")

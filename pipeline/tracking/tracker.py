@@ -47,6 +47,7 @@ from pipeline.tracking.layout import (
     KIND_SWEEP,
     PARAM_KEY_LIMIT,
     PRECISION_TAGS,
+    PROFILE_ARTIFACT,
     RESULT_ARTIFACT,
     RESULT_FIELDS,
     SAMPLES_ARTIFACT,
@@ -358,6 +359,8 @@ class Tracker:
             self.client.log_text(run_id, json.dumps(result.scores, indent=1, default=str), SCORES_ARTIFACT)
         summary = {k: getattr(result, k) for k in RESULT_FIELDS}
         self.client.log_text(run_id, json.dumps(summary, indent=1, default=str), RESULT_ARTIFACT)
+        if result.speculation_profile:
+            self.client.log_text(run_id, json.dumps(result.speculation_profile, indent=2), PROFILE_ARTIFACT)
         if result.traceback:
             self.client.log_text(run_id, result.traceback, TRACEBACK_ARTIFACT)
         self.client.set_tag(run_id, TAG_STATUS, result.status)
