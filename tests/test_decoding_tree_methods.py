@@ -111,10 +111,12 @@ def test_greedy_identity_on_tiny_models(greedy_pair, method, params):
         assert sum(got.accepted) == len(got.tokens) == 40 and len(got.accepted) == got.steps
 
 
-def test_typical_over_medusa_heads_keeps_one_kv_cache_over_the_target(greedy_pair):
+def test_typical_over_medusa_heads_is_the_tree_loop_with_the_medusa_drafter(greedy_pair):
+    """No decoder nested in another: typical's tree walk runs in its own loop over the medusa drafter."""
     decoder = build_decoder("typical", *greedy_pair, temperature=0, drafter="medusa")
-    decoder.generate([5, 9, 2], max_new_tokens=8)
-    assert decoder.target is decoder.medusa.target and decoder.target.length > 0  # the cache that generated
+    out = decoder.generate([5, 9, 2], max_new_tokens=8)
+    assert decoder.shape == "tree" and decoder.drafter_impl.kind == "medusa" and decoder.draft is None
+    assert decoder.target.length > 0 and max(out.drafted) >= 1  # the cache that generated; trees were verified
 
 
 def test_self_drafted_trees_accept_whole_paths_at_temperature_zero(greedy_pair):
@@ -234,7 +236,7 @@ def test_check_method_fills_defaults():
     assert check_method("specinfer", {})["k_config"] == [4, 2, 2]
     assert check_method("spectr", {})["num_drafts"] == 4
     assert check_method("typical", {"drafter": "medusa"}, has_draft=False)["epsilon"] == 0.09
-    with pytest.raises(ValueError, match="drafter: model needs a draft model.*set drafter: ngram \\| medusa"):
+    with pytest.raises(ValueError, match="drafter: model needs a draft model.*set drafter: eagle \\| eagle3 \\| ngram \\| medusa"):
         check_method("typical", {}, has_draft=False)  # before any model is loaded
     assert check_method("bild", {})["rollback"] == 2.0
 
