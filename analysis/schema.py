@@ -144,8 +144,9 @@ SCORE_DETAIL_KEYS = ("passed", "correct", "score")
 # ----------------------------------------------------------------------------------- methods
 
 BASELINE = "ar"  # speedup and energy ratio are taken against this method's cells (docs/DESIGN.md 5.8)
-# Column order of the tables (MTAD Table 5 order first); other methods follow alphabetically.
-METHOD_ORDER = ("ar", "beam", "mtjd", "spd", "block", "spectr", "specinfer", "mcss", "bild", "typical", "medusa", "mtad")
+# Column order of the tables: the methods' registration order (MTAD Table 5 order first, then methods added
+# later); methods this installation does not know follow alphabetically.
+METHOD_ORDER = tuple(METHODS.names())
 # Hyper-parameters whose variation within one method makes an ablation curve.
 ABLATION_PARAMS = ("tau", "num_beams", "gamma", "num_tokens", "lenience")
 

@@ -1,4 +1,4 @@
-"""One registry type for everything a config names: methods, drafters, scorers, dataset loaders.
+"""One registry type for what a config names by name: methods, drafters, scorers.
 
 After lm-evaluation-harness's registries: an entry is registered once under its name (a second entry
 under a taken name is an error, not a silent replacement), and a config may also name an entry of the
@@ -82,8 +82,8 @@ class Registry(Generic[T]):
             if problem:
                 raise RegistryError(f"{self.kind} {name!r}: {problem}")
             return entry
-        raise RegistryError(f"unknown {self.kind} {name!r}; registered {self.kind}s: {sorted(self._entries)}, or "
-                            f"`module:attr` of your own")
+        raise RegistryError(f"unknown {self.kind} {name!r}; valid {self.kind}s: the registered {self.kind}s {sorted(self._entries)}, "
+                            f"or `module:attr` of your own")
 
     def names(self, where: Callable[[T], bool] | None = None) -> list[str]:
         """Registered names in registration order, those whose entry satisfies ``where`` when given."""

@@ -8,6 +8,9 @@ form alone and a fast path is checked here without a test of its own.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -90,7 +93,7 @@ def test_a_taken_name_is_an_error_and_module_attr_names_resolve():
     reg.register(first)  # the same entry again is harmless
     with pytest.raises(RegistryError, match="thing name 'a' is taken"):
         reg.register({"name": "a"})
-    with pytest.raises(RegistryError, match=r"unknown thing 'b'; registered things: \['a'\]"):
+    with pytest.raises(RegistryError, match=r"unknown thing 'b'; valid things: the registered things \['a'\]"):
         reg.get("b")
     assert reg.get("pipeline.decoding.spd:SpeculativeDecoder") is METHODS["spd"]
     with pytest.raises(RegistryError, match="relative module"):
@@ -101,3 +104,13 @@ def test_a_taken_name_is_an_error_and_module_attr_names_resolve():
         METHODS.register(type("Other", (METHODS["spd"],), {"name": "spd"}))
     with pytest.raises(RegistryError, match="not a Decoder subclass"):
         method_class("pipeline.decoding.verification:token_verify")
+
+
+def test_no_hand_list_of_methods_or_drafters_is_left_and_draft_chain_has_one_definition():
+    """The capabilities replaced the lists (issue 33): none of their names is defined or read again."""
+    root = Path(__file__).resolve().parents[1]
+    sources = {p: p.read_text() for d in ("pipeline", "analysis") for p in (root / d).rglob("*.py")}
+    for name in ("DRAFT_GAMMA_METHODS", "CHAIN_METHODS", "SUPPORTING", "transformers_rows", "TREE_DRAFTERS", "DRAFTER_KINDS",
+                 "EAGLE_KINDS", "UNSUPPORTED_WHY"):
+        assert not [p for p, text in sources.items() if re.search(rf"\b{name}\b", text)], name
+    assert sum(len(re.findall(r"^\s*def draft_chain\(", text, re.M)) for text in sources.values()) == 1

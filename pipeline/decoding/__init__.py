@@ -32,19 +32,20 @@ from .spectr import SpecTrDecoder
 from .typical import TypicalDecoder
 from .warping import Warper, make_generator, warp
 
+# registration order is the tables' column order (analysis.schema.METHOD_ORDER: MTAD Table 5's order first)
 for _cls in (
     AutoregressiveDecoder,
     BeamSearchDecoder,
     MTJDDecoder,
     SpeculativeDecoder,
     BlockVerificationDecoder,
-    MTADDecoder,
-    BiLDDecoder,
     SpecTrDecoder,
     SpecInferDecoder,
     MCSSDecoder,
+    BiLDDecoder,
     TypicalDecoder,
     MedusaDecoder,
+    MTADDecoder,
 ):
     METHODS.register(_cls)
 

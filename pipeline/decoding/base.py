@@ -167,8 +167,13 @@ class DrafterContext:
             raise ValueError(f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {DRAFTERS.names()} "
                              f"(or {{kind: <one of them>, ...}}, or `module:attr` of a Drafter of your own)")
         path = pair.get("eagle")
-        return cls(has_draft=bool(pair.get("draft")), has_eagle=bool(path), default=default,
-                   eagle_path=str(path) if path else None, eagle_version=eagle_version(path), has_medusa=bool(pair.get("medusa")))
+        ctx = cls(has_draft=bool(pair.get("draft")), has_eagle=bool(path), default=default,
+                  eagle_path=str(path) if path else None, eagle_version=eagle_version(path), has_medusa=bool(pair.get("medusa")))
+        asset = DRAFTERS.get(kind).asset if default is not None else None
+        if asset is not None and not ctx.offers(asset) and not (isinstance(default, Mapping) and default.get("path")):
+            raise ValueError(f"pair {pair.get('name')!r}: drafter: {kind} reads the pair's `{asset}:`, which this pair has not: "
+                             f"add `{asset}: <...>` or choose another drafter")
+        return ctx
 
     @classmethod
     def of_models(cls, target, draft, assets: Mapping[str, Any] | None = None) -> "DrafterContext":
