@@ -135,7 +135,7 @@ def test_tree_attention_matches_plain_forwards_and_compaction_keeps_the_path():
     target, draft = CachedModel(target_model), CachedModel(draft_model)
     target.prefill(context[:-1])
     warper = Warper(1.0, 0, 1.0)
-    tree = sample_token_tree(draft, context, [3, 2, 2], warper, make_generator(0), replacement=True)
+    tree = sample_token_tree(draft, context, [3, 2, 2], warper, make_generator(0), children="iid")
     assert len(tree) == 3 + 6 + 12 and tree.fed == 9
     logits = tree_verify_forward(target, context, tree)
     assert logits.shape[0] == 1 + len(tree)
@@ -249,7 +249,7 @@ def test_greedy_children_are_distinct_and_sampled_children_follow_the_draft():
         toks = [tree.tokens[c] for c in kids]
         assert len(set(toks)) == len(toks)
     draft.reset()
-    tree = sample_token_tree(draft, [1, 2, 3], [40], Warper(1.0, 3, 1.0), make_generator(0), replacement=False)
+    tree = sample_token_tree(draft, [1, 2, 3], [40], Warper(1.0, 3, 1.0), make_generator(0), children="distinct")
     assert len(tree) == 3  # without replacement: never more children than the warped support
     assert isinstance(tree, TokenTree)
 
