@@ -9,6 +9,7 @@ and nothing else.
 
 from __future__ import annotations
 
+from pipeline.decoding.base import METHODS
 from pipeline.tracking.layout import (
     KIND_CELL,
     KIND_SWEEP,
@@ -151,12 +152,21 @@ SCORE_DETAIL_KEYS = ("passed", "correct", "score")
 # ----------------------------------------------------------------------------------- methods
 
 BASELINE = "ar"  # speedup and energy ratio are taken against this method's cells (docs/DESIGN.md 5.8)
-# Column order of the tables (MTAD Table 5 order first); other methods follow alphabetically.
-METHOD_ORDER = ("ar", "beam", "mtjd", "spd", "block", "spectr", "specinfer", "mcss", "bild", "typical", "medusa", "mtad")
+# Column order of the tables: the methods' registration order (MTAD Table 5 order first, then methods added
+# later); methods this installation does not know follow alphabetically.
+METHOD_ORDER = tuple(METHODS.names())
 # Hyper-parameters whose variation within one method makes an ablation curve.
 ABLATION_PARAMS = ("tau", "num_beams", "gamma", "num_tokens", "lenience")
-# Methods whose Leviathan bound uses gamma draft tokens per step (a chain draft).
-DRAFT_GAMMA_METHODS = ("spd", "block", "mtad", "bild", "typical")
+
+
+def chain_draft(method: str) -> bool:
+    """Whether ``method``'s Leviathan bound uses gamma draft tokens per step: the method declares a chain draft
+    (``Decoder.draft_shape``, pipeline.decoding.METHODS; a ``module:attr`` method is imported). A method this
+    installation does not know (a store written elsewhere) has no bound."""
+    try:
+        return METHODS.get(method).draft_shape == "chain"
+    except ValueError:
+        return False
 
 # higher is better (+1) or lower is better (-1), for bold/underline
 DIRECTION: dict[str, int] = {

@@ -383,7 +383,7 @@ def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None 
         row["speedup_mean"], row["speedup_std"], _ = mean_std(g["speedup"])
         row["alpha_mean"] = row["alpha_std"] = row["c"] = row["bound_mean"] = math.nan
         row["gamma"] = math.nan
-        if method not in schema.DRAFT_GAMMA_METHODS or gamma.empty:
+        if not schema.chain_draft(method) or gamma.empty:
             row["bound_note"] = NO_GAMMA_REASON
             rows.append(row)
             continue

@@ -46,7 +46,6 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.bounds import alpha_from_accepted, leviathan_bound
 from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_generator, method_class
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
-from pipeline.decoding.speculative import DraftVerifyDecoder
 from pipeline.device import machine_info, synchronize
 from pipeline.energy import check_energy_meter, energy_summary, make_energy_meter
 from pipeline.measure import step_times
@@ -97,7 +96,7 @@ class _ForwardClock:
             self._handles.append(model.register_forward_pre_hook(self._pre))
             self._handles.append(model.register_forward_hook(self._post))
             if isinstance(model, LeanForward):
-                model.draft_chain = self._timed_chain(model.draft_chain)
+                model.fused_chain = self._timed_chain(model.fused_chain)
                 self._chains.append(model)
 
     def _timed_chain(self, chain):
@@ -121,7 +120,7 @@ class _ForwardClock:
         for h in self._handles:
             h.remove()
         for model in self._chains:
-            del model.draft_chain  # the class's method again
+            del model.fused_chain  # the class's method again
 
 
 class Bench:
@@ -139,9 +138,9 @@ class Bench:
                 raise ValueError(f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} (or {{kind: ..., <its parameters>}})")
             if d == "pair":  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
                 d = value = check_method("spd", {"drafter": "pair"}, drafters=ctx)["drafter"]["kind"]
-            if d == "model" and not ctx.has_draft:
+            if DRAFTERS.get(d).asset == "draft" and not ctx.has_draft:
                 raise ValueError(f"drafters has model but pair {spec.name!r} has no draft model")
-            if d in ("eagle", "eagle3") and not ctx.has_eagle and not (isinstance(value, dict) and value.get("path")):
+            if DRAFTERS.get(d).asset == "eagle" and not ctx.has_eagle and not (isinstance(value, dict) and value.get("path")):
                 raise ValueError(f"drafters has {d} but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle, pair.eagle=<folder>, or {{kind: {d}, path: <folder>}})")
             if d not in self.drafters:
                 self.drafters.append(d)
@@ -177,18 +176,19 @@ class Bench:
                 out += [(m, d) for d in self.drafters if (m, d) not in self.skipped]
         return out
 
-    def transformers_rows(self) -> dict[str, str | None]:
-        """Drafter -> None when transformers' assisted generation runs with it, else why not."""
+    def transformers_peers(self) -> dict[str, str | None]:
+        """Drafter -> None when transformers' assisted generation runs with it (the drafter declares its
+        equivalent, ``Drafter.transformers``), else why not."""
         out: dict[str, str | None] = {}
         for d in self.drafters:
-            if d == "model":
-                out[d] = None if self.draft_full_vocab else (
-                    "transformers' assisted generation needs the draft's full-vocabulary head; this pair's draft has a "
-                    "restricted head (rerun with pair.draft.restrict_head=false to time it)")
-            elif d == "ngram":
-                out[d] = None
+            plugin = DRAFTERS.get(d)
+            if plugin.transformers is None:
+                out[d] = plugin.no_transformers
+            elif plugin.transformers == "assistant_model" and not self.draft_full_vocab:
+                out[d] = ("transformers' assisted generation needs the draft's full-vocabulary head; this pair's draft has a "
+                          "restricted head (rerun with pair.draft.restrict_head=false to time it)")
             else:
-                out[d] = "transformers has no EAGLE drafting (assisted generation takes a draft model or prompt lookup)"
+                out[d] = None
         return out
 
     def _mode_params(self, mode: str) -> dict[str, Any]:
@@ -306,10 +306,10 @@ class Bench:
         """A chain of gamma draft tokens verified in one target pass: the bound applies (mtad with a
         draft model drafts beams: it is counted as a chain of its best beam, as before)."""
         cls = method_class(method)
-        if not issubclass(cls, DraftVerifyDecoder):
+        if cls.draft_shape != "chain":  # the method's declared capability
             return False
         values = check_method(method, self.method_params(method, mode, drafter), drafters=self.ctx)
-        return values["drafter"]["kind"] in DRAFTERS
+        return cls.shape_for(DRAFTERS.get(values["drafter"]["kind"]), values) == "chain"
 
     def ours(self, method: str, mode: str, drafter: str | None = None):
         params = self.method_params(method, mode, drafter)
@@ -332,7 +332,7 @@ class Bench:
         else:
             s = self.cfg.sampling
             kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-        if assisted and drafter == "ngram":
+        if assisted and DRAFTERS.get(drafter).transformers == "prompt_lookup":
             ngram = OmegaConf.select(self.cfg, "method_params.spd.max_ngram", default=None) or 3
             kwargs.update(prompt_lookup_num_tokens=self.gamma_of("spd"), max_matching_ngram_size=int(ngram))
         elif assisted:
@@ -408,7 +408,7 @@ class Bench:
         all_probes: list[dict[str, float]] = []
         med = statistics.median
         self.probes: dict[str, list[dict[str, float]]] = {}  # per mode, the step costs (s) measured in each pass
-        hf_drafters = self.transformers_rows()
+        hf_drafters = self.transformers_peers()
         for mode in cfg.modes:
             runners = {("transformers", "ar", None): self.transformers(False, mode)}
             for d, why in hf_drafters.items():

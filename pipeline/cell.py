@@ -48,7 +48,7 @@ from pipeline.acceptance import checkpoint_id, speculation_profile
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
 from pipeline.data.slices import load_slice, task_of
 from pipeline.data.tasks import TaskSpec
-from pipeline.decoding import build_decoder
+from pipeline.decoding import build_decoder, method_args
 from pipeline.decoding.kv import CachedModel
 from pipeline.device import environment_info
 from pipeline.energy import make_energy_meter
@@ -220,7 +220,7 @@ def run_cell(cell: Cell) -> CellResult:
             spec = PairSpec.from_config(cell.pair)
             pair = load_pair(spec)
             precision = pair.precision()
-            decoder = build_decoder(cell.method, pair.target, pair.draft, assets=pair.assets, **cell.params)
+            decoder = build_decoder(cell.method, pair.target, pair.draft, assets=pair.assets, args=method_args(cell.method, cell.params))  # validated in the plan
             samples, warm, _ = load_slice(dataset, warmup_samples=protocol.warmup_samples)
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, protocol.energy_meter)
@@ -241,7 +241,7 @@ def run_cell(cell: Cell) -> CellResult:
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
-        if getattr(decoder, "drafter_impl", None) is not None and protocol.costs and "gamma" in decoder.config:
+        if decoder.draft_shape == "chain" and getattr(decoder, "drafter_impl", None) is not None and protocol.costs:
             # step costs behind Leviathan's bound (c = t_draft / t_target), after the window; t_draft is
             # the cell's own drafter's (a draft-model step, an EAGLE head step, an n-gram lookup)
             with _stage(result, "costs"):

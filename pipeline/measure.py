@@ -182,7 +182,9 @@ class WindowResult:
 
 def _draft_length(decoder: Any) -> int | None:
     """The chain length gamma a draft-verify decoder drafts per iteration (None for other methods)."""
-    gamma = getattr(decoder, "gamma", None)
+    gamma = getattr(getattr(decoder, "args", None), "gamma", None)
+    if gamma is None and getattr(decoder, "draft_shape", None) == "chain":
+        gamma = decoder.draft_length()  # a chain budget of another name (bild: max_small_steps)
     return int(gamma) if isinstance(gamma, int) and not isinstance(gamma, bool) else None
 
 
@@ -421,7 +423,7 @@ def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | st
     target (as ``step_costs``) and ``t_draft``, the decoder's drafter's own cost of one draft token
     (``Drafter.step_cost``: a draft-model step, an EAGLE head step with its LM-head row, one n-gram lookup
     per token), with the gamma of the decoder (its tree depth for tree methods)."""
-    gamma = int(decoder.config.get("gamma") or getattr(decoder, "tree_depth", 1))
+    gamma = int(_draft_length(decoder) or getattr(decoder, "tree_depth", 1))
     t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
     t_draft = decoder.drafter_impl.step_cost(decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device))
     return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}

@@ -43,7 +43,7 @@ import yaml
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.decoding.base import DRAFTERS, EAGLE_KINDS, DrafterContext
+from pipeline.decoding.base import DRAFTERS, METHODS, DrafterContext
 from pipeline.decoding.checkpoints import resolve_dir
 from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
 from pipeline.decoding.eagle import load_eagle
@@ -158,9 +158,9 @@ class PairSpec:
             )
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
         kind = extra["drafter"].get("kind") if isinstance(extra.get("drafter"), Mapping) else extra.get("drafter")
-        if kind is not None and kind not in DRAFTERS:
+        if kind is not None and kind not in DRAFTERS and ":" not in str(kind):
             raise ValueError(f"pair drafter: {extra['drafter']!r} must be one of {list(DRAFTERS)} (or {{kind: <one of them>, ...}})")
-        if kind in EAGLE_KINDS and not extra.get("eagle") and not (isinstance(extra["drafter"], Mapping) and extra["drafter"].get("path")):
+        if kind is not None and DRAFTERS.get(kind).asset == "eagle" and not extra.get("eagle") and not (isinstance(extra["drafter"], Mapping) and extra["drafter"].get("path")):
             raise ValueError(f"pair drafter: {kind} needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
         if kind == "model" and not draft:
             raise ValueError("pair drafter: model needs a `draft:` model spec")
@@ -266,7 +266,9 @@ def weights_identity(pair: Mapping[str, Any], method: str, params: Mapping[str, 
         if found:
             out["draft"] = found
         return out
-    role = "eagle" if scope["kind"] in EAGLE_KINDS else "medusa" if "medusa" in (scope["kind"], method) else None
+    # the head folder the drafter reads (its declared asset), or the method itself (medusa)
+    assets = [DRAFTERS.get(scope["kind"]).asset] if scope.get("kind") else list(METHODS.get(method).requires)
+    role = next((a for a in assets if a in ("eagle", "medusa")), None)
     folder = role and (scope.get("path") or spec.extra.get(role))
     if folder and resolve_dir(folder).exists():
         out[role] = content_fingerprint(resolve_dir(folder))

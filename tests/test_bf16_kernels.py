@@ -159,7 +159,7 @@ def test_kernel_sample_sparse_is_the_inverse_cdf_in_id_order():
 @pytest.mark.parametrize("restricted", [False, True])
 @pytest.mark.parametrize("feed", [1, 2])
 def test_fused_draft_chain_draws_what_the_steps_draw(restricted, feed, monkeypatch):
-    """``CachedModel.draft_chain_sparse`` (one kernel call for the whole chain) against the chain drawn step by
+    """``CachedModel.fused_chain`` (one kernel call for the whole chain) against the chain drawn step by
     step (forward_sparse + sample_sparse): the same tokens, the same q rows bit for bit, the same cache
     contents and length, the same generator state afterwards; 1 or 2 tokens fed first (2 after a fully
     accepted block), a restricted head whose map is not sorted."""
@@ -173,10 +173,10 @@ def test_fused_draft_chain_draws_what_the_steps_draw(restricted, feed, monkeypat
     runs, calls = {}, []
     for fused in (True, False):
         if fused:
-            original = LeanForward.draft_chain
-            monkeypatch.setattr(LeanForward, "draft_chain", lambda self, *a: calls.append(1) or original(self, *a))
+            original = LeanForward.fused_chain
+            monkeypatch.setattr(LeanForward, "fused_chain", lambda self, *a: calls.append(1) or original(self, *a))
         else:
-            monkeypatch.setattr(CachedModel, "draft_chain_sparse", lambda self, *a: None)
+            monkeypatch.setattr(CachedModel, "fused_chain", lambda self, *a: None)
         draft, out = make(), []
         with torch.inference_mode():
             for seed in range(25):

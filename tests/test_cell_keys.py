@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import models, sweep
-from pipeline.decoding.base import DRAFTER_KINDS, Param, int_at_least
+from pipeline.decoding.base import DRAFTERS, Param, int_at_least
 from pipeline.decoding.drafters import NgramDrafter, register_drafter
 from pipeline.models import content_fingerprint
 
@@ -159,10 +159,13 @@ def test_adding_a_drafter_changes_no_other_key(project, bf16_cpu, monkeypatch):
     """Keys with every built-in drafter are the same whether EAGLE-3 (or any further kind) is registered or not."""
     with_all = _keys(project)
     assert with_all["all_methods"] == PINNED["all_methods"][1]
-    eagle3 = DRAFTER_KINDS["eagle3"]
-    monkeypatch.delitem(DRAFTER_KINDS, "eagle3")  # the registry as it was before EAGLE-3
-    assert _keys(project) == with_all
-    monkeypatch.setitem(DRAFTER_KINDS, "eagle3", eagle3)
+    order = DRAFTERS.names()
+    eagle3 = DRAFTERS.unregister("eagle3")  # the registry as it was before EAGLE-3
+    try:
+        assert _keys(project) == with_all
+    finally:
+        DRAFTERS.register(eagle3)
+    assert sorted(DRAFTERS.names()) == sorted(order)
     register_drafter(SuffixDrafter)  # a new kind with its own parameter
     try:
         assert _keys(project) == with_all
@@ -171,7 +174,7 @@ def test_adding_a_drafter_changes_no_other_key(project, bf16_cpu, monkeypatch):
         assert new[1].key not in {k for case in with_all.values() for *_, k in case}
         assert new[0].key == with_all["ngram"][0][3]  # its ar baseline is the same cell
     finally:
-        DRAFTER_KINDS.pop("suffix", None)
+        DRAFTERS.unregister("suffix")
 
 
 def _touch(path: Path, text: str) -> None:

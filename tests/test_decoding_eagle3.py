@@ -58,7 +58,7 @@ def samples_of(decoder, n, length=2, max_new=4, seed=99):
 def test_lossless_with_an_eagle3_drafter(pair, law, method):
     target, head = pair
     decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, **WARP)
-    assert decoder.drafter == {"kind": "eagle3", "path": None, "top_nodes": 4, "max_nodes": 0} and decoder.draft is None
+    assert decoder.args.drafter == {"kind": "eagle3", "path": None, "top_nodes": 4, "max_nodes": 0} and decoder.draft is None
     out = samples_of(decoder, 2000)
     assert chi_square_pvalue(out, law) > 1e-3
     # the draft rows put no mass outside the head's draft vocabulary (q = 0 there)
@@ -80,7 +80,7 @@ def test_lossless_with_eagle3_trees(pair, law, method):
 def test_eagle_short_form_resolves_to_eagle3(pair):
     target, head = pair
     decoder = build_decoder("spd", target, None, assets={"eagle": head}, drafter="eagle", temperature=0)
-    assert decoder.drafter["kind"] == "eagle3"
+    assert decoder.args.drafter["kind"] == "eagle3"
     with pytest.raises(ValueError, match="cannot use drafter: eagle3"):
         build_decoder("bild", target, tiny_llama(1), assets={"eagle": head}, drafter="eagle3")
 

@@ -111,10 +111,12 @@ def test_greedy_identity_on_tiny_models(greedy_pair, method, params):
         assert sum(got.accepted) == len(got.tokens) == 40 and len(got.accepted) == got.steps
 
 
-def test_typical_over_medusa_heads_keeps_one_kv_cache_over_the_target(greedy_pair):
+def test_typical_over_medusa_heads_is_the_tree_loop_with_the_medusa_drafter(greedy_pair):
+    """No decoder nested in another: typical's tree walk runs in its own loop over the medusa drafter."""
     decoder = build_decoder("typical", *greedy_pair, temperature=0, drafter="medusa")
-    decoder.generate([5, 9, 2], max_new_tokens=8)
-    assert decoder.target is decoder.medusa.target and decoder.target.length > 0  # the cache that generated
+    out = decoder.generate([5, 9, 2], max_new_tokens=8)
+    assert decoder.shape == "tree" and decoder.drafter_impl.kind == "medusa" and decoder.draft is None
+    assert decoder.target.length > 0 and max(out.drafted) >= 1  # the cache that generated; trees were verified
 
 
 def test_self_drafted_trees_accept_whole_paths_at_temperature_zero(greedy_pair):
@@ -133,7 +135,7 @@ def test_tree_attention_matches_plain_forwards_and_compaction_keeps_the_path():
     target, draft = CachedModel(target_model), CachedModel(draft_model)
     target.prefill(context[:-1])
     warper = Warper(1.0, 0, 1.0)
-    tree = sample_token_tree(draft, context, [3, 2, 2], warper, make_generator(0), replacement=True)
+    tree = sample_token_tree(draft, context, [3, 2, 2], warper, make_generator(0), children="iid")
     assert len(tree) == 3 + 6 + 12 and tree.fed == 9
     logits = tree_verify_forward(target, context, tree)
     assert logits.shape[0] == 1 + len(tree)
@@ -234,7 +236,7 @@ def test_check_method_fills_defaults():
     assert check_method("specinfer", {})["k_config"] == [4, 2, 2]
     assert check_method("spectr", {})["num_drafts"] == 4
     assert check_method("typical", {"drafter": "medusa"}, has_draft=False)["epsilon"] == 0.09
-    with pytest.raises(ValueError, match="drafter: model needs a draft model.*set drafter: ngram \\| medusa"):
+    with pytest.raises(ValueError, match="drafter: model needs a draft model.*set drafter: eagle \\| eagle3 \\| ngram \\| medusa"):
         check_method("typical", {}, has_draft=False)  # before any model is loaded
     assert check_method("bild", {})["rollback"] == 2.0
 
@@ -247,7 +249,7 @@ def test_greedy_children_are_distinct_and_sampled_children_follow_the_draft():
         toks = [tree.tokens[c] for c in kids]
         assert len(set(toks)) == len(toks)
     draft.reset()
-    tree = sample_token_tree(draft, [1, 2, 3], [40], Warper(1.0, 3, 1.0), make_generator(0), replacement=False)
+    tree = sample_token_tree(draft, [1, 2, 3], [40], Warper(1.0, 3, 1.0), make_generator(0), children="distinct")
     assert len(tree) == 3  # without replacement: never more children than the warped support
     assert isinstance(tree, TokenTree)
 

@@ -1,4 +1,5 @@
-"""Adding a dataset is one YAML plus one loader and one scorer file, in a folder of one's own (docs/extending.md).
+"""Adding a dataset (one YAML, a loader, a scorer) or a chain rule and a drafter (one file each, named as
+``module:attr``) from a folder of one's own, touching no file of the repository (docs/extending.md).
 
 The dataset ``word_count`` below lives only in a temporary folder: its task spec in
 ``<tmp>/myconf/dataset/word_count.yaml`` (found through ``conf_path=[<tmp>/myconf]``, Hydra's search path), its loader
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.models import tiny_llama
 from helpers.project import REPO, make_project, overrides
 from pipeline import sweep
 from pipeline.cell import run_cell
 from pipeline.cell_types import STATUS_FINISHED
+from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.sweep import driver
 from pipeline.tracking import Tracker
 
@@ -150,3 +153,105 @@ def test_a_task_spec_that_cannot_work_is_refused_when_the_sweep_is_planned(own_f
     (broken / "word_count_broken.yaml").write_text(text.replace("fields: [words, ok]", "fields: [words, verdict]"))
     with pytest.raises(sweep.SweepConfigError, match=r"score field\(s\) \['verdict'\] are not written by scorer 'word_count'"):
         sweep.expand(sweep.compose(args, root / "conf"), root)
+
+
+RULE = '''\
+"""Token verification of at most `cap` drafts: a shorter chain is still a chain, so it stays lossless."""
+
+from pipeline.decoding import ChainRule
+from pipeline.decoding.base import Param, int_at_least
+from pipeline.decoding.speculative import DraftVerifyDecoder
+from pipeline.decoding.verification import token_verify
+
+
+def capped_token_rule(P, Q, x, u, *, cap):
+    m = min(cap, x.shape[0])
+    return token_verify(P[: m + 1], Q[:m], x[:m], u[:m])
+
+
+class CappedToken(DraftVerifyDecoder):
+    name = "capped"
+    lossless = True
+    rule = ChainRule(capped_token_rule, params=("cap",))
+    params = {**DraftVerifyDecoder.params, "cap": Param(2, int_at_least(1), "drafts verified at most")}
+'''
+
+DRAFTER = '''\
+"""Echo: the tokens that followed the latest earlier occurrence of the last token."""
+
+import torch
+
+from pipeline.decoding.base import Param, int_at_least
+from pipeline.decoding.drafters import Drafter
+from pipeline.decoding.drafting import ChainDraft
+
+
+class Echo(Drafter):
+    kind = "echo"
+    params = {"span": Param(2, int_at_least(1), "tokens proposed at most")}
+
+    def __init__(self, vocab, device, span):
+        self.vocab, self.device, self.span = vocab, device, span
+
+    @classmethod
+    def create(cls, decoder, scope):
+        return cls(decoder.target.vocab_size, decoder.target.device, scope["span"])
+
+    def start(self, prompt, hidden=None):
+        pass
+
+    def propose(self, context, gamma, warper, generator):
+        last = context[-1]
+        for i in range(len(context) - 2, -1, -1):
+            if context[i] == last:
+                x = torch.tensor(context[i + 1 : i + 1 + min(gamma, self.span)], device=self.device)
+                return ChainDraft(x, torch.nn.functional.one_hot(x, self.vocab).float())
+        return None
+'''
+
+METHOD_YAML = """\
+name: "my_rules:CappedToken"
+drafter: {kind: "my_drafts:Echo", span: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def rule_folder(tmp_path_factory) -> Path:
+    """The user's folder for a rule and a drafter: the two modules and a method YAML; nothing in the repository."""
+    folder = tmp_path_factory.mktemp("my_rules")
+    (folder / "my_rules.py").write_text(RULE)
+    (folder / "my_drafts.py").write_text(DRAFTER)
+    (folder / "myconf" / "method").mkdir(parents=True)
+    (folder / "myconf" / "method" / "capped.yaml").write_text(METHOD_YAML)
+    return folder
+
+
+def test_a_chain_rule_and_a_drafter_of_ones_own_run_by_module_attr(rule_folder, tmp_path, monkeypatch):
+    before = _repo_status()
+    monkeypatch.syspath_prepend(str(rule_folder))
+    values = check_method("my_rules:CappedToken", {"drafter": {"kind": "my_drafts:Echo"}})
+    assert values["drafter"] == {"kind": "my_drafts:Echo", "span": 2} and values["cap"] == 2  # declared defaults
+    with pytest.raises(ValueError, match=r"parameter cap=0 must be an integer >= 1"):
+        check_method("my_rules:CappedToken", {"cap": 0})
+
+    # greedy identity with ar, through the chain loop and the user's rule and drafter
+    target = tiny_llama(10, vocab=64, hidden=32, layers=2)
+    ar = build_decoder("ar", target, temperature=0)
+    mine = build_decoder("my_rules:CappedToken", target, None, temperature=0, gamma=4, drafter={"kind": "my_drafts:Echo", "span": 3})
+    prompt = [5, 9, 2, 5, 9, 2, 5]
+    gen = mine.generate(prompt, max_new_tokens=24)
+    assert gen.tokens == ar.generate(prompt, max_new_tokens=24).tokens
+    assert max(gen.drafted) >= 1  # the drafter proposed and the rule verified
+    sampled = build_decoder("my_rules:CappedToken", target, None, drafter="my_drafts:Echo")
+    assert len(sampled.generate(prompt, max_new_tokens=16, generator=make_generator(0)).tokens) == 16
+
+    # a sweep names it through a YAML in the user's folder: planned, run and keyed like any method
+    root = make_project(tmp_path)
+    args = [*overrides(root, "sweep.methods=[capped]", "sweep.baseline=null", "sweep.datasets=[tiny_mt]"),
+            f"conf_path=[{rule_folder / 'myconf'}]"]
+    plan = sweep.expand(sweep.compose(args, root / "conf"), root)
+    (cell,) = plan.cells
+    assert cell.method == "my_rules:CappedToken" and cell.params["drafter"] == {"kind": "my_drafts:Echo", "span": 2}
+    result = run_cell(cell)
+    assert result.status == STATUS_FINISHED, result.traceback
+    assert _repo_status() == before  # no file of the repository's pipeline/ or conf/ was written

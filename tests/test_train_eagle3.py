@@ -253,7 +253,7 @@ def test_saved_head_loads_and_drafts_with_the_engine(trained, target):
     assert "| step | minutes | alpha (heldout) |" in card and "| 60 | " in card and "training-time test" in card
     ar = build_decoder("ar", target, temperature=0)
     spd = build_decoder("spd", target, None, assets={"eagle": head}, drafter="eagle3", temperature=0, gamma=3)
-    assert spd.drafter["kind"] == "eagle3"
+    assert spd.args.drafter["kind"] == "eagle3"
     for prompt in ([1, 5, 9], [3, 3, 7, 2, 11, 4]):
         got = spd.generate(prompt, max_new_tokens=20)
         assert got.tokens == ar.generate(prompt, max_new_tokens=20).tokens

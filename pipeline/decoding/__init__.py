@@ -6,6 +6,9 @@ Public API::
     decoder = build_decoder("spd", target, draft, gamma=4, temperature=1.0, top_k=10, top_p=0.9)
     gen = decoder.generate(input_ids, max_new_tokens=128, eos_token_ids=[2], generator=g)
     gen.tokens, gen.steps, gen.draft_steps, gen.accepted
+
+``METHODS`` and ``DRAFTERS`` are the registries (``pipeline.registry.Registry``): a taken name is an error,
+and a config may name a method or drafter of your own as ``module:attr`` (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -13,45 +16,48 @@ from __future__ import annotations
 from typing import Any
 
 from .ar import AutoregressiveDecoder
-from .base import DRAFTERS, Decoder, DrafterContext, Generation, validate_params
+from .base import DRAFTERS, METHODS, Decoder, DrafterContext, Generation, validate_params
 from .beam import BeamSearchDecoder
 from .bild import BiLDDecoder
 from .block import BlockVerificationDecoder
+from .drafters import Drafter, register_drafter
 from .mcss import MCSSDecoder
 from .medusa import MedusaDecoder
 from .mtad import MTADDecoder
 from .mtjd import MTJDDecoder
+from .rules import ChainRule, TreeWalk
 from .spd import SpeculativeDecoder
 from .specinfer import SpecInferDecoder
 from .spectr import SpecTrDecoder
 from .typical import TypicalDecoder
 from .warping import Warper, make_generator, warp
 
-METHODS: dict[str, type[Decoder]] = {
-    cls.name: cls
-    for cls in (
-        AutoregressiveDecoder,
-        BeamSearchDecoder,
-        MTJDDecoder,
-        SpeculativeDecoder,
-        BlockVerificationDecoder,
-        MTADDecoder,
-        BiLDDecoder,
-        SpecTrDecoder,
-        SpecInferDecoder,
-        MCSSDecoder,
-        TypicalDecoder,
-        MedusaDecoder,
-    )
-}
+# registration order is the tables' column order (analysis.schema.METHOD_ORDER: MTAD Table 5's order first)
+for _cls in (
+    AutoregressiveDecoder,
+    BeamSearchDecoder,
+    MTJDDecoder,
+    SpeculativeDecoder,
+    BlockVerificationDecoder,
+    SpecTrDecoder,
+    SpecInferDecoder,
+    MCSSDecoder,
+    BiLDDecoder,
+    TypicalDecoder,
+    MedusaDecoder,
+    MTADDecoder,
+):
+    METHODS.register(_cls)
+
+
+def register_method(cls: type[Decoder]) -> type[Decoder]:
+    """Register a Decoder subclass under its ``name`` (a taken name is an error); usable as a decorator."""
+    return METHODS.register(cls)
 
 
 def method_class(name: str) -> type[Decoder]:
-    """The decoder class registered as ``name``; a clear error lists the valid names."""
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; valid methods: {sorted(METHODS)}") from None
+    """The decoder class registered as ``name``, or ``module:attr`` of one; a clear error lists the valid names."""
+    return METHODS.get(name)
 
 
 def check_method(
@@ -61,16 +67,31 @@ def check_method(
 
     ``drafters``: what the pair offers (``DrafterContext.of_pair(pair_config)``: draft model, EAGLE
     head, default drafter); default: a draft model iff ``has_draft``. Returns the resolved
-    parameters (defaults filled in, ``drafter: pair`` resolved).
+    parameters (defaults filled in, ``drafter: pair`` resolved), the fields of the method's frozen ``Args``.
     """
     if drafters is not None:
         has_draft = drafters.has_draft
-    return validate_params(method_class(name), dict(params or {}), has_draft=has_draft, drafters=drafters)
+    return validate_params(method_class(name), dict(params or {}), has_draft=has_draft, drafters=drafters).as_dict()
+
+
+def method_args(name: str, params: dict[str, Any]) -> Any:
+    """The method's frozen ``Args`` from parameters ``check_method`` already resolved (the plan's, carried by the
+    cell): no second validation."""
+    return method_class(name).Args(**params)
 
 
 def build_decoder(name: str, target, draft=None, **params: Any) -> Decoder:
-    """Build the decoder ``name`` over ``target`` (and ``draft``), validating ``params`` first."""
+    """Build the decoder ``name`` over ``target`` (and ``draft``): ``args=method_args(...)`` as the plan resolved
+    them, or keyword parameters, validated here first."""
     return method_class(name)(target, draft, **params)
 
 
-__all__ = ["DRAFTERS", "METHODS", "DrafterContext", "Decoder", "Generation", "Warper", "build_decoder", "check_method", "make_generator", "method_class", "warp"]
+def capabilities(name: str) -> dict[str, Any]:
+    """What method ``name`` declares: draft shape, lossless, batchable, what it requires beside the target."""
+    cls = method_class(name)
+    return {"draft_shape": cls.draft_shape, "lossless": cls.lossless, "batchable": cls.batchable, "requires": cls.requires}
+
+
+__all__ = ["DRAFTERS", "METHODS", "ChainRule", "Decoder", "Drafter", "DrafterContext", "Generation", "TreeWalk", "Warper",
+           "build_decoder", "capabilities", "check_method", "make_generator", "method_args", "method_class", "register_drafter",
+           "register_method", "warp"]

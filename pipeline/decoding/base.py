@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
+
+from pipeline.registry import Registry
 
 from .checkpoints import resolve_dir
 from .kv import CachedModel
@@ -98,9 +100,25 @@ def boolean(v: Any) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
-DRAFTERS = ("model", "eagle", "eagle3", "ngram")  # the built-in drafter kinds (drafters.py registers their plugins)
-DRAFTER_KINDS: dict[str, Any] = {}  # kind -> drafter plugin class: the one registry (filled by drafters.register_drafter)
-EAGLE_KINDS = ("eagle", "eagle3")  # drafters that read a head from the pair's `eagle:` folder (or their own `path`)
+DRAFT_SHAPES = ("chain", "tree", "none")  # what one target forward of a method verifies
+
+
+def _drafter_problem(entry: Any) -> str | None:
+    ok = isinstance(entry, type) and callable(getattr(entry, "create", None)) and isinstance(getattr(entry, "shapes", None), frozenset)
+    return None if ok else "is not a Drafter subclass (pipeline.decoding.drafters.Drafter)"
+
+
+def _method_problem(entry: Any) -> str | None:
+    return None if isinstance(entry, type) and issubclass(entry, Decoder) and entry is not Decoder else "is not a Decoder subclass (pipeline.decoding.base.Decoder)"
+
+
+# name -> Decoder class: the one registry of methods (pipeline/decoding/__init__.py registers the built-in ones;
+# a config may name a method of its own as `module:attr`)
+METHODS: Registry[Any] = Registry("method", check=_method_problem)
+
+# kind -> Drafter class: the one registry of drafter kinds (drafters.py registers the built-in ones; a
+# config may name a drafter of its own as `drafter: {kind: mypkg.drafts:MyDrafter}`)
+DRAFTERS: Registry[Any] = Registry("drafter", name_of=lambda cls: cls.kind, check=_drafter_problem)
 
 
 def eagle_version(path: Any) -> int | None:
@@ -126,46 +144,50 @@ def eagle_version(path: Any) -> int | None:
 
 @dataclass(frozen=True)
 class DrafterContext:
-    """What a pair offers, known before any model loads: its draft model, EAGLE head (folder and version)
-    and default drafter (a kind name or a ``{kind: ..., <param>: ...}`` scope)."""
+    """What a pair offers, known before any model loads: its draft model, EAGLE head (folder and version),
+    Medusa heads and default drafter (a kind name or a ``{kind: ..., <param>: ...}`` scope)."""
 
     has_draft: bool = True
     has_eagle: bool = False
     default: Any = None
     eagle_path: str | None = None
     eagle_version: int | None = None
+    has_medusa: bool = False
+
+    def offers(self, asset: str | None) -> bool:
+        """Whether the pair has ``asset`` (a drafter's or method's declared need: draft, eagle, medusa; None: nothing)."""
+        return asset is None or {"draft": self.has_draft, "eagle": self.has_eagle, "medusa": self.has_medusa}.get(asset, False)
 
     @classmethod
     def of_pair(cls, pair: Mapping[str, Any]) -> "DrafterContext":
         """From a pair config mapping (``conf/pair/<name>.yaml``)."""
         default = pair.get("drafter")
         kind = default.get("kind") if isinstance(default, Mapping) else default
-        kinds = list(DRAFTER_KINDS) or list(DRAFTERS)
-        if default is not None and kind not in kinds:
-            raise ValueError(f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {kinds} (or {{kind: <one of them>, ...}})")
+        if default is not None and kind not in DRAFTERS and not (isinstance(kind, str) and ":" in kind):
+            raise ValueError(f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {DRAFTERS.names()} "
+                             f"(or {{kind: <one of them>, ...}}, or `module:attr` of a Drafter of your own)")
         path = pair.get("eagle")
-        return cls(has_draft=bool(pair.get("draft")), has_eagle=bool(path), default=default,
-                   eagle_path=str(path) if path else None, eagle_version=eagle_version(path))
+        ctx = cls(has_draft=bool(pair.get("draft")), has_eagle=bool(path), default=default,
+                  eagle_path=str(path) if path else None, eagle_version=eagle_version(path), has_medusa=bool(pair.get("medusa")))
+        asset = DRAFTERS.get(kind).asset if default is not None else None
+        if asset is not None and not ctx.offers(asset) and not (isinstance(default, Mapping) and default.get("path")):
+            raise ValueError(f"pair {pair.get('name')!r}: drafter: {kind} reads the pair's `{asset}:`, which this pair has not: "
+                             f"add `{asset}: <...>` or choose another drafter")
+        return ctx
 
     @classmethod
     def of_models(cls, target, draft, assets: Mapping[str, Any] | None = None) -> "DrafterContext":
         head = (assets or {}).get("eagle")
         if head is None:
             head = getattr(target, "eagle_head", None)  # attached by hand (load_eagle_head(path, target))
+        medusa = (assets or {}).get("medusa") or getattr(target, "medusa_heads", None)
         return cls(
             has_draft=draft is not None,
             has_eagle=head is not None,
             default=getattr(target, "default_drafter", None),
             eagle_version=None if head is None else int(getattr(head, "eagle_version", 1)),
+            has_medusa=medusa is not None,
         )
-
-    def available(self) -> set[str]:
-        out = {"ngram"}
-        if self.has_draft:
-            out.add("model")
-        if self.has_eagle:
-            out.add("eagle3" if self.eagle_version == 3 else "eagle")
-        return out
 
 
 WARP_PARAMS: dict[str, Param] = {
@@ -178,37 +200,75 @@ WARP_PARAMS: dict[str, Param] = {
 class Decoder:
     """One decoding method over a target (and, for draft-based methods, a draft) model.
 
-    Subclasses declare ``name``, ``needs_draft`` and ``params`` (besides the warping parameters,
-    which every method accepts) and implement ``_generate``.
+    Subclasses declare ``name``, their ``params`` (besides the warping parameters, which every method
+    accepts) and their capabilities, and implement ``_generate`` (or, for the two speculative loops of
+    ``speculative.py``, a chain ``rule`` or a tree ``walk``). The capabilities are what the sweep, the
+    cell, the bench, the analysis and the error messages read (``pipeline.decoding.METHODS``):
+
+    - ``draft_shape``: what one target forward verifies, ``chain`` (gamma draft tokens: Leviathan's
+      bound applies), ``tree`` or ``none`` (no draft);
+    - ``lossless``: the output follows the warped target exactly (tested by chi-square);
+    - ``batchable``: the method decodes several requests together (``batch_size > 1``);
+    - ``requires``: what the method itself needs beside the target (``draft``, ``medusa``); a method
+      with a ``drafter`` parameter needs what its drafter declares instead.
+
+    Parameters are validated once (``validate_params``, in the plan) into the method's frozen
+    dataclass ``Args`` (one field per parameter, generated from ``params``); a decoder reads
+    ``self.args.<name>``.
     """
 
     name: ClassVar[str] = ""
-    needs_draft: ClassVar[bool] = False
+    draft_shape: ClassVar[str] = "none"
     lossless: ClassVar[bool] = False
+    batchable: ClassVar[bool] = False
+    requires: ClassVar[tuple[str, ...]] = ()
     params: ClassVar[dict[str, Param]] = {}
+    Args: ClassVar[type]
 
-    def __init__(self, target, draft=None, assets: Mapping[str, Any] | None = None, **params: Any) -> None:
-        """``assets``: what the pair loaded beside its models for the drafters (``{"eagle": head}``),
-        passed explicitly (``LoadedPair.assets``); a head attached to the target by hand is read too."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.draft_shape not in DRAFT_SHAPES:
+            raise TypeError(f"{cls.__name__}.draft_shape must be one of {DRAFT_SHAPES}, got {cls.draft_shape!r}")
+        # the frozen per-method dataclass of resolved parameters (picklable: found as <module>.<Class>.Args)
+        args = make_dataclass("Args", [(k, Any, field(default=None)) for k in cls.all_params()], frozen=True,
+                              namespace={"as_dict": lambda self: {f.name: getattr(self, f.name) for f in fields(self)},
+                                         "__doc__": f"The resolved parameters of method {cls.name!r} (validated once)."})
+        args.__module__, args.__qualname__ = cls.__module__, f"{cls.__qualname__}.Args"
+        cls.Args = args
+
+    def __init__(self, target, draft=None, assets: Mapping[str, Any] | None = None, *, args: Any = None, **params: Any) -> None:
+        """``args``: the method's resolved parameters (``validate_params``, done once in the plan; an ``Args``
+        instance is taken as it is); else ``params`` are validated here (the API's ``build_decoder(..., gamma=3)``).
+        ``assets``: what the pair loaded beside its models for the drafters (``{"eagle": head}``), passed
+        explicitly (``LoadedPair.assets``); a head attached to the target by hand is read too."""
         self.assets = dict(assets or {})
-        values = validate_params(type(self), params, has_draft=draft is not None, drafters=DrafterContext.of_models(target, draft, self.assets))
-        for key, value in values.items():
-            setattr(self, key, value)
-        self.warper = Warper(values["temperature"], values["top_k"], values["top_p"])
+        if args is None:
+            args = validate_params(type(self), params, has_draft=draft is not None, drafters=DrafterContext.of_models(target, draft, self.assets))
+        elif params:
+            raise TypeError(f"method {self.name!r}: pass either args= (validated) or keyword parameters, not both")
+        elif not isinstance(args, type(self).Args):
+            raise TypeError(f"method {self.name!r}: args must be {type(self).__qualname__}.Args (validate_params), got {type(args).__name__}")
+        self.args = args
+        self.warper = Warper(args.temperature, args.top_k, args.top_p)
         self.target = CachedModel(target)
         vocab = self.target.vocab_size
-        self.draft = CachedModel(draft, vocab_size=vocab) if (draft is not None and self.draft_needed(values)) else None
+        self.draft = CachedModel(draft, vocab_size=vocab) if (draft is not None and self.draft_needed(args.as_dict())) else None
 
     @classmethod
     def draft_needed(cls, values: dict[str, Any]) -> bool | str:
         """Whether these resolved parameters need a draft model (checked before any model is loaded);
         a string names the setting that needs it."""
-        return cls.needs_draft
+        return "draft" in cls.requires
 
     @classmethod
-    def draft_alternative(cls) -> str:
+    def draft_alternative(cls, values: dict[str, Any]) -> str:
         """Appended to the missing-draft error: another way out, if the method has one."""
         return ""
+
+    @classmethod
+    def accepts(cls, drafter: Any, values: dict[str, Any]) -> str | None:
+        """None when this method can use ``drafter`` (a Drafter class), else why not (methods without a drafter: never)."""
+        return "this method takes no drafter"
 
     @classmethod
     def fold_params(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +290,7 @@ class Decoder:
     @property
     def config(self) -> dict[str, Any]:
         """The resolved parameters of this decoder (defaults filled in)."""
-        return {k: getattr(self, k) for k in self.all_params()}
+        return self.args.as_dict()
 
     def generate(
         self,
@@ -283,8 +343,10 @@ class Decoder:
 
 def validate_params(
     cls: type[Decoder], params: dict[str, Any], has_draft: bool, drafters: "DrafterContext | None" = None
-) -> dict[str, Any]:
-    """Fill defaults and check every parameter of ``cls``; raise ValueError naming the fix.
+) -> Any:
+    """Fill defaults and check every parameter of ``cls`` into its frozen ``cls.Args``; raise ValueError naming
+    the fix. The one validation of a method's parameters (the plan's ``check_method``; ``build_decoder``
+    with keyword parameters for the API).
 
     ``drafters``: what the pair offers (draft model, EAGLE head, default drafter); default: a draft
     model iff ``has_draft``."""
@@ -306,10 +368,10 @@ def validate_params(
         why = f" with {needed}" if isinstance(needed, str) else ""
         raise ValueError(
             f"method {cls.name!r}{why} needs a draft model: pass draft=... to build_decoder, or choose a pair "
-            f"whose config has a `draft:` model{cls.draft_alternative()}"
+            f"whose config has a `draft:` model{cls.draft_alternative(values)}"
         )
     cls.check_combination(values)
-    return values
+    return cls.Args(**values)
 
 
 def _as_token_list(input_ids: Sequence[int] | torch.Tensor) -> list[int]:

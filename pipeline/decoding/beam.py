@@ -27,12 +27,12 @@ class BeamSearchDecoder(Decoder):
     }
 
     def _step_scores(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.sample and not self.warper.greedy:
+        if self.args.sample and not self.warper.greedy:
             return torch.log(self.warper(logits))
         return torch.log_softmax(logits, -1)
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        target, width = self.target, self.num_beams
+        target, width = self.target, self.args.num_beams
         self._start(prompt)
         logp = self._step_scores(target.forward(prompt[-1:], keep=1))  # [1, V]
         start = target.length
@@ -45,7 +45,7 @@ class BeamSearchDecoder(Decoder):
         for step in range(1, max_new_tokens + 1):
             cand = (scores[:, None] + logp).flatten()
             k = min(2 * width, int(torch.isfinite(cand).sum()))
-            if self.sample and not self.warper.greedy:
+            if self.args.sample and not self.warper.greedy:
                 probs = torch.softmax(cand, 0)
                 pick = sample_k(probs, k, False, generator)
                 pick = pick[cand[pick].argsort(descending=True)]
@@ -56,7 +56,7 @@ class BeamSearchDecoder(Decoder):
                 b, tok = divmod(idx, vocab)
                 seq = seqs[b] + [tok]
                 if tok in eos or step == max_new_tokens:
-                    finished.append((float(cand[idx]) / (len(seq) ** self.length_penalty), seq))
+                    finished.append((float(cand[idx]) / (len(seq) ** self.args.length_penalty), seq))
                     continue
                 if len(new_seqs) < width:
                     new_scores.append(cand[idx])
@@ -75,8 +75,8 @@ class BeamSearchDecoder(Decoder):
 
     def _done(self, finished, live_scores, step: int) -> bool:
         """HF's ``early_stopping=False`` rule: W finished and the best live beam cannot beat the worst."""
-        if len(finished) < self.num_beams:
+        if len(finished) < self.args.num_beams:
             return False
-        worst_kept = sorted(f[0] for f in finished)[-self.num_beams]
-        best_live = float(max(live_scores)) / (step ** self.length_penalty)
+        worst_kept = sorted(f[0] for f in finished)[-self.args.num_beams]
+        best_live = float(max(live_scores)) / (step ** self.args.length_penalty)
         return worst_kept >= best_live

@@ -11,10 +11,11 @@ next token. Both caches are rolled back to what was kept. Lossy by design. Limit
 back / the small model never decodes). Confidence is read from the warped small row (from the raw
 softmax at temperature 0, as the greedy reference does).
 
-This is the draft-then-verify loop of ``speculative.DraftVerifyDecoder`` with a draft of variable
-length (``propose``: the small model's confident run, at most ``max_small_steps`` tokens, ending
-at EOS) and the rollback policy as its verifier (``verification.bild_verify``). When the small
-model is unsure at once, the iteration is a plain large-model step.
+This is the chain loop of ``speculative.DraftVerifyDecoder`` with a draft of variable length
+(``propose``: the small model's confident run, at most ``max_small_steps`` tokens, ending at EOS) and
+the rollback policy as its rule (``bild_rule`` over ``verification.bild_verify``: the one rule that reads
+the target's raw logits, so the method supplies ``verify`` itself). When the small model is unsure at
+once, the iteration is a plain large-model step.
 """
 
 from __future__ import annotations
@@ -30,27 +31,31 @@ from .warping import sample
 
 class BiLDDecoder(DraftVerifyDecoder):
     name = "bild"
-    needs_draft = True
-    supported_drafters = ("model",)
+    requires = ("draft",)
     params = {
-        "drafter": drafter_param(supported_drafters),
+        "drafter": drafter_param(help="the small model: the pair's draft model (model); BiLD has no other drafter"),
         "max_small_steps": Param(10, int_at_least(1), "N: small-model tokens before a forced large step"),
         "fallback": Param(0.9, in_closed(0.0, 1.0), "fall back to the large model when max q < fallback"),
         "rollback": Param(2.0, nonneg_number, "roll back a small token when -log p_large(x) > rollback"),
     }
 
     @classmethod
+    def accepts(cls, drafter, values) -> str | None:
+        if drafter.kind != "model":
+            return "BiLD's small model decodes its own run until it is unsure: it needs the draft model"
+        return None
+
+    @classmethod
     def draft_needed(cls, values):
         return True  # the small model is the draft model (no other drafter)
 
     @classmethod
-    def draft_alternative(cls) -> str:
+    def draft_alternative(cls, values) -> str:
         return ""
 
-    @property
-    def gamma(self) -> int:
+    def draft_length(self) -> int:
         """The loop's draft budget: the small model's longest run."""
-        return self.max_small_steps
+        return self.args.max_small_steps
 
     def _generate(self, prompt, max_new_tokens, eos, generator):
         self.eos = eos  # the small model stops at EOS
@@ -64,7 +69,7 @@ class BiLDDecoder(DraftVerifyDecoder):
             logits = draft.forward(feed, keep=1)[-1]
             q = warper(logits)
             confidence = logits.softmax(-1).max() if warper.greedy else q.max()
-            if float(confidence) < self.fallback:
+            if float(confidence) < self.args.fallback:
                 break
             t = int(logits.argmax(-1)) if warper.greedy else int(sample(q, generator))
             pending.append(t)
@@ -76,6 +81,6 @@ class BiLDDecoder(DraftVerifyDecoder):
         return torch.tensor(pending, device=draft.device), None
 
     def verify(self, logits, tokens, proposal, generator):
-        n, row = bild_verify(logits, tokens, self.rollback)
+        n, row = bild_verify(logits, tokens, self.args.rollback)
         y = row.argmax(-1) if self.warper.greedy else sample(self.warper(row), generator)
         return n, y

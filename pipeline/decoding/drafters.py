@@ -1,37 +1,52 @@
 """Drafters: what proposes tokens, separated from how the target verifies them; one plugin per kind.
 
-One interface (after transformers' ``CandidateGenerator`` and vLLM's ``v1/spec_decode`` proposers):
+One interface for chains and trees (after transformers' ``CandidateGenerator`` and vLLM's ``v1/spec_decode``
+proposers):
 
 - ``start(prompt, hidden)``: a new generation; the target has cached ``prompt[:-1]`` and, for a
   drafter that reads them (``uses_hidden``), passes its hidden states of those positions;
-- ``propose(context, gamma, warper, generator) -> ChainDraft | None``: up to ``gamma`` tokens after
-  ``context`` with the warped draft rows q they were drawn from (None: nothing to propose, the
-  decoder takes a plain target step);
-- ``observe(hidden, start)``: the target's hidden states of positions ``start ..`` (accepted ones);
-- ``rollback(length)``: only the first ``length`` context tokens are kept;
+- ``propose(context, gamma, warper, generator) -> ChainDraft | None``: a chain proposal, up to ``gamma``
+  tokens after ``context`` with the warped draft rows q they were drawn from (``q`` None: a drafter
+  without rows, e.g. n-gram lookup's one-hot rows are built only when a rule asks; None: nothing to
+  propose, the decoder takes a plain target step);
+- ``propose_tree(context, k_config, warper, generator, children) -> TokenTree | None``: a tree proposal
+  where the drafter can make one (``shapes`` holds ``tree``), ``k_config[d]`` children under each
+  depth-d node drawn as the method's walk needs (``children``: ``iid`` from q, ``distinct`` from q
+  without replacement, or the ``top`` k; ``tree_children`` says which the drafter can draw);
+- ``feedback(length, kept, hidden, tree, path)``: after each verification, how many draft positions
+  the target kept after ``length`` context tokens (the chain's prefix, or ``path`` of ``tree``) and,
+  for a drafter that reads them, the target's hidden states of the root and the kept positions: the
+  drafter rolls back, compacts or adapts;
 - ``forwards``: draft forward passes of the current generation;
 - ``step_cost(target, prompt, gamma, warper, reps, sync)``: its own cost of one draft token (t_draft),
   which the cell and the bench ask for (c = t_draft / t_ar is the drafter's, not the draft model's).
 
-A plugin (a ``Drafter`` subclass registered in ``DRAFTER_KINDS``) declares its ``kind``, its own
-parameters (``params``: its configuration scope, ``drafter: {kind: ngram, max_ngram: 3}``), checks them
-against what the pair offers before any model loads (``check``), and builds itself over the decoder's
-models and the assets passed explicitly (``create``). ``resolve_drafter`` is the one place that turns
-a method's ``drafter`` value into a resolved scope ``{kind: ..., <its parameters>}``: only that scope
-enters the method's parameters (and so the cell key), so a new drafter changes no other cell.
+A plugin (a ``Drafter`` subclass in the registry ``DRAFTERS``) declares its ``kind``, its capabilities
+(``shapes``, ``tree_children``, the ``asset`` the pair must offer, ``uses_hidden``, transformers'
+equivalent for the bench's peer rows), its own parameters (``params``: its configuration scope,
+``drafter: {kind: ngram, max_ngram: 3}``), checks them against what the pair offers before any model
+loads (``check``) and builds itself over the decoder's models and assets (``create``). A drafter of your
+own is named ``drafter: {kind: mypkg.drafts:MyDrafter, ...}`` (docs/extending.md). Which methods take
+which drafter follows from the capabilities (``Decoder.accepts``): a chain method takes every drafter
+with chain proposals, a tree method every drafter that draws the children its walk needs.
+``resolve_drafter`` is the one place that turns a method's ``drafter`` value into a resolved scope
+``{kind: ..., <its parameters>}``: only that scope enters the method's parameters (and so the cell key),
+so a new drafter changes no other cell.
 
-- ``model``: a draft model (``ModelDrafter``; also the trees and beams of specinfer/mcss/spectr/mtad);
+- ``model``: a draft model (chains and sampled trees; ``ModelDrafter``);
 - ``eagle``: an EAGLE-1/2 head on the target's last hidden states (``pipeline.decoding.eagle``);
 - ``eagle3``: an EAGLE-3 head on three target layers' inputs (``pipeline.decoding.eagle3``);
   ``drafter: eagle`` with an EAGLE-3 folder resolves to ``eagle3``;
 - ``ngram``: prompt lookup (Saxena 2023; transformers' ``PromptLookupCandidateGenerator``, vLLM's
   ``NgramProposer``): the continuation of the most recent earlier occurrence of the last n tokens
   in prompt + output, n from ``max_ngram`` down to ``min_ngram``. No model, no training; the draft
-  is deterministic (q one-hot), so token and block verification stay exact.
+  is deterministic (q one-hot), so token and block verification stay exact;
+- ``medusa``: the pair's Medusa heads (``pipeline.decoding.medusa_heads``): a Cartesian tree of their
+  top-k from the target's hidden state at the last accepted token.
 
 Short forms: ``drafter: ngram`` is ``{kind: ngram}`` with its defaults; top-level ``max_ngram`` /
 ``min_ngram`` fold into an ngram scope. ``pair`` (the default) takes the pair's ``drafter:`` setting
-when the method supports it, else ``model``.
+when the method accepts it, else ``model``.
 """
 
 from __future__ import annotations
@@ -42,21 +57,29 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
-from .base import DRAFTER_KINDS, DrafterContext, Param, eagle_version, int_at_least
+from .base import DRAFTERS, METHODS, DrafterContext, Param, eagle_version, int_at_least
 from .drafting import ChainDraft, draft_chain
 from .eagle import EagleRunner, load_eagle, place_eagle_head
 from .eagle3 import Eagle3Head
 from .kv import CachedModel
+from .medusa_heads import medusa_heads_of
 from .tree import TokenTree
-from .tree_verify import _draw_children
+from .tree_verify import _draw_children, cartesian_tree, commit_draft, sample_token_tree
 from .warping import Warper, sample
+
+TREE_CHILDREN = ("iid", "distinct", "top")  # how a tree's children are drawn: i.i.d. from q, from q without replacement, the top k
+
+
+def drafter_class(kind: str) -> type["Drafter"]:
+    """The drafter registered as ``kind`` (or ``module:attr`` of one); a clear error lists the kinds."""
+    return DRAFTERS.get(kind)
 
 
 def drafter_scope(value: Any) -> dict[str, Any]:
     """``value`` (a kind name or a ``{kind: ..., ...}`` mapping) as a mutable scope with ``kind``."""
     if isinstance(value, Mapping):
         if "kind" not in value:
-            raise ValueError(f"drafter: {dict(value)!r} needs a `kind:` (one of {['pair', *DRAFTER_KINDS]})")
+            raise ValueError(f"drafter: {dict(value)!r} needs a `kind:` (one of {['pair', *DRAFTERS]})")
         return dict(value)
     return {"kind": value}
 
@@ -64,19 +87,18 @@ def drafter_scope(value: Any) -> dict[str, Any]:
 def check_drafter_value(extra: tuple[str, ...] = ()) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         kind = value.get("kind") if isinstance(value, Mapping) else value
-        valid = ["pair", *extra, *DRAFTER_KINDS]
-        if isinstance(kind, str) and kind in valid:
+        valid = ["pair", *extra, *DRAFTERS]
+        if isinstance(kind, str) and (kind in valid or ":" in kind):
             return None
-        return f"must be one of {valid} or a mapping {{kind: <one of them>, <the drafter's parameters>}}"
+        return f"must be one of {valid} (or `module:attr` of a Drafter of your own) or a mapping {{kind: <one of them>, <the drafter's parameters>}}"
 
     return check
 
 
-def drafter_param(supported: tuple[str, ...] | None = None, extra: tuple[str, ...] = (), help: str = "") -> Param:
+def drafter_param(extra: tuple[str, ...] = (), help: str = "") -> Param:
     """The ``drafter`` parameter (any registered kind passes the type check; ``resolve_drafter`` says which
-    ones the method supports and why not the others)."""
-    names = " | ".join(supported) if supported else "any drafter kind"
-    return Param("pair", check_drafter_value(extra), help or f"who drafts: the pair's drafter (pair), {names}; or {{kind: ..., <its parameters>}}")
+    ones the method accepts and why not the others)."""
+    return Param("pair", check_drafter_value(extra), help or "who drafts: the pair's drafter (pair), a drafter kind, or {kind: ..., <its parameters>}")
 
 
 NGRAM_SHORT_FORMS = ("max_ngram", "min_ngram")
@@ -90,69 +112,76 @@ def fold_drafter_short_forms(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-CHAIN_METHODS = "spd, block, mtad or typical"
-UNSUPPORTED_WHY = {
-    "ngram": "n-gram lookup drafts one deterministic chain (q one-hot), so the several sampled candidates "
-             "this method verifies would be copies of it",
-    "eagle": "this method needs its own small-model loop; an EAGLE head drafts chains "
-             "(spd, block, mtad, typical) and trees (specinfer, mcss, spectr's k chains)",
-    "eagle3": "this method needs its own small-model loop; an EAGLE head drafts chains "
-              "(spd, block, mtad, typical) and trees (specinfer, mcss, spectr's k chains)",
-}
-SUPPORTING = {"ngram": "spd, block, mtad or typical", "eagle": "spd, block, mtad, typical, specinfer, mcss or spectr",
-              "eagle3": "spd, block, mtad, typical, specinfer, mcss or spectr"}
+def accepted_kinds(method: Any, values: dict[str, Any]) -> list[str]:
+    """The registered drafter kinds ``method`` (a Decoder class) takes with these parameters."""
+    return DRAFTERS.names(where=lambda d: method.accepts(d, values) is None)
 
 
-def resolve_drafter(method: str, values: dict[str, Any], supported: tuple[str, ...], ctx: DrafterContext) -> None:
+def methods_taking(kind: str) -> list[str]:
+    """The registered methods that take drafter ``kind`` with their default parameters (for error messages)."""
+    drafter = DRAFTERS.get(kind)
+    out = []
+    for name, cls in METHODS.items():
+        if "drafter" in cls.params:
+            defaults = {k: p.default for k, p in cls.all_params().items()}
+            if cls.accepts(drafter, defaults) is None:
+                out.append(name)
+    return out
+
+
+def resolve_drafter(method: Any, values: dict[str, Any], ctx: DrafterContext) -> None:
     """Resolve ``values['drafter']`` into ``{kind: ..., <the plugin's parameters, defaults filled>}`` and check
-    it against what the pair offers (``ctx``); ValueError names the fix. ``pair`` -> the pair's drafter
-    when ``supported``, else ``model``; ``eagle`` with an EAGLE-3 head -> ``eagle3``."""
+    it against the method's capabilities (``method.accepts``) and what the pair offers (``ctx``); ValueError
+    names the fix. ``pair`` -> the pair's drafter when the method accepts it, else ``model``; ``eagle`` with an
+    EAGLE-3 head -> ``eagle3``."""
+    name = method.name
     scope = drafter_scope(values["drafter"])
     kind = scope.pop("kind")
     if kind == "pair":
         base = drafter_scope(ctx.default) if ctx.default else {"kind": "model"}
         if base["kind"] == "eagle" and ctx.eagle_version == 3:
             base["kind"] = "eagle3"
-        if base["kind"] not in supported:
+        if method.accepts(drafter_class(base["kind"]), values) is not None:
             base = {"kind": "model"}
         kind = base.pop("kind")
         scope = {**base, **scope}
     if kind == "eagle" and (eagle_version(scope["path"]) if scope.get("path") else ctx.eagle_version) == 3:
         kind = "eagle3"  # the short form `drafter: eagle` with an EAGLE-3 folder
-    if kind not in supported:
-        why = UNSUPPORTED_WHY.get(kind, "")
+    try:
+        plugin = drafter_class(kind)
+    except ValueError as err:
+        raise ValueError(f"method {name!r}: {err}") from None
+    why = method.accepts(plugin, values)
+    if why is not None:
+        others = [m for m in methods_taking(kind) if m != name] if kind in DRAFTERS else []
         raise ValueError(
-            f"method {method!r} cannot use drafter: {kind} ({why}); use drafter: {' | '.join(supported)}, "
-            f"or drafter: {kind} with {SUPPORTING.get(kind, CHAIN_METHODS)}"
+            f"method {name!r} cannot use drafter: {kind} ({why}); use drafter: {' | '.join(accepted_kinds(method, values))}"
+            + (f", or drafter: {kind} with {', '.join(others)}" if others else "")
         )
-    plugin = DRAFTER_KINDS[kind]
     unknown = sorted(set(scope) - set(plugin.params))
     if unknown:
-        raise ValueError(f"method {method!r}: drafter {kind} has no parameter(s) {unknown}; its parameters: {sorted(plugin.params) or 'none'}")
+        raise ValueError(f"method {name!r}: drafter {kind} has no parameter(s) {unknown}; its parameters: {sorted(plugin.params) or 'none'}")
     resolved = {k: scope.get(k, p.default) for k, p in plugin.params.items()}
     for k, v in resolved.items():
         problem = plugin.params[k].check(v)
         if problem:
-            raise ValueError(f"method {method!r}: drafter {kind} parameter {k}={v!r} {problem}")
-    plugin.check(method, resolved, ctx)
+            raise ValueError(f"method {name!r}: drafter {kind} parameter {k}={v!r} {problem}")
+    plugin.check(name, resolved, ctx)
     values["drafter"] = {"kind": kind, **resolved}
 
 
 def register_drafter(cls: type["Drafter"]) -> type["Drafter"]:
-    """Make ``cls`` selectable as ``drafter: {kind: cls.kind, ...}`` (the one registry of drafter kinds)."""
-    if not cls.kind or cls.kind in ("pair", "draft", "medusa"):
-        raise ValueError(f"a drafter plugin needs a kind other than pair/draft/medusa, got {cls.kind!r}")
-    DRAFTER_KINDS[cls.kind] = cls
-    return cls
+    """Make ``cls`` selectable as ``drafter: {kind: cls.kind, ...}`` (a taken kind is an error)."""
+    if not cls.kind or cls.kind in ("pair", "draft"):
+        raise ValueError(f"a drafter plugin needs a kind other than pair/draft, got {cls.kind!r}")
+    return DRAFTERS.register(cls)
 
 
-def build_drafter(decoder) -> "Drafter":
+def build_drafter(decoder, scope: Mapping[str, Any] | None = None) -> "Drafter":
     """The drafter a decoder's resolved ``drafter`` scope names, over its models and assets."""
-    scope = dict(decoder.drafter)
+    scope = dict(decoder.args.drafter if scope is None else scope)
     kind = scope.pop("kind")
-    if kind not in DRAFTER_KINDS:
-        raise ValueError(f"unknown drafter {kind!r}; valid drafters: {list(DRAFTER_KINDS)}")
-    return DRAFTER_KINDS[kind].create(decoder, scope)
+    return drafter_class(kind).create(decoder, scope)
 
 
 def optional_path(v: Any) -> str | None:
@@ -160,11 +189,17 @@ def optional_path(v: Any) -> str | None:
 
 
 class Drafter:
-    """A drafter plugin: its kind, its parameters, its checks, how it is built, and the drafting interface."""
+    """A drafter plugin: its kind, capabilities, parameters, checks, how it is built, and the drafting interface."""
 
     kind: ClassVar[str] = ""
     params: ClassVar[dict[str, Param]] = {}
-    uses_hidden = False
+    shapes: ClassVar[frozenset[str]] = frozenset({"chain"})  # the proposals it makes: chain, tree
+    tree_children: ClassVar[frozenset[str]] = frozenset()  # how it can draw a tree's children (TREE_CHILDREN)
+    asset: ClassVar[str | None] = None  # what the pair must offer: draft, eagle, medusa (None: nothing)
+    uses_hidden: ClassVar[bool] = False  # it reads the target's hidden states (start, feedback)
+    prompt_hidden: ClassVar[bool] = True  # ... of the prompt too (with uses_hidden)
+    transformers: ClassVar[str | None] = None  # transformers' assisted generation with the same drafter (the bench's peer row)
+    no_transformers: ClassVar[str] = "transformers' assisted generation takes a draft model or prompt lookup"
 
     @classmethod
     def check(cls, method: str, scope: dict[str, Any], ctx: DrafterContext) -> None:
@@ -179,6 +214,19 @@ class Drafter:
 
     def propose(self, context: list[int], gamma: int, warper: Warper, generator) -> ChainDraft | None:
         raise NotImplementedError
+
+    def propose_tree(self, context: list[int], k_config: list[int], warper: Warper, generator, children: str = "iid") -> TokenTree | None:
+        """A tree of ``len(k_config)`` levels at most after ``context`` (drafters with ``tree`` in ``shapes``)."""
+        raise NotImplementedError(f"drafter {self.kind!r} makes no tree proposals")
+
+    def feedback(self, length: int, kept: int, hidden: torch.Tensor | None = None, tree: TokenTree | None = None,
+                 path: list[int] | None = None) -> None:
+        """After a verification: the target kept ``kept`` draft positions after ``length`` context tokens (the
+        chain's first ``kept``; for a tree, ``path``); ``hidden``: the target's hidden states of the root and
+        the kept positions (``uses_hidden`` drafters). Default: roll back to what was kept."""
+        self.rollback(length + kept)
+        if hidden is not None:
+            self.observe(hidden, length - 1)
 
     def observe(self, hidden: torch.Tensor, start: int) -> None:
         """The target's hidden states of positions ``start ..`` (ignored by drafters without features)."""
@@ -219,15 +267,21 @@ class Drafter:
 
 
 class ModelDrafter(Drafter):
-    """A draft model with its own KV cache (``CachedModel``): the pair's ``draft:``."""
+    """A draft model with its own KV cache (``CachedModel``): the pair's ``draft:``; chains and sampled trees."""
 
     kind = "model"
+    shapes = frozenset({"chain", "tree"})
+    tree_children = frozenset(TREE_CHILDREN)
+    asset = "draft"
+    transformers = "assistant_model"
 
     def __init__(self, draft: CachedModel) -> None:
         self.model = draft
 
     @classmethod
     def create(cls, decoder, scope):
+        if decoder.draft is None:
+            raise ValueError(f"method {decoder.name!r} with drafter: model needs a draft model: pass draft=... to build_decoder")
         return cls(decoder.draft)
 
     def start(self, prompt, hidden=None) -> None:
@@ -237,6 +291,15 @@ class ModelDrafter(Drafter):
     def propose(self, context, gamma, warper, generator):
         return draft_chain(self.model, context, gamma, warper, generator)
 
+    def propose_tree(self, context, k_config, warper, generator, children="iid"):
+        return sample_token_tree(self.model, context, k_config, warper, generator, children)
+
+    def feedback(self, length, kept, hidden=None, tree=None, path=None) -> None:
+        if tree is None:
+            self.rollback(length + kept)
+        else:  # keep the accepted nodes the draft has cached (a prefix of the path)
+            commit_draft(self.model, length, tree, path or [])
+
     def rollback(self, length: int) -> None:
         self.model.rollback(min(self.model.length, length))
 
@@ -245,10 +308,56 @@ class ModelDrafter(Drafter):
         return self.model.forwards
 
 
+class MedusaDrafter(Drafter):
+    """Medusa heads on the target (``medusa_heads.py``): a Cartesian tree of the heads' top-k, read from the
+    target's hidden state at the last accepted token (fed back after every verification). Nothing to
+    propose before the first hidden state (the generation's first step is the target's own)."""
+
+    kind = "medusa"
+    shapes = frozenset({"tree"})
+    tree_children = frozenset({"top"})
+    asset = "medusa"
+    uses_hidden = True
+    prompt_hidden = False  # the heads read the last token's state, which the prompt's prefill does not give
+
+    def __init__(self, heads, lm_head) -> None:
+        self.heads, self.lm_head = heads, lm_head
+        self.head_row: torch.Tensor | None = None
+
+    @classmethod
+    def create(cls, decoder, scope):
+        target = decoder.target.model
+        heads = decoder.assets.get("medusa")
+        if heads is None:
+            heads = medusa_heads_of(target, decoder.name)
+        return cls(heads, target.get_output_embeddings())
+
+    @property
+    def max_depth(self) -> int:
+        return self.heads.num_heads
+
+    def start(self, prompt, hidden=None) -> None:
+        self.head_row = None
+
+    def propose(self, context, gamma, warper, generator):
+        raise NotImplementedError("Medusa heads draft trees (a chain method cannot use them)")
+
+    def propose_tree(self, context, k_config, warper, generator, children="top"):
+        if self.head_row is None:
+            return None
+        depth = min(len(k_config), self.heads.num_heads)
+        head_logits = self.heads(self.head_row, self.lm_head)  # [K, V]
+        return cartesian_tree(head_logits[:depth], list(k_config[:depth]), len(context))
+
+    def feedback(self, length, kept, hidden=None, tree=None, path=None) -> None:
+        self.head_row = hidden[-1]  # the target's state at the last kept token (row 0: the root's)
+
+
 class NgramDrafter(Drafter):
     """Prompt lookup: the continuation of the most recent earlier match of the context's last n tokens."""
 
     kind = "ngram"
+    transformers = "prompt_lookup"
     params = {
         "max_ngram": Param(3, int_at_least(1), "longest suffix looked up"),
         "min_ngram": Param(1, int_at_least(1), "shortest suffix looked up"),
@@ -309,7 +418,11 @@ class EagleDrafter(Drafter):
 
     kind = "eagle"
     version = 1
+    shapes = frozenset({"chain", "tree"})
+    tree_children = frozenset(TREE_CHILDREN)
+    asset = "eagle"
     uses_hidden = True
+    no_transformers = "transformers has no EAGLE drafting (assisted generation takes a draft model or prompt lookup)"
     params = {
         "path": Param(None, optional_path, "an EAGLE head folder (null: the pair's `eagle:`)"),
         "top_nodes": Param(4, int_at_least(0), "trees (specinfer, mcss): nodes expanded per level, by cumulative draft probability (0 = all)"),
@@ -365,6 +478,9 @@ class EagleDrafter(Drafter):
         self.real = 0
         self.runner.observe(hidden, 0)
 
+    def rollback(self, length: int) -> None:
+        """Nothing to cut: the head's cache is re-synchronised with the target's real features (``observe``)."""
+
     def observe(self, hidden, start) -> None:
         self.runner.observe(hidden, start)
         self.real = min(self.real, start)
@@ -383,16 +499,16 @@ class EagleDrafter(Drafter):
         self.real = n_feat
         return feature
 
-    def propose_tree(self, context, k_config: list[int], warper: Warper, generator, replacement: bool = True,
-                     deterministic: bool = False) -> TokenTree | None:
+    def propose_tree(self, context, k_config: list[int], warper: Warper, generator, children: str = "iid") -> TokenTree | None:
         """An EAGLE-2 dynamic tree after ``context`` (for specinfer / mcss): level d gives ``k_config[d]``
         children to each of the ``top_nodes`` nodes of level d - 1 with the highest cumulative draft
         probability (the root's children: ``k_config[0]``), within a budget of ``max_nodes`` nodes given in
-        that order. Children are drawn from the node's warped draft row q (with or without ``replacement``:
-        the multi-candidate walks' contract), so verification stays exact; EAGLE-2's after-the-fact rerank
-        to the budget would bias which candidates a node keeps, so the budget is spent while expanding.
-        Temperature 0 or ``deterministic`` (EAGLE-2's own drafting, for typical acceptance): the top-k distinct
+        that order. Children are drawn from the node's warped draft row q (``iid``, or ``distinct``: without
+        replacement; the multi-candidate walks' contract), so verification stays exact; EAGLE-2's after-the-fact
+        rerank to the budget would bias which candidates a node keeps, so the budget is spent while expanding.
+        Temperature 0 or ``top`` (EAGLE-2's own drafting, e.g. for typical acceptance): the top-k distinct
         tokens of the warped row. Node i of the tree is head cache slot ``n_feat + i``."""
+        replacement, deterministic = children == "iid", children == "top"
         root = self._catch_up(context)
         if root is None:
             return None
@@ -468,5 +584,5 @@ class Eagle3Drafter(EagleDrafter):
     version = 3
 
 
-for _plugin in (ModelDrafter, EagleDrafter, Eagle3Drafter, NgramDrafter):
+for _plugin in (ModelDrafter, EagleDrafter, Eagle3Drafter, NgramDrafter, MedusaDrafter):
     register_drafter(_plugin)

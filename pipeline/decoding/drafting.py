@@ -28,7 +28,7 @@ def draft_chain(
     tokens, rows = [], []
     if warper.sparse(draft.vocab_size):  # top-k sampling: warp and sample on the draft's own (restricted) head
         dense = torch.zeros(gamma, draft.vocab_size, device=draft.device)
-        fused = draft.draft_chain_sparse(pending, gamma, warper, generator)  # the same draws in one kernel call
+        fused = draft.fused_chain(pending, gamma, warper, generator)  # the same draws in one kernel call
         if fused is not None:
             tokens, ids, probs = fused
             return ChainDraft(tokens, dense.scatter_(-1, ids, probs))

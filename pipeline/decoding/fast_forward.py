@@ -330,12 +330,12 @@ class LeanForward(nn.Module):
             cache._kernel_args = state
         return state[1]
 
-    def can_draft_chain(self) -> bool:
-        """Whether ``draft_chain`` runs here (the bf16 kernels, static rotary table, a head without bias)."""
+    def can_fuse_chain(self) -> bool:
+        """Whether ``fused_chain`` runs here (the bf16 kernels, static rotary table, a head without bias)."""
         return (self.kernels is not None and self._head_bias is None
                 and getattr(self._rotary[0], "rope_type", None) in STATIC_ROPE_TYPES)
 
-    def draft_chain(self, ids: torch.Tensor, cache, gamma: int, warper, token_map: torch.Tensor | None, vocab: int,
+    def fused_chain(self, ids: torch.Tensor, cache, gamma: int, warper, token_map: torch.Tensor | None, vocab: int,
                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``gamma`` tokens sampled from this model's warped rows after ``ids`` [n0] (the tokens after the cache)
         in one call of the kernels: ``(tokens [gamma], index [gamma, k], probs [gamma, k])``, ids in the target

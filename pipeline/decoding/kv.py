@@ -285,15 +285,15 @@ class CachedModel:
         self.forwards += 1
         return self.top_k_rows(logits, warper)
 
-    def draft_chain_sparse(self, tokens: Sequence[int] | torch.Tensor, gamma: int, warper, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def fused_chain(self, tokens: Sequence[int] | torch.Tensor, gamma: int, warper, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """``gamma`` tokens sampled after ``tokens`` (a causal chain after the cache) from this model's top-k
         warped rows, as ``gamma`` rounds of ``forward_sparse`` + ``sample_sparse`` would draw them, in one call
         of the bf16 kernels: ``(tokens [gamma], index [gamma, k], probs [gamma, k])``; None where the kernels
         cannot (then take the steps one by one). Counts ``gamma`` forwards; the cache then also holds
         ``tokens`` and the first ``gamma - 1`` drawn tokens."""
-        if self.lean is None or self.capture_hidden or not self.lean.can_draft_chain() or not warper.sparse(self.vocab_size):
+        if self.lean is None or self.capture_hidden or not self.lean.can_fuse_chain() or not warper.sparse(self.vocab_size):
             return None
-        out = self.lean.draft_chain(self._ids(tokens)[0], self.cache, gamma, warper, self.token_map, self.vocab_size, generator)
+        out = self.lean.fused_chain(self._ids(tokens)[0], self.cache, gamma, warper, self.token_map, self.vocab_size, generator)
         self.forwards += gamma
         return out
 

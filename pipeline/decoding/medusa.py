@@ -9,8 +9,9 @@ blocks with the backbone frozen (Medusa-1).
 
 The heads themselves (architecture, save/load/attach) are in ``medusa_heads.py``. Where they come
 from: a pair config's ``medusa: models/<dir>`` key; ``load_pair`` calls ``load_medusa_heads(path, target)``, which attaches them to the target model as the attribute
-``target.medusa_heads``. ``build_decoder("medusa", target)`` (and ``typical`` with
-``drafter: medusa``) read that attribute; attach heads yourself with ``attach_medusa_heads``.
+``target.medusa_heads``. ``build_decoder("medusa", target)`` (and any method with ``drafter: medusa``:
+``typical``) read that attribute through the ``medusa`` drafter (``drafters.MedusaDrafter``); attach
+heads yourself with ``attach_medusa_heads``.
 
 Decoding: the root (the last emitted token) comes from the target; depth d of the tree holds the
 ``k_config[d]`` most likely tokens of head d+1 under every depth-(d-1) node (a Cartesian tree, the
@@ -24,13 +25,14 @@ Medusa's default "fast" mode does); its hidden state feeds the heads for the nex
 
 from __future__ import annotations
 
-import torch
-
 from .base import Param, in_closed, int_list_at_least, nonneg_number, one_of
-from .medusa_heads import medusa_heads_of
+from .drafters import MedusaDrafter
+from .rules import TreeWalk
 from .speculative import TreeVerifyDecoder
-from .tree_verify import cartesian_tree, one_hot_tree_walk, typical_tree_walk
-from .warping import sample
+from .tree_verify import one_hot_tree_walk
+from .typical import TYPICAL_WALK
+
+ONE_HOT_WALK = TreeWalk(one_hot_tree_walk, children="top")
 
 MEDUSA_PARAMS = {
     "k_config": Param([4, 2, 2], int_list_at_least(1), "top-k of head d+1 under each depth-d node (depth <= heads)"),
@@ -41,65 +43,28 @@ MEDUSA_PARAMS = {
 }
 
 
-def check_medusa_combination(method: str, values) -> None:
-    if values["acceptance"] == "exact" and values["recovery"] != "sample":
-        raise ValueError(
-            f"method {method!r}: acceptance=exact is lossless only with recovery=sample; "
-            f"set recovery: sample, or use acceptance: typical"
-        )
-
-
 class MedusaDecoder(TreeVerifyDecoder):
-    """Medusa heads + Cartesian token tree + typical (lossy) or exact one-hot tree acceptance.
+    """The ``medusa`` drafter's Cartesian token tree + typical (lossy) or exact one-hot tree acceptance.
 
     The first token of a generation comes from a plain target step (the heads need its hidden
     state); after every step the hidden state at the end of the accepted path seeds the next tree.
     """
 
     name = "medusa"
-    needs_draft = False
+    requires = ("medusa",)
     params = MEDUSA_PARAMS
 
     @classmethod
+    def walk_for(cls, values) -> TreeWalk:
+        return ONE_HOT_WALK if values["acceptance"] == "exact" else TYPICAL_WALK
+
+    @classmethod
     def check_combination(cls, values) -> None:
-        check_medusa_combination(cls.name, values)
+        if values["acceptance"] == "exact" and values["recovery"] != "sample":
+            raise ValueError(
+                f"method {cls.name!r}: acceptance=exact is lossless only with recovery=sample; "
+                f"set recovery: sample, or use acceptance: typical"
+            )
 
-    def __init__(self, target, draft=None, **params) -> None:
-        super().__init__(target, draft, **params)
-        self.heads = medusa_heads_of(target, self.name)
-        self.lm_head = target.get_output_embeddings()
-        self.tree_depth = min(len(self.k_config), self.heads.num_heads)
-        self.head_row: torch.Tensor | None = None  # the target's hidden state the heads read next
-
-    def _start(self, prompt: list[int]) -> None:
-        self.target.capture_hidden = False  # the prompt's hidden states are not needed
-        super()._start(prompt)
-        self.target.capture_hidden = True
-        self.head_row = None
-
-    def propose(self, context, depth, generator):
-        if self.head_row is None:
-            return None
-        head_logits = self.heads(self.head_row, self.lm_head)  # [K, V]
-        return cartesian_tree(head_logits[:depth], self.k_config[:depth], len(context))
-
-    def verify(self, P, tree, generator):
-        if self.acceptance == "typical":
-            path, end_row = typical_tree_walk(P, tree, self.epsilon, self.delta)
-            return path, self._recover(P[end_row], generator)
-        path, dist = one_hot_tree_walk(P, tree, generator)
-        return path, int(sample(dist, generator))
-
-    def commit(self, length, tree, path) -> None:
-        self.head_row = self.target.hidden[1 + path[-1] if path else 0]  # row 0: the root's (or a plain step's)
-
-    def _next_token(self, logits: torch.Tensor, generator) -> int:
-        if self.warper.greedy:
-            return int(logits.argmax(-1))
-        return self._recover(self.warper(logits), generator)
-
-    def _recover(self, probs: torch.Tensor, generator) -> int:
-        """The next token from a warped target row: sampled, or its argmax (Medusa's "fast" mode)."""
-        if self.recovery == "argmax":
-            return int(probs.argmax(-1))
-        return int(sample(probs, generator))
+    def make_drafter(self) -> MedusaDrafter:
+        return MedusaDrafter.create(self, {})

@@ -14,13 +14,27 @@ import torch
 
 from .base import Param, boolean, in_closed, int_at_least, one_of
 from .beam_sampling import BEAM_WEIGHTS, beam_sample
+from .rules import ChainRule
 from .speculative import DraftVerifyDecoder
-from .verification import greedy_verify, mtad_verify, mtad_verify_sparse
-from .warping import sample, sample_sparse
+from .verification import mtad_verify, mtad_verify_sparse
+
+
+def mtad_rule(P, log_q, x, u, *, tau: float):
+    """MTAD's rule over the chain's draft log-probabilities ``log_q [g]`` (no coins: a threshold on the joint ratio)."""
+    return mtad_verify(P, log_q, x, tau)
+
+
+def mtad_rule_sparse(P_index, P_probs, log_q, x, u, *, tau: float):
+    """``mtad_rule`` on the top-k entries of P (the same rule, no full-vocabulary rows)."""
+    return mtad_verify_sparse(P_index, P_probs, log_q, x, tau)
+
+
+MTAD_RULE = ChainRule(mtad_rule, params=("tau",), coins=False, sparse=mtad_rule_sparse, draft="log_q")
 
 
 class MTADDecoder(DraftVerifyDecoder):
     name = "mtad"
+    rule = MTAD_RULE
     params = {
         **DraftVerifyDecoder.params,
         "gamma": Param(2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, docs/measurement.md)"),
@@ -31,26 +45,10 @@ class MTADDecoder(DraftVerifyDecoder):
     }
 
     def propose(self, context, gamma, generator):
-        if self.drafter["kind"] != "model":
-            draft = self.draft_chain(context, gamma, generator)
-            if draft is None:
-                return None
-            rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
-            return draft.tokens, torch.log(draft.probs[rows, draft.tokens])
-        beam = beam_sample(
-            self.draft, context, gamma, self.num_beams, self.warper, generator, self.beam_weights, self.replacement
-        )
+        """The draft model's best beam of beam sampling (its log q along the beam); another drafter's chain as the
+        loop proposes it (log q: the chain's rows at its tokens, 0 for n-gram's one-hot rows)."""
+        if self.drafter_impl.kind != "model":
+            return super().propose(context, gamma, generator)
+        a = self.args
+        beam = beam_sample(self.draft, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement)
         return torch.tensor(beam.tokens, device=self.draft.device), beam.log_q
-
-    def verify(self, logits, tokens, log_q, generator):
-        if self.warper.greedy:
-            n, y = greedy_verify(logits.argmax(-1), tokens)
-            return n, y
-        rows = self.warper.sparse_rows(logits)
-        if rows is not None:
-            # top-k rows: verify on their k entries (the same rule, no full-vocabulary rows)
-            acc, index, weights = mtad_verify_sparse(*rows, log_q, tokens, self.tau)
-            return acc, sample_sparse(index, weights, generator)
-        P = self.warper(logits)
-        acc, row = mtad_verify(P, log_q, tokens, self.tau)
-        return acc, sample(row, generator)

@@ -28,9 +28,9 @@ class MTJDDecoder(Decoder):
         out: list[int] = []
         accepted: list[int] = []
         while len(out) < max_new_tokens:
-            k = min(self.num_tokens, max_new_tokens - len(out))
+            k = min(self.args.num_tokens, max_new_tokens - len(out))
             beam = beam_sample(
-                target, context, k, self.num_beams, self.warper, generator, self.beam_weights, self.replacement
+                target, context, k, self.args.num_beams, self.warper, generator, self.args.beam_weights, self.args.replacement
             )
             if emit(beam.tokens, eos, max_new_tokens, out, context, accepted):
                 break

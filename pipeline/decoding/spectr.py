@@ -12,20 +12,22 @@ from the draft model or from an EAGLE head (``drafter: eagle | eagle3``: the hea
 
 from __future__ import annotations
 
-from .base import EAGLE_KINDS, Param, int_at_least
+from .base import Param, int_at_least
 from .drafters import drafter_param
-from .specinfer import TREE_DRAFTERS, SpecInferDecoder
+from .rules import TreeWalk
+from .specinfer import SpecInferDecoder
 from .tree_verify import kseq_chain_walk
-from .warping import sample
+
+KSEQ_WALK = TreeWalk(kseq_chain_walk, children="iid")
 
 
 class SpecTrDecoder(SpecInferDecoder):
-    """SpecInfer's drafting (a draft model's tree, or an EAGLE head's: i.i.d. children with replacement)
-    shaped as ``num_drafts`` chains, verified by K-SEQ."""
+    """k chains drawn i.i.d. from the drafter (a tree of ``[k, 1, 1, ...]``), verified by K-SEQ."""
 
     name = "spectr"
+    walk = KSEQ_WALK
     params = {
-        "drafter": drafter_param(TREE_DRAFTERS),
+        "drafter": drafter_param(),
         "num_drafts": Param(4, int_at_least(1), "k i.i.d. draft chains"),
         "gamma": Param(4, int_at_least(1), "tokens per draft chain"),
     }
@@ -34,22 +36,18 @@ class SpecTrDecoder(SpecInferDecoder):
     def resolve_drafter(cls, values, ctx) -> None:
         super().resolve_drafter(values, ctx)
         scope = values["drafter"]
-        if scope["kind"] in EAGLE_KINDS:  # K-SEQ needs every chain whole: no node may be left unexpanded
+        if "top_nodes" in scope:  # a drafter with a node budget (EAGLE): K-SEQ needs every chain whole
             k, gamma = values["num_drafts"], values["gamma"]
             if scope["top_nodes"] and scope["top_nodes"] < k:
                 raise ValueError(f"method 'spectr' with drafter {scope['kind']}: top_nodes={scope['top_nodes']} would stop "
                                  f"{k - scope['top_nodes']} of the {k} chains; set top_nodes: 0 (every node) or >= num_drafts")
-            if scope["max_nodes"] and scope["max_nodes"] < k * gamma:
+            if scope.get("max_nodes") and scope["max_nodes"] < k * gamma:
                 raise ValueError(f"method 'spectr' with drafter {scope['kind']}: max_nodes={scope['max_nodes']} would cut the "
                                  f"{k} x {gamma} chain nodes; set max_nodes: 0 (no budget) or >= num_drafts x gamma")
 
     @property
     def tree_depth(self) -> int:
-        return self.gamma
+        return self.args.gamma
 
-    def propose(self, context, depth, generator):
-        return self.propose_tree(context, [self.num_drafts] + [1] * (depth - 1), generator)
-
-    def verify(self, P, tree, generator):
-        path, dist = kseq_chain_walk(P, tree, generator)
-        return path, int(sample(dist, generator))
+    def tree_shape(self, depth: int) -> list[int]:
+        return [self.args.num_drafts] + [1] * (depth - 1)

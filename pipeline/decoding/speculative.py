@@ -1,35 +1,45 @@
-"""The two speculative loops: draft a chain or a tree, verify it in one target forward, keep what passed.
+"""The speculative loop: draft, one target forward, the rule, roll back or compact, emit.
 
-``DraftVerifyDecoder`` (spd, block, mtad, typical, bild): the drafter (``drafters.py``: a draft
-model, an EAGLE head or n-gram lookup) proposes g tokens; one target forward over ``[last token] +
-draft`` gives g + 1 rows; the method's verifier says how many drafts to keep and what comes next;
-both caches are rolled back to what was kept (docs/ALGORITHMS.md appendix A.1).
+A speculative method declares what is particular to it (``rules.py``): a chain method its ``rule``, a tree
+method its ``walk`` and tree shape, both their parameters; its ``drafter`` (``drafters.py``: a draft model,
+an EAGLE head, n-gram lookup, Medusa heads, or one of your own) proposes. One iteration is
 
-``TreeVerifyDecoder`` (spectr, specinfer, mcss, medusa): the method proposes a token tree
-(``tree.TokenTree``); one target forward with tree attention scores every node
-(``tree_verify.tree_verify_forward``); the method's walk returns the accepted path and the next
-token; the path's KV is compacted into place in the target's cache (and the draft's).
+- a chain (``_chain_step``, docs/ALGORITHMS.md appendix A.1): the drafter proposes g tokens; one target
+  forward over ``[last token] + draft`` gives g + 1 rows; the rule says how many drafts to keep and what
+  comes next (``verify`` -> ``rule``, the one host read of the iteration after it); the target's cache is
+  rolled back to what was kept and the drafter gets the verdict (``feedback``);
+- a tree (``_tree_step``): the drafter proposes a token tree (``tree.TokenTree``) drawn as the walk needs;
+  one target forward with tree attention scores every node (``tree_verify.tree_verify_forward``); the walk
+  returns the accepted path and the next token; the path's KV is compacted into place and the drafter
+  gets the verdict.
 
-A method file supplies only ``propose`` and ``verify``. Near ``max_new_tokens`` the draft is
-shortened so no work is wasted; when the method has nothing to propose (n-gram lookup without a
-match, Medusa before the first hidden state) the iteration is a plain target step.
+Near ``max_new_tokens`` the draft is shortened so no work is wasted; when the drafter has nothing to
+propose (n-gram lookup without a match, Medusa before the first hidden state) the iteration is a plain
+target step. Temperature 0 uses each rule's ``greedy`` form and ``greedy_tree_walk`` (exactly ``ar`` greedy).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from .base import DRAFTER_KINDS, Decoder, Generation, Param, emit, int_at_least
-from .drafters import Drafter, ModelDrafter, build_drafter, drafter_param, fold_drafter_short_forms, resolve_drafter
+from .base import Decoder, Generation, Param, emit, int_at_least
+from .drafters import Drafter, accepted_kinds, build_drafter, drafter_class, drafter_param, fold_drafter_short_forms, resolve_drafter
+from .rules import ChainRule, TreeWalk
 from .tree import TokenTree
-from .tree_verify import commit_draft, greedy_tree_walk, tree_verify_forward
+from .tree_verify import greedy_tree_walk, tree_verify_forward
+from .warping import sample, sample_sparse
+
+CHILDREN_WHY = {"iid": "i.i.d. from the draft's rows q", "distinct": "from q without replacement", "top": "as the top k"}
 
 
 class DraftVerifyDecoder(Decoder):
-    needs_draft = True  # with drafter: model (draft_needed)
-    supported_drafters: tuple[str, ...] | None = None  # None: every registered drafter kind
+    """A speculative method over a drafter: a chain ``rule`` (``draft_shape = "chain"``) or a tree ``walk``."""
+
+    draft_shape = "chain"
+    rule: ClassVar[ChainRule | None] = None
+    walk: ClassVar[TreeWalk | None] = None
     params = {
         "gamma": Param(4, int_at_least(1), "draft tokens per iteration"),
         "drafter": drafter_param(),
@@ -37,23 +47,63 @@ class DraftVerifyDecoder(Decoder):
 
     def __init__(self, target, draft=None, assets=None, **params) -> None:
         super().__init__(target, draft, assets, **params)
-        self.drafter_impl: Drafter | None = build_drafter(self) if self.drafter["kind"] in DRAFTER_KINDS else None
+        self.drafter_impl: Drafter = self.make_drafter()
+        values = self.args.as_dict()
+        self.shape = type(self).shape_for(type(self.drafter_impl), values)
+        self.tree_walk = type(self).walk_for(values) if self.shape == "tree" else None
+        self.rule_params = {k: getattr(self.args, k) for k in (self.rule.params if self.rule else ())}
+        self.walk_params = {k: getattr(self.args, k) for k in (self.tree_walk.params if self.tree_walk else ())}
+
+    def make_drafter(self) -> Drafter:
+        """The drafter the resolved ``drafter`` scope names (a method without that parameter builds its own)."""
+        return build_drafter(self)
+
+    # ------------------------------------------------------------------ capabilities (before any model loads)
+
+    @classmethod
+    def shape_for(cls, drafter: type[Drafter], values: dict[str, Any]) -> str:
+        """What one target forward verifies with this drafter and these parameters: ``chain`` or ``tree``."""
+        return cls.draft_shape
+
+    @classmethod
+    def walk_for(cls, values: dict[str, Any]) -> TreeWalk:
+        """The tree walk these parameters choose."""
+        assert cls.walk is not None, f"{cls.__name__} declares no walk"
+        return cls.walk
+
+    @classmethod
+    def accepts(cls, drafter: type[Drafter], values: dict[str, Any]) -> str | None:
+        """None when this method can verify ``drafter``'s proposals, else why not (its error messages)."""
+        shape = cls.shape_for(drafter, values)
+        if shape not in drafter.shapes:
+            return f"drafter {drafter.kind} makes {' and '.join(sorted(drafter.shapes))} proposals; this method verifies a {shape}"
+        if shape == "tree":
+            need = cls.walk_for(values).children
+            if need not in drafter.tree_children:
+                return f"this method's walk needs a tree whose children are drawn {CHILDREN_WHY[need]}, which drafter {drafter.kind} cannot draw"
+        return None
 
     @classmethod
     def fold_params(cls, params):
-        return fold_drafter_short_forms(params)
+        return fold_drafter_short_forms(params) if "drafter" in cls.params else params
 
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:
-        resolve_drafter(cls.name, values, cls.supported_drafters or tuple(DRAFTER_KINDS), ctx)
+        if "drafter" in cls.params:
+            resolve_drafter(cls, values, ctx)
 
     @classmethod
     def draft_needed(cls, values):
-        return "drafter: model" if values["drafter"]["kind"] == "model" else False
+        if "drafter" not in cls.params:
+            return super().draft_needed(values)
+        return "drafter: model" if drafter_class(values["drafter"]["kind"]).asset == "draft" else False
 
     @classmethod
-    def draft_alternative(cls) -> str:
-        return ", or set drafter: ngram (or eagle / eagle3, with an EAGLE head in the pair)"
+    def draft_alternative(cls, values) -> str:
+        others = [k for k in accepted_kinds(cls, values) if drafter_class(k).asset != "draft"]
+        return f", or set drafter: {' | '.join(others)} (each with what it needs in the pair)" if others else ""
+
+    # ------------------------------------------------------------------ the loop
 
     def _start(self, prompt: list[int]) -> None:
         """Empty the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the
@@ -61,124 +111,125 @@ class DraftVerifyDecoder(Decoder):
         target, drafter = self.target, self.drafter_impl
         target.reset()
         hidden = None
-        if drafter.uses_hidden:
+        if drafter.uses_hidden and drafter.prompt_hidden:
             target.capture_hidden = True
             hidden = target.prefill_hidden(prompt[:-1])
         else:
+            target.capture_hidden = False
             target.prefill(prompt[:-1])
+        target.capture_hidden = drafter.uses_hidden
         drafter.start(prompt, hidden)
 
-    def propose(self, context: list[int], gamma: int, generator) -> tuple[torch.Tensor, Any] | None:
-        """Draft up to ``gamma`` tokens after ``context``; return them and what ``verify`` needs
-        (None: nothing drafted)."""
-        raise NotImplementedError
-
-    def verify(
-        self, logits: torch.Tensor, tokens: torch.Tensor, proposal: Any, generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """From target logits ``[g+1, V]``: (number of drafts accepted, next token), as 0-d tensors.
-
-        They stay on the device: the loop reads them with the draft in one transfer per iteration.
-        """
-        raise NotImplementedError
-
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
+        self._start(prompt)
+        step = self._tree_step if self.shape == "tree" else self._chain_step
+        context = list(prompt)
+        out: list[int] = []
+        accepted: list[int] = []
+        drafted: list[int] = []  # draft positions put to the target per iteration (a chain's length, a tree's depth)
+        while len(out) < max_new_tokens:
+            emitted, width = step(context, max_new_tokens - len(out) - 1, generator)
+            drafted.append(width)
+            if emit(emitted, eos, max_new_tokens, out, context, accepted):
+                break
+        return Generation(out, self.target.forwards, self.drafter_impl.forwards, accepted, drafted)
+
+    def _chain_step(self, context: list[int], room: int, generator) -> tuple[list[int], int]:
+        """One chain iteration after ``context`` with at most ``room`` drafts: (emitted tokens, drafts verified)."""
+        target, drafter, length = self.target, self.drafter_impl, len(context)
+        gamma = min(self.draft_length(), room)
+        proposed = self.propose(context, gamma, generator) if gamma > 0 else None  # draft
+        if proposed is None:
+            return self._plain_step(context, generator), 0
+        tokens, q = proposed
+        g = tokens.shape[0]
+        feed = torch.cat([torch.tensor(context[-1:], device=tokens.device), tokens])
+        logits = target.forward(feed, keep=g + 1)  # one target forward
+        n, y = self.verify(logits, tokens, q, generator)  # the rule
+        head = [torch.as_tensor(v, device=tokens.device).reshape(1) for v in (n, y)]
+        read = torch.cat([*head, tokens]).tolist()  # the one host read of the iteration
+        n = read[0]
+        target.rollback(length + n)  # roll back
+        drafter.feedback(length, n, target.hidden[: n + 1] if drafter.uses_hidden else None)
+        return read[2 : 2 + n] + [read[1]], int(g)
+
+    def _tree_step(self, context: list[int], room: int, generator) -> tuple[list[int], int]:
+        """One tree iteration after ``context`` with at most ``room`` levels: (emitted tokens, the tree's depth)."""
+        target, drafter, length = self.target, self.drafter_impl, len(context)
+        depth = min(self.tree_depth, room)
+        tree = drafter.propose_tree(context, self.tree_shape(depth), self.warper, generator, self.tree_walk.children) if depth > 0 else None  # draft
+        if tree is None:
+            return self._plain_step(context, generator), 0
+        logits = tree_verify_forward(target, context, tree)  # one target forward (tree attention)
+        path, y = self.verify_tree(logits, tree, generator)  # the walk
+        target.compact(length, path)  # compact the path's KV into place
+        hidden = target.hidden[[0] + [1 + i for i in path]] if drafter.uses_hidden else None
+        drafter.feedback(length, len(path), hidden, tree, path)
+        return [tree.tokens[i] for i in path] + [y], (max(tree.depths) + 1 if tree.depths else 0)
+
+    def _plain_step(self, context: list[int], generator) -> list[int]:
+        """Nothing drafted (one token left, or nothing to propose): one target step."""
         target, drafter = self.target, self.drafter_impl
-        self._start(prompt)
-        context = list(prompt)
-        out: list[int] = []
-        accepted: list[int] = []
-        drafted: list[int] = []  # draft positions put to the target per iteration
-        while len(out) < max_new_tokens:
-            length = len(context)
-            gamma = min(self.gamma, max_new_tokens - len(out) - 1)
-            proposed = self.propose(context, gamma, generator) if gamma > 0 else None
-            if proposed is None:  # one token left, or nothing drafted: a plain target step
-                emitted = [self._next_token(target.forward(context[-1:], keep=1)[-1], generator)]
-                drafted.append(0)
-                if drafter.uses_hidden:
-                    drafter.observe(target.hidden, length - 1)
-            else:
-                tokens, proposal = proposed
-                gamma = tokens.shape[0]
-                drafted.append(int(gamma))
-                feed = torch.cat([torch.tensor(context[-1:], device=tokens.device), tokens])
-                logits = target.forward(feed, keep=gamma + 1)
-                n, y = self.verify(logits, tokens, proposal, generator)
-                dev = tokens.device
-                head = [torch.as_tensor(v, device=dev).reshape(1) for v in (n, y)]
-                read = torch.cat([*head, tokens]).tolist()  # the one host read of the iteration
-                n = read[0]
-                emitted = read[2 : 2 + n] + [read[1]]
-                target.rollback(length + n)
-                drafter.rollback(length + n)
-                if drafter.uses_hidden:
-                    drafter.observe(target.hidden[: n + 1], length - 1)
-            if emit(emitted, eos, max_new_tokens, out, context, accepted):
-                break
-        return Generation(out, target.forwards, drafter.forwards, accepted, drafted)
+        y = self._next_token(target.forward(context[-1:], keep=1)[-1], generator)
+        drafter.feedback(len(context), 0, target.hidden if drafter.uses_hidden else None)
+        return [y]
 
-    def draft_chain(self, context: list[int], gamma: int, generator):
-        """The drafter's chain (``ChainDraft``) or None when it has nothing to propose."""
-        return self.drafter_impl.propose(context, gamma, self.warper, generator)
+    # ------------------------------------------------------------------ the method's part
+
+    def draft_length(self) -> int:
+        """The chain's length budget (``gamma``)."""
+        return self.args.gamma
+
+    def propose(self, context: list[int], gamma: int, generator) -> tuple[torch.Tensor, Any] | None:
+        """Up to ``gamma`` draft tokens after ``context`` and what the rule reads as Q (``ChainRule.draft``: the
+        drafter's rows, their log-probabilities at the drafts, or None); None: nothing drafted."""
+        draft = self.drafter_impl.propose(context, gamma, self.warper, generator)
+        if draft is None:
+            return None
+        if self.rule.draft == "log_q":
+            rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
+            return draft.tokens, torch.log(draft.probs[rows, draft.tokens])
+        return draft.tokens, (draft.probs if self.rule.draft == "rows" else None)
+
+    def verify(self, logits: torch.Tensor, x: torch.Tensor, q: Any, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain rule on target logits ``[g+1, V]``: (drafts accepted, next token) as 0-d tensors, left on the
+        device (the loop reads them with the draft in one transfer). The sparse fast path when the rule has one
+        and the warping is top-k on the CPU; the dense rule otherwise."""
+        rule, params = self.rule, self.rule_params
+        if self.warper.greedy:
+            return rule.greedy(logits, x, **params)
+        u = torch.rand(x.shape[0], generator=generator, device=logits.device) if rule.coins else None
+        rows = self.warper.sparse_rows(logits) if rule.sparse is not None else None
+        if rows is not None:
+            n, index, weights = rule.sparse(*rows, q, x, u, **params)
+            return n, sample_sparse(index, weights, generator)
+        n, out = rule.dense(self.warper(logits), q, x, u, **params)
+        return n, out if out.dim() == 0 else sample(out, generator)
+
+    @property
+    def tree_depth(self) -> int:
+        """The most levels a tree may have (``k_config``'s length, at most what the drafter can draft)."""
+        return min(len(self.args.k_config), getattr(self.drafter_impl, "max_depth", len(self.args.k_config)))
+
+    def tree_shape(self, depth: int) -> list[int]:
+        """Children per node at each of ``depth`` levels."""
+        return list(self.args.k_config[:depth])
+
+    def verify_tree(self, logits: torch.Tensor, tree: TokenTree, generator) -> tuple[list[int], int]:
+        """The walk on the tree's target logits ``[1 + n, V]``: (accepted path, next token)."""
+        if self.warper.greedy:
+            return greedy_tree_walk(logits.argmax(-1), tree)
+        path, out = self.tree_walk.walk(self.warper(logits), tree, generator, **self.walk_params)
+        return path, int(out if out.dim() == 0 else sample(out, generator))
+
+    def _next_token(self, logits: torch.Tensor, generator) -> int:
+        """A plain step's token; ``recovery: argmax`` (typical, medusa) takes the warped row's argmax."""
+        if not self.warper.greedy and getattr(self.args, "recovery", "sample") == "argmax":
+            return int(self.warper(logits).argmax(-1))
+        return super()._next_token(logits, generator)
 
 
-class TreeVerifyDecoder(Decoder):
-    """Draft a token tree, verify it in one target forward, walk it, keep the path's KV, repeat.
+class TreeVerifyDecoder(DraftVerifyDecoder):
+    """A tree method: its drafter proposes a token tree of ``k_config`` (``tree_shape``), its ``walk`` verifies it."""
 
-    Subclasses set ``tree_depth`` (the most levels a tree may have) and supply ``propose`` and
-    ``verify``; ``commit`` is where a proposer keeps its state in step with the accepted path (by
-    default: the draft model keeps the accepted nodes it has cached). Temperature 0 uses
-    ``greedy_tree_walk`` for every method (exactly ``ar`` greedy).
-    """
-
-    tree_depth: int
-
-    def __init__(self, target, draft=None, assets=None, **params) -> None:
-        super().__init__(target, draft, assets, **params)
-        # the drafter whose cost the cell and the bench measure (t_draft)
-        scope = getattr(self, "drafter", None)
-        self.drafter_impl: Drafter | None = ModelDrafter(self.draft) if (isinstance(scope, dict) and scope["kind"] == "model" and self.draft is not None) else None
-
-    def propose(self, context: list[int], depth: int, generator) -> TokenTree | None:
-        """A tree of at most ``depth`` levels after ``context`` (None: nothing proposed, a plain target step)."""
-        raise NotImplementedError
-
-    def verify(self, P: torch.Tensor, tree: TokenTree, generator) -> tuple[list[int], int]:
-        """From the warped target rows ``P [1 + n, V]`` (row 0: the root's): the accepted path (node
-        indices, root down) and the next token."""
-        raise NotImplementedError
-
-    def commit(self, length: int, tree: TokenTree | None, path: list[int]) -> None:
-        """The target kept ``path`` of ``tree`` after ``length`` context tokens (``tree`` None: a plain step)."""
-        if tree is not None:
-            commit_draft(self.draft, length, tree, path)
-
-    def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        target, warper = self.target, self.warper
-        self._start(prompt)
-        context = list(prompt)
-        out: list[int] = []
-        accepted: list[int] = []
-        drafted: list[int] = []  # tree depth put to the target per iteration
-        while len(out) < max_new_tokens:
-            length = len(context)
-            depth = min(self.tree_depth, max_new_tokens - len(out) - 1)
-            tree = self.propose(context, depth, generator) if depth > 0 else None
-            if tree is None:  # one token left, or nothing proposed: a plain target step
-                emitted = [self._next_token(target.forward(context[-1:], keep=1)[-1], generator)]
-                self.commit(length, None, [])
-                drafted.append(0)
-            else:
-                logits = tree_verify_forward(target, context, tree)
-                if warper.greedy:
-                    path, y = greedy_tree_walk(logits.argmax(-1), tree)
-                else:
-                    path, y = self.verify(warper(logits), tree, generator)
-                target.compact(length, path)
-                self.commit(length, tree, path)
-                emitted = [tree.tokens[i] for i in path] + [y]
-                drafted.append(max(tree.depths) + 1 if tree.depths else 0)
-            if emit(emitted, eos, max_new_tokens, out, context, accepted):
-                break
-        return Generation(out, target.forwards, self.drafter_impl.forwards if self.drafter_impl is not None else 0, accepted, drafted)
+    draft_shape = "tree"

@@ -37,22 +37,31 @@ def _draw_children(q: torch.Tensor, logits: torch.Tensor, k: int, replacement: b
     return sample_k(q, k, replacement, generator).tolist()
 
 
+def _ranked(logits: torch.Tensor, q: torch.Tensor, warped: bool) -> torch.Tensor:
+    """What top-k children are ranked by: the raw logits (temperature 0), or the warped row (``warped``: ``top``
+    children at a temperature, inside the warped support only)."""
+    return torch.log(q) if warped else logits
+
+
 def sample_token_tree(
     draft: CachedModel,
     context: list[int],
     k_config: list[int],
     warper: Warper,
     generator: torch.Generator | None,
-    replacement: bool = True,
+    children: str = "iid",
 ) -> TokenTree:
     """Sample a tree from the draft: ``k_config[d]`` children under every depth-(d-1) node, each level
     drawn from the draft's row at its parent (one draft forward per level, the level's nodes fed as
-    a tree). ``k_config = [k, 1, ..., 1]`` with replacement gives k i.i.d. chains (SpecTr)."""
+    a tree): ``iid`` (with replacement), ``distinct`` (without) or the ``top`` k tokens of the warped row.
+    ``k_config = [k, 1, ..., 1]`` with ``iid`` gives k i.i.d. chains (SpecTr)."""
+    replacement, top = children == "iid", warper.greedy or children == "top"
+    warped = children == "top" and not warper.greedy
     logits = draft.forward(context[draft.length :], keep=1)[-1]
     tree = TokenTree(draft.length)  # == len(context): the nodes follow the context in the draft's cache
     q = warper(logits)
     tree.q_rows[0] = q
-    for t in _draw_children(q, logits, k_config[0], replacement, warper.greedy, generator):
+    for t in _draw_children(q, _ranked(logits, q, warped), k_config[0], replacement, top, generator):
         tree.add(t, -1)
     level = list(range(len(tree)))
     for k in k_config[1:]:
@@ -64,7 +73,7 @@ def sample_token_tree(
         nxt = []
         for node, row_logits, q in zip(level, rows, qs):
             tree.q_rows[node + 1] = q
-            for t in _draw_children(q, row_logits, k, replacement, warper.greedy, generator):
+            for t in _draw_children(q, _ranked(row_logits, q, warped), k, replacement, top, generator):
                 nxt.append(tree.add(t, node))
         level = nxt
     return tree
@@ -186,6 +195,19 @@ def one_hot_tree_walk(P: torch.Tensor, tree: TokenTree, generator, greedy: bool 
             return path, residual
         node = kids[j]
         path.append(node)
+
+
+def typical_tree_rule(P: torch.Tensor, tree: TokenTree, generator, *, epsilon: float, delta: float,
+                      recovery: str = "sample") -> tuple[list[int], torch.Tensor]:
+    """Typical acceptance over any tree as a walk: the longest typical path (``typical_tree_walk``) and the
+    target row after it, or its argmax token with ``recovery: argmax`` (Medusa's "fast" mode)."""
+    path, row = typical_tree_walk(P, tree, epsilon, delta)
+    return path, P[row].argmax(-1) if recovery == "argmax" else P[row]
+
+
+def mss_rule(P: torch.Tensor, tree: TokenTree, generator, *, replacement: bool = True) -> tuple[list[int], torch.Tensor]:
+    """``mss_tree_walk`` as a walk of the tree loop (SpecInfer with replacement, MCSS without)."""
+    return mss_tree_walk(P, tree, generator, replacement)
 
 
 def typical_tree_walk(P: torch.Tensor, tree: TokenTree, epsilon: float, delta: float) -> tuple[list[int], int]:

@@ -9,18 +9,19 @@ check that judge's config when the sweep is planned (``check``), what to reach b
 ``score(dataset, samples, predictions, *, judge, max_turns, **params)`` takes the cell's dataset config,
 the measured samples, the predictions (``pipeline.measure.predictions_for_scoring``) and the task's
 ``scorer.params``; it returns the scorer's result (``score``, ``metric``, per-sample ``details``) or None
-where there is nothing to score (no references, no judge). A task names a scorer of ``SCORERS`` or,
-for a scorer outside this package, ``"module:attribute"``.
+where there is nothing to score (no references, no judge). A task names a scorer of ``SCORERS`` (the
+project's one registry type, ``pipeline.registry.Registry``: a taken name is an error) or, for a scorer
+outside this package, ``"module:attribute"``.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.data.base import Sample
 from pipeline.data.mt_bench import load_judge_prompts
+from pipeline.registry import Registry
 from pipeline.scoring import humaneval, mt_bench, rouge, spider
 
 Predictions = list[dict[str, Any]]
@@ -81,31 +82,26 @@ def score_mt_bench(dataset, samples: Sequence[Sample], predictions: Predictions,
                                       **params)
 
 
-SCORERS: dict[str, Scorer] = {
-    "humaneval": Scorer("humaneval", score_humaneval, fields=("passed", "result")),
-    "spider": Scorer("spider", score_spider, fields=("correct", "sql", "error", "timed_out")),
-    "rouge": Scorer("rouge", score_rouge, fields=rouge.ROUGE_TYPES),
-    "mt_bench": Scorer("mt_bench", score_mt_bench, fields=("score", "judgment"), uses_judge=True,
-                       check=mt_bench.judge_identity, preflight=mt_bench.preflight, identity=mt_bench.judge_identity),
-}
+def _scorer_problem(entry: Any) -> str | None:
+    return None if isinstance(entry, Scorer) else f"is a {type(entry).__name__}, not a pipeline.scoring.registry.Scorer"
+
+
+SCORERS: Registry[Scorer] = Registry("scorer", check=_scorer_problem)
+for _scorer in (
+    Scorer("humaneval", score_humaneval, fields=("passed", "result")),
+    Scorer("spider", score_spider, fields=("correct", "sql", "error", "timed_out")),
+    Scorer("rouge", score_rouge, fields=rouge.ROUGE_TYPES),
+    Scorer("mt_bench", score_mt_bench, fields=("score", "judgment"), uses_judge=True,
+           check=mt_bench.judge_identity, preflight=mt_bench.preflight, identity=mt_bench.judge_identity),
+):
+    SCORERS.register(_scorer)
 
 
 def scorer_for(name: str | None) -> Scorer | None:
     """The scorer a task names (None: the task is measured for speed only); ``module:attribute`` is imported."""
     if name is None:
         return None
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            found = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"scorer {name!r} cannot be imported ({err}); name `module:attribute` of a Scorer") from None
-        if not isinstance(found, Scorer):
-            raise ValueError(f"scorer {name!r} is a {type(found).__name__}, not a pipeline.scoring.registry.Scorer")
-        return found
-    if name not in SCORERS:
-        raise ValueError(f"unknown scorer {name!r}; registered scorers: {sorted(SCORERS)}, or `module:attribute` of a Scorer")
-    return SCORERS[name]
+    return SCORERS.get(name)
 
 
 def check_task_scorer(task: Any) -> Scorer | None:

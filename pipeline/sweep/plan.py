@@ -83,7 +83,9 @@ def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common:
         default = group_option(cfg, "method", name) if name in group_options("method", cfg) else {}
         label = overrides.get("label")
     else:
-        base = group_option(cfg, "method", name)
+        # a method of one's own named `module:attr` needs no YAML: its declared Params are its defaults
+        own = ":" in name and name not in group_options("method", cfg)
+        base = {"name": name} if own else group_option(cfg, "method", name)
         default = dict(base)
         label = overrides.get("label")
         base.update({k: v for k, v in overrides.items() if k != "label"})

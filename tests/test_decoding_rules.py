@@ -1,0 +1,116 @@
+"""What a method declares is what the loops run: every registered chain rule's fast path equals its dense rule,
+every declared walk is one its drafters can feed, and the registry refuses a taken name.
+
+The dense rule is the reference (``pipeline/decoding/rules.py``); a sparse path attached to a rule must give the
+same accepted count and the same next-token law on random top-k rows, so a new rule is correct with its dense
+form alone and a fast path is checked here without a test of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.decoding import DRAFTERS, METHODS, check_method, method_class
+from pipeline.decoding.rules import ChainRule
+from pipeline.decoding.speculative import DraftVerifyDecoder
+from pipeline.decoding.warping import Warper, make_generator, sample, warp
+from pipeline.registry import Registry, RegistryError
+
+RULED = sorted(name for name, cls in METHODS.items() if getattr(cls, "rule", None) is not None)
+SPARSE = [name for name in RULED if METHODS[name].rule.sparse is not None]
+
+
+def _params(rule: ChainRule, name: str) -> dict:
+    defaults = {k: p.default for k, p in method_class(name).all_params().items()}
+    return {k: defaults[k] for k in rule.params}
+
+
+def test_the_chain_methods_declare_their_rules_and_the_fast_ones_a_sparse_path():
+    assert {"spd", "block", "mtad", "typical"} <= set(RULED)
+    assert {"spd", "block", "mtad"} <= set(SPARSE)
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_every_sparse_path_follows_its_dense_rule(name):
+    """Same accepted count and the same next-token law as the rule's dense form on random top-k rows (drafts from
+    Q, some outside P's support: rejections, residuals and bonus rows all occur), with the method's defaults."""
+    rule = METHODS[name].rule
+    params = _params(rule, name)
+    vocab, k, g = 300, 10, 3
+    warper = Warper(temperature=1.0, top_k=k, top_p=0.9)
+    outcomes = set()
+    for seed in range(150):
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(g + 1, vocab, generator=gen) * 3
+        P = warp(logits, 1.0, k, 0.9)
+        Q = warp(logits[:g] + torch.randn(g, vocab, generator=gen) * 2.0, 1.0, k, 0.9)
+        x = torch.stack([sample(Q[i], make_generator(seed * 10 + i)) for i in range(g)])
+        draft = {"rows": Q, "log_q": torch.log(Q[torch.arange(g), x]), "none": None}[rule.draft]
+        u = torch.rand(g, generator=gen) if rule.coins else None
+        n, out = rule.dense(P, draft, x, u, **params)
+        n_s, index, weights = rule.sparse(*warper.top_k_rows(logits), draft, x, u, **params)
+        assert int(n) == int(n_s), seed
+        dense_law = out if out.dim() else torch.nn.functional.one_hot(out, vocab).float()
+        assert torch.allclose(torch.zeros(vocab).scatter_(-1, index, weights / weights.sum()), dense_law / dense_law.sum(), atol=1e-6)
+        outcomes.add(int(n))
+    assert len(outcomes) > 1
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in METHODS.items() if issubclass(c, DraftVerifyDecoder) and "drafter" in c.params))
+def test_each_method_takes_exactly_the_drafters_its_shape_and_walk_allow(name):
+    """Which drafter a method takes follows from the declared capabilities alone (no list of kinds anywhere)."""
+    cls = METHODS[name]
+    defaults = {k: p.default for k, p in cls.all_params().items()}
+    for kind, drafter in DRAFTERS.items():
+        why = cls.accepts(drafter, defaults)
+        shape = cls.shape_for(drafter, defaults)
+        fits = shape in drafter.shapes and (shape == "chain" or cls.walk_for(defaults).children in drafter.tree_children)
+        if name == "bild":
+            fits = kind == "model"
+        assert (why is None) == fits, (name, kind, why)
+        if why is not None:
+            with pytest.raises(ValueError, match=f"cannot use drafter: {kind}"):
+                check_method(name, {"drafter": kind})
+
+
+def test_tree_typical_acceptance_is_one_walk_over_any_tree_drafter():
+    for kind in ("model", "medusa"):
+        values = check_method("typical", {"drafter": kind, "tree": True})
+        assert values["drafter"]["kind"] == kind
+    assert METHODS["typical"].shape_for(DRAFTERS["medusa"], check_method("typical", {"drafter": "medusa"})) == "tree"
+    with pytest.raises(ValueError, match="drafter ngram makes chain proposals; this method verifies a tree"):
+        check_method("typical", {"drafter": "ngram", "tree": True})
+
+
+def test_a_taken_name_is_an_error_and_module_attr_names_resolve():
+    reg: Registry = Registry("thing", name_of=lambda e: e["name"])
+    first = {"name": "a"}
+    reg.register(first)
+    reg.register(first)  # the same entry again is harmless
+    with pytest.raises(RegistryError, match="thing name 'a' is taken"):
+        reg.register({"name": "a"})
+    with pytest.raises(RegistryError, match=r"unknown thing 'b'; valid things: the registered things \['a'\]"):
+        reg.get("b")
+    assert reg.get("pipeline.decoding.spd:SpeculativeDecoder") is METHODS["spd"]
+    with pytest.raises(RegistryError, match="relative module"):
+        reg.get(".spd:SpeculativeDecoder")
+    with pytest.raises(RegistryError, match="cannot be imported"):
+        reg.get("no_such_module_here:Thing")
+    with pytest.raises(RegistryError, match="method name 'spd' is taken"):
+        METHODS.register(type("Other", (METHODS["spd"],), {"name": "spd"}))
+    with pytest.raises(RegistryError, match="not a Decoder subclass"):
+        method_class("pipeline.decoding.verification:token_verify")
+
+
+def test_no_hand_list_of_methods_or_drafters_is_left_and_draft_chain_has_one_definition():
+    """The capabilities replaced the lists (issue 33): none of their names is defined or read again."""
+    root = Path(__file__).resolve().parents[1]
+    sources = {p: p.read_text() for d in ("pipeline", "analysis") for p in (root / d).rglob("*.py")}
+    for name in ("DRAFT_GAMMA_METHODS", "CHAIN_METHODS", "SUPPORTING", "transformers_rows", "TREE_DRAFTERS", "DRAFTER_KINDS",
+                 "EAGLE_KINDS", "UNSUPPORTED_WHY"):
+        assert not [p for p, text in sources.items() if re.search(rf"\b{name}\b", text)], name
+    assert sum(len(re.findall(r"^\s*def draft_chain\(", text, re.M)) for text in sources.values()) == 1
