@@ -17,6 +17,7 @@ from .base import DRAFTERS, Decoder, DrafterContext, Generation, validate_params
 from .beam import BeamSearchDecoder
 from .bild import BiLDDecoder
 from .block import BlockVerificationDecoder
+from .hsd import HSDDecoder, HSDReferenceDecoder
 from .mcss import MCSSDecoder
 from .medusa import MedusaDecoder
 from .mtad import MTADDecoder
@@ -24,6 +25,7 @@ from .mtjd import MTJDDecoder
 from .spd import SpeculativeDecoder
 from .specinfer import SpecInferDecoder
 from .spectr import SpecTrDecoder
+from .traversal import TraversalDecoder
 from .typical import TypicalDecoder
 from .warping import Warper, make_generator, warp
 
@@ -35,11 +37,14 @@ METHODS: dict[str, type[Decoder]] = {
         MTJDDecoder,
         SpeculativeDecoder,
         BlockVerificationDecoder,
+        HSDDecoder,
+        HSDReferenceDecoder,
         MTADDecoder,
         BiLDDecoder,
         SpecTrDecoder,
         SpecInferDecoder,
         MCSSDecoder,
+        TraversalDecoder,
         TypicalDecoder,
         MedusaDecoder,
     )

@@ -90,17 +90,17 @@ def fold_drafter_short_forms(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-CHAIN_METHODS = "spd, block, mtad or typical"
+CHAIN_METHODS = "spd, block, hsd, hsd_ref, mtad or typical"
 UNSUPPORTED_WHY = {
     "ngram": "n-gram lookup drafts one deterministic chain (q one-hot), so the several sampled candidates "
              "this method verifies would be copies of it",
     "eagle": "this method needs its own small-model loop; an EAGLE head drafts chains "
-             "(spd, block, mtad, typical) and trees (specinfer, mcss, spectr's k chains)",
+             "(spd, block, hsd, mtad, typical) and trees (specinfer, mcss, traversal, spectr's k chains)",
     "eagle3": "this method needs its own small-model loop; an EAGLE head drafts chains "
-              "(spd, block, mtad, typical) and trees (specinfer, mcss, spectr's k chains)",
+              "(spd, block, hsd, mtad, typical) and trees (specinfer, mcss, traversal, spectr's k chains)",
 }
-SUPPORTING = {"ngram": "spd, block, mtad or typical", "eagle": "spd, block, mtad, typical, specinfer, mcss or spectr",
-              "eagle3": "spd, block, mtad, typical, specinfer, mcss or spectr"}
+SUPPORTING = {"ngram": CHAIN_METHODS, "eagle": "spd, block, hsd, hsd_ref, mtad, typical, specinfer, mcss, traversal or spectr",
+              "eagle3": "spd, block, hsd, hsd_ref, mtad, typical, specinfer, mcss, traversal or spectr"}
 
 
 def resolve_drafter(method: str, values: dict[str, Any], supported: tuple[str, ...], ctx: DrafterContext) -> None:
