@@ -53,7 +53,8 @@ def test_the_published_hsd_form_is_lossy_by_exactly_this_much():
     assert {k: as_fraction(v) for k, v in ref.accepted_law.items()} == {0: "1/3", 2: "2/3"}
     assert evaluate("hsd_ref", TOY, gamma=1).distance < EXACT
     assert as_fraction(evaluate("hsd_ref", TOY, gamma=3).distance) == "5/81"
-    assert min(evaluate("hsd_ref", Pair.random(3, seed), gamma=3).distance for seed in range(3)) > 1e-4
+    distances = [evaluate("hsd_ref", Pair.random(3, seed), gamma=3).distance for seed in range(3)]
+    assert sum(d > 1e-3 for d in distances) >= 2, distances  # on random families too (not on every one)
 
 
 CHAIN_CASES = [(3, 3), (4, 3), (6, 2)]  # (vocabulary, gamma)
