@@ -144,7 +144,8 @@ SCORE_DETAIL_KEYS = ("passed", "correct", "score")
 
 BASELINE = "ar"  # speedup and energy ratio are taken against this method's cells (docs/DESIGN.md 5.8)
 # Column order of the tables (MTAD Table 5 order first); other methods follow alphabetically.
-METHOD_ORDER = ("ar", "beam", "mtjd", "spd", "block", "spectr", "specinfer", "mcss", "bild", "typical", "medusa", "mtad")
+METHOD_ORDER = ("ar", "beam", "mtjd", "spd", "block", "hsd", "hsd_ref", "spectr", "specinfer", "mcss", "traversal", "bild", "typical",
+                "medusa", "mtad")
 # Hyper-parameters whose variation within one method makes an ablation curve.
 ABLATION_PARAMS = ("tau", "num_beams", "gamma", "num_tokens", "lenience")
 # Methods whose Leviathan bound uses gamma draft tokens per step (a chain draft).
