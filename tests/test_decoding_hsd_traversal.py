@@ -39,15 +39,13 @@ def law2(tiny_pair):
 @pytest.mark.parametrize(
     "method,params,n",
     [
-        ("hsd", {"gamma": 2}, 2500),
-        ("hsd", {"gamma": 4}, 2000),
+        ("hsd", {"gamma": 2}, 2500),  # gamma 3 and deeper: exactly, by enumeration (test_decoding_exact.py)
         ("traversal", {"k_config": [3, 2]}, 1500),  # top-k 6 / top-p 0.95: some nodes have fewer children
-        ("traversal", {"k_config": [1, 1, 1]}, 1500),  # a chain: block verification
     ],
 )
 def test_lossless_forms_match_the_target_distribution(tiny_pair, law2, method, params, n):
     decoder = build_decoder(method, *tiny_pair, **WARP, **params)
-    samples = first_tokens(decoder, n, 2, max_new=3 if method == "traversal" or params["gamma"] < 3 else 5)
+    samples = first_tokens(decoder, n, 2, max_new=3)  # a depth-2 draft in the first iteration
     assert chi_square_pvalue(samples, law2) > 1e-3
 
 
@@ -81,7 +79,7 @@ def test_traversal_with_eagle_trees_keeps_the_target_law():
     law = exact_law(target, PROMPT, 2, Warper(**WARP))
     decoder = build_decoder("traversal", target, None, drafter={"kind": "eagle", "top_nodes": 2}, k_config=[3, 2], **WARP)
     assert decoder.draft is None
-    assert chi_square_pvalue(first_tokens(decoder, 1500, 2, max_new=3), law) > 1e-3
+    assert chi_square_pvalue(first_tokens(decoder, 1200, 2, max_new=3), law) > 1e-3
 
 
 @pytest.mark.parametrize("method,params,max_fed", [("hsd", {"gamma": 3}, 4), ("traversal", {"k_config": [2, 2]}, 1 + 2 + 4)])
