@@ -102,13 +102,13 @@ def test_self_drafted_traversal_accepts_whole_paths(tiny_pair):
 
 
 def test_the_engines_hsd_rules_draw_the_enumerated_laws():
-    """The generator-driven rules the decoders call, sampled 30,000 times on the toy p = (1/3, 2/3), q = (2/3, 1/3)
+    """The generator-driven rules the decoders call, sampled 10,000 times on the toy p = (1/3, 2/3), q = (2/3, 1/3)
     at gamma 2 for the draft x = (B, A): the accepted count's frequencies match the exact law of the calculator
     (block's law for hsd; the uncapped whole-draft acceptance for hsd_ref)."""
     p, q = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64), torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
     P, Q, x = torch.stack([p, p, p]), torch.stack([q, q]), torch.tensor([1, 0])
     gen = make_generator(0)
-    n = 30000
+    n = 10000
     for rule, expected in ((hsd_rule, {2: 1 / 2, 1: 1 / 2}), (hsd_reference_rule, {2: 1.0})):
         counts = Counter(int(rule(P, Q, x, gen)[0]) for _ in range(n))
         # x = BA: pi_1 = 1, pi_2 = 1/2; h_1 = 1 (residual at position 1 has mass 1/3, 1 - pi_1 = 0); P(x)/Q(x) = 1
