@@ -172,18 +172,6 @@ def records_metrics(records: Sequence[Any], gamma: int | None = None, max_new_to
 # ----------------------------------------------------------------------------------- specdec_bench's profile
 
 PROFILE_SCHEMA_VERSION = "1.0"  # NVIDIA Model-Optimizer examples/specdec_bench speculation_profile.py SCHEMA_VERSION
-# How each method verifies, in specdec_bench's ``verification_method`` vocabulary where it has a word
-# ("longest_prefix": token-by-token, the standard; "block": block verification, whose per-position vectors do
-# not describe a longest-correct-prefix law, so a reader must know), else the rule's own name.
-VERIFICATION_METHODS = {
-    "spd": "longest_prefix", "block": "block", "hsd": "hsd", "mtad": "mtad_joint", "typical": "typical_acceptance",
-    "bild": "bild", "medusa": "tree_typical", "specinfer": "tree_specinfer", "mcss": "tree_mcss", "spectr": "tree_spectr",
-    "traversal": "tree_traversal",
-}
-# Methods whose draft of K tokens is a prefix of their draft of K + 1 (specdec_bench's chain drafting): the
-# marginal vector then predicts the acceptance length at every smaller K ("chain_analytic"); others re-plan
-# the whole draft when K changes ("measured_per_k").
-CHAIN_METHODS = frozenset({"spd", "block", "hsd", "typical", "bild"})
 
 
 def checkpoint_id(path: Any) -> str | None:
@@ -202,12 +190,18 @@ def length_histogram(requests: Sequence[Sequence[int]]) -> dict[int, int]:
     return dict(sorted(hist.items()))
 
 
-def speculation_profile(records: Sequence[Any], *, method: str, num_speculative_tokens: int | None = None,
+def speculation_profile(records: Sequence[Any], *, method: str, verification_method: str | None = None, prefix_drafts: bool = False,
+                        num_speculative_tokens: int | None = None,
                         target_model: Mapping[str, Any] | None = None, draft_checkpoint: Mapping[str, Any] | None = None,
                         measurement_conditions: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The cell's acceptance as NVIDIA specdec_bench's ``speculation_profile.json`` (schema 1.0), so vLLM's
     synthetic sampler and Dynamo's mocker can replay what was measured here; None for a method that drafts
     nothing (specdec_bench writes no profile for ``--speculative_algorithm NONE`` either).
+
+    ``verification_method`` and ``prefix_drafts`` are what the method declares (``Decoder.verification_method``:
+    specdec_bench's word, e.g. ``longest_prefix`` for token verification, ``block``; ``Decoder.prefix_drafts``: its
+    draft of K tokens is a prefix of its draft of K + 1, so the marginal vector predicts the acceptance length at
+    every smaller K, ``chain_analytic``; else ``measured_per_k``).
 
     As specdec_bench computes it from the histogram of acceptance lengths L (per verification step, bonus
     included): ``marginal_accept_rates[i]`` = P(L >= i + 2) (the first i + 1 drafts all accepted; vLLM's
@@ -247,12 +241,12 @@ def speculation_profile(records: Sequence[Any], *, method: str, num_speculative_
         "num_speculative_tokens": k,
         "block_size": None,
         "max_supported_k": k,
-        "verification_method": VERIFICATION_METHODS.get(method, method),
+        "verification_method": verification_method or method,
         "conditional_accept_rates": [round(x, 6) for x in conditional],
         "marginal_accept_rates": [round(x, 6) for x in survival],
         "mean_accept_length": round(mean_step, 6),
         "mean_accept_length_per_request": round(mean_request, 6),
-        "accept_length_model": "chain_analytic" if method in CHAIN_METHODS else "measured_per_k",
+        "accept_length_model": "chain_analytic" if prefix_drafts else "measured_per_k",
         "accept_length_by_k": {str(k): round(mean_step, 6)},
         "acceptance_length_histogram": {str(length): v for length, v in hist.items()},
         "per_category": None,

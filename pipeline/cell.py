@@ -258,8 +258,9 @@ def run_cell(cell: Cell) -> CellResult:
                 probe = window.records[0].prompt_ids if window.records else [0] * 16
                 metrics["t_target_step_ms"] = 1e3 * step_times(decoder.target.model, probe, 1, device, reps=10)[0]
         records = [r.to_dict() for r in window.records]
+        declared = type(decoder)
         profile = speculation_profile(
-            window.records, method=cell.method, num_speculative_tokens=decoder.config.get("gamma") or getattr(decoder, "tree_depth", None),
+            window.records, method=cell.method, verification_method=declared.verification_method, prefix_drafts=declared.prefix_drafts, num_speculative_tokens=decoder.config.get("gamma") or getattr(decoder, "tree_depth", None),
             target_model={"id": checkpoint_id(spec.target.id)}, draft_checkpoint={"id": checkpoint_id(spec.draft.id)} if spec.draft else None,
             measurement_conditions={"dataset": cell.dataset_name, "seed": cell.seed, "device": window.device.get("gpu_name") or str(device),
                                     "batch_size": 1, "label": cell.label})

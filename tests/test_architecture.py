@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("analysis", ("analysis",)),
     ("commands", (
         "pipeline.sweep.__main__", "pipeline.generate", "pipeline.bench", "pipeline.distill",
-        "pipeline.distill_speed", "pipeline.train_medusa", "pipeline.train_eagle", "analysis.report",
+        "pipeline.distill_speed", "pipeline.train_medusa", "pipeline.train_eagle", "pipeline.exact", "analysis.report",
     )),
 ]
 COMMANDS = set(LAYERS[-1][1])

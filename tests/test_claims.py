@@ -39,7 +39,7 @@ from pipeline.acceptance import (
     speculation_profile,
 )
 from pipeline.bounds import expected_tokens
-from pipeline.decoding import build_decoder, make_generator
+from pipeline.decoding import METHODS, build_decoder, make_generator
 
 # ----------------------------------------------------------------------------------- synthetic sweeps
 
@@ -384,10 +384,16 @@ def test_hsd_and_traversal_claims_say_no_data_until_their_cells_exist():
 # ----------------------------------------------------------------------------------- specdec_bench's profile
 
 
+def _declared(method: str) -> dict:
+    """What the cell passes for a method: its declared verification word and draft shape."""
+    cls = METHODS.get(method)
+    return {"verification_method": cls.verification_method, "prefix_drafts": cls.prefix_drafts}
+
+
 def test_speculation_profile_matches_specdec_bench_on_its_own_example():
     # specdec_bench tests/test_speculation_profile.py: 100 steps, 40 emitted 1 token, 30 emitted 2, 30 emitted 3
     records = [{"accepted": [1] * 40 + [2] * 30 + [3] * 30, "draft_steps": 300, "drafted": [3] * 100}]
-    profile = speculation_profile(records, method="spd", num_speculative_tokens=3)
+    profile = speculation_profile(records, method="spd", num_speculative_tokens=3, **_declared("spd"))
     assert set(profile) == PROFILE_KEYS
     assert profile["marginal_accept_rates"] == pytest.approx([0.6, 0.3, 0.0])
     assert profile["conditional_accept_rates"] == pytest.approx([0.6, 0.5, 0.0])
@@ -404,12 +410,13 @@ def test_speculation_profile_matches_specdec_bench_on_its_own_example():
 def test_speculation_profile_per_step_and_per_request_means_and_method_words():
     # a short request of long steps and a long one of short steps: the two means differ, the vectors describe steps
     records = [{"accepted": [3, 3], "draft_steps": 4}, {"accepted": [1] * 8, "draft_steps": 16}, {"accepted": [1, 1], "draft_steps": 0}]
-    profile = speculation_profile(records, method="block", num_speculative_tokens=2)
+    profile = speculation_profile(records, method="block", num_speculative_tokens=2, **_declared("block"))
     assert profile["mean_accept_length"] == pytest.approx(14 / 10) and profile["mean_accept_length_per_request"] == pytest.approx(2.0)
     assert profile["marginal_accept_rates"] == pytest.approx([0.2, 0.2]) and profile["conditional_accept_rates"] == pytest.approx([0.2, 1.0])
     assert profile["verification_method"] == "block" and profile["validation"]["mean_consistency"]["passed"]
     # a length that never occurred between two that did keeps its true rate; K is never below the longest step
-    sparse = speculation_profile([{"accepted": [1, 3, 3, 5], "draft_steps": 8}], method="traversal", num_speculative_tokens=2)
+    sparse = speculation_profile([{"accepted": [1, 3, 3, 5], "draft_steps": 8}], method="traversal", num_speculative_tokens=2,
+                                 **_declared("traversal"))
     assert sparse["num_speculative_tokens"] == 4 and sparse["marginal_accept_rates"] == pytest.approx([0.75, 0.75, 0.25, 0.25])
     assert sparse["verification_method"] == "tree_traversal" and sparse["accept_length_model"] == "measured_per_k"
     assert speculation_profile([{"accepted": [1] * 5, "draft_steps": 0}], method="ar") is None  # nothing drafted: no profile

@@ -21,6 +21,7 @@ from .beam import BeamSearchDecoder
 from .bild import BiLDDecoder
 from .block import BlockVerificationDecoder
 from .drafters import Drafter, register_drafter
+from .hsd import HSDDecoder, HSDReferenceDecoder
 from .mcss import MCSSDecoder
 from .medusa import MedusaDecoder
 from .mtad import MTADDecoder
@@ -29,6 +30,7 @@ from .rules import ChainRule, TreeWalk
 from .spd import SpeculativeDecoder
 from .specinfer import SpecInferDecoder
 from .spectr import SpecTrDecoder
+from .traversal import TraversalDecoder
 from .typical import TypicalDecoder
 from .warping import Warper, make_generator, warp
 
@@ -39,9 +41,12 @@ for _cls in (
     MTJDDecoder,
     SpeculativeDecoder,
     BlockVerificationDecoder,
+    HSDDecoder,
+    HSDReferenceDecoder,
     SpecTrDecoder,
     SpecInferDecoder,
     MCSSDecoder,
+    TraversalDecoder,
     BiLDDecoder,
     TypicalDecoder,
     MedusaDecoder,

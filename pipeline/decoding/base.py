@@ -209,6 +209,9 @@ class Decoder:
       bound applies), ``tree`` or ``none`` (no draft);
     - ``lossless``: the output follows the warped target exactly (tested by chi-square);
     - ``batchable``: the method decodes several requests together (``batch_size > 1``);
+    - ``verification_method``: how it verifies, in NVIDIA specdec_bench's words where they have one
+      (``longest_prefix``, ``block``), else the rule's own (the cell's ``speculation_profile.json``);
+    - ``prefix_drafts``: its draft of K tokens is a prefix of its draft of K + 1 (a chain drawn token by token);
     - ``requires``: what the method itself needs beside the target (``draft``, ``medusa``); a method
       with a ``drafter`` parameter needs what its drafter declares instead.
 
@@ -221,6 +224,8 @@ class Decoder:
     draft_shape: ClassVar[str] = "none"
     lossless: ClassVar[bool] = False
     batchable: ClassVar[bool] = False
+    verification_method: ClassVar[str] = ""
+    prefix_drafts: ClassVar[bool] = False
     requires: ClassVar[tuple[str, ...]] = ()
     params: ClassVar[dict[str, Param]] = {}
     Args: ClassVar[type]

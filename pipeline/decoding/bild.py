@@ -31,6 +31,8 @@ from .warping import sample
 
 class BiLDDecoder(DraftVerifyDecoder):
     name = "bild"
+    verification_method = "bild"
+    prefix_drafts = True
     requires = ("draft",)
     params = {
         "drafter": drafter_param(help="the small model: the pair's draft model (model); BiLD has no other drafter"),

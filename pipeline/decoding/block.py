@@ -18,6 +18,8 @@ BLOCK_RULE = ChainRule(block_verify, sparse=block_verify_sparse)
 
 class BlockVerificationDecoder(DraftVerifyDecoder):
     name = "block"
+    verification_method = "block"
+    prefix_drafts = True
     lossless = True
     rule = BLOCK_RULE
     # the same draft as spd, gamma included (3: measured on the default pair, docs/measurement.md *Benchmark against transformers*)

@@ -20,4 +20,5 @@ MCSS_WALK = TreeWalk(partial(mss_rule, replacement=False), children="distinct")
 
 class MCSSDecoder(SpecInferDecoder):
     name = "mcss"
+    verification_method = "tree_mcss"
     walk = MCSS_WALK

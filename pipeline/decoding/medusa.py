@@ -51,6 +51,8 @@ class MedusaDecoder(TreeVerifyDecoder):
     """
 
     name = "medusa"
+    verification_method = "tree_typical"
+    prefix_drafts = False
     requires = ("medusa",)
     params = MEDUSA_PARAMS
 

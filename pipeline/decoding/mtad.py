@@ -34,6 +34,8 @@ MTAD_RULE = ChainRule(mtad_rule, params=("tau",), coins=False, sparse=mtad_rule_
 
 class MTADDecoder(DraftVerifyDecoder):
     name = "mtad"
+    verification_method = "mtad_joint"
+    prefix_drafts = False
     rule = MTAD_RULE
     params = {
         **DraftVerifyDecoder.params,

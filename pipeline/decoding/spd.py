@@ -26,6 +26,8 @@ TOKEN_RULE = ChainRule(token_verify, params=("lenience",), sparse=token_verify_s
 
 class SpeculativeDecoder(DraftVerifyDecoder):
     name = "spd"
+    verification_method = "longest_prefix"
+    prefix_drafts = True
     lossless = True
     rule = TOKEN_RULE
     params = {

@@ -22,6 +22,8 @@ MSS_WALK = TreeWalk(mss_rule, children="iid")
 
 class SpecInferDecoder(TreeVerifyDecoder):
     name = "specinfer"
+    verification_method = "tree_specinfer"
+    prefix_drafts = False
     lossless = True
     walk = MSS_WALK
     params = {

@@ -25,6 +25,8 @@ class SpecTrDecoder(SpecInferDecoder):
     """k chains drawn i.i.d. from the drafter (a tree of ``[k, 1, 1, ...]``), verified by K-SEQ."""
 
     name = "spectr"
+    verification_method = "tree_spectr"
+    prefix_drafts = False
     walk = KSEQ_WALK
     params = {
         "drafter": drafter_param(),

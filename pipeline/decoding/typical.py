@@ -35,6 +35,8 @@ TYPICAL_WALK = TreeWalk(typical_tree_rule, children="top", params=("epsilon", "d
 
 class TypicalDecoder(DraftVerifyDecoder):
     name = "typical"
+    verification_method = "typical_acceptance"
+    prefix_drafts = True
     rule = TYPICAL_RULE
     walk = TYPICAL_WALK
     params = {
