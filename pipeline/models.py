@@ -89,12 +89,14 @@ class ModelSpec:
     def from_config(cls, cfg: Mapping[str, Any] | str) -> "ModelSpec":
         if isinstance(cfg, str):
             return cls(id=cfg)
+        if not isinstance(cfg, Mapping) or not isinstance(cfg.get("id"), str):
+            raise ValueError(f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), got {cfg!r}")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"unknown model spec keys {sorted(unknown)}; valid keys: {sorted(known)}")
         spec = cls(**{k: cfg[k] for k in cfg})
-        if spec.dtype is not None and spec.dtype not in DTYPES:
+        if spec.dtype is not None and (not isinstance(spec.dtype, str) or spec.dtype not in DTYPES):
             raise ValueError(f"model {spec.id!r}: unknown dtype {spec.dtype!r}; choose one of {sorted(DTYPES)}")
         if spec.random_init and not (isinstance(spec.config, Mapping) and spec.config.get("model_type")):
             raise ValueError(
@@ -164,8 +166,13 @@ class PairSpec:
             raise ValueError(f"pair drafter: {kind} needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
         if kind == "model" and not draft:
             raise ValueError("pair drafter: model needs a `draft:` model spec")
-        if cfg.get("dtype", "auto") not in DTYPES:
-            raise ValueError(f"unknown dtype {cfg.get('dtype')!r}; choose one of {sorted(DTYPES)}")
+        dtype = cfg.get("dtype", "auto")
+        if not isinstance(dtype, str) or dtype not in DTYPES:  # a list is unhashable: a TypeError, not a message
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} (pair.dtype=auto)")
+        if not isinstance(cfg.get("chat", True), bool):
+            raise ValueError(f"chat={cfg['chat']!r}: must be true or false (pair.chat=true)")
+        if not isinstance(cfg.get("device", "auto"), str):
+            raise ValueError(f"device={cfg['device']!r}: must be a device name (auto, cpu, cuda, cuda:N, mps; pair.device=auto)")
         return cls(
             target=ModelSpec.from_config(target),
             draft=ModelSpec.from_config(draft) if draft else None,

@@ -96,6 +96,9 @@ def scorer_for(name: str | None) -> Scorer | None:
         return None
     if ":" in name:
         module, _, attr = name.partition(":")
+        if not module or module.startswith(".") or not attr:  # import_module would raise a TypeError on a relative name
+            raise ValueError(f"scorer {name!r}: name an absolute `package.module:attribute` of a Scorer (relative module "
+                             "names and empty parts cannot be imported; e.g. my_scorers.bleu:BLEU)")
         try:
             found = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
