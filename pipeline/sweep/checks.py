@@ -1,4 +1,5 @@
-"""What the planner checks of a pair, a device and the measurement protocol before Ray starts (no model loads)."""
+"""What the planner checks before Ray starts (no model loads): a pair, a device, the measurement protocol, the cluster
+and judge settings, seeds, and every number of the composed config (finite, within int64)."""
 
 from __future__ import annotations
 
