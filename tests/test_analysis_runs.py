@@ -12,11 +12,12 @@ from _fixtures_analysis import PAIR, SWEEP, TOKENS, TOKENS_PER_S, _cell, _result
 from mlflow import MlflowClient
 
 from analysis import figures, report
-from analysis.runs import load_runs, load_samples
+from analysis.runs import _is_config_param, load_runs, load_samples
 from analysis.tables import build_tables
 from pipeline import bounds
 from pipeline.cell_types import cell_key
 from pipeline.tracking import Tracker
+from pipeline.tracking.layout import flatten
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +201,16 @@ def test_seeds_of_one_configuration_share_its_config_key():
     assert len({c.config_key for c in cells}) == 1 and len({cell_key(c.identity) for c in cells}) == 3
     assert replace(cells[0], hardware="L40S").config_key != cells[0].config_key
     assert replace(cells[0], measure={"threads": 1}).config_key != cells[0].config_key
+
+
+def test_the_params_fallback_covers_every_logged_input_of_the_key():
+    """Runs logged before the config_key tag are told apart by their params: every section of Cell.identity that
+    is logged as params (all but the seed, the judge, and the precision, which is not a param) must count."""
+    cell = replace(_cell("spd", "humaneval", 0), measure={"warmup_seconds": 1.0}, weights={"draft": "abc"})
+    params = flatten(cell.config)
+    aliases = {"harness": "harness_version"}
+    for section in set(cell.identity) - {"seed", "judge", "precision"}:
+        name = aliases.get(section, section)
+        counted = [k for k in params if (k == name or k.startswith(name + ".")) and _is_config_param(k)]
+        assert counted, f"identity section {section!r} is not part of the params fallback"
+    assert not _is_config_param("seed") and not _is_config_param("dataset.path") and _is_config_param("dataset.task.version")
