@@ -39,10 +39,16 @@ setup: $(STAMP)
 	@$(ENSURE_BWRAP)
 
 # after the sweep, its tables and figures (reports/<sweep>/, also logged to the sweep's parent run for `mlflow ui`);
-# a report that cannot be made (another tracking.uri in ARGS: use `make report`) does not fail the run
+# a report that cannot be made (another tracking.uri in ARGS: use `make report`) does not fail the run. The report
+# is written after a sweep with failed cells too (exit 1: the finished cells' tables, then make fails with the
+# sweep's status); only a configuration error (exit 2, nothing ran) or an interrupt skips it.
 run: $(STAMP)
-	$(PY) -m pipeline.sweep $(ARGS)
-	-$(PY) -m analysis.report --latest --no-notebooks
+	@status=0; $(PY) -m pipeline.sweep $(ARGS) || status=$$?; \
+	if [ $$status -le 1 ]; then \
+	  $(PY) -m analysis.report --latest --no-notebooks || echo "warning: no report written (see above; make report SWEEP=<name>)" >&2; \
+	fi; \
+	if [ $$status -eq 1 ]; then echo "some cells did not finish: the report above covers those that did; run the same command again to retry the others" >&2; fi; \
+	exit $$status
 
 # the suite in TEST_WORKERS processes (pytest-xdist), one test file per worker at a time (a file's module
 # fixtures, e.g. its Ray session, stay in one process); TEST_WORKERS=0 runs it in this process

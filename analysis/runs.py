@@ -104,6 +104,8 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
         row.update({col: parse_param(params.get(name)) for col, name in schema.PARAMS.items()})
         row["_pair_config"] = {k: v for k, v in params.items() if k.startswith(schema.PAIR_PARAM_PREFIX)}
         row["_config"] = {k: v for k, v in params.items() if _is_config_param(k)}
+        row["_config_key"] = tags.get(schema.CONFIG_KEY_TAG) or None
+        row["_isolation"] = tags.get(schema.ISOLATION_TAG) or ""
         rows.append(row)
     rows = dedupe_runs(rows)
     _split_pairs_by_config(rows)
@@ -156,22 +158,31 @@ def _differing(configs: list[dict[str, Any]]) -> list[str]:
 
 
 def _is_config_param(name: str) -> bool:
-    """What a label's configuration is, beyond its pair: the method's parameters, the weights it read, the
-    harness, and the dataset slice (not where the data lives on this machine)."""
-    if name.startswith(("method.", "weights.")) or name in ("harness_version", "weights"):
-        return True
-    return name.startswith("dataset.") and name not in ("dataset.path", "dataset.config_path")
+    """Whether a param is part of a cell's identity (``Cell.identity``: everything but the seed and the judge; the
+    slice as configured, not where its data lives, and its task by version): what may tell two configurations of
+    a label apart, and what ``config`` is made of for runs logged before the ``config_key`` tag."""
+    if name in schema.NOT_IDENTITY_PARAMS:
+        return False
+    return name == "dataset.task.version" or not name.startswith(schema.NOT_IDENTITY_PREFIXES)
+
+
+def _config_of(row: dict[str, Any]) -> str:
+    """A run's configuration fingerprint: its cell identity without the seed (tag ``config_key``; else, for runs
+    logged before that tag, its identity's params) and the isolation mode it was measured under."""
+    identity: Any = row["_config_key"] or row["_config"]
+    return _fingerprint({"identity": identity, "isolation": row["_isolation"]})
 
 
 def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[dict[str, Any]]:
-    """Per (pair, dataset, label), the runs of its newest run's configuration (``config``: a fingerprint of
-    ``_is_config_param`` params); a warning says what was left out and which params differ. ``keep_all``:
+    """Per (pair, dataset, label), the runs of its newest run's configuration (``config``: ``_config_of``, every
+    input of the cell key but the seed, and the isolation mode); a warning says what was left out and which params differ. ``keep_all``:
     every run, the label of each configuration but the newest's written ``<label>@<config>``."""
     groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     configs: dict[str, dict[str, str]] = {}
     for row in rows:
-        config = row.pop("_config")
-        row["config"] = _fingerprint(config)
+        row["config"] = _config_of(row)
+        config = {**row.pop("_config"), "cpu_isolation": row.pop("_isolation")}
+        row.pop("_config_key")
         configs[row["config"]] = config
         groups.setdefault((row["pair"], row["dataset"], row["label"]), {}).setdefault(row["config"], []).append(row)
     out: list[dict[str, Any]] = []
@@ -182,7 +193,7 @@ def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[
         if len(by_config) == 1:
             continue
         older = [c for c in by_config if c != newest]
-        differ = _differing([configs[c] for c in by_config])
+        differ = _differing([configs[c] for c in by_config]) or ["precision (the pair's dtypes and kernels as planned)"]
         n_old = sum(len(by_config[c]) for c in older)
         note = f"{pair} {dataset} {label!r}: {n_old} run(s) of {len(older)} older configuration(s) (differing: {', '.join(differ)})"
         if keep_all:

@@ -20,6 +20,8 @@ from pipeline.tracking.layout import (
     SCORES_ARTIFACT,
     STATUS_FINISHED,
     TAG_CELL_KEY,
+    TAG_CONFIG_KEY,
+    TAG_CPU_ISOLATION,
     TAG_DATASET,
     TAG_DEVICE,
     TAG_ERROR,
@@ -107,6 +109,14 @@ METRICS: dict[str, str] = {
 # Params under this prefix describe the pair (models, draft, dtype...): runs whose pair config differs
 # under one pair name are told apart in the tables ("<pair>@<fingerprint>"), never pooled.
 PAIR_PARAM_PREFIX = PARAM_PAIR_PREFIX
+
+# A label's configuration, what its runs pool over seeds by (column ``config``): the hash of the cell's identity
+# without its seed (``Cell.config_key``, tag below) and the CPU isolation mode it ran under (tag below); runs
+# logged before the tag existed fall back to their params, less those that are not part of a cell's identity.
+CONFIG_KEY_TAG = TAG_CONFIG_KEY
+ISOLATION_TAG = TAG_CPU_ISOLATION
+NOT_IDENTITY_PARAMS = ("cell_key", "sweep", "label", "seed", "judge", "method.config", "pair.device", "dataset.path")
+NOT_IDENTITY_PREFIXES = ("judge.", "isolation.", "dataset.task.")  # dataset.task.version is: see analysis.runs
 
 # canonical column -> flattened cell-config param (values arrive as text and are parsed)
 PARAMS: dict[str, str] = {

@@ -51,6 +51,7 @@ from pipeline.energy import check_energy_meter, energy_summary, make_energy_mete
 from pipeline.measure import step_times
 from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
+from pipeline.sweep.checks import check_numbers, check_seeds, number_error
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # the engine's switches, recorded in the command line of a result
@@ -123,8 +124,41 @@ class _ForwardClock:
             del model.fused_chain  # the class's method again
 
 
+# bench.yaml's numeric settings: key -> (integer, minimum, strict, nullable, example, what it means)
+_SETTINGS = {
+    "repeats": (True, 1, False, False, 5, " (timed passes; tokens/s is their median)"),
+    "probe_reps": (True, 1, False, False, 10, " (step-cost measurements per pass)"),
+    "warmup": (True, 0, False, False, 1, " (untimed passes first)"),
+    "max_new_tokens": (True, 1, False, False, 64, ""),
+    "threads": (True, 1, False, True, 2, " (null: torch's default)"),
+    "gamma": (True, 1, False, True, 4, " (null: each method's own draft length)"),
+    "idle_seconds": (False, 0, False, False, 5, ""),
+}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The bench's own settings, before any model loads (a ValueError naming the fix; exit 2): zero passes or
+    probes end in a median of nothing, and no prompts in a division by zero, after the pair has loaded."""
+    errors = []
+    for key, (integer, low, strict, nullable, example, note) in _SETTINGS.items():
+        problem = number_error("", key, cfg.get(key), integer=integer, low=low, strict=strict, nullable=nullable,
+                               example=example, note=note)
+        if problem:
+            errors.append(problem)
+    prompts = OmegaConf.to_container(cfg.prompts, resolve=True) if OmegaConf.is_list(cfg.get("prompts")) else cfg.get("prompts")
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        errors.append(f"prompts={prompts!r}: must be a non-empty list of non-empty texts (e.g. 'prompts=[Name a colour.]')")
+    errors += check_seeds([cfg.get("seed")]) if cfg.get("seed") is not None else ["seed=null: must be an integer (seed=0)"]
+    said = {e.split("=", 1)[0] for e in errors}
+    settings = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("hydra", "pair")}
+    errors += [e for e in check_numbers(settings, "") if e.split("=", 1)[0] not in said]
+    if errors:
+        raise ValueError("the bench cannot run: " + "; ".join(e.replace("seeds: ", "seed: ") for e in errors))
+
+
 class Bench:
     def __init__(self, cfg: DictConfig):
+        check_settings(cfg)  # before any model loads
         self.cfg = cfg
         spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
         ctx = drafter_context(spec)
@@ -369,7 +403,6 @@ class Bench:
             t_ar, costs[f"t_verify_g{g}"] = step_times(target, prompt, g, self.device, reps=reps)
             costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
         costs["t_verify"] = costs[f"t_verify_g{max(lengths)}"]
-        costs["t_draft_model"] = float("nan")
         for d in self.drafters:  # each drafter measures its own draft token (Drafter.step_cost), under spd's warping
             dec = build_decoder("spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d))
             costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(dec.target, list(prompt), self.gamma_of("spd"), dec.warper,
@@ -649,9 +682,10 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
     try:
+        check_settings(cfg)
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
         bench = Bench(cfg)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -664,13 +698,14 @@ def main(cfg: DictConfig) -> None:
     info["engine"] = engine_info(bench.pair)
     env = " ".join(f"{k}={os.environ[k]}" for k in ENV_SWITCHES if k in os.environ)
     command = (env + " " if env else "") + "python -m pipeline.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    md = to_markdown(name, rows, costs, info, command, cfg)
     out = REPO_ROOT / cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text(md)
+    # the measurements first: a table that cannot be drawn must not lose what the passes measured
     payload = [asdict(r) for r in rows]
     (out / f"{name}.json").write_text(json.dumps(payload, indent=1))
     (out / f"{name}.meta.json").write_text(json.dumps({"command": command, "costs": costs, "machine": info, "config": OmegaConf.to_container(cfg, resolve=True)}, indent=1))
+    md = to_markdown(name, rows, costs, info, command, cfg)
+    (out / f"{name}.md").write_text(md)
     print(md)
 
 

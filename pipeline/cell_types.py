@@ -81,6 +81,40 @@ class Cell:
     """Test-only fault injection (``fault_injection``: a mapping or a list, see ``pipeline.cell.inject_fault``)."""
     isolation: dict[str, Any] | None = None
     """CPU isolation the runner gives the cell (``mode``, ``threads``, ``cores``); None until scheduled."""
+    precision: dict[str, Any] = field(default_factory=dict)
+    """The pair's precision as planned on this machine (``PairSpec.precision(predicted=True)``): part of the key."""
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the cell's key is the hash of (``cell_key(cell.identity) == cell.key`` for a planned cell), the one
+        definition: the harness, the method and its resolved parameters, the pair (not its device), the slice as
+        configured (not where the data lives; its task by version only, from version 2 on, so that the keys of
+        sweeps planned before task specs stay what they were), the seed, the measurement protocol, the hardware,
+        the precision and the weights' fingerprints. The judge scores the generations, it does not change them:
+        None (a judge change re-judges the logged generations)."""
+        dataset = {k: v for k, v in self.dataset.items() if k not in ("path", "task")}
+        version = (self.dataset.get("task") or {}).get("version", 1)
+        if version != 1:
+            dataset["task_version"] = version
+        return {
+            "harness": self.harness,
+            "method": {"name": self.method, "params": self.params},
+            "pair": {k: v for k, v in self.pair.items() if k != "device"},
+            "dataset": dataset,
+            "seed": self.seed,
+            "measure": dict(self.measure),
+            "judge": None,
+            "hardware": self.hardware,
+            "precision": self.precision,
+            "weights": self.weights,
+        }
+
+    @property
+    def config_key(self) -> str:
+        """The hash of the identity without the seed: cells that differ only in their seed share it, and any other
+        input of the key (a ``measure.*`` setting, the hardware, the weights...) gives another. Tag ``config_key``:
+        what the analysis pools over seeds by, so that it cannot drift from the key."""
+        return cell_key({k: v for k, v in self.identity.items() if k != "seed"})
 
     @property
     def dataset_name(self) -> str:

@@ -89,12 +89,14 @@ class ModelSpec:
     def from_config(cls, cfg: Mapping[str, Any] | str) -> "ModelSpec":
         if isinstance(cfg, str):
             return cls(id=cfg)
+        if not isinstance(cfg, Mapping) or not isinstance(cfg.get("id"), str):
+            raise ValueError(f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), got {cfg!r}")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"unknown model spec keys {sorted(unknown)}; valid keys: {sorted(known)}")
         spec = cls(**{k: cfg[k] for k in cfg})
-        if spec.dtype is not None and spec.dtype not in DTYPES:
+        if spec.dtype is not None and (not isinstance(spec.dtype, str) or spec.dtype not in DTYPES):
             raise ValueError(f"model {spec.id!r}: unknown dtype {spec.dtype!r}; choose one of {sorted(DTYPES)}")
         if spec.random_init and not (isinstance(spec.config, Mapping) and spec.config.get("model_type")):
             raise ValueError(
@@ -164,8 +166,13 @@ class PairSpec:
             raise ValueError(f"pair drafter: {kind} needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
         if kind == "model" and not draft:
             raise ValueError("pair drafter: model needs a `draft:` model spec")
-        if cfg.get("dtype", "auto") not in DTYPES:
-            raise ValueError(f"unknown dtype {cfg.get('dtype')!r}; choose one of {sorted(DTYPES)}")
+        dtype = cfg.get("dtype", "auto")
+        if not isinstance(dtype, str) or dtype not in DTYPES:  # a list is unhashable: a TypeError, not a message
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} (pair.dtype=auto)")
+        if not isinstance(cfg.get("chat", True), bool):
+            raise ValueError(f"chat={cfg['chat']!r}: must be true or false (pair.chat=true)")
+        if not isinstance(cfg.get("device", "auto"), str):
+            raise ValueError(f"device={cfg['device']!r}: must be a device name (auto, cpu, cuda, cuda:N, mps; pair.device=auto)")
         return cls(
             target=ModelSpec.from_config(target),
             draft=ModelSpec.from_config(draft) if draft else None,
@@ -197,29 +204,46 @@ class PairSpec:
 _NOT_WEIGHTS = ("*.md", "metrics.json")  # hidden files and folders are left out too
 
 
+def _weight_files(root: Path) -> list[Path]:
+    """The files of a model folder that make its weights, in name order: symlinked sub-folders followed (a folder
+    assembled from links is read like a copied one; a link back to an ancestor is not entered twice); hidden
+    files and folders, cards and training records left out."""
+    out = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        here = Path(folder)
+        ancestors = {os.path.realpath(root / p) for p in here.relative_to(root).parents}
+        if here != root and os.path.realpath(here) in ancestors:
+            dirs[:] = []  # a link to a folder above it: a cycle
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [here / n for n in names if not n.startswith(".") and (here / n).is_file()
+                and not any((here / n).match(g) for g in _NOT_WEIGHTS)]
+    return sorted(out)
+
+
 def content_fingerprint(path: str | Path) -> str:
     """sha256 of a local model file or folder's contents (names and bytes of every file but cards and
     training records, in name order): the same weights give the same fingerprint on every machine.
 
-    Remembered by the files' paths, sizes and modification times, in this process and under the cache
-    folder (``fingerprints/``), so that a 16 GB checkpoint is read once, not at every plan."""
+    Remembered by each file's path, size, modification time, change time, device and inode, in this process and
+    under the cache folder (``fingerprints/``), so that a 16 GB checkpoint is read once, not at every plan. The
+    change time and inode are what a copy cannot restore: ``cp -p``, ``rsync -t`` and ``tar x`` put the old
+    modification time back on new bytes of the same size, which a size+mtime stamp took for the old file."""
     root = Path(path)
-    files = [root] if root.is_file() else sorted(
-        p for p in root.rglob("*") if p.is_file() and not any(p.match(g) for g in _NOT_WEIGHTS)
-        and not any(part.startswith(".") for part in p.relative_to(root).parts))
-    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    files = [root] if root.is_file() else _weight_files(root)
+    stamp = tuple((str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino) for p in files for st in (p.stat(),))
     return _fingerprint(str(root), stamp)
 
 
 @functools.lru_cache(maxsize=64)
-def _fingerprint(root: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
+def _fingerprint(root: str, stamp: tuple[tuple[str, int, int, int, int, int], ...]) -> str:
     memo = _cache_root() / "fingerprints" / hashlib.sha256(repr((root, stamp)).encode()).hexdigest()[:32]
     try:
         return memo.read_text().strip()
     except OSError:
         pass
     digest = hashlib.sha256()
-    for name, _size, _mtime in stamp:
+    for name, *_ in stamp:
         rel = Path(name).relative_to(root).as_posix() if name != root else Path(name).name
         digest.update(rel.encode() + b"\0")
         with open(name, "rb") as fh:

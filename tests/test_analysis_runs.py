@@ -12,11 +12,12 @@ from _fixtures_analysis import PAIR, SWEEP, TOKENS, TOKENS_PER_S, _cell, _result
 from mlflow import MlflowClient
 
 from analysis import figures, report
-from analysis.runs import load_runs, load_samples
+from analysis.runs import _is_config_param, load_runs, load_samples
 from analysis.tables import build_tables
 from pipeline import bounds
 from pipeline.cell_types import cell_key
 from pipeline.tracking import Tracker
+from pipeline.tracking.layout import flatten
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +156,63 @@ def test_one_pair_name_with_two_configs_is_reported_apart(tmp_path):
         df = load_runs("two-drafts", uri)
     assert len(df) == 2 and df["pair"].nunique() == 2
     assert all(p.startswith(f"{PAIR}@") for p in df["pair"]) and set(df["pair_config"]) == {p.split("@")[1] for p in df["pair"]}
+
+
+@pytest.mark.parametrize("change, differing", [
+    ({"measure": {"warmup_seconds": 0.0}}, "measure.warmup_seconds"),
+    ({"hardware": "A100"}, "hardware"),
+    ({"isolation": "shared"}, "cpu_isolation"),
+    ({"precision": {"target_dtype": "bfloat16"}}, "precision"),
+])
+@pytest.mark.parametrize("tagged", [True, False], ids=["config_key tag", "store before the tag"])
+def test_two_sweeps_on_one_store_with_other_settings_are_never_pooled(tmp_path, change, differing, tagged):
+    """Issue 36 item 6: `ar` of two sweeps on one store that differ only in a measure.* setting (or the hardware, the
+    isolation mode, the precision: every input of the cell key but the seed) came out as one configuration."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "shared", str(tmp_path / "mlruns"))
+    tracker.start_parent("shared", {"sweep": "shared"}, {"cells.total": 4})
+    # the isolation mode is not in the key: the same key under another mode is the same cell (counted once); the
+    # seeds of one label measured under two modes must not be pooled
+    new_seeds = (2,) if "isolation" in change else (0, 1)
+    for version in ("old", "new"):
+        for seed in (0, 1) if version == "old" else new_seeds:
+            base = replace(_cell("ar", "mt_bench", seed), sweep="shared", measure={"warmup_seconds": 10.0}, precision={"target_dtype": "float32"})
+            fields = {k: v for k, v in change.items() if k != "isolation"} if version == "new" else {}
+            cell = replace(base, **fields)
+            cell = replace(cell, key=cell_key(cell.identity))
+            result = replace(_result("ar", "mt_bench", seed), cell_key=cell.key,
+                             isolation={"mode": change.get("isolation", "exclusive") if version == "new" else "exclusive", "threads": 2})
+            result.metrics = {**result.metrics, "tokens_per_s": 100.0 if version == "old" else 200.0}
+            run_id = tracker.log_cell(cell, result)
+            if not tagged:
+                tracker.client.delete_tag(run_id, "config_key")
+            time.sleep(0.01)
+    tracker.end_parent("FINISHED", {"cells_ran": 4})
+    if differing == "precision" and not tagged:
+        pytest.skip("the precision is not a param: a store before the tag cannot tell it")
+    with pytest.warns(UserWarning, match=rf"'ar': 2 run\(s\) of 1 older configuration\(s\) \(differing: {differing}"):
+        df = load_runs("shared", uri)
+    assert len(df) == len(new_seeds) and set(df["tokens_per_s"]) == {200.0} and df["config"].nunique() == 1
+    with pytest.warns(UserWarning, match="reported apart"):
+        every = load_runs("shared", uri, all_configs=True)
+    assert len(every) == 2 + len(new_seeds) and every["label"].nunique() == 2
+
+
+def test_seeds_of_one_configuration_share_its_config_key():
+    cells = [replace(_cell("spd", "humaneval", seed), measure={"threads": 2}) for seed in (0, 1, 2)]
+    assert len({c.config_key for c in cells}) == 1 and len({cell_key(c.identity) for c in cells}) == 3
+    assert replace(cells[0], hardware="L40S").config_key != cells[0].config_key
+    assert replace(cells[0], measure={"threads": 1}).config_key != cells[0].config_key
+
+
+def test_the_params_fallback_covers_every_logged_input_of_the_key():
+    """Runs logged before the config_key tag are told apart by their params: every section of Cell.identity that
+    is logged as params (all but the seed, the judge, and the precision, which is not a param) must count."""
+    cell = replace(_cell("spd", "humaneval", 0), measure={"warmup_seconds": 1.0}, weights={"draft": "abc"})
+    params = flatten(cell.config)
+    aliases = {"harness": "harness_version"}
+    for section in set(cell.identity) - {"seed", "judge", "precision"}:
+        name = aliases.get(section, section)
+        counted = [k for k in params if (k == name or k.startswith(name + ".")) and _is_config_param(k)]
+        assert counted, f"identity section {section!r} is not part of the params fallback"
+    assert not _is_config_param("seed") and not _is_config_param("dataset.path") and _is_config_param("dataset.task.version")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,12 +149,46 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
         ("modes=[greedy,beam]", "unknown mode 'beam'"),
         ("drafters=[nope]", "unknown drafter 'nope'"),
         ("energy_meter=nvml+smi", r"unknown energy meter 'nvml\+smi'; valid: auto, nvml, rapl, zeus, none"),
+        # issue 36 item 8: each of these ended in a traceback after the pair had loaded
+        ("repeats=0", r"repeats=0: must be an integer >= 1 \(timed passes.*\(e.g. repeats=5\)"),
+        ("probe_reps=0", r"probe_reps=0: must be an integer >= 1"),
+        ("warmup=-1", r"warmup=-1: must be an integer >= 0"),
+        ("prompts=[]", r"prompts=\[\]: must be a non-empty list of non-empty texts"),
+        ("max_new_tokens=0", r"max_new_tokens=0: must be an integer >= 1"),
+        ("threads=-1", r"threads=-1: must be null or an integer >= 1"),
+        ("gamma=0", r"gamma=0: must be null or an integer >= 1"),
+        ("idle_seconds=nan", r"idle_seconds=nan: must be a finite number >= 0"),
+        ("seed=99999999999999999999", r"seed: 99999999999999999999 is out of range"),
+        ("sampling.temperature=inf", r"sampling.temperature=inf: must be a finite number"),
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
     monkeypatch.setattr(bench_mod, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         Bench(_cfg(override))
+
+
+def test_the_bench_command_exits_2_on_bad_settings_before_loading(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipeline.bench", "repeats=0", "threads=-1", f"out_dir={tmp_path}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "repeats=0: must be an integer >= 1" in out.stderr and "threads=-1" in out.stderr and not list(tmp_path.iterdir())
+
+
+def test_the_ngram_drafter_alone_writes_its_rows(tmp_path):
+    """drafters=[ngram] measured every pass and then crashed on the summary (KeyError 'c_model'), writing nothing."""
+    args = ["drafters=[ngram]", "methods=[ar,spd]", "modes=[greedy]", "gamma=2", "repeats=1", "warmup=0", "probe_reps=1",
+            "max_new_tokens=4", "energy_meter=none", "prompts=[one two one two one two]", "name=ngram", f"out_dir={tmp_path}"]
+    out = subprocess.run([sys.executable, "-m", "pipeline.bench", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads((tmp_path / "ngram.json").read_text())
+    spd = [r for r in rows if r["impl"] == "ours" and r["method"] == "spd"]
+    assert len(spd) == 1 and spd[0]["drafter"] == "ngram" and spd[0]["tokens_per_s"] > 0 and spd[0]["c"] > 0
+    assert any(r["impl"] == "transformers" and r["method"] == "spd" and r["drafter"] == "ngram" for r in rows)  # prompt lookup
+    costs = json.loads((tmp_path / "ngram.meta.json").read_text())["costs"]
+    assert costs["c"] == costs["c_ngram"] and "t_draft_model_ms" not in costs and "draft_over_floor" not in costs
+    md = (tmp_path / "ngram.md").read_text()
+    assert "ngram" in md and "| ours | spd | ngram |" in md
 
 
 def test_eagle_without_a_head_fails_before_any_model_loads(monkeypatch):

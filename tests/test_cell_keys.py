@@ -21,7 +21,10 @@ made from it, are new).
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -235,6 +238,53 @@ def test_a_fingerprint_is_read_once_and_follows_the_files(tmp_path, monkeypatch)
     models._fingerprint.cache_clear()
     shutil.rmtree(tmp_path / "cache")
     assert content_fingerprint(folder) == second  # hashed again from the files: the card does not count
+
+
+@pytest.mark.parametrize("how", ["cp -p", "tar x"])
+def test_a_same_size_rewrite_with_its_old_mtime_restored_changes_the_fingerprint(tmp_path, monkeypatch, how):
+    """Issue 36 item 9: `cp -p`, `rsync -t` and `tar x` put the old modification time on new bytes of the same
+    size; a stamp of size and mtime took the new weights for the old ones (and the memo served the old hash)."""
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "head"
+    folder.mkdir()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"w" * 1000)
+    os.utime(weights, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    models._fingerprint.cache_clear()
+    first = content_fingerprint(folder)
+    other = tmp_path / "retrained.safetensors"
+    other.write_bytes(b"v" * 1000)
+    os.utime(other, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))  # the same mtime as the old file
+    if how == "cp -p":
+        subprocess.run(["cp", "-p", str(other), str(weights)], check=True)  # in place: same inode, new ctime
+    else:
+        with tarfile.open(tmp_path / "w.tar", "w") as tar:
+            tar.add(other, arcname="model.safetensors")
+        weights.unlink()
+        with tarfile.open(tmp_path / "w.tar") as tar:
+            tar.extractall(folder, filter="data")  # a new file (new inode) with the archived mtime
+    assert weights.stat().st_size == 1000 and weights.stat().st_mtime_ns == 1_700_000_000_000_000_000
+    models._fingerprint.cache_clear()  # a later planner: only the memo under the cache folder is left
+    assert content_fingerprint(folder) != first
+
+
+def test_a_fingerprint_reads_symlinked_sub_folders(tmp_path):
+    """A folder assembled from links (a shared sub-folder of weights) is read like a copy: a change under the
+    link changes the fingerprint; a link back to an ancestor is not followed for ever."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "part-0.safetensors").write_bytes(b"a" * 100)
+    folder, copy = tmp_path / "linked", tmp_path / "copied"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "weights").symlink_to(shared, target_is_directory=True)
+    (folder / "weights" / "loop").symlink_to(folder, target_is_directory=True)  # a cycle: linked/weights/loop -> linked
+    shutil.copytree(folder, copy, symlinks=False, ignore=shutil.ignore_patterns("loop"))
+    models._fingerprint.cache_clear()
+    assert content_fingerprint(folder) == content_fingerprint(copy)  # the linked folder's files are read
+    before = content_fingerprint(folder)
+    (shared / "part-0.safetensors").write_bytes(b"b" * 100)
+    assert content_fingerprint(folder) != before
 
 
 def test_a_cell_logs_the_fingerprints_of_its_weights(project, bf16_cpu):

@@ -17,6 +17,7 @@ import yaml
 
 from pipeline import sweep
 from pipeline.data import task_names, task_spec
+from pipeline.data.tasks import TaskSpec, TaskSpecError
 from pipeline.decoding import METHODS, method_class
 from pipeline.models import PairSpec, pair_config
 from pipeline.scoring.registry import SCORERS, check_task_scorer, scorer_for
@@ -102,7 +103,7 @@ def _refused_before_ray(monkeypatch, tmp_path, overrides, error=sweep.SweepConfi
     (["pair=smollm2-offline", "pair.device=gpu"], r"device 'gpu' is not a torch device"),
     (["measure.threads=0"], r"measure.threads=0: must be null or an integer >= 1"),
     (["measure.threads=-2"], r"measure.threads=-2: must be null or an integer >= 1"),
-    (["measure.warmup_seconds=-1"], r"measure.warmup_seconds=-1: must be a number >= 0"),
+    (["measure.warmup_seconds=-1"], r"measure.warmup_seconds=-1: must be a finite number >= 0"),
     (["measure.energy_meter=nvml+smi"], r"measure.energy_meter: unknown energy meter 'nvml\+smi'; valid: auto, nvml, rapl, zeus, none"),
     (["dataset=humaneval", "dataset.max_new_tokens=9000"], r"max_new_tokens=9000 does not fit the context of pair 'smollm2-offline'.*8192 positions"),
     (["pair=smollm2-offline", "pair.draft.id=/nonexistent/draft-model"], r"draft model folder '/nonexistent/draft-model' does not exist"),
@@ -110,6 +111,81 @@ def _refused_before_ray(monkeypatch, tmp_path, overrides, error=sweep.SweepConfi
 ])
 def test_inputs_that_would_fail_every_cell_are_refused_before_ray(monkeypatch, tmp_path, overrides, message):
     assert re.search(message, _refused_before_ray(monkeypatch, tmp_path, overrides))
+
+
+# issue 36 item 7: numbers that passed the checks and then failed, hung or broke the store for good
+@pytest.mark.parametrize("overrides, message", [
+    (["seeds=[99999999999999999999]"], r"seeds: 99999999999999999999 is out of range: .*\[0, 2\*\*63 - 1\]"),
+    (["seeds=[-1]"], r"seeds: -1 is out of range"),
+    (["measure.warmup_seconds=inf"], r"measure.warmup_seconds=inf: must be a finite number >= 0"),
+    (["measure.idle_seconds=nan"], r"measure.idle_seconds=nan: must be a finite number >= 0"),
+    (["measure.warmup_generations=nan"], r"measure.warmup_generations=nan: must be an integer >= 0"),
+    (["cluster.cell_timeout_s=-1"], r"cluster.cell_timeout_s=-1: must be null or a finite number > 0 \(null or 0: no limit\)"),
+    (["cluster.cell_timeout_s=nan"], r"cluster.cell_timeout_s=nan: must be null"),
+    (["cluster.cpus_per_cell=-2"], r"cluster.cpus_per_cell=-2: must be null or a finite number > 0"),
+    (["cluster.max_in_flight=0"], r"cluster.max_in_flight=0: must be null or an integer >= 1"),
+    (["judge.max_new_tokens=-1"], r"judge.max_new_tokens=-1: must be an integer >= 1 \(e.g. judge.max_new_tokens=256\)"),
+    (["+judge.max_retries=-3"], r"judge.max_retries=-3: must be null or an integer >= 0"),
+    (["method=spd", "method.temperature=inf"], r"method 'spd\(temperature=inf\)': method.temperature=inf: must be a finite number"),
+    (["method=spd", "method.top_p=nan"], r"method.top_p=nan: must be a finite number"),
+    (["+sweep.method_overrides.top_p=nan"], r"method 'ar\(top_p=nan\)': method.top_p=nan: must be a finite number"),
+    (["pair=smollm2-offline", "pair.dtype=[1]"], r"pair 'smollm2-offline': unknown dtype \[1\]; choose one of .*pair.dtype=auto"),
+    (["pair=smollm2-offline", "pair.chat=[1]"], r"chat=\[1\]: must be true or false"),
+    (["pair=smollm2-offline", "pair.target=[1]"], r"a model spec must be a Hub id, a folder or a mapping"),
+    (["dataset=humaneval", "dataset.time_budget_s=nan"], r"dataset 'humaneval': dataset.time_budget_s=nan: must be null or a finite number > 0"),
+    (["dataset=humaneval", "dataset.start=-1"], r"dataset.start=-1: must be null or an integer >= 0"),
+    (["dataset=humaneval", "dataset.limit=99999999999999999999"], r"dataset.limit=99999999999999999999: out of range \(integers must fit in 64 bits"),
+    (["+fault_injection.seconds=inf"], r"fault_injection.seconds=inf: must be a finite number"),
+])
+def test_numbers_out_of_range_or_not_finite_are_refused_before_ray(monkeypatch, tmp_path, overrides, message):
+    text = _refused_before_ray(monkeypatch, tmp_path, overrides)
+    assert re.search(message, text), text
+    if not overrides[0].lstrip("+").startswith(("method", "sweep.method")):  # (a method's own check may add its range besides)
+        assert text.count("\n  - ") <= 1, text  # one error per bad setting, not the generic walk's besides the range's
+
+
+def test_the_sweep_command_exits_2_on_a_seed_beyond_int64(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipeline.sweep", "seeds=[99999999999999999999]", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "seeds: 99999999999999999999 is out of range" in out.stderr and not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///:memory:", "sqlite://", "sqlite:///file::memory:?cache=shared"])
+def test_an_in_memory_store_is_refused_and_writes_no_file(monkeypatch, tmp_path, uri):
+    monkeypatch.chdir(tmp_path)
+    before = set(REPO.iterdir())
+    monkeypatch.setattr(driver, "start_ray", lambda cluster: (_ for _ in ()).throw(AssertionError("Ray started")))
+    cfg = sweep.compose(["sweep=smoke", f"tracking.uri='{uri}'", "progress=false"])
+    with pytest.raises(TrackingError, match=r"in-memory sqlite store .*tracking.uri=sqlite:///mlflow.db"):
+        sweep.run(cfg, root=REPO)
+    assert set(REPO.iterdir()) == before and not list(tmp_path.iterdir())  # no file named ':memory:' anywhere
+
+
+def test_conf_path_folders_that_do_not_exist_or_shadow_a_builtin_are_refused(tmp_path):
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(sweep.SweepConfigError, match=rf"conf_path folder '{missing}' does not exist"):
+        sweep.expand(sweep.compose(["sweep=smoke", f"conf_path=[{missing}]"]), tmp_path)
+    own = tmp_path / "myconf"
+    (own / "method").mkdir(parents=True)
+    (own / "method" / "spd.yaml").write_text("name: spd\ngamma: 9\n")  # would be ignored: conf/method/spd.yaml wins
+    with pytest.raises(sweep.SweepConfigError, match=r"myconf/method/spd.yaml reuses the name method=spd of .*conf/method/spd.yaml.*rename"):
+        sweep.expand(sweep.compose(["sweep=smoke", f"conf_path=[{own}]"]), tmp_path)
+    other = tmp_path / "other"
+    (other / "method").mkdir(parents=True)
+    (other / "method" / "spd9.yaml").write_text("name: spd\ngamma: 9\n")
+    (own / "method" / "spd.yaml").rename(own / "method" / "spd9.yaml")
+    with pytest.raises(sweep.SweepConfigError, match=r"other/method/spd9.yaml reuses the name method=spd9 of .*myconf/method/spd9.yaml"):
+        sweep.expand(sweep.compose(["sweep=smoke", f"conf_path=[{own},{other}]"]), tmp_path)
+
+
+def test_a_relative_module_name_is_a_clear_error_not_a_type_error():
+    with pytest.raises(ValueError, match=r"scorer '.mine:SCORER': name an absolute `package.module:attribute`"):
+        scorer_for(".mine:SCORER")
+    with pytest.raises(ValueError, match=r"name an absolute"):
+        scorer_for(":SCORER")
+    with pytest.raises(TaskSpecError, match=r"loader module '.humaneval' is not an absolute module name"):
+        TaskSpec.from_config("humaneval", {"loader": ".humaneval", "prompt": "pipeline.data.humaneval"})
 
 
 def test_a_store_at_a_new_top_level_folder_is_refused_before_ray(monkeypatch, tmp_path):

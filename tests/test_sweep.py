@@ -6,14 +6,21 @@ project folder (conf/ copy + MLflow SQLite file) so that their experiments do no
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from mlflow import MlflowClient
 
+from analysis import report
 from helpers.project import make_project, run_sweep
 from pipeline.cell_types import STATUS_FINISHED, CellResult
 from pipeline.sweep.ray_runner import with_disturbance
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_small_sweep_end_to_end_then_nothing_to_do(ray_session, tmp_path, capsys):
@@ -98,3 +105,34 @@ def test_a_cell_probed_well_above_its_pairs_calibration_is_flagged():
     assert with_disturbance(cell, result(10.2, 11.0), calibration).metrics["disturbed"] == 0.0
     assert "disturbed" not in with_disturbance(cell, result(10.0, 31.0, "cuda:0"), calibration).metrics  # another device: no comparison
     assert "disturbed" not in with_disturbance(cell, result(10.0, 31.0), {}).metrics  # no calibration (measure.costs off, or it failed)
+def test_the_report_is_written_for_the_finished_cells_of_a_sweep_with_a_failed_cell(ray_session, tmp_path):
+    """Issue 36 item 10: `make run` after a sweep with one failed cell (a timeout under load) wrote no report."""
+    root = make_project(tmp_path)
+    out = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]",
+                    "+fault_injection={kind: raise, labels: [block]}")
+    assert out["finished"] == 2 and out["failed"] == 1, out["results"]
+    assert report.main(["--latest", "--tracking-uri", out["tracking_uri"], "--out", str(tmp_path / "report"), "--no-notebooks",
+                        "--no-mlflow", "--bootstrap", "50"]) == 0
+    runs = (tmp_path / "report" / "runs.csv").read_text()
+    assert runs.count("\n") == 3 and ",spd," in runs and ",ar," in runs and ",block," not in runs  # header + the 2 finished
+    assert "spd" in (tmp_path / "report" / "table5.md").read_text()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+@pytest.mark.parametrize("sweep_status, report_runs", [(0, True), (1, True), (2, False)])
+def test_make_run_reports_what_finished_and_keeps_the_sweeps_status(tmp_path, sweep_status, report_runs):
+    """`make run`: the report after a sweep that finished (0) or finished some cells (1: failed cells), not after a
+    configuration error (2); make's status is the sweep's. PY is a stand-in that logs its calls (nothing installs:
+    -o leaves the venv's stamp alone)."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$2" in pipeline.sweep) exit {sweep_status};; esac\nexit 0\n')
+    fake.chmod(0o755)
+    done = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "run", f"PY={fake}", "ARGS=seeds=[0]"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "MAKEFLAGS": ""})
+    assert (done.returncode == 0) is (sweep_status == 0), done.stderr  # make exits 2 when its recipe fails
+    calls = log.read_text().splitlines()
+    assert calls[0] == "-m pipeline.sweep seeds=[0]"
+    assert (calls[1:] == ["-m analysis.report --latest --no-notebooks"]) is report_runs, calls
+    if sweep_status == 1:
+        assert "some cells did not finish: the report above covers those that did" in done.stderr

@@ -40,6 +40,9 @@ class TaskSpecError(ValueError):
 
 
 def _module(path: str, what: str, name: str) -> ModuleType:
+    if not isinstance(path, str) or not path or path.startswith("."):  # import_module: a TypeError on ".x"
+        raise TaskSpecError(f"task {name!r}: {what} module {path!r} is not an absolute module name; name a module on the "
+                            f"Python path (e.g. pipeline.data.{name}; relative names such as .{name} cannot be imported)")
     try:
         return importlib.import_module(path)
     except ImportError as err:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,11 +32,83 @@ def resolve_dir(path: str | Path) -> Path:
     return directory
 
 
+class LazyState(Mapping[str, torch.Tensor]):
+    """A safetensors file's tensors by name, each read when asked for; ``shapes`` come from the file's header, so
+    that a head's config can be checked against its weights before anything is built or read."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                self.shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118 - not a dict
+        except Exception as err:  # noqa: BLE001 - safetensors' own errors on a truncated or foreign file
+            raise ValueError(f"{file} is not a readable safetensors file ({err}); write it again or retrain") from None
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.shapes:
+            raise KeyError(key)
+        with safe_open(str(self.file), framework="pt") as handle:
+            return handle.get_tensor(key)
+
+    def __contains__(self, key: object) -> bool:  # Mapping's would read the tensor
+        return key in self.shapes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def shapes_of(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a state (a ``LazyState``'s from its header: nothing is read)."""
+    return dict(state.shapes) if isinstance(state, LazyState) else {k: tuple(v.shape) for k, v in state.items()}
+
+
+def check_against_weights(build: Callable[[], nn.Module], shapes: Mapping[str, Sequence[int]], *, what: str, directory: Path,
+                          config_file: str, ignore: Sequence[str] = ("rotary.",), optional: Sequence[str] = ()) -> None:
+    """The module a head's config describes, built on the meta device (no memory), against the tensors its weights
+    file holds: names and shapes. A config that says ``hidden_size: 20000`` beside 2 MB of weights would otherwise
+    build gigabytes of parameters before failing on a wall of size mismatches. ValueError naming the fix."""
+    try:
+        with torch.device("meta"):
+            module = build()
+    except Exception as err:  # noqa: BLE001 - any constructor error on nonsense config values
+        raise ValueError(f"{what} at {directory}: {config_file} does not describe a module ({type(err).__name__}: {err}); "
+                         f"fix {config_file} or write the checkpoint again") from None
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.startswith(tuple(ignore))}
+    found = {k: tuple(v) for k, v in shapes.items() if not k.startswith(tuple(ignore))}
+    missing = sorted(set(expected) - set(found) - set(optional))
+    unexpected = sorted(set(found) - set(expected))
+    wrong = [f"{k}: the config gives {list(expected[k])}, the file holds {list(found[k])}"
+             for k in sorted(set(expected) & set(found)) if expected[k] != found[k]]
+    if missing or unexpected or wrong:
+        parts = ([f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"] if missing else []) + (
+            [f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"] if unexpected else []) + wrong[:3]
+        raise ValueError(f"{what} at {directory}: {config_file} does not match the weights ({'; '.join(parts)}"
+                         f"{' ...' if len(wrong) > 3 else ''}); fix {config_file} to the shapes the weights were trained with, "
+                         "or write the checkpoint again")
+
+
+def config_ints(config: Mapping[str, Any], keys: Sequence[str], *, what: str, directory: Path, config_file: str,
+                defaults: Mapping[str, int] | None = None) -> list[int]:
+    """``config[key]`` for each key as a positive integer (a ValueError naming the key and the file otherwise)."""
+    out = []
+    for key in keys:
+        value = config.get(key, (defaults or {}).get(key))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{what} at {directory}: {config_file} has {key}={value!r}; it must be a positive integer")
+        out.append(value)
+    return out
+
+
 def read_checkpoint(
     path: str | Path, *, config_file: str, weights_files: Sequence[str], what: str, trainer: str
-) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
-    """(folder, config, state dict) of the checkpoint at ``path``; ``weights_files`` in order of preference.
+) -> tuple[Path, dict[str, Any], Mapping[str, torch.Tensor]]:
+    """(folder, config, state) of the checkpoint at ``path``; ``weights_files`` in order of preference.
 
+    A safetensors state is a ``LazyState`` (tensors read on access, shapes from the header: ``shapes_of``), so that
+    the loader checks its config against the weights before it builds anything; a ``.bin`` is read whole.
     ``what`` names the checkpoint in errors ("EAGLE head"), ``trainer`` the ``pipeline`` command that makes one.
     """
     directory = resolve_dir(path)
@@ -44,12 +117,17 @@ def read_checkpoint(
             f"no {what} at {path!r} (expected {config_file} and {weights_files[0]}); train one with "
             f"`python -m pipeline.{trainer} pair=<pair> out_dir={path}`"
         )
-    config = json.loads((directory / config_file).read_text())
+    try:
+        config = json.loads((directory / config_file).read_text())
+    except ValueError as err:
+        raise ValueError(f"{what} at {directory}: {config_file} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{what} at {directory}: {config_file} is not a JSON object of settings")
     for name in weights_files:
         file = directory / name
         if file.exists():
             if name.endswith(".safetensors"):
-                return directory, config, load_file(file)
+                return directory, config, LazyState(file)
             return directory, config, torch.load(file, map_location="cpu", weights_only=True)
     raise ValueError(f"{what} at {directory}: none of {list(weights_files)} found beside {config_file}")
 

@@ -29,7 +29,7 @@ from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from .base import eagle_version
-from .checkpoints import attach, read_checkpoint, write_checkpoint
+from .checkpoints import attach, check_against_weights, read_checkpoint, shapes_of, write_checkpoint
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .kv import PreallocatedLayer
 from .vocab import read_token_map, save_token_map
@@ -128,6 +128,8 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
     raw.pop("architectures", None)
     raw["num_hidden_layers"] = 1
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("torch_dtype", "dtype")})
+    check_against_weights(lambda: EagleHead(config, bias=bias, embed_tokens="embed_tokens.weight" in state), shapes_of(state),
+                          what="EAGLE head", directory=directory, config_file=CONFIG_FILE)  # before anything is built
     head = EagleHead(config, bias=bias, embed_tokens="embed_tokens.weight" in state)
     expected = {k for k in head.state_dict() if not k.startswith("rotary.")}
     got = {k for k in state if not k.startswith("rotary.")}

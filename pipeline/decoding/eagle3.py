@@ -39,7 +39,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from .checkpoints import read_checkpoint
+from .checkpoints import check_against_weights, read_checkpoint, shapes_of
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -201,15 +201,20 @@ def load_eagle3_head(path: str | Path) -> Eagle3Head:
         layer = dict(raw)
         norm_before_residual = bool(raw.get("norm_before_residual", False))
     draft_vocab = raw.get("draft_vocab_size") or layer.get("draft_vocab_size")
-    if draft_vocab is None and "lm_head.weight" in state:
-        draft_vocab = state["lm_head.weight"].shape[0]
+    shapes = shapes_of(state)
+    if draft_vocab is None and "lm_head.weight" in shapes:
+        draft_vocab = shapes["lm_head.weight"][0]
     if draft_vocab is None:
         raise ValueError(f"EAGLE-3 head at {directory}: config.json has no draft_vocab_size and there is no lm_head.weight")
     config = _llama_config(layer)
     taps = raw.get("eagle_aux_hidden_state_layer_ids") or layer.get("eagle_aux_hidden_state_layer_ids")
     target_hidden = raw.get("target_hidden_size") or layer.get("target_hidden_size")
+    check_against_weights(lambda: Eagle3Head(config, int(draft_vocab), target_hidden, taps, embed_tokens="embed_tokens.weight" in shapes,
+                                             norm_before_residual=norm_before_residual),
+                          shapes, what="EAGLE-3 head", directory=directory, config_file=CONFIG_FILE, optional=("d2t", "t2d"))
     head = Eagle3Head(config, int(draft_vocab), target_hidden, taps, embed_tokens="embed_tokens.weight" in state,
                       norm_before_residual=norm_before_residual)
+    state = dict(state)  # the maps may be added below
     if "d2t" not in state:  # a head over the whole vocabulary may omit the maps
         if int(draft_vocab) != config.vocab_size:
             raise ValueError(f"EAGLE-3 head at {directory}: a draft vocabulary of {draft_vocab} < {config.vocab_size} needs d2t")

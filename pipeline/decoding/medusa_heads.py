@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoints import attach, attached, read_checkpoint, write_checkpoint
+from .checkpoints import attach, attached, check_against_weights, config_ints, read_checkpoint, shapes_of, write_checkpoint
 from .fast_forward import small_linear
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -74,8 +74,15 @@ def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> Medu
 
     A relative ``path`` is looked up from the current directory, then from the repository root.
     """
-    _, config, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(HEADS_FILE,), what="Medusa heads", trainer="train_medusa")
-    heads = MedusaHeads(config["hidden_size"], config["num_heads"], config.get("num_layers", 1))
+    directory, config, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(HEADS_FILE,), what="Medusa heads",
+                                               trainer="train_medusa")
+    where = {"what": "Medusa heads", "directory": directory, "config_file": CONFIG_FILE}
+    hidden, num_heads, num_layers = config_ints(config, ("hidden_size", "num_heads", "num_layers"), defaults={"num_layers": 1}, **where)
+    if 2 * num_heads * num_layers != len(state):  # before building even on the meta device: K x L blocks of 2 tensors each
+        raise ValueError(f"Medusa heads at {directory}: {CONFIG_FILE} says {num_heads} head(s) x {num_layers} layer(s) "
+                         f"({2 * num_heads * num_layers} tensors), the weights hold {len(state)}; fix {CONFIG_FILE} or retrain")
+    check_against_weights(lambda: MedusaHeads(hidden, num_heads, num_layers), shapes_of(state), **where)
+    heads = MedusaHeads(hidden, num_heads, num_layers)
     heads.load_state_dict({k: v.float() for k, v in state.items()})
     heads.eval().requires_grad_(False)
     if target is not None:

@@ -1,8 +1,10 @@
-"""What the planner checks of a pair, a device and the measurement protocol before Ray starts (no model loads)."""
+"""What the planner checks before Ray starts (no model loads): a pair, a device, the measurement protocol, the cluster
+and judge settings, seeds, and every number of the composed config (finite, within int64)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -120,23 +122,61 @@ def check_device(pair: Mapping[str, Any], cluster: Mapping[str, Any]) -> None:
         raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} is not supported (cpu, cuda, cuda:N, mps, auto); {fix}")
 
 
-_MEASURE_RULES = {  # key: (types, minimum, what)
-    "warmup_generations": (int, 0, "an integer >= 0"),
-    "warmup_samples": (int, 0, "an integer >= 0"),
-    "warmup_seconds": ((int, float), 0, "a number >= 0"),
-    "idle_seconds": ((int, float), 0, "a number >= 0"),
-    "threads": (int, 1, "null or an integer >= 1"),
+INT64 = (-(2**63), 2**63 - 1)  # what torch's generators, MLflow's store and pandas' Int64 columns hold
+
+
+def check_numbers(node: Any, where: str) -> list[str]:
+    """Every number in a composed config section finite and within int64 (one error per offending key).
+
+    Checked generically, whatever the key: a NaN compares false with every bound (so a range check lets it
+    through and it silently turns a setting off), an infinity spins a loop for ever, and an integer past
+    int64 finishes a cell and then breaks every later read of the store (seeds, pandas' Int64)."""
+    errors: list[str] = []
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            errors += check_numbers(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            errors += check_numbers(value, f"{where}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        errors.append(f"{where}={node!r}: must be a finite number (NaN and infinities are not settings; give a value, or null "
+                      "where the key allows it)")
+    elif isinstance(node, int) and not isinstance(node, bool) and not INT64[0] <= node <= INT64[1]:
+        errors.append(f"{where}={node}: out of range (integers must fit in 64 bits, |n| < 2**63)")
+    return errors
+
+
+def number_error(section: str, key: str, value: Any, *, integer: bool, low: float, strict: bool = False,
+                 nullable: bool = False, example: Any = 1, note: str = "") -> str | None:
+    """The error for ``section.key=value`` (``key=value`` without a section) unless it is a finite number (an
+    integer where ``integer``) >= ``low`` (> ``low`` where ``strict``), or null where ``nullable``; None when fine."""
+    if value is None and nullable:
+        return None
+    types = (int,) if integer else (int, float)
+    ok = (not isinstance(value, bool) and isinstance(value, types) and math.isfinite(value)
+          and (value > low if strict else value >= low))
+    if ok:
+        return None
+    name = f"{section}.{key}" if section else key
+    what = ("null or " if nullable else "") + ("an integer" if integer else "a finite number") + (f" > {low:g}" if strict else f" >= {low:g}")
+    return f"{name}={value!r}: must be {what}{note} (e.g. {name}={example})"
+
+
+_MEASURE_RULES = {  # key: (integer, minimum, nullable)
+    "warmup_generations": (True, 0, False),
+    "warmup_samples": (True, 0, False),
+    "warmup_seconds": (False, 0, False),
+    "idle_seconds": (False, 0, False),
+    "threads": (True, 1, True),
 }
 
 
 def check_measure(measure: Mapping[str, Any]) -> list[str]:
     errors = []
-    for key, (types, low, what) in _MEASURE_RULES.items():
-        value = measure.get(key)
-        if value is None and key == "threads":
-            continue
-        if isinstance(value, bool) or not isinstance(value, types) or value < low:
-            errors.append(f"measure.{key}={value!r}: must be {what} (e.g. measure.{key}={max(low, 1)})")
+    for key, (integer, low, nullable) in _MEASURE_RULES.items():
+        problem = number_error("measure", key, measure.get(key), integer=integer, low=low, nullable=nullable, example=max(low, 1))
+        if problem:
+            errors.append(problem)
     for key in ("perplexity", "score"):
         if key in measure and not isinstance(measure[key], bool):
             errors.append(f"measure.{key}={measure[key]!r}: must be true or false")
@@ -146,3 +186,63 @@ def check_measure(measure: Mapping[str, Any]) -> list[str]:
         errors.append(f"measure.energy_meter: {err}")
     return errors
 
+
+_CLUSTER_RULES = {  # key: (integer, minimum, strict, nullable, example, note)
+    "num_cpus": (False, 0, True, True, 4, " (null: all cores)"),
+    "num_gpus": (False, 0, False, True, 1, " (null: autodetected)"),
+    "cpus_per_cell": (False, 0, True, True, 1, ""),
+    "gpus_per_cell": (False, 0, True, True, 1, ""),
+    "max_in_flight": (True, 1, False, True, 2, " (null: as many as the cluster holds)"),
+    "cell_timeout_s": (False, 0, True, True, 3600, " (null or 0: no limit)"),
+    "object_store_memory": (True, 0, True, True, 200000000, " (bytes; null: Ray's default)"),
+}
+
+
+def check_cluster(cluster: Mapping[str, Any]) -> list[str]:
+    """The cluster's numeric settings in range: a negative ``cell_timeout_s`` would fail every cell at once."""
+    errors = []
+    for key, (integer, low, strict, nullable, example, note) in _CLUSTER_RULES.items():
+        if key in cluster:
+            value = cluster[key]
+            if key == "cell_timeout_s" and value == 0 and not isinstance(value, bool):
+                continue  # 0, like null, is no limit (ray_runner.run_cells)
+            problem = number_error("cluster", key, value, integer=integer, low=low, strict=strict, nullable=nullable,
+                                   example=example, note=note)
+            if problem:
+                errors.append(problem)
+    return errors
+
+
+def check_judge(judge: Mapping[str, Any]) -> list[str]:
+    """The judge's numeric settings (checked whether or not it is enabled: a sweep file's judge is switched on later)."""
+    errors = []
+    for key, integer, low, nullable, example in (("max_new_tokens", True, 1, False, 256), ("max_retries", True, 0, True, 5)):
+        if key in judge:
+            problem = number_error("judge", key, judge[key], integer=integer, low=low, nullable=nullable, example=example)
+            if problem:
+                errors.append(problem)
+    return errors
+
+
+def check_dataset_numbers(name: str, ds: Mapping[str, Any]) -> list[str]:
+    """A dataset slice's numbers in range (``max_new_tokens`` is checked where the slice is built)."""
+    errors = []
+    for key, integer, low, strict, nullable, example in (
+        ("start", True, 0, False, True, 0), ("limit", True, 0, True, True, 10), ("max_turns", True, 0, True, True, 2),
+        ("time_budget_s", False, 0, True, True, 600),
+    ):
+        problem = number_error("dataset", key, ds.get(key), integer=integer, low=low, strict=strict, nullable=nullable, example=example)
+        if problem:
+            errors.append(f"dataset {name!r}: {problem}")
+    return errors
+
+
+def check_seeds(seeds: Any) -> list[str]:
+    """A non-empty list of integers that fit in 64 bits (a seed past int64 finishes its cell and then breaks
+    every later plan of the sweep and every ``load_runs`` of its store)."""
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not seeds or not isinstance(seeds, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        return [f"seeds must be a non-empty list of integers, got {seeds!r} (e.g. seeds=[0,1,2])"]
+    return [f"seeds: {s} is out of range: a seed must be an integer in [0, 2**63 - 1] (e.g. seeds=[0,1,2])"
+            for s in seeds if not 0 <= s <= INT64[1]]

@@ -97,6 +97,45 @@ def check_command_line(argv: Sequence[str], conf_dir: Path | None = None) -> Non
                 check_group_file(key, name, conf_dir)
 
 
+def check_conf_path(folders: Any, conf_dir: Path | None = None) -> None:
+    """``conf_path``'s folders exist, and none of their config files reuses a name of conf/ or of an earlier folder.
+
+    Hydra searches them after conf/ and silently skips a folder that is not there, and the first file of a
+    name wins: a misspelt folder, or a ``method/spd.yaml`` of one's own, would run the built-in config
+    without a word. Both are a :class:`SweepConfigError` naming the fix."""
+    if folders is None:
+        return
+    if isinstance(folders, (str, Path)):
+        folders = [folders]
+    if not isinstance(folders, (list, tuple)) or not all(isinstance(f, (str, Path)) for f in folders):
+        raise SweepConfigError(f"conf_path={folders!r}: must be a list of folders (conf_path=[/path/to/myconf])")
+    seen: dict[tuple[str, str], Path] = {}
+    base = Path(conf_dir or _conf_dir() or CONF_DIR)
+    for group in SELECTABLE_GROUPS:
+        for path in sorted((base / group).rglob("*.yaml")) if (base / group).is_dir() else ():
+            seen[(group, str(path.relative_to(base / group))[:-5])] = path
+    errors = []
+    for entry in folders:
+        folder = Path(str(entry)).expanduser().resolve()
+        if not folder.is_dir():
+            errors.append(f"conf_path folder {entry!r} does not exist ({folder}) or is not a folder: create it, fix the path, "
+                          "or leave it out of conf_path")
+            continue
+        for group in SELECTABLE_GROUPS:
+            if not (folder / group).is_dir():
+                continue
+            for path in sorted((folder / group).rglob("*.yaml")):
+                name = str(path.relative_to(folder / group))[:-5]
+                earlier = seen.get((group, name))
+                if earlier is not None:
+                    errors.append(f"{path} reuses the name {group}={name} of {earlier}, which is the one Hydra would use "
+                                  f"(the first of a name wins): rename the file (e.g. {group}/my_{Path(name).name}.yaml)")
+                else:
+                    seen[(group, name)] = path
+    if errors:
+        raise SweepConfigError("conf_path cannot be used:\n  - " + "\n  - ".join(errors))
+
+
 def group_options(group: str, cfg: DictConfig | None = None) -> list[str]:
     """The names of a config group, in conf/ and in ``cfg.conf_path``'s folders."""
     folders = cfg.get("conf_path") if cfg is not None else None

@@ -19,7 +19,7 @@ weights gives the same key.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,11 +31,22 @@ from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import DrafterContext, check_method
 from pipeline.models import PairSpec, weights_identity
 from pipeline.scoring.registry import check_task_scorer
-from pipeline.sweep.checks import check_device, check_measure, check_models_available, context_length
+from pipeline.sweep.checks import (
+    check_cluster,
+    check_dataset_numbers,
+    check_device,
+    check_judge,
+    check_measure,
+    check_models_available,
+    check_numbers,
+    check_seeds,
+    context_length,
+)
 from pipeline.sweep.compose import (
     CONF_DIR,
     SweepConfigError,
     check_command_line,
+    check_conf_path,
     compose,
     entries,
     group_option,
@@ -203,6 +214,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         raise SweepConfigError(f"sweep {sweep.name!r}: unknown key(s) {unknown} under `sweep:`; valid keys: {list(SWEEP_KEYS)}")
     for section in ("measure", "judge", "cluster", "tracking"):
         _check_section_keys(cfg, section, root)
+    check_conf_path(plain(cfg.get("conf_path")))
     common = plain(sweep.get("method_overrides")) or {}
     method_items = selected(cfg, "method") or entries(plain(sweep.get("methods")), "method")
     pair_items = selected(cfg, "pair") or entries(plain(sweep.get("pairs")), "pair")
@@ -210,8 +222,9 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     seeds = plain(cfg.seeds) if cfg.get("seeds") is not None else plain(sweep.get("seeds"))
     if isinstance(seeds, int):
         seeds = [seeds]
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise SweepConfigError(f"seeds must be a non-empty list of integers, got {seeds!r} (e.g. seeds=[0,1,2])")
+    bad_seeds = check_seeds(seeds)
+    if bad_seeds:
+        raise SweepConfigError("; ".join(bad_seeds))
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
@@ -234,7 +247,20 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     for pair in pairs:
         attempt(check_models_available, pair)
         attempt(check_device, pair, cluster_cfg)
-    errors += check_measure(OmegaConf.to_container(cfg.measure, resolve=True) or {})
+    judge_cfg = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {}
+    ranges = check_measure(OmegaConf.to_container(cfg.measure, resolve=True) or {}) + check_cluster(cluster_cfg) + check_judge(judge_cfg or {})
+    # every number of every setting a cell or the driver reads, whatever its key: finite and within int64
+    generic = [e for section in sorted(set(cfg) - {"method", "pair", "dataset", "sweep", "seeds", "hydra"})
+               for e in check_numbers(plain(cfg.get(section)), section)]
+    for m in methods + ([baseline] if baseline else []):
+        generic += [f"method {m['label']!r}: {e}" for e in check_numbers(m["params"], "method")]
+    for pair in pairs:
+        generic += [f"pair {pair['name']!r}: {e}" for e in check_numbers(pair, "pair")]
+    for ds in datasets:
+        generic += [f"dataset {ds['name']!r}: {e}" for e in check_numbers({k: ds[k] for k in DATASET_KEYS}, "dataset")]
+        ranges += check_dataset_numbers(str(ds["name"]), ds)
+    said = {e.split("=", 1)[0] for e in ranges}  # a key with its own range check is reported once, by it
+    errors += ranges + [e for e in generic if e.split("=", 1)[0] not in said]
     for pair in pairs:
         context = context_length(pair) if not any(f"pair {pair['name']!r}" in e for e in errors) else None
         for ds in datasets:
@@ -251,6 +277,8 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or conf/method/{m['config_name']}.yaml)")
     counts: dict[str, int] = {}
     for ds in datasets:
+        if any(e.startswith(f"dataset {ds['name']!r}: dataset.") for e in errors):
+            continue  # its slice's numbers are wrong (said above): the loader's own error would say it again
         try:
             measured, _, _ = load_slice(ds)
             if not measured:
@@ -285,33 +313,9 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
 
 def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any], pair: dict[str, Any], ds: dict[str, Any], seed: int,
                measure: dict[str, Any], judge: Mapping[str, Any], cluster: Mapping[str, Any], fault: Any, baseline: bool) -> Cell:
-    pair_identity = {k: v for k, v in pair.items() if k not in ("device",)}
-    # the slice as configured; its task by version only, and only from version 2 on: version 1 is what every
-    # task measured before task specs existed, so the keys of existing sweeps stay what they were
-    ds_identity = {k: v for k, v in ds.items() if k not in ("path", "task")}
-    task = TaskSpec.from_dict(ds["task"])
-    if task.version != 1:
-        ds_identity["task_version"] = task.version
-    scorer = check_task_scorer(task)
-    hardware = cluster.get("accelerator_type") or "any"
-    # The judge scores the generations, it does not change them: not part of the key (a judge change
-    # re-judges the logged generations, see `driver.classify`). None here keeps the keys of earlier stores.
-    harness = HARNESS_VERSION
-    weights = weights_identity(pair, method["name"], params)
-    identity = {
-        "harness": harness,
-        "method": {"name": method["name"], "params": params},
-        "pair": pair_identity,
-        "dataset": ds_identity,
-        "seed": seed,
-        "measure": dict(measure),
-        "judge": None,
-        "hardware": hardware,
-        "precision": PairSpec.from_config(pair).precision(predicted=True),
-        "weights": weights,
-    }
-    return Cell(
-        key=cell_key(identity),
+    scorer = check_task_scorer(TaskSpec.from_dict(ds["task"]))
+    cell = Cell(
+        key="",
         sweep=sweep_name,
         label=method["label"],
         method=method["name"],
@@ -321,10 +325,13 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         dataset=ds,
         seed=seed,
         measure=measure,
-        hardware=hardware,
-        harness=harness,
-        weights=weights,
+        hardware=cluster.get("accelerator_type") or "any",
+        harness=HARNESS_VERSION,
+        weights=weights_identity(pair, method["name"], params),
+        # the judge scores the generations, it does not change them: not part of the key (Cell.identity)
         judge=dict(judge) if (judge.get("enabled") and scorer is not None and scorer.uses_judge) else None,
         baseline=baseline,
         fault=fault,
+        precision=PairSpec.from_config(pair).precision(predicted=True),
     )
+    return replace(cell, key=cell_key(cell.identity))  # the key is the hash of the identity (Cell.identity)

@@ -60,13 +60,14 @@ TAG_SCORE_METRIC = "score_metric"
 TAG_SWEEP = "sweep"  # cell runs and parent runs
 TAG_JUDGE = "judge"  # the judge identity (JSON) that scored the cell; "" without one
 TAG_CPU_ISOLATION = "cpu_isolation"
+TAG_CONFIG_KEY = "config_key"  # Cell.config_key: the hash of the cell's identity without its seed (what seeds pool over)
 TAG_ERROR = "error"  # cells that did not finish
 TAG_RESCORED_AT = "rescored_at"  # a cell scored again from its logged generations
 TAG_SUPERSEDED_BY = "superseded_by"  # a failed run replaced by a newer run of its key (then deleted)
 TAG_CLOSED_AS_STALE = "closed_as_stale"  # a run left RUNNING by a driver that is gone
 CELL_TAGS = (
     TAG_CELL_KEY, TAG_METHOD, TAG_LABEL, TAG_PAIR, TAG_DATASET, TAG_SEED, TAG_STATUS, TAG_STAGE, TAG_DEVICE,
-    TAG_GPU_UUID, TAG_NODE, TAG_HOSTNAME, TAG_GIT_COMMIT, TAG_SCORE_METRIC, TAG_SWEEP,
+    TAG_GPU_UUID, TAG_NODE, TAG_HOSTNAME, TAG_GIT_COMMIT, TAG_SCORE_METRIC, TAG_SWEEP, TAG_CONFIG_KEY,
 )
 # what the models ran in (pipeline.models.LoadedPair.precision), tags of the same names
 PRECISION_TAGS = ("cpu_bf16", "cpu_bf16_flags", "target_dtype", "target_kernels", "draft_dtype", "draft_kernels")

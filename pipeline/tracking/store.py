@@ -22,8 +22,24 @@ class StoreWriteError(TrackingError):
 
 
 
+def _in_memory_sqlite(uri: str) -> bool:
+    """``sqlite://``, ``sqlite:///:memory:`` (and SQLAlchemy's ``file::memory:`` forms): a store that lives and dies
+    with one connection; resolved as a relative path it becomes a file named ``:memory:`` in the project."""
+    if _scheme(uri) != "sqlite":
+        return False
+    rest = uri.split("://", 1)[1].split("?", 1)[0]
+    return rest in ("", "/") or ":memory:" in rest or "mode=memory" in uri
+
+
 def resolve_tracking_uri(uri: str, root: Path) -> str:
-    """``sqlite:///relative.db`` -> an absolute SQLite path under ``root``; other URIs unchanged."""
+    """``sqlite:///relative.db`` -> an absolute SQLite path under ``root``; other URIs unchanged.
+
+    An in-memory sqlite URI is refused here (:class:`TrackingError`), before it could be resolved into a file
+    named ``:memory:``: the sweep's runs must outlive the driver (resume, the report, the UI)."""
+    if _in_memory_sqlite(uri):
+        raise TrackingError(f"tracking.uri={uri!r}: an in-memory sqlite store is gone when the driver ends (no resume, report "
+                            "or UI), and resolved as a path it would be a file named ':memory:'; set tracking.uri=sqlite:///mlflow.db "
+                            "(a local file), or the address of a running `mlflow server`")
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         return prefix + str((root / uri[len(prefix):]).resolve())
@@ -55,6 +71,8 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
     fix = "set tracking.uri=sqlite:///mlflow.db (a local file), or the address of a running `mlflow server`"
     if scheme not in KNOWN_SCHEMES + ("",):
         raise TrackingError(f"tracking.uri={uri!r}: unknown scheme {scheme!r} (valid: {', '.join(KNOWN_SCHEMES)}); {fix}")
+    if _in_memory_sqlite(uri):
+        resolve_tracking_uri(uri, Path("."))  # raises, with the fix
     path = local_store_path(uri)
     if scheme == "sqlite" and path is None:
         raise TrackingError(f"tracking.uri={uri!r}: an in-memory or relative sqlite store cannot be shared with the UI; {fix}")

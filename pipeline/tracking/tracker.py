@@ -58,6 +58,7 @@ from pipeline.tracking.layout import (
     STATUS_SCORE_FAILED,
     TAG_CELL_KEY,
     TAG_CLOSED_AS_STALE,
+    TAG_CONFIG_KEY,
     TAG_CPU_ISOLATION,
     TAG_DATASET,
     TAG_DEVICE,
@@ -307,6 +308,7 @@ class Tracker:
         tags = {
             TAG_KIND: KIND_CELL,
             TAG_CELL_KEY: cell.key,
+            TAG_CONFIG_KEY: cell.config_key,
             TAG_METHOD: cell.method,
             TAG_LABEL: cell.label,
             TAG_PAIR: cell.pair_name,
