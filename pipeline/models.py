@@ -304,9 +304,19 @@ def canonical_dtype(name: str) -> str:
     return str(DTYPES[name]).replace("torch.", "") if DTYPES.get(name) is not None else name
 
 
+def head_folder_exists(path: str | Path) -> bool:
+    """Whether a pair's head folder (``eagle:`` / ``medusa:``) holds anything yet (a trainer writes it)."""
+    folder = resolve_dir(path)
+    return folder.is_dir() and any(folder.iterdir())
+
+
 def drafter_context(spec: PairSpec) -> DrafterContext:
-    """What the pair offers to drafting (draft model, EAGLE head, default drafter), before any model loads."""
-    return DrafterContext.of_pair({"name": spec.name, "draft": spec.draft, "eagle": spec.extra.get("eagle"), "drafter": spec.extra.get("drafter")})
+    """What the pair offers to drafting (draft model, EAGLE head, default drafter), before any model loads.
+    An ``eagle:`` folder that is not there yet offers no head, so ``drafter: eagle`` is refused here with
+    the command that trains one, not after the models have loaded."""
+    eagle = spec.extra.get("eagle")
+    return DrafterContext.of_pair({"name": spec.name, "draft": spec.draft, "eagle": eagle if eagle and head_folder_exists(eagle) else None,
+                                   "drafter": spec.extra.get("drafter")})
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -484,13 +494,16 @@ def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
                 f"({target.config.vocab_size}): the pair's models must share a tokenizer"
             )
     assets: dict[str, Any] = {}
-    if spec.extra.get("eagle"):
+    # A head folder the pair names but nobody has trained yet (the default pair names where
+    # `python -m pipeline.train_eagle` / `train_medusa` write; no head is shipped) is skipped: the pair serves
+    # every other method, and a method that needs the head says how to train it (drafter_context, medusa_heads_of).
+    if spec.extra.get("eagle") and head_folder_exists(spec.extra["eagle"]):
         # an EAGLE-1/2 or EAGLE-3 head beside the pair (`eagle: models/<dir>`): an asset of the eagle drafters
         assets["eagle"] = load_eagle(spec.extra["eagle"], target)
     if spec.extra.get("drafter"):
         # the pair's default drafter (methods' `drafter: pair`), read by the decoders
         object.__setattr__(target, "default_drafter", spec.extra["drafter"])
-    if spec.extra.get("medusa"):
+    if spec.extra.get("medusa") and head_folder_exists(spec.extra["medusa"]):
         # Medusa heads beside the pair (`medusa: models/<dir>`): attached as `target.medusa_heads`
         load_medusa_heads(spec.extra["medusa"], target)
     return LoadedPair(spec=spec, target=target, draft=draft, tokenizer=tokenizer, assets=assets)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from helpers.exact import WARP, chi_square_pvalue, exact_law
+from helpers.heads import eagle3_head_folder, eagle_head_folder
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.base import DrafterContext
@@ -23,8 +23,6 @@ from pipeline.decoding.eagle3 import Eagle3Head, default_taps, eagle3_config, lo
 from pipeline.decoding.warping import Warper
 
 PROMPT = [0, 3, 5, 0, 3]
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def random_head(target, seed: int, draft_ids, scale: float = 0.5) -> Eagle3Head:
@@ -266,11 +264,11 @@ def test_speculators_config_validates_with_the_library(tmp_path):
 
     config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "out")
     assert config.draft_vocab_size == 24 and speculators is not None
-    # the shipped head of the default pair, written in the speculators layout, validates as well
-    shipped = load_eagle3_head(REPO / "models" / "smollm2-135m-eagle3")
-    save_eagle3_head(shipped, tmp_path / "shipped", layout="speculators", verifier="HuggingFaceTB/SmolLM2-135M-Instruct")
-    config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "shipped")
-    assert config.transformer_layer_config.hidden_size == 576 and config.draft_vocab_size == shipped.d2t.numel()
+    # a head made by the training code (pipeline.training.eagle3.new_head), re-saved in the speculators layout, validates as well
+    made = load_eagle3_head(eagle3_head_folder(target, tmp_path / "made", torch.arange(0, 48, 3)))
+    save_eagle3_head(made, tmp_path / "made-spec", layout="speculators", verifier="tiny")
+    config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "made-spec")
+    assert config.transformer_layer_config.hidden_size == 32 and config.draft_vocab_size == made.d2t.numel() == 16
 
 
 def test_bad_heads_are_refused(tmp_path):
@@ -282,6 +280,6 @@ def test_bad_heads_are_refused(tmp_path):
         load_eagle3_head(tmp_path / "h")
     with pytest.raises(ValueError, match="three distinct layers"):
         default_taps(5)
-    eagle1 = {"name": "p", "target": {"id": "t"}, "eagle": "models/smollm2-135m-eagle"}
+    eagle1 = {"name": "p", "target": {"id": "t"}, "eagle": str(eagle_head_folder(target, tmp_path / "eagle1"))}
     with pytest.raises(ValueError, match="use drafter: eagle"):
         check_method("spd", {"drafter": "eagle3"}, drafters=DrafterContext.of_pair(eagle1))

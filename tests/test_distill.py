@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,8 @@ from pipeline.training.distill import (
     train,
 )
 from pipeline.training.teacher_data import sample_answers, sample_answers_packed, teacher_force, teacher_force_cached
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_target(vocab: int = 256):
@@ -218,3 +221,62 @@ def test_data_engine_choice():
         data_engine("fast", fp32)
     if kernels() is not None:  # bf16 on a CPU with the engine's kernels: sequences packed into one cache
         assert data_engine("auto", tiny_target().to(torch.bfloat16)) == "packed"
+
+
+def test_training_measures_every_heldout_set_against_training_tokens():
+    """The curve carries alpha on each extra held-out set (the chat mix's) and the answer tokens trained on."""
+    target = tiny_target()
+    recs = tiny_records(target)
+    student = make_student(target, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2,
+                           num_kv_heads=1, head_dim=16, seed=0, init_from_target=False)
+    token_map = choose_token_map(recs, 256, 128, always=[0, 1, 2])
+    held = heldout_for(target, recs)
+    chat = heldout_for(target, recs[6:])
+    curve = train(student, recs, token_map, held, steps=8, tokens_per_batch=64, max_len=64, lr=1e-2, warmup=2,
+                  weight_decay=0.0, negatives=16, eval_every=4, seed=0, pad_id=0, log=lambda m: None, progress=False,
+                  extra_heldout={"chat": chat}, tokens_before=100)
+    assert [c["step"] for c in curve] == [0, 4, 8]
+    assert curve[0]["tokens"] == 100 and curve[0]["tokens"] < curve[1]["tokens"] < curve[2]["tokens"]
+    assert curve[-1]["alpha_chat"] == pytest.approx(evaluate_alpha(student, chat, token_map)["alpha"])
+    assert curve[-1]["alpha"] == pytest.approx(evaluate_alpha(student, held, token_map)["alpha"])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("data.prompts=web", "data.prompts must be instructions or chat"),
+    ("init_from=models/no-such-draft", "init_from=models/no-such-draft: no checkpoint there"),
+])
+def test_bad_distill_settings_fail_before_any_model_loads(override, message, monkeypatch, tmp_path):
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+    from hydra.core.global_hydra import GlobalHydra  # noqa: PLC0415
+
+    from pipeline.training import distill as distill_mod  # noqa: PLC0415
+
+    monkeypatch.setattr(distill_mod, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("distill", overrides=[override, f"work_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=message):
+        distill_mod.run(cfg)
+
+
+def test_the_card_shows_the_chat_heldout_set_and_the_continued_run(tmp_path):
+    from pipeline.training.cards import write_model_card  # noqa: PLC0415
+
+    curve = [{"step": 0, "train_s": 0.0, "tokens": 0, "loss": None, "alpha": 0.45, "greedy_agreement": 0.47, "alpha_chat": 0.38},
+             {"step": 10, "train_s": 60.0, "tokens": 40000, "loss": 1.2, "alpha": 0.46, "greedy_agreement": 0.48, "alpha_chat": 0.41}]
+    info = {"target": "t", "command": "python -m pipeline.distill data.prompts=chat", "save_dtype": "bfloat16", "seed": 0,
+            "init_from": "models/smollm2-135m-draft", "config": {"threads": 2},
+            "student": {"num_layers": 4, "hidden_size": 192, "num_heads": 3, "head_dim": 64, "num_kv_heads": 1,
+                        "intermediate_size": 1024, "vocab_size": 49152, "params": 12e6, "bytes": 24e6, "map_size": 16384},
+            "data": {"records": 10, "tokens": 1000, "gen_records": 6, "gen2_records": 3, "tf_records": 1, "top_k_store": 32,
+                     "sample_top_k": 20, "sample_top_p": 0.95, "max_new_tokens": 160, "prompts": "chat", "engine_used": "batched",
+                     "wall_s": 60.0, "map_coverage": 0.99},
+            "train": {"steps": 10, "tokens_per_batch": 4096, "lr": 5e-4, "negatives": 2048, "wall_s": 60.0},
+            "heldout": {"n_humaneval": 24, "n_mtbench": 24, "max_new_tokens": 128, "n_chat": 48, "positions": {"eval": 5000, "chat": 7000}},
+            "curve": curve, "final": {**curve[-1], "positions": 5000}, "final_full": {"alpha": 0.46}}
+    write_model_card(tmp_path, info)
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "| step | tokens | train min | loss (EMA) | alpha | alpha (chat) | greedy agreement |" in card
+    assert "| 10 | 40000 | 1.0 | 1.2 | 0.4600 | 0.4100 | 0.4800 |" in card
+    assert "alpha **0.4100**" in card and "Continued from `models/smollm2-135m-draft`" in card
+    assert "3 of them second turns" in card

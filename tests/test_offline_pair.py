@@ -5,15 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decoding import build_decoder, make_generator
+from helpers.heads import eagle_head_folder
+from pipeline.decoding import build_decoder, check_method, make_generator
+from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.kv import CachedModel
-from pipeline.models import load_pair_by_name
+from pipeline.decoding.vocab import read_token_map
+from pipeline.models import PairSpec, drafter_context, load_pair, load_pair_by_name, pair_config
 from pipeline.prompts import encode_prompt, eos_ids
 
 
 @pytest.fixture(scope="module")
-def offline_pair():
-    return load_pair_by_name("smollm2-offline")
+def offline_pair(tmp_path_factory):
+    """The default pair, with an EAGLE head made on the fly for its target (no head is shipped) as its asset."""
+    pair = load_pair_by_name("smollm2-offline")
+    folder = eagle_head_folder(pair.target, tmp_path_factory.mktemp("eagle"), token_map=read_token_map(pair.spec.draft.id))
+    pair.assets["eagle"] = load_eagle(folder, pair.target)
+    return pair
 
 
 def test_pair_loads_with_chat_template(offline_pair):
@@ -45,11 +52,27 @@ def test_sampling_on_the_offline_pair_is_reproducible(offline_pair):
     assert a == b and len(a) >= 1
 
 
-def test_the_shipped_eagle_head_is_an_asset_with_its_restricted_head(offline_pair):
-    head = offline_pair.assets["eagle"]  # passed to the decoders explicitly, not attached to the target
-    assert getattr(offline_pair.target, "eagle_head", None) is None
-    assert head.hidden_size == offline_pair.target.config.hidden_size
-    assert head.token_map is not None and head.token_map.numel() < 49152
+def test_a_trained_eagle_head_is_an_asset_with_its_restricted_head(offline_pair, tmp_path):
+    """The pair's `eagle:` folder, once a head is trained there, loads as an asset (not attached to the target)."""
+    folder = eagle_head_folder(offline_pair.target, tmp_path / "eagle", token_map=torch.arange(0, 49152, 3))
+    pair = load_pair({**pair_config("smollm2-offline"), "eagle": str(folder)})
+    head = pair.assets["eagle"]  # passed to the decoders explicitly, not attached to the target
+    assert getattr(pair.target, "eagle_head", None) is None
+    assert head.hidden_size == pair.target.config.hidden_size
+    assert head.token_map is not None and head.token_map.numel() == 16384 < 49152
+
+
+def test_the_pair_loads_without_its_heads_and_refuses_eagle_before_loading(tmp_path):
+    """No head is shipped: a pair whose `eagle:`/`medusa:` folders are not trained yet serves everything else,
+    and `drafter: eagle` is refused before any model loads with the command that trains one."""
+    cfg = {**pair_config("smollm2-offline"), "eagle": str(tmp_path / "eagle"), "medusa": str(tmp_path / "medusa")}
+    with pytest.raises(ValueError, match="python -m pipeline.train_eagle"):
+        check_method("spd", {"drafter": "eagle"}, drafters=drafter_context(PairSpec.from_config(cfg)))
+    (tmp_path / "eagle").mkdir()  # an empty folder is not a head either
+    with pytest.raises(ValueError, match="python -m pipeline.train_eagle"):
+        check_method("spd", {"drafter": "eagle"}, drafters=drafter_context(PairSpec.from_config(cfg)))
+    pair = load_pair(cfg)
+    assert pair.assets == {} and getattr(pair.target, "medusa_heads", None) is None
 
 
 def test_draft_head_is_restricted_and_mapped_onto_the_target_vocabulary(offline_pair):

@@ -35,14 +35,23 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from pipeline.data import humaneval
 from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.kv import CachedModel
-from pipeline.decoding.vocab import restrict_head, save_token_map
+from pipeline.decoding.vocab import read_token_map, restrict_head, save_token_map
 from pipeline.decoding.warping import warp
 from pipeline.measure import step_times
 from pipeline.models import DTYPES, load_pair
 from pipeline.prompts import chat_ids
 from pipeline.training.cards import write_model_card
+from pipeline.training.chat_mix import Conversation, chat_conversations
 from pipeline.training.common import repo_path, start_run
-from pipeline.training.teacher_data import generate_teacher_data, load_records, padding_id, sample_answers, sample_answers_packed
+from pipeline.training.teacher_data import (
+    chat_heldout_conversations,
+    generate_teacher_data,
+    load_records,
+    padding_id,
+    sample_answers,
+    sample_answers_packed,
+    sample_conversations,
+)
 
 WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
 
@@ -106,21 +115,29 @@ def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None)
 
 
 @torch.no_grad()
-def build_heldout(target, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int, batch_size: int = 16,
-                  engine: str = "batched") -> dict:
+def build_heldout(target, tokenizer, prompts: list[str] | list[Conversation], *, max_new_tokens: int, seed: int,
+                  batch_size: int = 16, engine: str = "batched") -> dict:
     """Target-sampled answers (eval warping) and the target's warped top-k rows at every answer position
-    (``engine`` as ``teacher_data.generate_teacher_data``'s)."""
+    (``engine`` as ``teacher_data.generate_teacher_data``'s). ``prompts``: single user turns, or chat-mix
+    conversations whose every turn is answered after the target's own earlier answers (all turns' rows count)."""
     gen = torch.Generator().manual_seed(seed)
     pad = padding_id(tokenizer)
     cached = CachedModel(target) if engine == "packed" else None
     kw = dict(max_new_tokens=max_new_tokens, top_k_store=1, sample_top_k=WARP["top_k"], sample_top_p=WARP["top_p"],
               eos_id=tokenizer.eos_token_id, gen=gen)
-    seqs = []
-    step = len(prompts) if cached is not None else batch_size  # packed: one continuous batch
-    for i in range(0, len(prompts), step):
-        batch = [chat_ids(tokenizer, p) for p in prompts[i : i + step]]
-        recs = sample_answers_packed(cached, batch, **kw) if cached is not None else sample_answers(target, batch, pad_id=pad, **kw)
-        seqs += [(r.ids.long(), r.start) for r in recs]
+
+    def sample(batch: list[list[int]]) -> list:
+        if cached is not None:  # packed: one continuous batch
+            return sample_answers_packed(cached, batch, **kw)
+        return [r for i in range(0, len(batch), batch_size) for r in sample_answers(target, batch[i : i + batch_size], pad_id=pad, **kw)]
+
+    if prompts and isinstance(prompts[0], Conversation):
+        recs = sample_conversations(tokenizer, list(prompts), sample)
+        shown = [list(c.turns) for c in prompts]
+    else:
+        recs = sample([chat_ids(tokenizer, p) for p in prompts])
+        shown = list(prompts)
+    seqs = [(r.ids.long(), r.start) for r in recs]
     rows = []
     for ids, start in seqs:
         if cached is not None:
@@ -131,7 +148,7 @@ def build_heldout(target, tokenizer, prompts: list[str], *, max_new_tokens: int,
         p = warp(logits.float(), **WARP)
         vals, idx = p.topk(WARP["top_k"], dim=-1)
         rows.append({"ids": ids, "start": start, "p_ids": idx, "p": vals, "argmax": logits.argmax(-1)})
-    return {"prompts": prompts, "rows": rows}
+    return {"prompts": shown, "rows": rows}
 
 
 def data_engine(engine: str, target) -> str:
@@ -259,8 +276,12 @@ def kd_loss(h: torch.Tensor, emb: torch.Tensor, token_map: torch.Tensor, neg_ids
 
 def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict | None, *, steps: int,
           tokens_per_batch: int, max_len: int, lr: float, warmup: int, weight_decay: float, negatives: int,
-          eval_every: int, seed: int, pad_id: int, log=print, progress: bool = True) -> list[dict]:
-    """Train ``student`` in place for ``steps`` optimizer steps; returns the eval curve (time, alpha, ...)."""
+          eval_every: int, seed: int, pad_id: int, log=print, progress: bool = True,
+          extra_heldout: dict[str, dict] | None = None, tokens_before: int = 0) -> list[dict]:
+    """Train ``student`` in place for ``steps`` optimizer steps; returns the eval curve (time, training
+    tokens, alpha, ...). ``extra_heldout`` sets are measured beside ``heldout`` at every eval
+    (``alpha_<name>``); ``tokens_before`` counts the answer tokens the student was trained on before
+    this run (a continued training's curve starts there)."""
     torch.manual_seed(seed)
     vocab = student.get_input_embeddings().weight.shape[0]
     to_map = torch.full((vocab,), -1, dtype=torch.long)
@@ -279,14 +300,19 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
     student.train()
     curve, epoch, batches, ema = [], 0, [], None
     train_time = 0.0
+    seen_tokens = 0  # answer positions trained on (a record's rows count once per epoch)
 
     def do_eval(step):
         if heldout is None:
             return
         m = evaluate_alpha(student, heldout, token_map)
-        curve.append({"step": step, "train_s": round(train_time, 1), "loss": ema, **m})
-        log(f"eval step {step} train {train_time / 60:.1f} min loss {ema if ema is None else round(ema, 4)} "
-            f"alpha {m['alpha']:.4f} greedy {m['greedy_agreement']:.4f}")
+        for name, extra in (extra_heldout or {}).items():
+            e = evaluate_alpha(student, extra, token_map)
+            m.update({f"alpha_{name}": e["alpha"], f"greedy_agreement_{name}": e["greedy_agreement"]})
+        curve.append({"step": step, "train_s": round(train_time, 1), "tokens": tokens_before + seen_tokens, "loss": ema, **m})
+        log(f"eval step {step} train {train_time / 60:.1f} min tokens {tokens_before + seen_tokens} loss "
+            f"{ema if ema is None else round(ema, 4)} alpha {m['alpha']:.4f} greedy {m['greedy_agreement']:.4f}"
+            + "".join(f" alpha_{k} {m[f'alpha_{k}']:.4f}" for k in extra_heldout or {}))
 
     do_eval(0)
     bar = tqdm(range(steps), disable=not progress, mininterval=30, maxinterval=60)
@@ -296,6 +322,7 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
             epoch += 1
         ts = time.time()
         ids, mask, pos, t_idx, t_logp = collate(records, batches.pop(), max_len, to_map, pad_id)
+        seen_tokens += int(pos.numel())
         h = student.model(input_ids=ids, attention_mask=mask).last_hidden_state
         h = h.reshape(-1, h.shape[-1])[pos]
         neg = outside[torch.randint(len(outside), (negatives,), generator=gen)] if negatives and len(outside) else outside[:0]
@@ -349,11 +376,42 @@ def cost_figures(target, draft_dir: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------------
 
 
+def heldout_sets(cfg, target, tok, engine: str, work: Path, train_firsts: set[str], log) -> dict[str, dict]:
+    """The held-out sets of ``cfg.heldout``, built once and cached in ``work``: ``eval`` (HumanEval + MT-Bench
+    first turns: the shipped draft's held-out set) and, with ``n_chat``, ``chat`` (conversations of the chat
+    mix's held-out split, none of whose first turns the training data has)."""
+    h = cfg.heldout
+    out = {}
+    held_file = work / f"heldout-he{h.n_humaneval}-mt{h.n_mtbench}-n{h.max_new_tokens}-s{h.seed}.pt"
+    if not held_file.exists():
+        prompts = heldout_prompts(h.n_humaneval, h.n_mtbench, h.get("mt_bench_path"))
+        torch.save(build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine), held_file)
+    out["eval"] = torch.load(held_file)
+    n_chat = h.get("n_chat", 0)
+    if n_chat:
+        chat_file = work / f"heldout-chat{n_chat}-n{h.max_new_tokens}-s{h.seed}-d{cfg.seed}.pt"
+        if not chat_file.exists():
+            convs = chat_heldout_conversations(n_chat, cfg.seed, train_firsts)
+            torch.save(build_heldout(target, tok, convs, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine), chat_file)
+        out["chat"] = torch.load(chat_file)
+    for name, held in out.items():
+        log(f"held-out {name}: {len(held['prompts'])} prompts, {len(held['rows'])} answers, "
+            f"{sum(len(r['p']) for r in held['rows'])} positions")
+    return out
+
+
 def run(cfg) -> dict:
     """The whole distillation run described by ``cfg`` (conf/distill.yaml)."""
     # the student and the training loop seed themselves (make_student, train): no global seed here
     job = start_run(threads=cfg.threads, seed=None, work_dir=cfg.work_dir, log_name="distill.log")
     log, work = job.log, job.work
+    d = cfg.data
+    kind = d.get("prompts", "instructions")
+    if kind not in ("instructions", "chat"):
+        raise ValueError(f"data.prompts must be instructions or chat, not {kind!r}")
+    init_from = cfg.get("init_from")
+    if init_from and not (repo_path(init_from) / "config.json").exists():
+        raise ValueError(f"init_from={init_from}: no checkpoint there (a folder written by pipeline.distill)")
 
     pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
     pair_cfg["draft"] = None  # the draft is what we are making
@@ -362,53 +420,61 @@ def run(cfg) -> dict:
     target, tok = pair.target.eval(), pair.tokenizer  # the teacher in the pair's precision (the one that serves)
     pad_id = padding_id(tok)
     data_dir = work / "data"
-    d = cfg.data
     engine = data_engine(d.get("engine", "auto"), target)
     log(f"teacher: {target.dtype}, data engine {engine}")
 
-    # 1. teacher data
+    # 1. held-out sets (first: small, and fixed before any training data exists)
+    train_firsts = {c.turns[0] for c in chat_conversations(d.n_prompts, cfg.seed, "train", d.get("multi_turn", 0.4))} if kind == "chat" else set()
+    held = heldout_sets(cfg, target, tok, engine, work, train_firsts, log)
+    heldout = held.pop("eval")
+    h = cfg.heldout
+
+    # 2. teacher data
     t0 = time.time()
     generate_teacher_data(
         target, tok, data_dir, n_prompts=d.n_prompts, tf_fraction=d.tf_fraction, batch_size=d.batch_size,
         max_new_tokens=d.max_new_tokens, top_k_store=d.top_k_store, sample_top_k=d.sample_top_k,
         sample_top_p=d.sample_top_p, seed=cfg.seed, time_budget_s=d.time_budget_s,
-        max_shards=d.get("max_shards"), engine=engine, slots=d.get("slots", 64), log=log)
+        max_shards=d.get("max_shards"), engine=engine, slots=d.get("slots", 64), prompts=kind,
+        multi_turn=d.get("multi_turn", 0.4), log=log)
     new_gen_s = time.time() - t0
     stamp = data_dir / "wall_s.json"
     wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0
     stamp.write_text(json.dumps({"wall_s": wall + new_gen_s}))
+    if cfg.get("stop_after") == "data":
+        log("stop_after=data: teacher data and held-out sets written, no training")
+        return {}
     records = load_records(data_dir)
     n_tok = sum(len(r["topk_ids"]) for r in records)
     log(f"data: {len(records)} records, {n_tok} answer tokens, generation wall {(wall + new_gen_s) / 60:.1f} min")
 
-    # 2. held-out set
-    h = cfg.heldout
-    held_file = work / f"heldout-he{h.n_humaneval}-mt{h.n_mtbench}-n{h.max_new_tokens}-s{h.seed}.pt"
-    if held_file.exists():
-        heldout = torch.load(held_file)
-    else:
-        prompts = heldout_prompts(h.n_humaneval, h.n_mtbench, h.get("mt_bench_path"))
-        heldout = build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine)
-        torch.save(heldout, held_file)
-    log(f"held-out: {len(heldout['rows'])} prompts, {sum(len(r['p']) for r in heldout['rows'])} positions")
-
     # 3. student and training
     s = cfg.student
-    token_map = choose_token_map(records, target.config.vocab_size, s.vocab_map_size,
-                                 always=[i for i in {tok.eos_token_id, tok.bos_token_id, pad_id} if i is not None])
+    if init_from:  # continue training a saved draft: its weights and its restricted head's map
+        token_map = read_token_map(repo_path(init_from))
+        if token_map is None:
+            token_map = torch.arange(target.config.vocab_size)
+    else:
+        token_map = choose_token_map(records, target.config.vocab_size, s.vocab_map_size,
+                                     always=[i for i in {tok.eos_token_id, tok.bos_token_id, pad_id} if i is not None])
     in_map = torch.zeros(target.config.vocab_size, dtype=torch.bool)
     in_map[token_map] = True
     cov = sum((r["topk_logp"].float().exp() * in_map[r["topk_ids"].long()]).sum().item() for r in records)
     tot = sum(r["topk_logp"].float().exp().sum().item() for r in records)
     log(f"token map: {token_map.numel()} ids, coverage of the teacher's top-k mass {cov / tot:.4f}")
-    student = make_student(target, hidden_size=s.hidden_size, num_layers=s.num_layers, intermediate_size=s.intermediate_size,
-                           num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, seed=cfg.seed,
-                           init_from_target=s.init_from_target)
+    if init_from:
+        student = AutoModelForCausalLM.from_pretrained(repo_path(init_from), dtype=torch.float32)
+        log(f"student: continued from {init_from}")
+    else:
+        student = make_student(target, hidden_size=s.hidden_size, num_layers=s.num_layers, intermediate_size=s.intermediate_size,
+                               num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, seed=cfg.seed,
+                               init_from_target=s.init_from_target)
     tr = cfg.train
     t1 = time.time()
     curve = train(student, records, token_map, heldout, steps=tr.steps, tokens_per_batch=tr.tokens_per_batch,
                   max_len=tr.max_len, lr=tr.lr, warmup=tr.warmup, weight_decay=tr.weight_decay, negatives=tr.negatives,
-                  eval_every=tr.eval_every, seed=cfg.seed, pad_id=pad_id, log=log, progress=cfg.progress)
+                  eval_every=tr.eval_every, seed=cfg.seed, pad_id=pad_id, log=log, progress=cfg.progress,
+                  extra_heldout=held)
     train_wall = time.time() - t1
     final = curve[-1] if curve else {}
     final_full = evaluate_alpha(student, heldout, None)
@@ -432,10 +498,13 @@ def run(cfg) -> dict:
                     "bytes": size, "map_size": int(token_map.numel())},
         "data": {**OmegaConf.to_container(d), "engine_used": engine, "records": len(records), "tokens": n_tok,
                  "gen_records": sum(r["kind"] == "gen" for r in records),
+                 "gen2_records": sum(r["kind"] == "gen2" for r in records),
                  "tf_records": sum(r["kind"] == "tf" for r in records), "wall_s": wall + new_gen_s,
                  "map_coverage": cov / tot},
         "train": {**OmegaConf.to_container(tr), "wall_s": train_wall},
-        "heldout": OmegaConf.to_container(h),
+        "heldout": {**OmegaConf.to_container(h), "positions": {"eval": sum(len(r["p"]) for r in heldout["rows"]),
+                                                               **{k: sum(len(r["p"]) for r in v["rows"]) for k, v in held.items()}}},
+        "init_from": init_from,
         "curve": curve, "final": final, "final_full": final_full, "figures": figures,
     }
     write_model_card(out_dir, info)

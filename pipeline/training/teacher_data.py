@@ -27,14 +27,16 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import DynamicCache
 
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.warping import Warper, warp
-from pipeline.prompts import chat_ids
+from pipeline.prompts import chat_ids, encode_prompt
+from pipeline.training.chat_mix import Conversation, chat_conversations
+from pipeline.training.contamination import refuse_evaluation_prompts
 from pipeline.training.prompt_sets import build_prompts, feature_prompts, stdlib_chunks, stdlib_functions
 
 # --------------------------------------------------------------------------------------------------
@@ -197,6 +199,50 @@ def sample_answers_packed(
     return out
 
 
+def conversation_ids(tokenizer, conv: Conversation, answers: list[list[int]]) -> list[int]:
+    """The chat-template ids of ``conv``'s next user turn, after its earlier turns and the target's own
+    ``answers`` to them (their ids decoded to text, EOS dropped: what a chat front end sends back)."""
+    messages = []
+    for user, answer in zip(conv.turns, answers):
+        text = tokenizer.decode([t for t in answer if t != tokenizer.eos_token_id], skip_special_tokens=True)
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": text}]
+    messages.append({"role": "user", "content": conv.turns[len(answers)]})
+    return encode_prompt(tokenizer, messages, chat=True)
+
+
+def sample_conversations(tokenizer, convs: list[Conversation], sample: Callable[[list[list[int]]], list[Record]],
+                         max_prompt: int = 1536) -> list[Record]:
+    """The target's answers to every turn of ``convs``: one ``sample`` call per turn depth (all first turns
+    packed together, then all second turns, each after its conversation's own sampled first answer).
+    First answers are ``gen`` records, later ones ``gen2``; a later turn whose prompt would pass
+    ``max_prompt`` tokens is left out (its conversation keeps its earlier records)."""
+    answers: list[list[list[int]]] = [[] for _ in convs]
+    out: list[Record] = []
+    depth = 0
+    while True:
+        todo = [i for i, c in enumerate(convs) if len(c.turns) > depth]
+        ids = [conversation_ids(tokenizer, convs[i], answers[i]) for i in todo]
+        keep = [k for k, x in enumerate(ids) if depth == 0 or len(x) <= max_prompt]
+        todo, ids = [todo[k] for k in keep], [ids[k] for k in keep]
+        if not todo:
+            return out
+        for i, rec in zip(todo, sample(ids)):
+            answers[i].append(rec.ids[rec.start :].tolist())
+            rec.kind = "gen" if depth == 0 else "gen2"
+            out.append(rec)
+        depth += 1
+
+
+def chat_heldout_conversations(n: int, seed: int, train_firsts: set[str]) -> list[Conversation]:
+    """``n`` conversations of the chat mix's held-out split whose first turn no training conversation has."""
+    k = n
+    while True:
+        held = [c for c in chat_conversations(k, seed, "heldout") if c.turns[0] not in train_firsts]
+        if len(held) >= n or k > 64 * n:
+            return held[:n]
+        k *= 2
+
+
 @torch.no_grad()
 def teacher_force_cached(cached, seqs: list[tuple[list[int], int]], *, top_k_store: int) -> list[Record]:
     """``teacher_force`` on the engine's forward: one sequence at a time (no padding), all rows' logits."""
@@ -254,7 +300,7 @@ def generate_teacher_data(
     target, tokenizer, out_dir: Path, *, n_prompts: int, tf_fraction: float, batch_size: int,
     max_new_tokens: int, top_k_store: int, sample_top_k: int, sample_top_p: float, seed: int,
     time_budget_s: float, max_shards: int | None = None, max_tf_len: int = 320, engine: str = "batched",
-    slots: int = 64, log=print,
+    slots: int = 64, prompts: str = "instructions", multi_turn: float = 0.4, log=print,
 ) -> None:
     """Write teacher shards to ``out_dir`` until ``n_prompts`` are done or the time budget is spent.
 
@@ -265,18 +311,31 @@ def generate_teacher_data(
     ``engine``: ``batched`` runs transformers' forward on left-padded batches (``sample_answers``; right
     on a GPU); ``packed`` runs the engine's batch-1 forward with up to ``slots`` sequences packed into one
     KV cache (``sample_answers_packed``, ``teacher_force_cached``; right on a CPU with the bf16 kernels).
+
+    ``prompts``: ``instructions`` (``prompt_sets.build_prompts``: the shipped draft's data) or ``chat``
+    (``chat_mix.chat_conversations``' train split: a broad chat mix, ``multi_turn`` of it with a second
+    user turn answered after the target's own first answer). Either is checked against the evaluation
+    sets first (``contamination.refuse_evaluation_prompts``).
     """
     if engine not in ("batched", "packed"):
         raise ValueError(f"data.engine must be batched or packed, not {engine!r}")
     cached = CachedModel(target) if engine == "packed" else None
     out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = build_prompts(n_prompts, seed)
+    if prompts == "instructions":
+        items: list = build_prompts(n_prompts, seed)
+        refuse_evaluation_prompts(items)
+    elif prompts == "chat":
+        items = chat_conversations(n_prompts, seed, "train", multi_turn)
+        refuse_evaluation_prompts(t for c in items for t in c.turns)
+    else:
+        raise ValueError(f"data.prompts must be instructions or chat, not {prompts!r}")
+    first = [c.turns[0] if isinstance(c, Conversation) else c for c in items]
     # Left padding wastes prefill work on short prompts: sort by length inside blocks of 8 batches
     # (blocks keep every kind of prompt spread over the whole run).
     block = 8 * batch_size
-    lengths = [len(chat_ids(tokenizer, p)) for p in prompts]
-    order = [i for b in range(0, len(prompts), block) for i in sorted(range(b, min(b + block, len(prompts))), key=lengths.__getitem__)]
-    prompts = [prompts[i] for i in order]
+    lengths = [len(chat_ids(tokenizer, p)) for p in first]
+    order = [i for b in range(0, len(items), block) for i in sorted(range(b, min(b + block, len(items))), key=lengths.__getitem__)]
+    items = [items[i] for i in order]
     n_tf = int(round(n_prompts * tf_fraction))
     tf_seqs = build_tf_sequences(tokenizer, n_tf, seed, max_tf_len)
     pad = padding_id(tokenizer)
@@ -284,14 +343,14 @@ def generate_teacher_data(
     shard, pi, ti, total = 0, 0, 0, 0
     done = {p.name for p in out_dir.glob("shard-*.pt")}
     every_tf = max(1, round(1 / tf_fraction) - 1) if tf_fraction > 0 else 0
-    while (pi < len(prompts) or ti < len(tf_seqs)) and (max_shards is None or shard < max_shards):
-        use_tf = tf_fraction > 0 and ti < len(tf_seqs) and (pi >= len(prompts) or (shard % (every_tf + 1) == every_tf))
+    while (pi < len(items) or ti < len(tf_seqs)) and (max_shards is None or shard < max_shards):
+        use_tf = tf_fraction > 0 and ti < len(tf_seqs) and (pi >= len(items) or (shard % (every_tf + 1) == every_tf))
         name = f"shard-{shard:04d}.pt"
         if use_tf:
             batch = tf_seqs[ti : ti + max(1, batch_size // 2)]
             ti += len(batch)
         else:
-            batch = prompts[pi : pi + batch_size]
+            batch = items[pi : pi + batch_size]
             pi += len(batch)
         if name in done:  # resume: the generator state is re-derived from the shard's index
             shard += 1
@@ -301,16 +360,17 @@ def generate_teacher_data(
             recs = teacher_force_cached(cached, batch, top_k_store=top_k_store)
         elif use_tf:
             recs = teacher_force(target, batch, top_k_store=top_k_store, pad_id=pad)
-        elif cached is not None:
-            recs = sample_answers_packed(
-                cached, [chat_ids(tokenizer, p) for p in batch], max_new_tokens=max_new_tokens,
-                top_k_store=top_k_store, sample_top_k=sample_top_k, sample_top_p=sample_top_p,
-                eos_id=tokenizer.eos_token_id, gen=g, slots=slots)
         else:
-            recs = sample_answers(
-                target, [chat_ids(tokenizer, p) for p in batch], max_new_tokens=max_new_tokens,
-                top_k_store=top_k_store, sample_top_k=sample_top_k, sample_top_p=sample_top_p,
-                eos_id=tokenizer.eos_token_id, pad_id=pad, gen=g)
+            kw = dict(max_new_tokens=max_new_tokens, top_k_store=top_k_store, sample_top_k=sample_top_k,
+                      sample_top_p=sample_top_p, eos_id=tokenizer.eos_token_id, gen=g)
+            if cached is not None:
+                sample = lambda ids: sample_answers_packed(cached, ids, slots=slots, **kw)  # noqa: E731
+            else:
+                sample = lambda ids: sample_answers(target, ids, pad_id=pad, **kw)  # noqa: E731
+            if prompts == "chat":
+                recs = sample_conversations(tokenizer, batch, sample)
+            else:
+                recs = sample([chat_ids(tokenizer, p) for p in batch])
         torch.save([r.__dict__ for r in recs], out_dir / name)
         ntok = sum(len(r.topk_ids) for r in recs)
         total += ntok
