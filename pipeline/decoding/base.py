@@ -186,6 +186,8 @@ class Decoder:
     needs_draft: ClassVar[bool] = False
     lossless: ClassVar[bool] = False
     params: ClassVar[dict[str, Param]] = {}
+    # decodes several requests together (batch_size > 1: decoding/batched.py); the others refuse it before loading
+    batchable: ClassVar[bool] = False
 
     def __init__(self, target, draft=None, assets: Mapping[str, Any] | None = None, **params: Any) -> None:
         """``assets``: what the pair loaded beside its models for the drafters (``{"eagle": head}``),
@@ -222,6 +224,11 @@ class Decoder:
     @classmethod
     def check_combination(cls, values: dict[str, Any]) -> None:
         """Checks that involve several parameters; raise ValueError naming the fix."""
+
+    @classmethod
+    def batch_refusal(cls, values: dict[str, Any]) -> str | None:
+        """Why these resolved parameters cannot decode several requests together (None: they can)."""
+        return None if cls.batchable else "it decodes one sequence at a time (batching covers the chain methods)"
 
     @classmethod
     def all_params(cls) -> dict[str, Param]:

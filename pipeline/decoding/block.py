@@ -18,6 +18,7 @@ from .warping import sample, sample_sparse
 class BlockVerificationDecoder(DraftVerifyDecoder):
     name = "block"
     lossless = True
+    batchable = True
     # the same draft as spd, gamma included (3: measured on the default pair, docs/measurement.md *Benchmark against transformers*)
     params = {**DraftVerifyDecoder.params, "gamma": Param(3, int_at_least(1), "draft tokens per iteration")}
 

@@ -165,6 +165,9 @@ class Drafter:
     kind: ClassVar[str] = ""
     params: ClassVar[dict[str, Param]] = {}
     uses_hidden = False
+    # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a
+    # drafter that keeps no per-sequence state (its ``propose`` is called per request)
+    batchable: ClassVar[bool] = False
 
     @classmethod
     def check(cls, method: str, scope: dict[str, Any], ctx: DrafterContext) -> None:
@@ -222,6 +225,7 @@ class ModelDrafter(Drafter):
     """A draft model with its own KV cache (``CachedModel``): the pair's ``draft:``."""
 
     kind = "model"
+    batchable = True
 
     def __init__(self, draft: CachedModel) -> None:
         self.model = draft
@@ -249,6 +253,7 @@ class NgramDrafter(Drafter):
     """Prompt lookup: the continuation of the most recent earlier match of the context's last n tokens."""
 
     kind = "ngram"
+    batchable = True
     params = {
         "max_ngram": Param(3, int_at_least(1), "longest suffix looked up"),
         "min_ngram": Param(1, int_at_least(1), "shortest suffix looked up"),

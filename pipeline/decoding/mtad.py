@@ -21,6 +21,8 @@ from .warping import sample, sample_sparse
 
 class MTADDecoder(DraftVerifyDecoder):
     name = "mtad"
+    batchable = True
+    beam_drafts = True  # with drafter: model the chain is the best of num_beams beams (decoding/batched.py drafts them too)
     params = {
         **DraftVerifyDecoder.params,
         "gamma": Param(2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, docs/measurement.md)"),
@@ -41,6 +43,9 @@ class MTADDecoder(DraftVerifyDecoder):
             self.draft, context, gamma, self.num_beams, self.warper, generator, self.beam_weights, self.replacement
         )
         return torch.tensor(beam.tokens, device=self.draft.device), beam.log_q
+
+    def chain_proposal(self, tokens, probs):
+        return torch.log(probs[torch.arange(tokens.shape[0], device=probs.device), tokens])
 
     def verify(self, logits, tokens, log_q, generator):
         if self.warper.greedy:

@@ -19,6 +19,7 @@ from .warping import sample, sample_sparse
 class SpeculativeDecoder(DraftVerifyDecoder):
     name = "spd"
     lossless = True
+    batchable = True
     params = {
         **DraftVerifyDecoder.params,
         # 3: measured on the default pair (docs/measurement.md, *Benchmark against transformers*); block uses the same

@@ -55,6 +55,20 @@ class DraftVerifyDecoder(Decoder):
     def draft_alternative(cls) -> str:
         return ", or set drafter: ngram (or eagle / eagle3, with an EAGLE head in the pair)"
 
+    @classmethod
+    def batch_refusal(cls, values):
+        refusal = super().batch_refusal(values)
+        kind = values["drafter"]["kind"] if isinstance(values.get("drafter"), dict) else values.get("drafter")
+        if refusal is None and not getattr(DRAFTER_KINDS.get(kind), "batchable", False):
+            batchable = sorted(k for k, c in DRAFTER_KINDS.items() if getattr(c, "batchable", False))
+            return f"drafter {kind} drafts one sequence at a time (batchable drafters: {batchable})"
+        return refusal
+
+    def chain_proposal(self, tokens: torch.Tensor, probs: torch.Tensor) -> Any:
+        """What ``verify`` takes beside a chain ``tokens [g]`` drawn from the warped draft rows ``probs [g, V]``
+        (the batched engine drafts for many requests, then hands each chain to the method's rule)."""
+        return probs
+
     def _start(self, prompt: list[int]) -> None:
         """Empty the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the
         target's hidden states of those positions when it reads them)."""

@@ -46,6 +46,7 @@ class EagleTypicalTree(SpecInferDecoder):
 
 class TypicalDecoder(DraftVerifyDecoder):
     name = "typical"
+    batchable = True  # over a chain (tree: true and drafter: medusa decode one sequence at a time)
     needs_draft = False  # only with drafter: model (draft_needed)
     params = {
         **DraftVerifyDecoder.params,
@@ -77,6 +78,17 @@ class TypicalDecoder(DraftVerifyDecoder):
             return
         values["drafter"] = scope
         resolve_drafter(cls.name, values, tuple(DRAFTER_KINDS), ctx)
+
+    @classmethod
+    def batch_refusal(cls, values):
+        if values.get("tree"):
+            return "tree: true verifies a token tree, and trees decode one sequence at a time"
+        if values["drafter"]["kind"] == "medusa":
+            return "drafter: medusa drafts a token tree, and trees decode one sequence at a time"
+        return super().batch_refusal(values)
+
+    def chain_proposal(self, tokens, probs):
+        return None
 
     @classmethod
     def draft_alternative(cls) -> str:
