@@ -75,7 +75,7 @@ def check_batch(cls: type[Decoder], values: dict[str, Any], batch_size: Any) -> 
 
 
 @dataclass
-class _Group:
+class PackedRows:
     """New rows of one request in a packed step: ``tokens`` [m]; ``positions`` (None: right after its live
     positions); ``sees`` bool [m, live] over its live positions (None: all); ``inner`` bool [m, m] among the
     new rows (None: causal); ``keep``: the rows (0..m-1) whose logits are wanted."""
@@ -134,7 +134,7 @@ class PackedCache:
             self.model.compact(0, live)
             self.owner = self.owner[live]
 
-    def step(self, groups: list[_Group]) -> list[torch.Tensor]:
+    def step(self, groups: list[PackedRows]) -> list[torch.Tensor]:
         """One forward of every group's rows; per group the own-head logits of its ``keep`` rows ``[len(keep), V]``."""
         self._maybe_compact()
         L = self.owner.numel()
@@ -288,7 +288,7 @@ class BatchedDecoder:
         groups = []
         for r in live:
             feed = r.context[target.length(r.slot):] + r.tokens
-            groups.append(_Group(r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))))
+            groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))))
         raws = target.step(groups)
         for r, raw in zip(live, raws):
             logits = dec.target._logits(raw)
@@ -334,7 +334,7 @@ class BatchedDecoder:
             groups = []
             for r in step:
                 feed = r.context[draft.length(r.slot):] if j == 0 else r.tokens[-1:]
-                groups.append(_Group(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
+                groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
             raws = draft.step(groups)
             for r, raw in zip(step, raws):
                 gen = r.request.generator
@@ -364,7 +364,7 @@ class BatchedDecoder:
             for r in step:
                 if j == 0:
                     feed = r.context[draft.length(r.slot):]
-                    groups.append(_Group(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
+                    groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
                     continue
                 s = state[r.index]
                 parents = [n[-1] if n else -1 for n in s["nodes"]]
@@ -373,7 +373,7 @@ class BatchedDecoder:
                 ids, positions, mask = s["tree"].feed()
                 m = ids.numel()
                 sees = torch.cat([torch.ones(m, s["start"], dtype=torch.bool), mask[:, :old]], 1)
-                groups.append(_Group(r.slot, ids, list(range(m)), positions=positions, sees=sees, inner=mask[:, old:]))
+                groups.append(PackedRows(r.slot, ids, list(range(m)), positions=positions, sees=sees, inner=mask[:, old:]))
             raws = draft.step(groups)
             for r, raw in zip(step, raws):
                 gen = r.request.generator
