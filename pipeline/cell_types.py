@@ -41,6 +41,19 @@ def cell_key(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
+def batch_label(label: str, batch_size: int) -> str:
+    """A sweep entry's label at a batch size: ``spd`` at batch 1 (as before batching), ``spd (batch 4)`` above."""
+    return label if batch_size == 1 else f"{label} (batch {batch_size})"
+
+
+def split_batch_label(label: str) -> tuple[str, int]:
+    """``batch_label``'s inverse: ``("spd", 4)`` from ``spd (batch 4)``, ``(label, 1)`` from a batch-1 label."""
+    head, sep, tail = label.rpartition(" (batch ")
+    if sep and tail.endswith(")") and tail[:-1].isdigit():
+        return head, int(tail[:-1])
+    return label, 1
+
+
 @dataclass(frozen=True)
 class Cell:
     """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with ``dataclasses.replace``)."""
@@ -70,6 +83,8 @@ class Cell:
     """The accelerator type the cell is measured on (``cluster.accelerator_type``) or ``any``."""
     harness: str
     """``HARNESS_VERSION`` the cell was planned under (part of its key; param ``harness_version``)."""
+    batch_size: int = 1
+    """Requests decoded together (``decoding/batched.py``; 1: one at a time, every method's setting): part of its key."""
     weights: dict[str, str] = field(default_factory=dict)
     """Content fingerprints of the local weights the cell reads, by role (``target``, ``draft``, ``eagle``,
     ``medusa``; ``pipeline.models.weights_identity``): part of its key; params ``weights.*``."""
@@ -101,6 +116,7 @@ class Cell:
             "pair": self.pair,
             "dataset": self.dataset,
             "seed": self.seed,
+            "batch_size": self.batch_size,
             "measure": self.measure,
             "judge": self.judge,
             "hardware": self.hardware,
@@ -110,7 +126,8 @@ class Cell:
 
     def describe(self) -> str:
         """``label pair dataset seed=N [key]``, for messages."""
-        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed} [{self.key}]"
+        batch = f" batch_size={self.batch_size}" if self.batch_size != 1 else ""
+        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed}{batch} [{self.key}]"
 
 
 @dataclass
