@@ -94,7 +94,7 @@ class BatchBench:
         dec = build_decoder(method, bench.pair.target, bench.pair.draft if method != "ar" else None, assets=bench.pair.assets, **params)
         if b > 1:
             check_batch(type(dec), dec.config, b)
-        engine = BatchedDecoder(dec, b)
+        engine = BatchedDecoder(dec, b) if b > 1 else None
 
         def run(p: int) -> Pass:
             gens = [make_generator(self.cfg.seed + p * self.n + i, bench.device) for i in range(self.n)]
@@ -107,6 +107,7 @@ class BatchBench:
                     gen = dec.generate(ids, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generator=g)
                     outs.append((gen, s, time.perf_counter(), s + dec.prefill_seconds()))
             else:
+                assert engine is not None
                 outs = [(g, g.admitted_at, g.finished_at, g.first_token_at) for g in engine.generate(
                     self.prompts, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generators=gens)]
             synchronize(bench.device)

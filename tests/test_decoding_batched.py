@@ -194,3 +194,9 @@ def test_trees_and_sequence_drafters_refuse_batching():
     assert method_class("spd").batch_refusal({"drafter": {"kind": "ngram"}}) is None
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         check_batch(method_class("ar"), {}, 0)
+
+
+def test_a_tree_method_has_no_batched_loop_even_at_batch_one(tiny_pair):
+    decoder = build_decoder("specinfer", *tiny_pair, **WARP)
+    with pytest.raises(ValueError, match="has no batched loop.*one request at a time"):
+        BatchedDecoder(decoder, 1)

@@ -193,6 +193,9 @@ class BatchedDecoder:
 
     def __init__(self, decoder: Decoder, batch_size: int) -> None:
         check_batch(type(decoder), decoder.config, batch_size)
+        reason = type(decoder).batch_refusal(decoder.config)
+        if reason:  # at batch 1 too: this loop is the chain loop (a tree method's batch 1 is its own generate)
+            raise ValueError(f"method {decoder.name!r} has no batched loop: {reason}; call its generate() one request at a time")
         self.decoder = decoder
         self.batch_size = batch_size
         self.drafter = getattr(decoder, "drafter_impl", None)
