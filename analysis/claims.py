@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.stats import MIN_PROMPTS, mark_disturbed, sign_flip_interval
+from analysis.stats import MIN_PROMPTS, add_ratios, mark_disturbed, sign_flip_interval
 from pipeline.acceptance import as_list, reconstruct_drafted
 from pipeline.bounds import expected_tokens
 
@@ -84,6 +84,9 @@ STATISTICS: dict[str, Statistic] = {
     "j_per_token": Statistic(("j_per_token",), _mean, cell_level=True),
     "leviathan_tokens_per_step": Statistic(("new_tokens", "iterations", "accepted_pos1", "reached_pos1"), _leviathan, one_sample=True, needs=("gamma",)),
     "speedup_over_bound": Statistic(("new_tokens", "decode_s", "iterations", "accepted_drafts", "reached"), _ratio_of_sums, needs=("gamma", "cost_ratio")),
+    # tokens/s over the ar cell of the same seed and batch size (stats.add_ratios), per cell paired by seed: compares
+    # speedups across batch sizes (e.g. "spd (batch 16)" against "spd") or methods at one batch size
+    "speedup": Statistic(("speedup",), _mean, cell_level=True),
 }
 
 
@@ -370,6 +373,9 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
             return _untested(base, "needs c", "needs the cost ratio c = t_draft / t_target (not logged by these cells; pass --cost-ratio)", claim)
         ctx["cost_ratio"] = float(cost_ratio) if cost_ratio is not None else float(logged.mean())  # given, else the cells' own
     if stat.cell_level:  # cells paired by seed: the seed is the cluster
+        if "speedup" in stat.columns and "speedup" not in cells:
+            ratios = add_ratios(runs)
+            cells, ref_cells = select(ratios, claim.method), select(ratios, claim.reference) if claim.reference else ref_cells
         a = ref_cells[["seed", *stat.columns]].dropna()
         b = cells[["seed", *stat.columns]].dropna()
         joined = a.merge(b, on="seed", suffixes=("_ref", "_new"))
@@ -414,7 +420,7 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
         result["samples_needed"] = n if result["verdict"] != INCONCLUSIVE else samples_needed(n, se, effect, claim.direction, claim.margin, claim.scale)
     if claim.claimed is not None and math.isfinite(result["low"]):
         result["claimed_in_ci"] = bool(result["low"] <= claim.claimed <= result["high"])
-    if claim.statistic in ("tokens_per_s", "speedup_over_bound") and not _on_gpu(cells):
+    if claim.statistic in ("tokens_per_s", "speedup_over_bound", "speedup") and not _on_gpu(cells):
         notes.append("CPU timing, indicative: the cells ran one after another and the machine's load may differ between them")
     if claim.statistic == "speedup_over_bound" and result["verdict"] == CONTRADICTED and claim.direction == "at_most":
         result["verdict"] = MEASUREMENT_PROBLEM

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis import schema, stats
+from analysis import batching, schema, stats
 from analysis.runs import label_methods, order_labels, varying_params
 
 MARKERS = "osD^v<>pPX*h"
@@ -180,6 +180,9 @@ def all_figures(runs: pd.DataFrame) -> dict[str, object]:
         "score_vs_perplexity": score_vs_perplexity(runs),
         "acceptance_length": acceptance_length(runs),
     }
+    batch = batching.speedup_vs_batch_size(runs)  # a sweep over batch sizes (conf/sweep/batching.yaml)
+    if batch is not None:
+        figs["speedup_vs_batch_size"] = batch
     for param in schema.ABLATION_PARAMS:
         fig = ablation_curves(runs, param)
         if fig is not None:

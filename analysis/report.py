@@ -28,7 +28,7 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from analysis import claims_report, figures, schema, specbench, stats
+from analysis import batching, claims_report, figures, schema, specbench, stats
 from analysis.runs import REPO_ROOT, default_tracking_uri, load_runs, load_samples
 from analysis.tables import build_tables
 from pipeline.tracking import layout
@@ -144,6 +144,10 @@ def write_report(
     written["runs_csv"] = runs_csv
     log(f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}")
     written["figures"] = figures.save_all(stats.without_disturbed_timing(runs), out_dir / "figures")  # speeds of undisturbed cells
+    if batching.varies(runs):  # speedup vs batch size, with its crossover
+        path = out_dir / "batching.md"
+        path.write_text(batching.markdown(stats.without_disturbed_timing(runs)))
+        written["tables"].append(path)
     log(f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}")
     claims = claims_report.write_claims(runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep)
     written["claims"] = claims

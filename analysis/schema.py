@@ -134,6 +134,7 @@ PARAMS: dict[str, str] = {
     "limit": "dataset.limit",
     "hardware": "hardware",
     "harness_version": "harness_version",
+    "batch_size": "batch_size",  # requests decoded together (harness 5 on; older cells: 1)
 }
 
 # ----------------------------------------------------------------------------------- artifacts

@@ -21,10 +21,11 @@ import pandas as pd
 
 from analysis import schema
 from pipeline.bounds import alpha_from_tokens_per_step, leviathan_bound
+from pipeline.cell_types import split_batch_label
 from pipeline.measure import DISTURBED_SLOWDOWN
 
 GROUP = ("pair", "dataset", "label")
-MATCH = ("pair", "dataset", "seed", "device")
+MATCH = ("pair", "dataset", "seed", "device", "batch_size")  # batch_size: a method's speedup is over ar at the same batch size
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float, int]:
@@ -43,8 +44,9 @@ def per_seed_ratio(runs: pd.DataFrame, metric: str, baseline: str = schema.BASEL
     The baseline is a method name (``ar``) or a label; rows without a matching baseline cell get NaN.
     """
     match = [c for c in match if c in runs.columns]
-    if (runs["label"] == baseline).any():
-        is_base = runs["label"] == baseline
+    labels = runs["label"].map(lambda label: split_batch_label(str(label))[0])  # "ar (batch 4)" is ar's cell at batch 4
+    if (labels == baseline).any():
+        is_base = labels == baseline
     else:
         is_base = runs["method"] == baseline
     keys = runs[match].astype(object).where(runs[match].notna(), "")

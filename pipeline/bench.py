@@ -43,6 +43,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.bench_batched import BatchBench, batch_markdown, check_batch_sizes
 from pipeline.bounds import alpha_from_accepted, leviathan_bound
 from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_generator, method_class
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
@@ -190,6 +191,8 @@ class Bench:
                         check_method(method, self.method_params(method, mode, d), drafters=ctx)
                     except ValueError as err:
                         self.skipped[(method, d)] = str(err)
+        # batch_sizes=[...]: the batch-size table instead (pipeline/bench_batched.py), its refusals before any model loads
+        self.batch_skipped = check_batch_sizes(cfg, self) if cfg.get("batch_sizes") else {}
         check_energy_meter(cfg.get("energy_meter", "none"))  # before any model loads
         self.pair = load_pair(spec)
         self.meter = make_energy_meter(next(self.pair.target.parameters()).device, cfg.get("energy_meter", "none"))
@@ -691,6 +694,9 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
+    if cfg.get("batch_sizes"):
+        main_batched(cfg, bench, name)
+        return
     rows, costs = bench.run()
     bench.meter.close()
     info = machine_info(bench.device)
@@ -706,6 +712,22 @@ def main(cfg: DictConfig) -> None:
     (out / f"{name}.meta.json").write_text(json.dumps({"command": command, "costs": costs, "machine": info, "config": OmegaConf.to_container(cfg, resolve=True)}, indent=1))
     md = to_markdown(name, rows, costs, info, command, cfg)
     (out / f"{name}.md").write_text(md)
+    print(md)
+
+
+def main_batched(cfg: DictConfig, bench: Bench, name: str) -> None:
+    """``batch_sizes=[...]``: the batch-size table (``bench_batched``) to benchmarks/<name>-batching.md|json."""
+    rows = BatchBench(bench, cfg).run()
+    bench.meter.close()
+    info = machine_info(bench.device)
+    info.update(bench.pair.precision())
+    env = " ".join(f"{k}={os.environ[k]}" for k in ENV_SWITCHES if k in os.environ)
+    command = (env + " " if env else "") + "python -m pipeline.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    md = batch_markdown(name, rows, cfg, command, info)
+    out = REPO_ROOT / cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}-batching.md").write_text(md)
+    (out / f"{name}-batching.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     print(md)
 
 

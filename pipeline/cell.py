@@ -49,10 +49,12 @@ from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAI
 from pipeline.data.slices import load_slice, task_of
 from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import build_decoder, method_args
+from pipeline.decoding.batched import check_batch
 from pipeline.decoding.kv import CachedModel
 from pipeline.device import environment_info
 from pipeline.energy import make_energy_meter
 from pipeline.measure import Protocol, drafter_costs, predictions_for_scoring, probe_step_ms, run_window, step_times
+from pipeline.measure_batched import request_metrics, run_window_batched
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
@@ -221,12 +223,15 @@ def run_cell(cell: Cell) -> CellResult:
             pair = load_pair(spec)
             precision = pair.precision()
             decoder = build_decoder(cell.method, pair.target, pair.draft, assets=pair.assets, args=method_args(cell.method, cell.params))  # validated in the plan
+            if int(cell.batch_size) > 1:
+                check_batch(type(decoder), decoder.config, int(cell.batch_size))
             samples, warm, _ = load_slice(dataset, warmup_samples=protocol.warmup_samples)
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, protocol.energy_meter)
         with _stage(result, "generate"):
             inject_fault(cell, "generate")
-            window = run_window(
+            batched = int(cell.batch_size) > 1
+            window = (partial(run_window_batched, batch_size=int(cell.batch_size)) if batched else run_window)(
                 decoder, samples, tokenizer=pair.tokenizer,
                 formatter=partial(_format, task, pair.tokenizer, spec.chat),
                 eos_token_ids=eos_ids(pair.tokenizer, pair.target), max_new_tokens=int(dataset["max_new_tokens"]),
@@ -241,6 +246,7 @@ def run_cell(cell: Cell) -> CellResult:
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
+        metrics.update(request_metrics(window.records), batch_size=int(cell.batch_size))
         if decoder.draft_shape == "chain" and getattr(decoder, "drafter_impl", None) is not None and protocol.costs:
             # step costs behind Leviathan's bound (c = t_draft / t_target), after the window; t_draft is
             # the cell's own drafter's (a draft-model step, an EAGLE head step, an n-gram lookup)

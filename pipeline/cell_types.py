@@ -41,6 +41,19 @@ def cell_key(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
+def batch_label(label: str, batch_size: int) -> str:
+    """A sweep entry's label at a batch size: ``spd`` at batch 1 (as before batching), ``spd (batch 4)`` above."""
+    return label if batch_size == 1 else f"{label} (batch {batch_size})"
+
+
+def split_batch_label(label: str) -> tuple[str, int]:
+    """``batch_label``'s inverse: ``("spd", 4)`` from ``spd (batch 4)``, ``(label, 1)`` from a batch-1 label."""
+    head, sep, tail = label.rpartition(" (batch ")
+    if sep and tail.endswith(")") and tail[:-1].isdigit():
+        return head, int(tail[:-1])
+    return label, 1
+
+
 @dataclass(frozen=True)
 class Cell:
     """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with ``dataclasses.replace``)."""
@@ -70,6 +83,8 @@ class Cell:
     """The accelerator type the cell is measured on (``cluster.accelerator_type``) or ``any``."""
     harness: str
     """``HARNESS_VERSION`` the cell was planned under (part of its key; param ``harness_version``)."""
+    batch_size: int = 1
+    """Requests decoded together (``decoding/batched.py``; 1: one at a time, every method's setting): part of its key."""
     weights: dict[str, str] = field(default_factory=dict)
     """Content fingerprints of the local weights the cell reads, by role (``target``, ``draft``, ``eagle``,
     ``medusa``; ``pipeline.models.weights_identity``): part of its key; params ``weights.*``."""
@@ -89,7 +104,7 @@ class Cell:
         """What the cell's key is the hash of (``cell_key(cell.identity) == cell.key`` for a planned cell), the one
         definition: the harness, the method and its resolved parameters, the pair (not its device), the slice as
         configured (not where the data lives; its task by version only, from version 2 on, so that the keys of
-        sweeps planned before task specs stay what they were), the seed, the measurement protocol, the hardware,
+        sweeps planned before task specs stay what they were), the seed, the batch size (HARNESS_VERSION 5), the measurement protocol, the hardware,
         the precision and the weights' fingerprints. The judge scores the generations, it does not change them:
         None (a judge change re-judges the logged generations)."""
         dataset = {k: v for k, v in self.dataset.items() if k not in ("path", "task")}
@@ -102,6 +117,7 @@ class Cell:
             "pair": {k: v for k, v in self.pair.items() if k != "device"},
             "dataset": dataset,
             "seed": self.seed,
+            "batch_size": self.batch_size,
             "measure": dict(self.measure),
             "judge": None,
             "hardware": self.hardware,
@@ -135,6 +151,7 @@ class Cell:
             "pair": self.pair,
             "dataset": self.dataset,
             "seed": self.seed,
+            "batch_size": self.batch_size,
             "measure": self.measure,
             "judge": self.judge,
             "hardware": self.hardware,
@@ -144,7 +161,8 @@ class Cell:
 
     def describe(self) -> str:
         """``label pair dataset seed=N [key]``, for messages."""
-        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed} [{self.key}]"
+        batch = f" batch_size={self.batch_size}" if self.batch_size != 1 else ""
+        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed}{batch} [{self.key}]"
 
 
 @dataclass

@@ -99,6 +99,9 @@ class GenerationRecord:
     category: str | None = None  # the sample's category (per-category reports, Spec-Bench export)
     drafted: list[int] = field(default_factory=list)  # per iteration: draft positions put to the target (speculative methods)
     prefill_s: float = 0.0  # the part of decode_s spent writing the prompt into the caches (Decoder.prefill_seconds)
+    # batch > 1 (measure_batched.py): decode_s is the request's time in a slot; before it, its wait for one
+    queue_s: float | None = None  # from the window's start (or its previous turn's end) to taking a slot
+    ttft_s: float | None = None  # from taking a slot to its first token
 
     @property
     def tokens_per_s(self) -> float:

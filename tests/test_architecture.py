@@ -23,7 +23,8 @@ PACKAGES = ("pipeline", "analysis")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("pipeline", "pipeline.prompts", "pipeline.bounds", "pipeline.cell_types", "pipeline.formatting")),
     ("engine, models and data", ("pipeline.decoding", "pipeline.models", "pipeline.data")),
-    ("measurement", ("pipeline.energy", "pipeline.device", "pipeline.measure", "pipeline.scoring")),
+    ("measurement", ("pipeline.energy", "pipeline.device", "pipeline.measure", "pipeline.measure_batched", "pipeline.bench_batched",
+                     "pipeline.scoring")),
     ("tracking", ("pipeline.tracking",)),
     ("cells", ("pipeline.cell",)),
     ("sweep and training", ("pipeline.sweep", "pipeline.training")),

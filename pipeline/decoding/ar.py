@@ -8,6 +8,7 @@ from .base import Decoder, Generation
 class AutoregressiveDecoder(Decoder):
     name = "ar"
     lossless = True
+    batchable = True
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         target = self.target

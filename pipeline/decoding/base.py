@@ -289,6 +289,11 @@ class Decoder:
         """Checks that involve several parameters; raise ValueError naming the fix."""
 
     @classmethod
+    def batch_refusal(cls, values: dict[str, Any]) -> str | None:
+        """Why these resolved parameters cannot decode several requests together (None: they can)."""
+        return None if cls.batchable else "it decodes one sequence at a time (batching covers the chain methods)"
+
+    @classmethod
     def all_params(cls) -> dict[str, Param]:
         return {**WARP_PARAMS, **cls.params}
 

@@ -22,5 +22,6 @@ class BlockVerificationDecoder(DraftVerifyDecoder):
     prefix_drafts = True
     lossless = True
     rule = BLOCK_RULE
+    batchable = True
     # the same draft as spd, gamma included (3: measured on the default pair, docs/measurement.md *Benchmark against transformers*)
     params = {**DraftVerifyDecoder.params, "gamma": Param(3, int_at_least(1), "draft tokens per iteration")}

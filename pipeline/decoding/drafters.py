@@ -200,6 +200,9 @@ class Drafter:
     prompt_hidden: ClassVar[bool] = True  # ... of the prompt too (with uses_hidden)
     transformers: ClassVar[str | None] = None  # transformers' assisted generation with the same drafter (the bench's peer row)
     no_transformers: ClassVar[str] = "transformers' assisted generation takes a draft model or prompt lookup"
+    # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a
+    # drafter that keeps no per-sequence state (its ``propose`` is called per request)
+    batchable: ClassVar[bool] = False
 
     @classmethod
     def check(cls, method: str, scope: dict[str, Any], ctx: DrafterContext) -> None:
@@ -274,6 +277,7 @@ class ModelDrafter(Drafter):
     tree_children = frozenset(TREE_CHILDREN)
     asset = "draft"
     transformers = "assistant_model"
+    batchable = True
 
     def __init__(self, draft: CachedModel) -> None:
         self.model = draft
@@ -358,6 +362,7 @@ class NgramDrafter(Drafter):
 
     kind = "ngram"
     transformers = "prompt_lookup"
+    batchable = True
     params = {
         "max_ngram": Param(3, int_at_least(1), "longest suffix looked up"),
         "min_ngram": Param(1, int_at_least(1), "shortest suffix looked up"),

@@ -285,6 +285,15 @@ class LeanForward(nn.Module):
         return self._linear(x, (head.weight, head.bias))
 
 
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head over final hidden rows ``h [1, n, hidden]`` (``forward``'s last step, for rows chosen
+        after a ``keep < 0`` forward: the batched engine's packed steps, ``decoding/batched.py``)."""
+        head = self._head[0]
+        if self.kernels is not None:
+            logits = self.kernels.linear(h.contiguous(), self._head_packed, self._vocab)
+            return logits if self._head_bias is None else logits + self._head_bias
+        return self._linear(h, (head.weight, head.bias))
+
     def _rotary_rows(self, x: torch.Tensor, positions: torch.Tensor | None, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[n, head_dim]`` of ``positions [1, n]`` (None: ``start .. start + n``): rows of a table
         the model's own rotary module computed once for positions 0..cap (static rope types; a causal chain

@@ -27,6 +27,7 @@ class HSDDecoder(DraftVerifyDecoder):
     name = "hsd"
     verification_method = "hsd"
     prefix_drafts = True
+    batchable = True
     lossless = True
     rule = HSD_RULE
     # the same draft as spd and block, gamma included

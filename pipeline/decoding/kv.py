@@ -342,6 +342,33 @@ class CachedModel:
         self.forwards += 1
         return self._logits(logits[0]) if warper is None else self.top_k_rows(logits[0], warper)
 
+    def forward_masked_rows(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``forward_masked`` with the LM head run on the rows ``rows`` [r] alone: their logits ``[r, V_own]`` in
+        this model's own head and dtype (``_logits`` or ``top_k_rows`` turns them into the target vocabulary).
+        Several sequences packed into one step (a prompt and a few draft tokens each) need one or a few rows
+        per sequence; the head over every row would cost more than the decoder layers (a 49k vocabulary)."""
+        n = tokens.numel()
+        start = self.length
+        allowed = allowed.to(self.device)
+        rows = rows.to(self.device)
+        if self.lean is not None and not self.capture_layers:
+            saved = self.capture_hidden
+            self.capture_hidden = True
+            try:
+                self._run(self._ids(tokens), keep=-1, attention_mask=allowed[None, None],
+                          position_ids=positions.to(self.device, torch.long).reshape(1, -1))
+            finally:
+                self.capture_hidden = saved
+            self.forwards += 1
+            return self.lean.head(self.hidden[rows][None])[0]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        logits = self._run(self._ids(tokens), keep=0, attention_mask=mask[None, None],
+                           position_ids=positions.to(self.device, torch.long).reshape(1, -1),
+                           cache_position=torch.arange(start, start + n, device=self.device))
+        self.forwards += 1
+        return logits[0][rows]
+
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions (no copy)."""
         for layer in self.cache.layers:

@@ -37,6 +37,8 @@ class MTADDecoder(DraftVerifyDecoder):
     verification_method = "mtad_joint"
     prefix_drafts = False
     rule = MTAD_RULE
+    batchable = True
+    beam_drafts = True  # with drafter: model the chain is the best of num_beams beams (decoding/batched.py drafts them too)
     params = {
         **DraftVerifyDecoder.params,
         "gamma": Param(2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, docs/measurement.md)"),

@@ -30,6 +30,7 @@ class SpeculativeDecoder(DraftVerifyDecoder):
     prefix_drafts = True
     lossless = True
     rule = TOKEN_RULE
+    batchable = True
     params = {
         **DraftVerifyDecoder.params,
         # 3: measured on the default pair (docs/measurement.md, *Benchmark against transformers*); block uses the same

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 
 from .base import Decoder, Generation, Param, emit, int_at_least
-from .drafters import Drafter, accepted_kinds, build_drafter, drafter_class, drafter_param, fold_drafter_short_forms, resolve_drafter
+from .drafters import DRAFTERS, Drafter, accepted_kinds, build_drafter, drafter_class, drafter_param, fold_drafter_short_forms, resolve_drafter
 from .rules import ChainRule, TreeWalk
 from .tree import TokenTree
 from .tree_verify import greedy_tree_walk, tree_verify_forward
@@ -104,6 +104,23 @@ class DraftVerifyDecoder(Decoder):
         return f", or set drafter: {' | '.join(others)} (each with what it needs in the pair)" if others else ""
 
     # ------------------------------------------------------------------ the loop
+
+    @classmethod
+    def batch_refusal(cls, values):
+        refusal = super().batch_refusal(values)
+        kind = values["drafter"]["kind"] if isinstance(values.get("drafter"), dict) else values.get("drafter")
+        if refusal is None and not (kind in DRAFTERS and DRAFTERS[kind].batchable):
+            batchable = DRAFTERS.names(where=lambda c: c.batchable)
+            return f"drafter {kind} drafts one sequence at a time (batchable drafters: {batchable})"
+        return refusal
+
+    def chain_proposal(self, tokens: torch.Tensor, probs: torch.Tensor) -> Any:
+        """What ``verify`` takes beside a chain ``tokens [g]`` drawn from the warped draft rows ``probs [g, V]``
+        (the batched engine drafts for many requests, then hands each chain to the method's rule): what the rule
+        declares it reads (``ChainRule.draft``): the rows, their log-probabilities at the tokens, or nothing."""
+        if self.rule.draft == "log_q":
+            return torch.log(probs[torch.arange(tokens.shape[0], device=probs.device), tokens])
+        return probs if self.rule.draft == "rows" else None
 
     def _start(self, prompt: list[int]) -> None:
         """Empty the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the

@@ -8,10 +8,12 @@ Flow (docs/DESIGN.md sections 1 and 7), steps 1-3 of ``python -m pipeline.sweep`
    every method's parameters validated (``check_method``), every dataset's task spec and scorer checked,
    pairs, devices and data paths checked (``pipeline.sweep.checks``), before Ray starts: configuration
    errors stop here with a message naming the fix.
-3. ``ar`` baseline cells are added for every (pair, dataset, seed) that has other methods.
+3. ``ar`` baseline cells are added for every (pair, dataset, seed, batch size) that has other methods;
+   ``sweep.batch_sizes`` (default ``[1]``) is a grid axis like the seeds, its cells labelled
+   ``<label> (batch B)`` above 1 (``cell_types.batch_label``), and a method that cannot batch says so here.
 
 A cell is a ``pipeline.cell_types.Cell``; its key is the hash of its identity (``HARNESS_VERSION``,
-method and resolved parameters, pair, dataset, seed, measurement protocol, hardware, precision, and the
+method and resolved parameters, pair, dataset, seed, batch size, measurement protocol, hardware, precision, and the
 content of the local weights it reads; the judge is not part of it): the same configuration on the same
 weights gives the same key.
 """
@@ -25,10 +27,11 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cell_types import Cell, cell_key
+from pipeline.cell_types import Cell, batch_label, cell_key
 from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
-from pipeline.decoding import DrafterContext, check_method
+from pipeline.decoding import DrafterContext, check_method, method_class
+from pipeline.decoding.batched import check_batch
 from pipeline.models import PairSpec, weights_identity
 from pipeline.scoring.registry import check_task_scorer
 from pipeline.sweep.checks import (
@@ -67,9 +70,11 @@ __all__ = ["CONF_DIR", "HARNESS_VERSION", "Plan", "SweepConfigError", "check_com
 # 4: the content of the local weights a cell reads (target GGUF or folder, draft model, EAGLE or Medusa
 # heads; ``models.weights_identity``) in its identity: retraining a checkpoint in models/ re-measures the
 # cells that use it on resume, where before an old store served the old checkpoint's cells.
-HARNESS_VERSION = "4"
+# 5: batch size as a measured axis: every cell's identity holds its ``batch_size`` (1 unless the sweep's
+# ``batch_sizes`` asks for more; decoding/batched.py), so every key changes once.
+HARNESS_VERSION = "5"
 DATASET_KEYS = ("name", "path", "split", "start", "limit", "ids", "max_new_tokens", "max_turns", "time_budget_s", "options")
-SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds")
+SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
@@ -225,6 +230,11 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     bad_seeds = check_seeds(seeds)
     if bad_seeds:
         raise SweepConfigError("; ".join(bad_seeds))
+    batch_sizes = plain(sweep.get("batch_sizes")) if sweep.get("batch_sizes") is not None else [1]
+    if isinstance(batch_sizes, int) and not isinstance(batch_sizes, bool):
+        batch_sizes = [batch_sizes]
+    if not batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
+        raise SweepConfigError(f"sweep.batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r} (e.g. [1, 2, 4, 8])")
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
@@ -275,6 +285,13 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 resolved_params[(m["label"], pair["name"])] = check_method(m["name"], m["params"], drafters=DrafterContext.of_pair(pair))
             except ValueError as err:
                 errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or conf/method/{m['config_name']}.yaml)")
+                continue
+            for b in batch_sizes:  # before any model loads: a method that decodes one sequence at a time says so
+                try:
+                    check_batch(method_class(m["name"]), resolved_params[(m["label"], pair["name"])], b)
+                except ValueError as err:
+                    errors.append(f"{err} (sweep entry {m['label']!r}, sweep.batch_sizes {batch_sizes})")
+                    break
     counts: dict[str, int] = {}
     for ds in datasets:
         if any(e.startswith(f"dataset {ds['name']!r}: dataset.") for e in errors):
@@ -300,19 +317,22 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
     cells: dict[str, Cell] = {}
-    for pair, ds, seed in itertools.product(pairs, datasets, seeds):
+    for pair, ds, seed, batch in itertools.product(pairs, datasets, seeds, batch_sizes):
         group = list(methods)
         if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in methods):
             group = [baseline] + [m for m in methods if m["label"] != baseline["label"]]
         for m in group:
             is_baseline = baseline is not None and m["label"] == baseline["label"]
-            cell = _make_cell(sweep.name, m, resolved_params[(m["label"], pair["name"])], pair, ds, seed, measure, judge, cluster, fault, is_baseline)
+            entry = dict(m, label=batch_label(m["label"], batch))
+            cell = _make_cell(sweep.name, entry, resolved_params[(m["label"], pair["name"])], pair, ds, seed, measure, judge, cluster, fault,
+                              is_baseline, batch)
             cells.setdefault(cell.key, cell)
     return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts)
 
 
 def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any], pair: dict[str, Any], ds: dict[str, Any], seed: int,
-               measure: dict[str, Any], judge: Mapping[str, Any], cluster: Mapping[str, Any], fault: Any, baseline: bool) -> Cell:
+               measure: dict[str, Any], judge: Mapping[str, Any], cluster: Mapping[str, Any], fault: Any, baseline: bool,
+               batch_size: int = 1) -> Cell:
     scorer = check_task_scorer(TaskSpec.from_dict(ds["task"]))
     cell = Cell(
         key="",
@@ -327,6 +347,7 @@ def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any
         measure=measure,
         hardware=cluster.get("accelerator_type") or "any",
         harness=HARNESS_VERSION,
+        batch_size=batch_size,
         weights=weights_identity(pair, method["name"], params),
         # the judge scores the generations, it does not change them: not part of the key (Cell.identity)
         judge=dict(judge) if (judge.get("enabled") and scorer is not None and scorer.uses_judge) else None,

@@ -1,0 +1,226 @@
+"""The bench at batch sizes above 1: ``python -m pipeline.bench batch_sizes=[1,2,4,8,16]``.
+
+For every batch size B and mode (greedy, sample) it decodes the same request set (``batch_requests`` requests:
+the bench's prompts cycled, request i with its own generator seeded ``seed + i``) with every batchable method of
+``methods`` (``decoding/batched.py``: B requests together, continuous batching; B = 1 is ``Decoder.generate`` one
+request at a time, the engine's batch-1 path), and with transformers' batched ``generate()`` as the peer of
+``ar`` (left-padded batches of B prompts, static batching, the pair's dtype). Per row:
+
+- throughput: output tokens over all requests / the pass's wall time (median over ``repeats`` passes; the runners
+  of one batch size are interleaved pass by pass);
+- per request: TPOT (time per output token after the first) and latency (time in a slot) percentiles, and
+  acceptance (tokens per target step, the mean over requests);
+- ``x batch 1``: the row's throughput over the same method's at batch 1; ``speedup vs ar``: over our ``ar`` at
+  the same batch size (per pass, median); ``x transformers``: our ``ar`` over transformers' batched generate().
+
+Speeds belong here and in benchmarks/, never in timed tests.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.decoding import build_decoder, check_method, method_class
+from pipeline.decoding.batched import BatchedDecoder, check_batch
+from pipeline.decoding.warping import make_generator
+from pipeline.device import synchronize
+
+
+@dataclass
+class BatchRow:
+    impl: str  # ours | transformers
+    method: str
+    mode: str
+    batch_size: int
+    tokens_per_s: float | None = None
+    tokens: int = 0
+    requests: int = 0
+    x_batch1: float | None = None
+    speedup_vs_ar: float | None = None
+    x_transformers: float | None = None
+    tpot_ms_p50: float | None = None
+    tpot_ms_p90: float | None = None
+    latency_s_p50: float | None = None
+    latency_s_p90: float | None = None
+    latency_s_p99: float | None = None
+    accepted_per_step: float | None = None
+    note: str | None = None
+
+
+Pass = tuple[int, float, list[dict[str, float]]]  # tokens, seconds, per-request {tokens, steps, latency, first}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    values = [v for v in values if math.isfinite(v)]
+    return float(np.percentile(values, q)) if values else None
+
+
+def check_batch_sizes(cfg: DictConfig, bench: Any) -> dict[str, str]:
+    """Before any model loads: ``batch_sizes`` valid, and per method of ``methods`` why it cannot batch (its rows
+    above batch 1 then say so); ``bench`` is the ``Bench`` being built (its parameters and the pair's drafters)."""
+    sizes = list(cfg.batch_sizes)
+    if not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
+        raise ValueError(f"batch_sizes must be a non-empty list of integers >= 1, got {sizes} (e.g. batch_sizes=[1,2,4,8,16])")
+    skipped = {}
+    for method in cfg.methods:
+        values = check_method(method, bench.method_params(method, "sample"), drafters=bench.ctx)
+        reason = method_class(method).batch_refusal(values)
+        if reason and max(sizes) > 1:
+            skipped[method] = reason
+    return skipped
+
+
+class BatchBench:
+    """The batch-size table of one pair (``bench.Bench`` loads the pair and the prompts)."""
+
+    def __init__(self, bench: Any, cfg: DictConfig) -> None:
+        self.bench, self.cfg = bench, cfg
+        self.batch_sizes = [int(b) for b in cfg.batch_sizes]
+        self.n = int(cfg.get("batch_requests") or 2 * max(self.batch_sizes))
+        self.prompts = [bench.prompts[i % len(bench.prompts)] for i in range(self.n)]
+        self.skipped: dict[str, str] = dict(bench.batch_skipped)
+
+    def _ours(self, method: str, mode: str, b: int) -> Callable[[int], Pass]:
+        bench = self.bench
+        params = bench.method_params(method, mode)
+        dec = build_decoder(method, bench.pair.target, bench.pair.draft if method != "ar" else None, assets=bench.pair.assets, **params)
+        if b > 1:
+            check_batch(type(dec), dec.config, b)
+        engine = BatchedDecoder(dec, b) if b > 1 else None
+
+        def run(p: int) -> Pass:
+            gens = [make_generator(self.cfg.seed + p * self.n + i, bench.device) for i in range(self.n)]
+            synchronize(bench.device)
+            t0 = time.perf_counter()
+            if b == 1:  # the engine's own batch-1 path, one request after the other
+                outs = []
+                for ids, g in zip(self.prompts, gens):
+                    s = time.perf_counter()
+                    gen = dec.generate(ids, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generator=g)
+                    outs.append((gen, s, time.perf_counter(), s + dec.prefill_seconds()))
+            else:
+                assert engine is not None
+                outs = [(g, g.admitted_at, g.finished_at, g.first_token_at) for g in engine.generate(
+                    self.prompts, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generators=gens)]
+            synchronize(bench.device)
+            seconds = time.perf_counter() - t0
+            per = [{"tokens": len(g.tokens), "steps": g.steps, "latency": end - start, "first": first - start} for g, start, end, first in outs]
+            return sum(r["tokens"] for r in per), seconds, per
+
+        return run
+
+    def _transformers(self, mode: str, b: int) -> Callable[[int], Pass]:
+        bench = self.bench
+        tok = bench.pair.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        kwargs: dict[str, Any] = dict(max_new_tokens=self.cfg.max_new_tokens, pad_token_id=pad)
+        if self.cfg.ignore_eos:
+            kwargs.update(eos_token_id=None, min_new_tokens=self.cfg.max_new_tokens)
+        if mode == "greedy":
+            kwargs.update(do_sample=False, top_k=None, top_p=None, temperature=None)
+        else:
+            s = self.cfg.sampling
+            kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+
+        def run(p: int) -> Pass:
+            torch.manual_seed(self.cfg.seed + p)
+            per, tokens = [], 0
+            synchronize(bench.device)
+            t0 = time.perf_counter()
+            for k in range(0, self.n, b):  # static batches: a batch ends with its longest request
+                chunk = self.prompts[k : k + b]
+                width = max(len(x) for x in chunk)
+                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+                mask = torch.zeros_like(ids)
+                for r, x in enumerate(chunk):
+                    ids[r, width - len(x) :] = torch.tensor(x)
+                    mask[r, width - len(x) :] = 1
+                s = time.perf_counter()
+                with torch.inference_mode():
+                    out = bench.pair.target.generate(ids.to(bench.device), attention_mask=mask.to(bench.device), **kwargs)
+                synchronize(bench.device)
+                end = time.perf_counter()
+                for row in out[:, width:].tolist():
+                    n = len(row) if not bench.eos else next((i + 1 for i, t in enumerate(row) if t in bench.eos), len(row))
+                    tokens += n
+                    per.append({"tokens": n, "steps": n, "latency": end - s, "first": math.nan})
+            return tokens, time.perf_counter() - t0, per
+
+        return run
+
+    def run(self) -> list[BatchRow]:
+        rows: list[BatchRow] = []
+        for mode in self.cfg.modes:
+            batch1: dict[str, float] = {}
+            for b in self.batch_sizes:
+                runners: dict[tuple[str, str], Callable[[int], Pass]] = {}
+                for method in self.cfg.methods:
+                    if method in self.skipped and b > 1:
+                        rows.append(BatchRow("ours", method, mode, b, note=self.skipped[method]))
+                        continue
+                    runners[("ours", method)] = self._ours(method, mode, b)
+                if "ar" in self.cfg.methods:
+                    runners[("transformers", "ar")] = self._transformers(mode, b)
+                for run in runners.values():  # warm-up
+                    for _ in range(int(self.cfg.warmup)):
+                        run(0)
+                passes: dict[tuple[str, str], list[Pass]] = {k: [] for k in runners}
+                for p in range(int(self.cfg.repeats)):
+                    for key, run in runners.items():
+                        passes[key].append(run(p + 1))
+                rate = {k: [t / s for t, s, _ in v] for k, v in passes.items()}
+                for (impl, method), ps in passes.items():
+                    per = [r for _, _, reqs in ps for r in reqs]
+                    tps = statistics.median(rate[(impl, method)])
+                    tpot = [1e3 * (r["latency"] - r["first"]) / (r["tokens"] - 1) for r in per if r["tokens"] > 1 and math.isfinite(r["first"])]
+                    row = BatchRow(impl, method, mode, b, tokens_per_s=tps, tokens=ps[-1][0], requests=self.n,
+                                   tpot_ms_p50=_pct(tpot, 50), tpot_ms_p90=_pct(tpot, 90),
+                                   latency_s_p50=_pct([r["latency"] for r in per], 50), latency_s_p90=_pct([r["latency"] for r in per], 90),
+                                   latency_s_p99=_pct([r["latency"] for r in per], 99),
+                                   accepted_per_step=statistics.mean(r["tokens"] / r["steps"] for r in per if r["steps"]) if impl == "ours" else None)
+                    if impl == "ours":
+                        batch1.setdefault(method, tps if b == 1 else math.nan)
+                        row.x_batch1 = tps / batch1[method] if math.isfinite(batch1[method]) else None
+                        if ("ours", "ar") in rate:
+                            row.speedup_vs_ar = statistics.median(x / y for x, y in zip(rate[(impl, method)], rate[("ours", "ar")]))
+                        if method == "ar" and ("transformers", "ar") in rate:
+                            row.x_transformers = statistics.median(x / y for x, y in zip(rate[(impl, method)], rate[("transformers", "ar")]))
+                    rows.append(row)
+        return rows
+
+
+def batch_markdown(name: str, rows: list[BatchRow], cfg: DictConfig, command: str, info: dict[str, Any]) -> str:
+    """The batch-size table as benchmarks/<name>-batching.md."""
+    n = int(cfg.get("batch_requests") or 2 * max(int(b) for b in cfg.batch_sizes))
+    lines = [
+        f"# Benchmark `{name}`: batch sizes", "", f"Command: `{command}`", "",
+        f"Pair `{cfg.pair.name}`; {n} requests ({len(cfg.prompts)} prompts cycled) x {cfg.max_new_tokens} new tokens"
+        f"{' (EOS ignored)' if cfg.ignore_eos else ''} per pass, {cfg.repeats} timed passes after {cfg.warmup} warm-up; sampling "
+        f"{OmegaConf.to_container(cfg.sampling, resolve=True)}; method parameters {OmegaConf.to_container(cfg.method_params, resolve=True)}. "
+        "Ours: continuous batching (pipeline/decoding/batched.py; batch 1: Decoder.generate per request); transformers: "
+        "batched generate() on left-padded static batches, the same dtype. tokens/s: output tokens over all requests / "
+        "the pass's wall time, median over passes; speedup vs ar: over our ar at the same batch size.",
+        "", "| impl | method | mode | batch | tokens/s | x batch 1 | speedup vs ar | x transformers | TPOT p50 / p90 ms | "
+        "latency p50 / p90 / p99 s | tokens/step per request |", "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    f = lambda v, d=2: "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{d}f}"  # noqa: E731
+    notes = []
+    for r in rows:
+        if r.note:
+            notes.append(f"- {r.method} at batch {r.batch_size} ({r.mode}) not run: {r.note}")
+            continue
+        lines.append(f"| {r.impl} | {r.method} | {r.mode} | {r.batch_size} | {f(r.tokens_per_s)} | {f(r.x_batch1)} | {f(r.speedup_vs_ar)} | "
+                     f"{f(r.x_transformers)} | {f(r.tpot_ms_p50, 1)} / {f(r.tpot_ms_p90, 1)} | {f(r.latency_s_p50)} / {f(r.latency_s_p90)} / "
+                     f"{f(r.latency_s_p99)} | {f(r.accepted_per_step)} |")
+    if notes:
+        lines += ["", "Rows not run:", *sorted(set(notes))]
+    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "engine"), ""]
+    return "\n".join(lines)

@@ -1,0 +1,466 @@
+"""Batch > 1: B requests decode together through one packed KV cache per model (continuous batching).
+
+The chain methods (``batchable`` on the method class: ar, spd, block, mtad, typical over a chain) run here
+when a cell or the bench asks for ``batch_size > 1``. One iteration of the loop, over every live request:
+
+1. draft: one batched draft-model step per draft position (each request's rows in one forward; MTAD's
+   beams are tree nodes of their request), or the drafter's own lookup (n-gram) per request;
+2. one target forward over all requests' rows (a newly admitted request's prompt included: its prefill
+   rides in its first step), the LM head on the verification rows only;
+3. the method's own rule per request (``Decoder.verify``: the rules of ``verification.py``), with that
+   request's generator;
+4. rollback per request (its rejected slots leave the packed cache), emit, and a finished request's slot
+   takes the next prompt at once.
+
+Packing (``PackedCache``): the sequences share one ``CachedModel`` cache; every cached position belongs to one
+request (``owner``, -1 once rolled back) and each new row sees exactly its own request's live positions, in
+order (``CachedModel.forward_masked_rows``), as the teacher-data engine packs its sequences
+(``pipeline/training/teacher_data.py``). On the bf16 CPU kernels a row attends to its allowed keys in cache
+order and every matmul row is computed alone (``csrc/bf16_decoder.cpp``), so a request's rows are
+bit-identical to the ones it gets decoding alone; with the same draws from its own generator (seeded from the
+cell seed and the prompt id) its tokens do not depend on its companions: the output at batch B equals the
+output at batch 1, and equals ``Decoder.generate``'s. Elsewhere (float32, CUDA) rows differ by rounding and
+outputs can differ; ``batch_divergence`` measures how often.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .base import Decoder, Generation, _as_token_list, emit
+from .beam_sampling import _nonzero_by_id, _renormalize, _select
+from .drafters import ModelDrafter
+from .drafting import ChainDraft
+from .kv import CachedModel
+from .tree import TokenTree
+from .warping import sample, sample_k, sample_sparse
+
+
+@dataclass
+class BatchRequest:
+    """One generation to run: its prompt, its own limit and its own generator (``tag``: the caller's)."""
+
+    prompt: Sequence[int] | torch.Tensor
+    max_new_tokens: int
+    generator: torch.Generator | None = None
+    tag: Any = None
+
+
+@dataclass
+class BatchedGeneration(Generation):
+    """A ``Generation`` with its request's clock (``time.perf_counter`` seconds): when it took a slot, when
+    its first token and its last were emitted (latency, time to first token and TPOT per request)."""
+
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+    finished_at: float = 0.0
+    tag: Any = None
+
+
+def check_batch(cls: type[Decoder], values: dict[str, Any], batch_size: Any) -> None:
+    """Refuse a ``batch_size`` this method (with these resolved parameters) cannot run, before any model
+    loads; the message names the fix."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if batch_size == 1:
+        return
+    reason = cls.batch_refusal(values)
+    if reason:
+        raise ValueError(f"method {cls.name!r} cannot decode with batch_size {batch_size}: {reason}; use batch_size: 1")
+
+
+@dataclass
+class PackedRows:
+    """New rows of one request in a packed step: ``tokens`` [m]; ``positions`` (None: right after its live
+    positions); ``sees`` bool [m, live] over its live positions (None: all); ``inner`` bool [m, m] among the
+    new rows (None: causal); ``keep``: the rows (0..m-1) whose logits are wanted."""
+
+    slot: int
+    tokens: torch.Tensor
+    keep: list[int]
+    positions: torch.Tensor | None = None
+    sees: torch.Tensor | None = None
+    inner: torch.Tensor | None = None
+
+
+class PackedCache:
+    """Several sequences in one ``CachedModel`` cache, each row seeing only its own sequence's live positions.
+
+    ``owner[j]`` is the slot (request) whose position sits in cache slot j, -1 once rolled back or released;
+    a sequence's live positions stay in cache order (= position order), so its rows see the keys it would
+    see alone, in the same order. Dead slots are compacted away when they outnumber the live ones.
+    """
+
+    def __init__(self, model: CachedModel, compact_at: int = 256) -> None:
+        model.reset()
+        self.model = model
+        self.owner = torch.empty(0, dtype=torch.long)
+        self.lengths: dict[int, int] = {}
+        self.compact_at = compact_at
+
+    def length(self, slot: int) -> int:
+        return self.lengths.get(slot, 0)
+
+    def _live(self, slot: int) -> torch.Tensor:
+        return (self.owner == slot).nonzero().squeeze(-1)
+
+    def rollback(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` live positions of ``slot``."""
+        if self.length(slot) > length:
+            self.owner[self._live(slot)[length:]] = -1
+            self.lengths[slot] = length
+
+    def keep_path(self, slot: int, start: int, path: list[int]) -> None:
+        """Of ``slot``'s positions after its first ``start``, keep the tree nodes ``path`` (ascending)."""
+        idx = self._live(slot)[start:]
+        dead = torch.ones(idx.numel(), dtype=torch.bool)
+        dead[torch.tensor(path, dtype=torch.long)] = False
+        self.owner[idx[dead]] = -1
+        self.lengths[slot] = start + len(path)
+
+    def release(self, slot: int) -> None:
+        self.owner[self.owner == slot] = -1
+        self.lengths.pop(slot, None)
+
+    def _maybe_compact(self) -> None:
+        live = (self.owner >= 0).nonzero().squeeze(-1)
+        dead = self.owner.numel() - live.numel()
+        if dead >= max(self.compact_at, live.numel()):
+            self.model.compact(0, live)
+            self.owner = self.owner[live]
+
+    def step(self, groups: list[PackedRows]) -> list[torch.Tensor]:
+        """One forward of every group's rows; per group the own-head logits of its ``keep`` rows ``[len(keep), V]``."""
+        self._maybe_compact()
+        L = self.owner.numel()
+        sizes = [g.tokens.numel() for g in groups]
+        N = sum(sizes)
+        slots = torch.cat([torch.full((m,), g.slot, dtype=torch.long) for g, m in zip(groups, sizes)])
+        allowed = torch.zeros(N, L + N, dtype=torch.bool)
+        allowed[:, :L] = self.owner[None, :] == slots[:, None]
+        positions, rows, r = [], [], 0
+        for g, m in zip(groups, sizes):
+            if g.sees is not None:
+                live = self._live(g.slot)
+                block = torch.zeros(m, L, dtype=torch.bool)
+                block[:, live] = g.sees
+                allowed[r : r + m, :L] = block
+            allowed[r : r + m, L + r : L + r + m] = torch.ones(m, m, dtype=torch.bool).tril() if g.inner is None else g.inner
+            n0 = self.length(g.slot)
+            positions.append(torch.arange(n0, n0 + m) if g.positions is None else g.positions.cpu())
+            rows.extend(r + k for k in g.keep)
+            self.lengths[g.slot] = n0 + m
+            r += m
+        tokens = torch.cat([g.tokens.reshape(-1).cpu() for g in groups])
+        raw = self.model.forward_masked_rows(tokens, torch.cat(positions), allowed, torch.tensor(rows, dtype=torch.long))
+        self.owner = torch.cat([self.owner, slots])
+        return list(raw.split([len(g.keep) for g in groups]))
+
+
+@dataclass
+class _Live:
+    """A request in a slot: its context, output and counters, and this iteration's draft."""
+
+    index: int
+    request: BatchRequest
+    slot: int
+    context: list[int]
+    admitted_at: float
+    out: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    steps: int = 0
+    draft_steps: int = 0
+    first_token_at: float = 0.0
+    gamma: int = 0
+    tokens: list[int] = field(default_factory=list)  # this iteration's draft tokens
+    rows: list[torch.Tensor] = field(default_factory=list)  # their warped draft rows (dense [V] each)
+    proposal: Any = None
+
+
+class BatchedDecoder:
+    """Continuous batching of one chain decoder (``batchable``) over ``batch_size`` slots.
+
+    ``decoder`` is the method as ``build_decoder`` made it (parameters validated, warper, models, drafter, rule);
+    this class owns only the packing and the loop. Its models' caches are packed while ``run`` works and
+    emptied after it (the decoder's own ``generate`` can be called again).
+    """
+
+    def __init__(self, decoder: Decoder, batch_size: int) -> None:
+        check_batch(type(decoder), decoder.config, batch_size)
+        reason = type(decoder).batch_refusal(decoder.config)
+        if reason:  # at batch 1 too: this loop is the chain loop (a tree method's batch 1 is its own generate)
+            raise ValueError(f"method {decoder.name!r} has no batched loop: {reason}; call its generate() one request at a time")
+        self.decoder = decoder
+        self.batch_size = batch_size
+        self.drafter = getattr(decoder, "drafter_impl", None)
+        self.gamma = int(decoder.config.get("gamma") or 0) if self.drafter is not None else 0
+        self.beams = bool(getattr(type(decoder), "beam_drafts", False)) and isinstance(self.drafter, ModelDrafter)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_ids: Sequence[int] | int | None = (),
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> list[BatchedGeneration]:
+        """Decode every prompt (``generators[i]``: prompt i's own), ``batch_size`` at a time; results in prompt order."""
+        gens = list(generators) if generators is not None else [None] * len(prompts)
+        if len(gens) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(gens)} generators: pass one generator per prompt")
+        queue = deque(BatchRequest(p, max_new_tokens, g, tag=i) for i, (p, g) in enumerate(zip(prompts, gens)))
+        out: list[BatchedGeneration | None] = [None] * len(prompts)
+
+        def done(request: BatchRequest, gen: BatchedGeneration) -> None:
+            out[request.tag] = gen
+
+        self.run(queue, eos_token_ids=eos_token_ids, on_finish=done)
+        return out  # type: ignore[return-value]
+
+    def _check(self, request: BatchRequest) -> list[int]:
+        prompt = _as_token_list(request.prompt)
+        if not prompt:
+            raise ValueError("input_ids is empty: a prompt needs at least one token (e.g. BOS)")
+        m = request.max_new_tokens
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {m!r}")
+        limit = self.decoder.target.max_positions
+        if limit is not None and len(prompt) + m > limit:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({m}) exceeds the target's context of {limit} "
+                "positions: shorten the prompt or lower max_new_tokens"
+            )
+        return prompt
+
+    def run(
+        self, queue: deque, *, eos_token_ids: Sequence[int] | int | None = (),
+        on_finish: Callable[[BatchRequest, BatchedGeneration], None] | None = None,
+    ) -> int:
+        """Decode the requests of ``queue`` (taken from the left as slots free up; ``on_finish`` may append
+        more, e.g. a conversation's next turn) until it is empty and every slot is idle. Returns the number
+        of requests decoded."""
+        eos = frozenset([eos_token_ids]) if isinstance(eos_token_ids, int) else frozenset(int(t) for t in (eos_token_ids or ()))
+        dec = self.decoder
+        with torch.inference_mode():
+            target = PackedCache(dec.target)
+            draft = PackedCache(dec.draft) if isinstance(self.drafter, ModelDrafter) else None
+            live: list[_Live] = []
+            free = list(range(self.batch_size))[::-1]
+            count = 0
+            try:
+                while queue or live:
+                    while queue and free:
+                        request = queue.popleft()
+                        prompt = self._check(request)
+                        live.append(_Live(count, request, free.pop(), list(prompt), time.perf_counter()))
+                        count += 1
+                    self._iterate(live, target, draft, eos)
+                    for r in [r for r in live if r.slot < 0]:
+                        live.remove(r)
+                        free.append(-r.slot - 1)
+                        gen = BatchedGeneration(r.out, r.steps, r.draft_steps, r.accepted, r.drafted, admitted_at=r.admitted_at,
+                                                first_token_at=r.first_token_at, finished_at=time.perf_counter(), tag=r.request.tag)
+                        if on_finish is not None:
+                            on_finish(r.request, gen)
+            finally:
+                for model in (dec.target, dec.draft):
+                    if model is not None:
+                        model.reset()
+        return count
+
+    # ------------------------------------------------------------------------------------------ one iteration
+
+    def _iterate(self, live: list[_Live], target: PackedCache, draft: PackedCache | None, eos: frozenset[int]) -> None:
+        dec = self.decoder
+        for r in live:
+            r.gamma = min(self.gamma, r.request.max_new_tokens - len(r.out) - 1)
+            r.tokens, r.rows, r.proposal = [], [], None
+        if draft is not None and self.beams:
+            self._draft_beams([r for r in live if r.gamma > 0], draft)
+        elif draft is not None:
+            self._draft_model([r for r in live if r.gamma > 0], draft)
+        elif self.drafter is not None:
+            for r in live:
+                if r.gamma > 0:
+                    chain = self.drafter.propose(r.context, r.gamma, dec.warper, r.request.generator)
+                    self._take_chain(r, chain)
+        for r in live:
+            r.gamma = len(r.tokens)
+        groups = []
+        for r in live:
+            feed = r.context[target.length(r.slot):] + r.tokens
+            groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))))
+        raws = target.step(groups)
+        for r, raw in zip(live, raws):
+            logits = dec.target._logits(raw)
+            gen = r.request.generator
+            length = len(r.context)
+            r.steps += 1
+            if r.gamma == 0:
+                emitted = [int(dec._next_token(logits[-1], gen))]
+                if self.drafter is not None:
+                    r.drafted.append(0)
+            else:
+                tokens = torch.tensor(r.tokens, dtype=torch.long, device=logits.device)
+                proposal = r.proposal if self.beams else dec.chain_proposal(tokens, torch.stack(r.rows))
+                n, y = dec.verify(logits, tokens, proposal, gen)
+                n, y = int(n), int(y)
+                emitted = r.tokens[:n] + [y]
+                r.drafted.append(r.gamma)
+                target.rollback(r.slot, length + n)
+                if draft is not None:
+                    draft.rollback(r.slot, length + n)
+            if not r.out:
+                r.first_token_at = time.perf_counter()
+            if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):
+                target.release(r.slot)
+                if draft is not None:
+                    draft.release(r.slot)
+                r.slot = -r.slot - 1  # finished: the loop frees the slot
+
+    def _take_chain(self, r: _Live, chain: ChainDraft | None) -> None:
+        if chain is None:
+            return
+        r.tokens = [int(t) for t in chain.tokens.tolist()]
+        r.rows = list(chain.probs)
+
+    def _draft_model(self, requests: list[_Live], draft: PackedCache) -> None:
+        """``drafting.draft_chain`` for every request at once: one packed draft forward per draft position,
+        each request's row warped and sampled with its own generator (the same draws as alone)."""
+        dec = self.decoder
+        model, warper = dec.draft, dec.warper
+        sparse = warper.sparse(model.vocab_size)
+        for j in range(max((r.gamma for r in requests), default=0)):
+            step = [r for r in requests if r.gamma > j]
+            groups = []
+            for r in step:
+                feed = r.context[draft.length(r.slot):] if j == 0 else r.tokens[-1:]
+                groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
+            raws = draft.step(groups)
+            for r, raw in zip(step, raws):
+                gen = r.request.generator
+                if sparse:
+                    ids, probs = model.top_k_rows(raw[0], warper)
+                    row = torch.zeros(model.vocab_size, device=model.device).scatter_(-1, ids, probs)
+                    t = sample_sparse(ids, probs, gen)
+                else:
+                    row = warper(model._logits(raw)[0])
+                    t = sample(row, gen) if not warper.greedy else row.argmax(-1)
+                r.tokens.append(int(t))
+                r.rows.append(row)
+                r.draft_steps += 1
+
+    def _draft_beams(self, requests: list[_Live], draft: PackedCache) -> None:
+        """``beam_sampling.beam_sample`` (MTAD's draft) for every request at once: each request's W beams are
+        tree nodes of its own sequence, one packed draft forward per depth; the chosen beam's nodes stay."""
+        dec = self.decoder
+        model, warper = dec.draft, dec.warper
+        W, weights_kind, replacement = int(dec.args.num_beams), dec.args.beam_weights, bool(dec.args.replacement)
+        greedy = warper.greedy
+        sparse = not greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
+        state: dict[int, dict[str, Any]] = {}
+        for j in range(max((r.gamma for r in requests), default=0)):
+            step = [r for r in requests if r.gamma > j]
+            groups = []
+            for r in step:
+                if j == 0:
+                    feed = r.context[draft.length(r.slot):]
+                    groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
+                    continue
+                s = state[r.index]
+                parents = [n[-1] if n else -1 for n in s["nodes"]]
+                s["fed"] = s["tree"].extend(s["beams"][:, -1].tolist(), parents)
+                old = s["tree"].fed
+                ids, positions, mask = s["tree"].feed()
+                m = ids.numel()
+                sees = torch.cat([torch.ones(m, s["start"], dtype=torch.bool), mask[:, :old]], 1)
+                groups.append(PackedRows(r.slot, ids, list(range(m)), positions=positions, sees=sees, inner=mask[:, old:]))
+            raws = draft.step(groups)
+            for r, raw in zip(step, raws):
+                gen = r.request.generator
+                r.draft_steps += 1
+                if j == 0:
+                    start = draft.length(r.slot)
+                    s = state[r.index] = {"start": start, "tree": TokenTree(start)}
+                    if sparse:
+                        ids, probs = model.top_k_rows(raw[0], warper)
+                        _, cand, w = _nonzero_by_id(ids, probs)
+                        sel = sample_k(w, W, replacement, gen)
+                        s["weights"] = _renormalize(w[sel], weights_kind)
+                        s["log_q"] = torch.log(w[sel])[:, None]
+                        s["beams"] = cand[sel][:, None]
+                    else:
+                        logits = model._logits(raw)[0]
+                        if greedy:
+                            row = torch.log_softmax(logits, -1)
+                            idx = _select(row, W, False, gen, True)
+                            s["weights"] = row[idx]
+                            s["log_q"] = s["weights"][:, None]
+                        else:
+                            q0 = warper(logits)
+                            idx = _select(q0, W, replacement, gen, False)
+                            s["weights"] = _renormalize(q0[idx], weights_kind)
+                            s["log_q"] = torch.log(q0[idx])[:, None]
+                        s["beams"] = idx[:, None]
+                    s["nodes"] = [[] for _ in range(len(s["beams"]))]
+                    continue
+                s = state[r.index]
+                weights = s["weights"]
+                if sparse:
+                    ids, probs = model.top_k_rows(raw, warper)
+                    k = ids.shape[-1]
+                    keep, cand, q = _nonzero_by_id(ids, probs)
+                    flat = torch.exp(weights)[keep // k] * q
+                    pick = sample_k(flat, W, replacement, gen)
+                    b, v = keep[pick] // k, cand[pick]
+                    s["weights"] = _renormalize(flat[pick], weights_kind)
+                    step_lq = torch.log(q[pick])
+                else:
+                    out = model._logits(raw)
+                    vocab = out.shape[-1]
+                    if greedy:
+                        lp = torch.log_softmax(out, -1)
+                        flat = (weights[:, None] + lp).flatten()
+                        pick = _select(flat, W, False, gen, True)
+                        b, v = pick // vocab, pick % vocab
+                        s["weights"] = flat[pick]
+                        step_lq = lp[b, v]
+                    else:
+                        q = warper(out)
+                        flat = (torch.exp(weights)[:, None] * q).flatten()
+                        pick = _select(flat, W, replacement, gen, False)
+                        b, v = pick // vocab, pick % vocab
+                        s["weights"] = _renormalize(flat[pick], weights_kind)
+                        step_lq = torch.log(q[b, v])
+                s["log_q"] = torch.cat([s["log_q"][b], step_lq[:, None]], 1)
+                s["beams"] = torch.cat([s["beams"][b], v[:, None]], 1)
+                s["nodes"] = [s["nodes"][i] + [s["fed"][i]] for i in b.tolist()]
+        for r in requests:
+            s = state[r.index]
+            best = int(s["weights"].argmax())
+            path = s["nodes"][best]
+            if path:
+                draft.keep_path(r.slot, s["start"], path)
+            r.tokens = [int(t) for t in s["beams"][best].tolist()]
+            r.proposal = s["log_q"][best]
+
+
+def batch_divergence(decoder: Decoder, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
+                     seeds: Sequence[int], eos_token_ids: Sequence[int] = ()) -> dict[str, float]:
+    """How often a request's output at ``batch_size`` differs from its output at batch 1 (same generator seeds):
+    ``{"requests", "differing", "fraction", "first_difference_mean"}`` (0 differing on the bf16 kernels;
+    float32 and CUDA rows are not batch-invariant, so this measures what batching changes there)."""
+    def run(b: int) -> list[BatchedGeneration]:
+        gens = [torch.Generator(device=decoder.target.device).manual_seed(int(s)) for s in seeds]
+        return BatchedDecoder(decoder, b).generate(prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, generators=gens)
+
+    alone, together = run(1), run(batch_size)
+    firsts = []
+    for a, t in zip(alone, together):
+        if a.tokens != t.tokens:
+            firsts.append(next((i for i, (x, y) in enumerate(zip(a.tokens, t.tokens)) if x != y), min(len(a.tokens), len(t.tokens))))
+    n = len(alone)
+    return {"requests": n, "differing": len(firsts), "fraction": len(firsts) / n if n else float("nan"),
+            "first_difference_mean": sum(firsts) / len(firsts) if firsts else float("nan")}

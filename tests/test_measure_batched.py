@@ -1,0 +1,93 @@
+"""The batched measurement window (pipeline/measure_batched.py) and the sweep's batch-size axis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.models import tiny_llama
+from helpers.tokenizers import offline_tokenizer
+from pipeline import measure, sweep
+from pipeline.data.base import Sample
+from pipeline.decoding import build_decoder
+from pipeline.measure_batched import request_metrics, run_window_batched
+from pipeline.sweep import SweepConfigError
+
+torch.set_num_threads(1)
+LM = dict(max_positions=4096, bos=1, eos=2, scale=8.0)
+WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return offline_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models(tokenizer):
+    vocab = len(tokenizer)
+    return tiny_llama(0, vocab=vocab, **LM), tiny_llama(0, vocab=vocab, layers=1, **LM)
+
+
+def _samples(n: int, turns: int = 1) -> list[Sample]:
+    words = ["apples", "rivers", "engines", "violins", "glaciers", "comets", "lanterns"]
+    return [Sample(id=f"s{i}", dataset="spec_bench", turns=[f"Tell me about {words[i]}."] + ["And more?"] * (turns - 1)) for i in range(n)]
+
+
+def _kw(tokenizer):
+    return dict(tokenizer=tokenizer, chat=True, eos_token_ids=[tokenizer.eos_token_id], max_new_tokens=8, seed=3, device="cpu",
+                warmup_generations=1, warmup_seconds=0.0, idle_seconds=0.0)
+
+
+@pytest.mark.parametrize("method", ["ar", "spd"])
+def test_a_batched_window_gives_every_sample_its_batch_one_tokens(models, tokenizer, method):
+    """Same seeds per (sample, turn): the batched window's records are the sequential window's (two turns each)."""
+    decoder = build_decoder(method, *(models if method != "ar" else (models[0], None)), **WARP)
+    samples = _samples(5, turns=2)
+    alone = measure.run_window(decoder, samples, **_kw(tokenizer))
+    together = run_window_batched(decoder, samples, batch_size=3, **_kw(tokenizer))
+    assert [(r.id, r.turn, r.tokens, r.steps) for r in together.records] == [(r.id, r.turn, r.tokens, r.steps) for r in alone.records]
+    assert [r.prompt_text for r in together.records] == [r.prompt_text for r in alone.records]  # turn 2 saw turn 1's answer
+    s = together.summary()
+    assert s["samples_finished"] == 5 and s["generations"] == 10 and 0 < s["decode_s"] <= s["window_s"]
+    assert together.settings["batch_size"] == 3
+    assert all(r.queue_s is not None and r.queue_s >= 0 and 0 <= r.ttft_s <= r.decode_s for r in together.records)
+    metrics = request_metrics(together.records)
+    assert metrics["latency_s_p50"] <= metrics["latency_s_p99"] and metrics["tpot_ms_p50"] > 0
+    assert set(request_metrics(alone.records)) == set(metrics)  # batch-1 cells report the same columns
+
+
+def test_a_batched_window_honours_the_time_budget(models, tokenizer):
+    decoder = build_decoder("ar", models[0], None, **WARP)
+    result = run_window_batched(decoder, _samples(7), batch_size=2, time_budget_s=0.0, **_kw(tokenizer))
+    assert result.budget_exhausted and result.summary()["samples_finished"] == 0
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batching")
+    (root / "data").symlink_to(Path(__file__).resolve().parents[1] / "data", target_is_directory=True)
+    return root
+
+
+def test_the_batching_sweep_plans_every_method_at_every_batch_size(project):
+    plan = sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "seeds=[0]"]), project)
+    got = {(c.label, c.batch_size) for c in plan.cells}
+    assert got == {(m if b == 1 else f"{m} (batch {b})", b) for m in ("ar", "spd", "block", "mtad") for b in (1, 2, 4, 8, 16)}
+    assert len({c.key for c in plan.cells}) == len(plan.cells)
+    assert all(c.config["batch_size"] == c.batch_size for c in plan.cells)
+    assert {c.label for c in plan.cells if c.baseline} == {"ar", "ar (batch 2)", "ar (batch 4)", "ar (batch 8)", "ar (batch 16)"}
+
+
+@pytest.mark.parametrize("methods,needle", [("[ar,specinfer]", "'specinfer' cannot decode with batch_size 2: it decodes one sequence"),
+                                            ("[ar,{method: typical, drafter: medusa}]", "cannot decode with batch_size 2: drafter: medusa")])
+def test_a_method_that_cannot_batch_is_refused_at_plan_time(project, methods, needle):
+    with pytest.raises(SweepConfigError, match=needle):
+        sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "seeds=[0]", f"sweep.methods={methods}"]), project)
+
+
+def test_bad_batch_sizes_are_refused(project):
+    with pytest.raises(SweepConfigError, match="batch_sizes must be a non-empty list of integers >= 1"):
+        sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "sweep.batch_sizes=[0,2]"]), project)
