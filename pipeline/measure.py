@@ -426,7 +426,7 @@ def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | st
     target (as ``step_costs``) and ``t_draft``, the decoder's drafter's own cost of one draft token
     (``Drafter.step_cost``: a draft-model step, an EAGLE head step with its LM-head row, one n-gram lookup
     per token), with the gamma of the decoder (its tree depth for tree methods)."""
-    gamma = int(_draft_length(decoder) or getattr(decoder, "tree_depth", 1))
+    gamma = _draft_length(decoder) or int(getattr(decoder, "tree_depth", 1))
     t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
     t_draft = decoder.drafter_impl.step_cost(decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device))
     return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}

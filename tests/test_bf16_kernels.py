@@ -275,6 +275,8 @@ def test_lossless_methods_sample_the_engines_bf16_law(method, params):
 
 
 def test_auto_dtype_follows_the_cpu_capability(monkeypatch):
+    # a CPU that has the capability (whatever this machine has), turned off by the override
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: frozenset({"avx512_bf16", "avx512f"}))
     monkeypatch.setenv("PIPELINE_CPU_BF16", "0")
     assert cpu_kernels.resolve_dtype("auto", "cpu") == "float32"
     assert cpu_kernels.kernels() is None and "PIPELINE_CPU_BF16=0" in cpu_kernels.kernels_unavailable_reason()
