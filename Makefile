@@ -56,10 +56,12 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
-# ruff and mypy (both pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff check --fix .` mends
+# ruff and mypy (both pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff format .` writes the
+# layout (120 columns) and `$(VENV)/bin/ruff check --fix .` mends
 # imports. mypy checks the packages below (third-party libraries are read for their types, never reported on).
 MYPY_PATHS := pipeline/tracking pipeline/measure.py pipeline/energy.py pipeline/acceptance.py pipeline/bounds.py pipeline/cell_types.py
 lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(MYPY_PATHS)
 

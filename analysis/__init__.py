@@ -12,5 +12,15 @@ from analysis.runs import default_tracking_uri, list_sweeps, load_runs, load_sam
 from analysis.stats import add_ratios, mean_std, paired_bootstrap, significance
 from analysis.tables import Tables, build_tables
 
-__all__ = ["Tables", "add_ratios", "build_tables", "default_tracking_uri", "list_sweeps", "load_runs", "load_samples",
-           "mean_std", "paired_bootstrap", "significance"]
+__all__ = [
+    "Tables",
+    "add_ratios",
+    "build_tables",
+    "default_tracking_uri",
+    "list_sweeps",
+    "load_runs",
+    "load_samples",
+    "mean_std",
+    "paired_bootstrap",
+    "significance",
+]

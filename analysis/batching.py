@@ -20,7 +20,18 @@ from scipy import stats as sstats
 from analysis import schema, stats
 from pipeline.cell_types import split_batch_label
 
-COLUMNS = ["pair", "dataset", "method", "batch_size", "seeds", "speedup", "low", "high", "tokens_per_s", "accepted_per_step"]
+COLUMNS = [
+    "pair",
+    "dataset",
+    "method",
+    "batch_size",
+    "seeds",
+    "speedup",
+    "low",
+    "high",
+    "tokens_per_s",
+    "accepted_per_step",
+]
 
 
 def with_batch(runs: pd.DataFrame) -> pd.DataFrame:
@@ -28,7 +39,9 @@ def with_batch(runs: pd.DataFrame) -> pd.DataFrame:
     out = stats.add_ratios(runs) if "speedup" not in runs else runs.copy()
     split = out["label"].astype(str).map(split_batch_label)
     out["method_label"] = split.map(lambda t: t[0])
-    logged = pd.to_numeric(out["batch_size"], errors="coerce") if "batch_size" in out else pd.Series(np.nan, index=out.index)
+    logged = (
+        pd.to_numeric(out["batch_size"], errors="coerce") if "batch_size" in out else pd.Series(np.nan, index=out.index)
+    )
     out["batch_size"] = logged.fillna(split.map(lambda t: t[1])).astype(int)
     return out
 
@@ -55,19 +68,39 @@ def speedup_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (pair, dataset, method, b), g in data.groupby(["pair", "dataset", "method_label", "batch_size"], sort=True):
         mean, low, high = _interval(g["speedup"].to_numpy(dtype=float))
-        rows.append({"pair": pair, "dataset": dataset, "method": method, "batch_size": int(b), "seeds": int(g["seed"].nunique()),
-                     "speedup": mean, "low": low, "high": high, "tokens_per_s": float(g["tokens_per_s"].mean()),
-                     "accepted_per_step": float(g["accepted_per_step"].mean())})
+        rows.append(
+            {
+                "pair": pair,
+                "dataset": dataset,
+                "method": method,
+                "batch_size": int(b),
+                "seeds": int(g["seed"].nunique()),
+                "speedup": mean,
+                "low": low,
+                "high": high,
+                "tokens_per_s": float(g["tokens_per_s"].mean()),
+                "accepted_per_step": float(g["accepted_per_step"].mean()),
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def crossover(table: pd.DataFrame) -> pd.DataFrame:
     """Per (pair, dataset, method): the smallest batch size whose mean speedup is below 1 (NaN: none measured)."""
     rows = []
-    for (pair, dataset, method), g in table[table["method"] != schema.BASELINE].groupby(["pair", "dataset", "method"], sort=True):
+    for (pair, dataset, method), g in table[table["method"] != schema.BASELINE].groupby(
+        ["pair", "dataset", "method"], sort=True
+    ):
         below = g[g["speedup"] < 1.0]["batch_size"]
-        rows.append({"pair": pair, "dataset": dataset, "method": method, "crossover_batch_size": int(below.min()) if len(below) else math.nan,
-                     "largest_batch_measured": int(g["batch_size"].max())})
+        rows.append(
+            {
+                "pair": pair,
+                "dataset": dataset,
+                "method": method,
+                "crossover_batch_size": int(below.min()) if len(below) else math.nan,
+                "largest_batch_measured": int(g["batch_size"].max()),
+            }
+        )
     return pd.DataFrame(rows, columns=["pair", "dataset", "method", "crossover_batch_size", "largest_batch_measured"])
 
 
@@ -76,15 +109,31 @@ def markdown(runs: pd.DataFrame) -> str:
     table, cross = speedup_table(runs), None
     cross = crossover(table)
     f = lambda v: "–" if not math.isfinite(v) else f"{v:.2f}"  # noqa: E731
-    lines = ["# Speedup vs batch size", "", "Tokens/s over all requests divided by ar's at the same batch size, per seed; mean and "
-             "95% t-interval over seeds. Crossover: the smallest batch size whose mean speedup is below 1.", "",
-             "| pair | dataset | method | batch | seeds | speedup [95% CI] | tokens/s | tokens/step |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Speedup vs batch size",
+        "",
+        "Tokens/s over all requests divided by ar's at the same batch size, per seed; mean and "
+        "95% t-interval over seeds. Crossover: the smallest batch size whose mean speedup is below 1.",
+        "",
+        "| pair | dataset | method | batch | seeds | speedup [95% CI] | tokens/s | tokens/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in table.itertuples():
-        lines.append(f"| {r.pair} | {r.dataset} | {r.method} | {r.batch_size} | {r.seeds} | {f(r.speedup)} [{f(r.low)}, {f(r.high)}] | "
-                     f"{f(r.tokens_per_s)} | {f(r.accepted_per_step)} |")
-    lines += ["", "| pair | dataset | method | crossover batch size | largest batch measured |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {r.pair} | {r.dataset} | {r.method} | {r.batch_size} | {r.seeds} | {f(r.speedup)} [{f(r.low)}, {f(r.high)}] | "
+            f"{f(r.tokens_per_s)} | {f(r.accepted_per_step)} |"
+        )
+    lines += [
+        "",
+        "| pair | dataset | method | crossover batch size | largest batch measured |",
+        "|---|---|---|---|---|",
+    ]
     for r in cross.itertuples():
-        shown = f"{int(r.crossover_batch_size)}" if math.isfinite(r.crossover_batch_size) else f"none (> {r.largest_batch_measured})"
+        shown = (
+            f"{int(r.crossover_batch_size)}"
+            if math.isfinite(r.crossover_batch_size)
+            else f"none (> {r.largest_batch_measured})"
+        )
         lines.append(f"| {r.pair} | {r.dataset} | {r.method} | {shown} | {r.largest_batch_measured} |")
     return "\n".join(lines) + "\n"
 
@@ -104,7 +153,9 @@ def speedup_vs_batch_size(runs: pd.DataFrame):
         for method, m in g.groupby("method", sort=True):
             m = m.sort_values("batch_size")
             err = np.vstack([(m["speedup"] - m["low"]).fillna(0.0), (m["high"] - m["speedup"]).fillna(0.0)])
-            c = cross[(cross["pair"] == pair) & (cross["dataset"] == dataset) & (cross["method"] == method)]["crossover_batch_size"]
+            c = cross[(cross["pair"] == pair) & (cross["dataset"] == dataset) & (cross["method"] == method)][
+                "crossover_batch_size"
+            ]
             label = method + (f" (crossover at {int(c.iloc[0])})" if len(c) and math.isfinite(c.iloc[0]) else "")
             line = ax.errorbar(m["batch_size"], m["speedup"], yerr=err, marker="o", capsize=3, label=label)
             if len(c) and math.isfinite(c.iloc[0]):

@@ -43,7 +43,10 @@ Z_95, Z_POWER = 1.959964, 0.841621  # two-sided 5% test, 80% power
 SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusive"
 TOO_FEW = "too few prompts"  # verdict and status: fewer prompts than the exact test can decide with (stats.MIN_PROMPTS)
 MEASUREMENT_PROBLEM = "measurement problem"  # a speedup above its own bound: the measurement, not the method
-NO_DATA, DISTURBED = "no data", "disturbed"  # statuses of claims left untested: no cells of a method; only disturbed cells
+NO_DATA, DISTURBED = (
+    "no data",
+    "disturbed",
+)  # statuses of claims left untested: no cells of a method; only disturbed cells
 TIMING_STATISTICS = ("tokens_per_s", "speedup_over_bound", "j_per_token")  # decided on undisturbed cells only
 
 
@@ -82,8 +85,14 @@ STATISTICS: dict[str, Statistic] = {
     "perplexity": Statistic(("perplexity",), _mean),
     "score": Statistic(("sample_score",), _mean),
     "j_per_token": Statistic(("j_per_token",), _mean, cell_level=True),
-    "leviathan_tokens_per_step": Statistic(("new_tokens", "iterations", "accepted_pos1", "reached_pos1"), _leviathan, one_sample=True, needs=("gamma",)),
-    "speedup_over_bound": Statistic(("new_tokens", "decode_s", "iterations", "accepted_drafts", "reached"), _ratio_of_sums, needs=("gamma", "cost_ratio")),
+    "leviathan_tokens_per_step": Statistic(
+        ("new_tokens", "iterations", "accepted_pos1", "reached_pos1"), _leviathan, one_sample=True, needs=("gamma",)
+    ),
+    "speedup_over_bound": Statistic(
+        ("new_tokens", "decode_s", "iterations", "accepted_drafts", "reached"),
+        _ratio_of_sums,
+        needs=("gamma", "cost_ratio"),
+    ),
     # tokens/s over the ar cell of the same seed and batch size (stats.add_ratios), per cell paired by seed: compares
     # speedups across batch sizes (e.g. "spd (batch 16)" against "spd") or methods at one batch size
     "speedup": Statistic(("speedup",), _mean, cell_level=True),
@@ -112,26 +121,45 @@ class Claim:
 def _check(entry: dict, where: str) -> None:
     missing = [k for k in ("id", "source", "wording", "method", "statistic") if entry.get(k) in (None, "", [])]
     if missing:
-        raise ValueError(f"{where}: missing {', '.join(missing)} (every claim needs id, source, wording, method, statistic)")
-    for key, valid in (("statistic", tuple(STATISTICS)), ("scale", SCALES), ("direction", DIRECTIONS), ("requires", REQUIRES)):
+        raise ValueError(
+            f"{where}: missing {', '.join(missing)} (every claim needs id, source, wording, method, statistic)"
+        )
+    for key, valid in (
+        ("statistic", tuple(STATISTICS)),
+        ("scale", SCALES),
+        ("direction", DIRECTIONS),
+        ("requires", REQUIRES),
+    ):
         value = entry.get(key)
         if value is not None and value not in valid:
             raise ValueError(f"{where}: {key} {value!r} is not one of {', '.join(valid)}")
     stat = STATISTICS[entry["statistic"]]
     if entry.get("reference") is None and not stat.one_sample:
-        raise ValueError(f"{where}: statistic {entry['statistic']!r} compares two methods; set `reference` (a label of the sweep)")
+        raise ValueError(
+            f"{where}: statistic {entry['statistic']!r} compares two methods; set `reference` (a label of the sweep)"
+        )
     margin = entry.get("margin")
     margin = 0.0 if margin is None else margin
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
-        raise ValueError(f"{where}: margin must be a finite number >= 0 on the effect's scale (e.g. 0.05), not {margin!r}: "
-                         "an infinite margin would call any effect equivalent")
+        raise ValueError(
+            f"{where}: margin must be a finite number >= 0 on the effect's scale (e.g. 0.05), not {margin!r}: "
+            "an infinite margin would call any effect equivalent"
+        )
     if entry.get("direction") == "equivalent" and not margin:
         raise ValueError(f"{where}: an equivalence claim needs a margin > 0 (the difference that counts as equal)")
-    if entry.get("scale", "relative") == "relative" and entry.get("direction") in ("at_least", "equivalent") and margin >= 1:
-        raise ValueError(f"{where}: a relative margin of {margin!r} allows any effect (a ratio cannot fall 100% or more below 1); "
-                         "use a margin below 1, e.g. 0.05 for 5%")
+    if (
+        entry.get("scale", "relative") == "relative"
+        and entry.get("direction") in ("at_least", "equivalent")
+        and margin >= 1
+    ):
+        raise ValueError(
+            f"{where}: a relative margin of {margin!r} allows any effect (a ratio cannot fall 100% or more below 1); "
+            "use a margin below 1, e.g. 0.05 for 5%"
+        )
     claimed = entry.get("claimed")
-    if claimed is not None and (isinstance(claimed, bool) or not isinstance(claimed, (int, float)) or not math.isfinite(claimed)):
+    if claimed is not None and (
+        isinstance(claimed, bool) or not isinstance(claimed, (int, float)) or not math.isfinite(claimed)
+    ):
         raise ValueError(f"{where}: claimed must be a finite number on the effect's scale or null, not {claimed!r}")
 
 
@@ -139,7 +167,9 @@ def load_claims(path: str | Path | None = None) -> list[Claim]:
     """The claims of ``path`` (default ``analysis/claims.yaml``), a list ``method`` expanded to one claim per entry."""
     path = Path(path) if path else CLAIMS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"no claims file {path}; pass an existing YAML (see analysis/claims.yaml for the format)")
+        raise FileNotFoundError(
+            f"no claims file {path}; pass an existing YAML (see analysis/claims.yaml for the format)"
+        )
     data = yaml.safe_load(path.read_text()) or {}
     entries = data.get("claims") if isinstance(data, dict) else None
     if not isinstance(entries, list):
@@ -203,7 +233,13 @@ def _from_d(value: float, scale: str) -> float:
 
 def boundaries(direction: str, margin: float = 0.0) -> tuple[float, ...]:
     """The effects (claim's scale) a CI must clear for a decisive verdict: 0, -margin, +margin or both."""
-    return {"greater": (0.0,), "less": (0.0,), "at_least": (-margin,), "at_most": (margin,), "equivalent": (-margin, margin)}[direction]
+    return {
+        "greater": (0.0,),
+        "less": (0.0,),
+        "at_least": (-margin,),
+        "at_most": (margin,),
+        "equivalent": (-margin, margin),
+    }[direction]
 
 
 def distance_to_decision(effect: float, direction: str, margin: float = 0.0, scale: str = "absolute") -> float:
@@ -213,7 +249,9 @@ def distance_to_decision(effect: float, direction: str, margin: float = 0.0, sca
     return min(abs(d - _to_d(b, scale)) for b in boundaries(direction, margin))
 
 
-def samples_needed(n: int, se: float, effect: float, direction: str, margin: float = 0.0, scale: str = "absolute") -> float:
+def samples_needed(
+    n: int, se: float, effect: float, direction: str, margin: float = 0.0, scale: str = "absolute"
+) -> float:
     """Prompts for a decisive verdict at 80% power (two-sided 5%) if ``effect`` is the truth and the
     standard error (of the mean prompt-level effect, ``se``) shrinks as 1/sqrt(n): n ((1.96 + 0.84) se / distance)^2,
     never below the fewest prompts the exact test can decide with (``stats.MIN_PROMPTS``); inf when the
@@ -234,15 +272,27 @@ def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.Data
     reached, pipeline.acceptance), ``accepted_pos1`` and ``reached_pos1`` (position 1 only), from ``accepted``
     and ``drafted`` (reconstructed from the cell's gamma and max_new_tokens for records logged without it)."""
     out = samples.copy()
-    params = runs.set_index("run_id")[["gamma", "max_new_tokens"]] if {"gamma", "max_new_tokens"} <= set(runs.columns) else None
+    params = (
+        runs.set_index("run_id")[["gamma", "max_new_tokens"]]
+        if {"gamma", "max_new_tokens"} <= set(runs.columns)
+        else None
+    )
     iters, acc, reached, acc1, reached1 = [], [], [], [], []
     for row in out.itertuples(index=False):
         accepted = as_list(getattr(row, "accepted", None))
         drafted = as_list(getattr(row, "drafted", None))
-        if not drafted and accepted and (getattr(row, "draft_steps", 0) or 0) > 0 and params is not None and row.run_id in params.index:
+        if (
+            not drafted
+            and accepted
+            and (getattr(row, "draft_steps", 0) or 0) > 0
+            and params is not None
+            and row.run_id in params.index
+        ):
             gamma, mnt = params.loc[row.run_id, "gamma"], params.loc[row.run_id, "max_new_tokens"]
             if isinstance(gamma, (int, float)) and not pd.isna(gamma):
-                drafted = reconstruct_drafted(accepted, int(gamma), int(mnt) if isinstance(mnt, (int, float)) and not pd.isna(mnt) else None)
+                drafted = reconstruct_drafted(
+                    accepted, int(gamma), int(mnt) if isinstance(mnt, (int, float)) and not pd.isna(mnt) else None
+                )
         drafted = list(drafted or [0] * len(accepted))
         a = [min(max(int(e) - 1, 0), int(d)) for e, d in zip(accepted, drafted)]
         iters.append(len(accepted))
@@ -250,7 +300,13 @@ def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.Data
         reached.append(sum(min(x + 1, int(d)) for x, d in zip(a, drafted)))
         reached1.append(sum(1 for d in drafted if int(d) >= 1))
         acc1.append(sum(1 for x, d in zip(a, drafted) if int(d) >= 1 and x >= 1))
-    for name, values in (("iterations", iters), ("accepted_drafts", acc), ("reached", reached), ("accepted_pos1", acc1), ("reached_pos1", reached1)):
+    for name, values in (
+        ("iterations", iters),
+        ("accepted_drafts", acc),
+        ("reached", reached),
+        ("accepted_pos1", acc1),
+        ("reached_pos1", reached1),
+    ):
         out[name] = np.asarray(values, dtype=float)
     return out
 
@@ -262,12 +318,20 @@ def select(frame: pd.DataFrame, name: str) -> pd.DataFrame:
         return rows
     labels = frame.loc[frame["method"] == name, "label"].unique()
     if len(labels) > 1:
-        raise ValueError(f"method {name!r} has several labels in this sweep ({', '.join(map(str, labels))}); name one in the claim")
+        raise ValueError(
+            f"method {name!r} has several labels in this sweep ({', '.join(map(str, labels))}); name one in the claim"
+        )
     return frame[frame["label"] == labels[0]] if len(labels) else rows
 
 
-def cluster_effects(ref: np.ndarray | None, new: np.ndarray, clusters: np.ndarray, value: Callable[[np.ndarray, dict], float],
-                    ctx: dict, scale: str = "relative") -> np.ndarray:
+def cluster_effects(
+    ref: np.ndarray | None,
+    new: np.ndarray,
+    clusters: np.ndarray,
+    value: Callable[[np.ndarray, dict], float],
+    ctx: dict,
+    scale: str = "relative",
+) -> np.ndarray:
     """One effect per cluster (prompt): ``value`` of the method's units of that cluster (every seed and turn)
     against the reference's (paired rows; None: one-sample, against 1 on the relative scale, 0 on the absolute),
     as a log ratio (relative) or a difference (absolute). A cluster whose effect is undefined (a zero or
@@ -285,7 +349,9 @@ def cluster_effects(ref: np.ndarray | None, new: np.ndarray, clusters: np.ndarra
     return np.asarray(out, dtype=float)
 
 
-def pooled_effect(ref: np.ndarray | None, new: np.ndarray, value: Callable[[np.ndarray, dict], float], ctx: dict, scale: str) -> float:
+def pooled_effect(
+    ref: np.ndarray | None, new: np.ndarray, value: Callable[[np.ndarray, dict], float], ctx: dict, scale: str
+) -> float:
     """The effect of every unit pooled (one statistic per side): shown beside the prompt-level mean."""
     b = value(new, ctx)
     a = (1.0 if scale == "relative" else 0.0) if ref is None else value(ref, ctx)
@@ -329,8 +395,15 @@ def undisturbed(cells: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return cells[~flagged], int(flagged.sum())
 
 
-def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, cost_ratio: float | None = None,
-                   n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def evaluate_claim(
+    claim: Claim,
+    runs: pd.DataFrame,
+    samples: pd.DataFrame,
+    *,
+    cost_ratio: float | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """One claim on one (pair, dataset) group of runs and samples: a row of the claims table.
 
     The effect is the mean of the prompt-level effects (log ratios for a relative claim, shown as a ratio - 1),
@@ -339,12 +412,31 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
     interval is exact and needs no replicates.
     """
     stat = STATISTICS[claim.statistic]
-    base = {"claim": claim.id, "source": claim.source, "wording": claim.wording, "method": claim.method,
-            "reference": claim.reference, "statistic": claim.statistic, "scale": claim.scale, "direction": claim.direction,
-            "margin": claim.margin, "claimed": claim.claimed, "requires": claim.requires,
-            "effect": math.nan, "low": math.nan, "high": math.nan, "n": 0, "n_pairs": 0, "pooled_effect": math.nan,
-            "reference_value": math.nan, "method_value": math.nan, "samples_needed": math.nan, "mde": math.nan,
-            "claimed_in_ci": None, "note": ""}
+    base = {
+        "claim": claim.id,
+        "source": claim.source,
+        "wording": claim.wording,
+        "method": claim.method,
+        "reference": claim.reference,
+        "statistic": claim.statistic,
+        "scale": claim.scale,
+        "direction": claim.direction,
+        "margin": claim.margin,
+        "claimed": claim.claimed,
+        "requires": claim.requires,
+        "effect": math.nan,
+        "low": math.nan,
+        "high": math.nan,
+        "n": 0,
+        "n_pairs": 0,
+        "pooled_effect": math.nan,
+        "reference_value": math.nan,
+        "method_value": math.nan,
+        "samples_needed": math.nan,
+        "mde": math.nan,
+        "claimed_in_ci": None,
+        "note": "",
+    }
     cells = select(runs, claim.method)
     ref_cells = select(runs, claim.reference) if claim.reference else cells.iloc[0:0]
     missing = [n for n, c in ((claim.method, cells), (claim.reference, ref_cells)) if n and c.empty]
@@ -356,8 +448,13 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
     if claim.statistic in TIMING_STATISTICS:
         (cells, out_new), (ref_cells, out_ref) = undisturbed(cells), undisturbed(ref_cells)
         if cells.empty or (claim.reference and ref_cells.empty):
-            return _untested(base, DISTURBED, "every cell of the method or the reference was measured while the machine was "
-                             "disturbed (its target step well above the sweep's calibration): no timing verdict", claim)
+            return _untested(
+                base,
+                DISTURBED,
+                "every cell of the method or the reference was measured while the machine was "
+                "disturbed (its target step well above the sweep's calibration): no timing verdict",
+                claim,
+            )
         if out_new + out_ref:
             notes.append(f"{out_new + out_ref} cell(s) measured on a disturbed machine left out")
         samples = samples[samples["run_id"].isin(set(cells["run_id"]) | set(ref_cells["run_id"]))]
@@ -368,14 +465,28 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
             return _untested(base, "no gamma", f"{claim.method} has no chain draft length gamma", claim)
         ctx["gamma"] = int(gamma.iloc[0])
     if "cost_ratio" in stat.needs:
-        logged = pd.to_numeric(cells["cost_ratio"], errors="coerce").dropna() if "cost_ratio" in cells else pd.Series(dtype=float)
+        logged = (
+            pd.to_numeric(cells["cost_ratio"], errors="coerce").dropna()
+            if "cost_ratio" in cells
+            else pd.Series(dtype=float)
+        )
         if cost_ratio is None and logged.empty:
-            return _untested(base, "needs c", "needs the cost ratio c = t_draft / t_target (not logged by these cells; pass --cost-ratio)", claim)
-        ctx["cost_ratio"] = float(cost_ratio) if cost_ratio is not None else float(logged.mean())  # given, else the cells' own
+            return _untested(
+                base,
+                "needs c",
+                "needs the cost ratio c = t_draft / t_target (not logged by these cells; pass --cost-ratio)",
+                claim,
+            )
+        ctx["cost_ratio"] = (
+            float(cost_ratio) if cost_ratio is not None else float(logged.mean())
+        )  # given, else the cells' own
     if stat.cell_level:  # cells paired by seed: the seed is the cluster
         if "speedup" in stat.columns and "speedup" not in cells:
             ratios = add_ratios(runs)
-            cells, ref_cells = select(ratios, claim.method), select(ratios, claim.reference) if claim.reference else ref_cells
+            cells, ref_cells = (
+                select(ratios, claim.method),
+                select(ratios, claim.reference) if claim.reference else ref_cells,
+            )
         a = ref_cells[["seed", *stat.columns]].dropna()
         b = cells[["seed", *stat.columns]].dropna()
         joined = a.merge(b, on="seed", suffixes=("_ref", "_new"))
@@ -388,14 +499,25 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
         else:
             ref_cols = stat.columns[:2] if claim.statistic == "speedup_over_bound" else stat.columns
             a = select(samples, claim.reference)[[*key, *ref_cols]].dropna().drop_duplicates(key)
-            joined = a.rename(columns={c: f"{c}_ref" for c in ref_cols}).merge(b.rename(columns={c: f"{c}_new" for c in stat.columns}), on=key)
+            joined = a.rename(columns={c: f"{c}_ref" for c in ref_cols}).merge(
+                b.rename(columns={c: f"{c}_new" for c in stat.columns}), on=key
+            )
         clusters, unit = joined["id"].astype(str).to_numpy(), "prompts"
     new = joined[[f"{c}_new" for c in stat.columns]].to_numpy(dtype=float)
-    ref = None if claim.reference is None else joined[[c for c in joined.columns if c.endswith("_ref")]].to_numpy(dtype=float)
+    ref = (
+        None
+        if claim.reference is None
+        else joined[[c for c in joined.columns if c.endswith("_ref")]].to_numpy(dtype=float)
+    )
     n_pairs = int(new.shape[0])
     if n_pairs == 0:
-        return {**base, "status": TOO_FEW, "verdict": TOO_FEW, "samples_needed": float(MIN_PROMPTS),
-                "note": "no paired generations" + (f"; {'; '.join(notes)}" if notes else "")}
+        return {
+            **base,
+            "status": TOO_FEW,
+            "verdict": TOO_FEW,
+            "samples_needed": float(MIN_PROMPTS),
+            "note": "no paired generations" + (f"; {'; '.join(notes)}" if notes else ""),
+        }
     value = _speedup_bound_value(ctx) if claim.statistic == "speedup_over_bound" else stat.value
     d = cluster_effects(ref, new, clusters, value, ctx, claim.scale)
     undefined = int((~np.isfinite(d)).sum())
@@ -405,27 +527,53 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
     n = ci.n_clusters
     effect, low, high = _from_d(ci.mean, claim.scale), _from_d(ci.low, claim.scale), _from_d(ci.high, claim.scale)
     se = ci.se
-    result = {**base, "status": "tested", "effect": effect, "low": low, "high": high, "n": n, "n_pairs": n_pairs, "se": se,
-              "pooled_effect": pooled_effect(ref, new, value, ctx, claim.scale),
-              "reference_value": value(ref, ctx) if ref is not None else math.nan, "method_value": value(new, ctx),
-              "mde": _from_d((Z_95 + Z_POWER) * se, claim.scale) if math.isfinite(se) else math.nan}
+    result = {
+        **base,
+        "status": "tested",
+        "effect": effect,
+        "low": low,
+        "high": high,
+        "n": n,
+        "n_pairs": n_pairs,
+        "se": se,
+        "pooled_effect": pooled_effect(ref, new, value, ctx, claim.scale),
+        "reference_value": value(ref, ctx) if ref is not None else math.nan,
+        "method_value": value(new, ctx),
+        "mde": _from_d((Z_95 + Z_POWER) * se, claim.scale) if math.isfinite(se) else math.nan,
+    }
     if n < MIN_PROMPTS:
-        result.update(status=TOO_FEW, verdict=TOO_FEW, low=math.nan, high=math.nan, mde=math.inf)  # no effect is detectable
-        notes.insert(0, f"{n} {unit}: the exact test needs at least {MIN_PROMPTS} {unit} to decide at 95% (the most extreme of "
-                        f"{2 ** n} sign patterns is 1 in {2 ** n}); the {n_pairs} paired generations are not independent")
+        result.update(
+            status=TOO_FEW, verdict=TOO_FEW, low=math.nan, high=math.nan, mde=math.inf
+        )  # no effect is detectable
+        notes.insert(
+            0,
+            f"{n} {unit}: the exact test needs at least {MIN_PROMPTS} {unit} to decide at 95% (the most extreme of "
+            f"{2**n} sign patterns is 1 in {2**n}); the {n_pairs} paired generations are not independent",
+        )
         needed = samples_needed(n, se, effect, claim.direction, claim.margin, claim.scale)
-        result["samples_needed"] = float(max(MIN_PROMPTS, needed)) if math.isfinite(needed) or math.isinf(needed) else float(MIN_PROMPTS)
+        result["samples_needed"] = (
+            float(max(MIN_PROMPTS, needed)) if math.isfinite(needed) or math.isinf(needed) else float(MIN_PROMPTS)
+        )
     else:
         result["verdict"] = verdict(low, high, claim.direction, claim.margin)
-        result["samples_needed"] = n if result["verdict"] != INCONCLUSIVE else samples_needed(n, se, effect, claim.direction, claim.margin, claim.scale)
+        result["samples_needed"] = (
+            n
+            if result["verdict"] != INCONCLUSIVE
+            else samples_needed(n, se, effect, claim.direction, claim.margin, claim.scale)
+        )
     if claim.claimed is not None and math.isfinite(result["low"]):
         result["claimed_in_ci"] = bool(result["low"] <= claim.claimed <= result["high"])
     if claim.statistic in ("tokens_per_s", "speedup_over_bound", "speedup") and not _on_gpu(cells):
-        notes.append("CPU timing, indicative: the cells ran one after another and the machine's load may differ between them")
+        notes.append(
+            "CPU timing, indicative: the cells ran one after another and the machine's load may differ between them"
+        )
     if claim.statistic == "speedup_over_bound" and result["verdict"] == CONTRADICTED and claim.direction == "at_most":
         result["verdict"] = MEASUREMENT_PROBLEM
-        notes.insert(0, "the measured speedup lies above its own bound, which no method can do: a measurement problem "
-                        "(load or phase differences between the cells, a cost ratio c measured in another state), not a verdict on the method")
+        notes.insert(
+            0,
+            "the measured speedup lies above its own bound, which no method can do: a measurement problem "
+            "(load or phase differences between the cells, a cost ratio c measured in another state), not a verdict on the method",
+        )
     if se == 0 and np.ptp(new, axis=0).max() == 0 and (ref is None or np.ptp(ref, axis=0).max() == 0):
         result["verdict"] = INCONCLUSIVE
         notes.insert(0, "no spread: every generation has the same value (e.g. all scores 0), nothing to decide")
@@ -433,13 +581,46 @@ def evaluate_claim(claim: Claim, runs: pd.DataFrame, samples: pd.DataFrame, *, c
     return result
 
 
-COLUMNS = ["pair", "dataset", "claim", "verdict", "effect", "low", "high", "n", "n_pairs", "pooled_effect", "samples_needed", "mde", "claimed", "claimed_in_ci",
-           "reference_value", "method_value", "method", "reference", "statistic", "scale", "direction", "margin", "requires",
-           "status", "note", "source", "wording"]
+COLUMNS = [
+    "pair",
+    "dataset",
+    "claim",
+    "verdict",
+    "effect",
+    "low",
+    "high",
+    "n",
+    "n_pairs",
+    "pooled_effect",
+    "samples_needed",
+    "mde",
+    "claimed",
+    "claimed_in_ci",
+    "reference_value",
+    "method_value",
+    "method",
+    "reference",
+    "statistic",
+    "scale",
+    "direction",
+    "margin",
+    "requires",
+    "status",
+    "note",
+    "source",
+    "wording",
+]
 
 
-def evaluate_claims(claims: Sequence[Claim], runs: pd.DataFrame, samples: pd.DataFrame, *, cost_ratio: float | None = None,
-                    n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def evaluate_claims(
+    claims: Sequence[Claim],
+    runs: pd.DataFrame,
+    samples: pd.DataFrame,
+    *,
+    cost_ratio: float | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Every claim on every (pair, dataset) group of the sweep: the claims table (``COLUMNS``)."""
     runs = mark_disturbed(runs)
     samples = add_acceptance_columns(samples, runs)
@@ -450,6 +631,11 @@ def evaluate_claims(claims: Sequence[Claim], runs: pd.DataFrame, samples: pd.Dat
             try:
                 row = evaluate_claim(claim, group, group_samples, cost_ratio=cost_ratio, n_boot=n_boot, seed=seed)
             except ValueError as err:  # an ambiguous label: reported, not fatal for the other claims
-                row = _untested({"claim": claim.id, "method": claim.method, "reference": claim.reference}, "error", str(err), replace(claim, command=None))
+                row = _untested(
+                    {"claim": claim.id, "method": claim.method, "reference": claim.reference},
+                    "error",
+                    str(err),
+                    replace(claim, command=None),
+                )
             rows.append({"pair": pair, "dataset": dataset, **row})
     return pd.DataFrame(rows).reindex(columns=COLUMNS)

@@ -29,7 +29,13 @@ from analysis.runs import label_methods, order_labels
 from analysis.stats import MIN_PROMPTS
 from pipeline.acceptance import CONVENTIONS, PER_REQUEST, POOLED, records_metrics
 
-COLORS = {SUPPORTED: "tab:green", CONTRADICTED: "tab:red", "inconclusive": "tab:gray", TOO_FEW: "tab:gray", MEASUREMENT_PROBLEM: "tab:orange"}
+COLORS = {
+    SUPPORTED: "tab:green",
+    CONTRADICTED: "tab:red",
+    "inconclusive": "tab:gray",
+    TOO_FEW: "tab:gray",
+    MEASUREMENT_PROBLEM: "tab:orange",
+}
 SHOWN = ("tested", TOO_FEW)  # statuses with a row in the claims table (the others are untested here)
 SYMBOL = {">": "greater", "<": "less", ">=": "at_least", "<=": "at_most", "~": "equivalent"}
 CLAIM_SYMBOL = {v: k for k, v in SYMBOL.items()}
@@ -68,18 +74,25 @@ def acceptance_tables(runs: pd.DataFrame, samples: pd.DataFrame) -> tuple[pd.Dat
 
     per_cell, per_method = [], []
     for run in runs.itertuples(index=False):
-        m = metrics(samples[samples["run_id"] == run.run_id], getattr(run, "gamma", None), getattr(run, "max_new_tokens", None))
+        m = metrics(
+            samples[samples["run_id"] == run.run_id], getattr(run, "gamma", None), getattr(run, "max_new_tokens", None)
+        )
         if m:
             per_cell.append({"pair": run.pair, "dataset": run.dataset, "label": run.label, "seed": run.seed, **m})
     for (pair, dataset, label), g in runs.groupby(["pair", "dataset", "label"], sort=False):
-        m = metrics(samples[samples["run_id"].isin(set(g["run_id"]))], g["gamma"].iloc[0] if "gamma" in g else None,
-                    g["max_new_tokens"].iloc[0] if "max_new_tokens" in g else None)
+        m = metrics(
+            samples[samples["run_id"].isin(set(g["run_id"]))],
+            g["gamma"].iloc[0] if "gamma" in g else None,
+            g["max_new_tokens"].iloc[0] if "max_new_tokens" in g else None,
+        )
         if m:
             per_method.append({"pair": pair, "dataset": dataset, "label": label, "cells": len(g), **m})
     order = {lb: i for i, lb in enumerate(order_labels(runs["label"], label_methods(runs)))} if len(runs) else {}
     method_df = pd.DataFrame(per_method)
     if len(method_df):
-        method_df = method_df.sort_values(["pair", "dataset", "label"], key=lambda s: s.map(order) if s.name == "label" else s).reset_index(drop=True)
+        method_df = method_df.sort_values(
+            ["pair", "dataset", "label"], key=lambda s: s.map(order) if s.name == "label" else s
+        ).reset_index(drop=True)
     return method_df, pd.DataFrame(per_cell)
 
 
@@ -102,21 +115,35 @@ def acceptance_markdown(per_method: pd.DataFrame) -> str:
     for r in per_method.to_dict("records"):
         pos = []
         for i in range(1, depth + 1):
-            a, b = r.get(f"acceptance_rate_pos{i}_{POOLED}", math.nan), r.get(f"acceptance_rate_pos{i}_{PER_REQUEST}", math.nan)
+            a, b = (
+                r.get(f"acceptance_rate_pos{i}_{POOLED}", math.nan),
+                r.get(f"acceptance_rate_pos{i}_{PER_REQUEST}", math.nan),
+            )
             pos.append(f"{_fmt(a)} / {_fmt(b)}" if isinstance(a, float) and math.isfinite(a) else "–")
         falls = r.get("acceptance_falls", math.nan)
         z = r.get("acceptance_falls_z", math.nan)
-        falls_text = "–" if not math.isfinite(falls) else (
-            f"**falls** (z = {z:.2f}): the i.i.d. assumption fails" if falls else
-            f"no, it rises (z = {z:.2f}): not i.i.d. either" if z > 1.96 else f"no, flat (z = {z:.2f})")
+        falls_text = (
+            "–"
+            if not math.isfinite(falls)
+            else (
+                f"**falls** (z = {z:.2f}): the i.i.d. assumption fails"
+                if falls
+                else f"no, it rises (z = {z:.2f}): not i.i.d. either"
+                if z > 1.96
+                else f"no, flat (z = {z:.2f})"
+            )
+        )
         lines.append(
             f"| {r['pair']} | {r['dataset']} | {r['label']} | {_fmt(r[f'acceptance_length_{POOLED}'])} | {_fmt(r[f'acceptance_length_{PER_REQUEST}'])} | "
             f"{_fmt(r[f'draft_acceptance_rate_{POOLED}'])} | {_fmt(r[f'draft_acceptance_rate_{PER_REQUEST}'])} | {' | '.join(pos)} | "
             f"{_fmt(r['alpha_positions'])} | {_fmt(r['alpha_implied'])} | {_fmt(r['leviathan_tokens_per_step'])} | {falls_text} |"
         )
-    lines += ["", "Leviathan check: under an i.i.d. acceptance rate the two alphas agree and the per-position rates are flat "
-              "(z: rate at positions >= 2 minus rate at position 1, two-proportion test; below -1.96 acceptance falls with position); "
-              "alpha (implied) uses the method's gamma, and only means something for chain drafts (spd, block, mtad, typical, bild)."]
+    lines += [
+        "",
+        "Leviathan check: under an i.i.d. acceptance rate the two alphas agree and the per-position rates are flat "
+        "(z: rate at positions >= 2 minus rate at position 1, two-proportion test; below -1.96 acceptance falls with position); "
+        "alpha (implied) uses the method's gamma, and only means something for chain drafts (spd, block, mtad, typical, bild).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -145,16 +172,31 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
     for r in tested.to_dict("records"):
         pct = r["scale"] == "relative"
         ci = f"[{_fmt(r['low'], pct)}, {_fmt(r['high'], pct)}]" if pct else f"[{_fmt(r['low'])}, {_fmt(r['high'])}]"
-        claimed = "–" if r["claimed"] is None or pd.isna(r["claimed"]) else (
-            f"{_fmt(r['claimed'], pct) if pct else _fmt(r['claimed'])} ({'yes' if r['claimed_in_ci'] else 'no' if r['claimed_in_ci'] is not None else '–'})")
+        claimed = (
+            "–"
+            if r["claimed"] is None or pd.isna(r["claimed"])
+            else (
+                f"{_fmt(r['claimed'], pct) if pct else _fmt(r['claimed'])} ({'yes' if r['claimed_in_ci'] else 'no' if r['claimed_in_ci'] is not None else '–'})"
+            )
+        )
         need = float(r["samples_needed"]) if pd.notna(r["samples_needed"]) else math.nan
         undecided = r["verdict"] in ("inconclusive", TOO_FEW)
-        needed = "decided" if not undecided else (str(int(need)) if math.isfinite(need) else "∞" if math.isinf(need) else "–")
-        vs = f"{r['method']} vs {r['reference']}" if isinstance(r["reference"], str) and r["reference"] else f"{r['method']} (one-sample)"
+        needed = (
+            "decided"
+            if not undecided
+            else (str(int(need)) if math.isfinite(need) else "∞" if math.isinf(need) else "–")
+        )
+        vs = (
+            f"{r['method']} vs {r['reference']}"
+            if isinstance(r["reference"], str) and r["reference"]
+            else f"{r['method']} (one-sample)"
+        )
         verdict = f"**{r['verdict']}**" + (f" ({r['note']})" if r["note"] else "")
-        lines.append(f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | {_boundary(pd.Series(r))} | "
-                     f"{_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | {r['n']} ({r.get('n_pairs', '–')}) | {needed} | "
-                     f"{_fmt(r['mde'], pct).replace('+', '') if pct else _fmt(r['mde'])} | {claimed} |")
+        lines.append(
+            f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | {_boundary(pd.Series(r))} | "
+            f"{_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | {r['n']} ({r.get('n_pairs', '–')}) | {needed} | "
+            f"{_fmt(r['mde'], pct).replace('+', '') if pct else _fmt(r['mde'])} | {claimed} |"
+        )
     lines += ["", "## Claims", ""]
     for r in table.drop_duplicates("claim").to_dict("records"):
         lines.append(f"- **{r['claim']}** ({r['source']}): {r['wording']}")
@@ -172,10 +214,12 @@ def forest_plot(table: pd.DataFrame):
     tested = table[(table["status"] == "tested") & table["effect"].notna()]
     scales = [s for s in ("relative", "absolute") if (tested["scale"] == s).any()] or ["relative"]
     heights = [max(1, int((tested["scale"] == s).sum())) for s in scales]
-    fig, axes = plt.subplots(len(scales), 1, figsize=(8.5, 1.2 + 0.42 * sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(scales), 1, figsize=(8.5, 1.2 + 0.42 * sum(heights)), squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     for ax, scale in zip(axes[:, 0], scales):
         rows = tested[tested["scale"] == scale].reset_index(drop=True)
+
         def x(v: float, rel: bool = scale == "relative") -> float:  # relative effects as ratios on a log axis
             return 1.0 + v if rel else v
 
@@ -187,8 +231,13 @@ def forest_plot(table: pd.DataFrame):
             color = COLORS.get(r["verdict"], "tab:gray")
             ax.plot([x(r["low"]), x(r["high"])], [y, y], color=color, lw=2.2)
             ax.plot(x(r["effect"]), y, "o", color=color)
-            bounds = {"greater": [0.0], "less": [0.0], "at_least": [-r["margin"]], "at_most": [r["margin"]],
-                      "equivalent": [-r["margin"], r["margin"]]}[r["direction"]]
+            bounds = {
+                "greater": [0.0],
+                "less": [0.0],
+                "at_least": [-r["margin"]],
+                "at_most": [r["margin"]],
+                "equivalent": [-r["margin"], r["margin"]],
+            }[r["direction"]]
             for b in bounds:
                 ax.plot([x(b)] * 2, [y - 0.35, y + 0.35], color="0.3", ls="--", lw=1)
             if r["claimed"] is not None and pd.notna(r["claimed"]):
@@ -198,35 +247,61 @@ def forest_plot(table: pd.DataFrame):
             ax.set_xscale("log")
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"{r['claim']} ({r['dataset']})" for r in rows.iloc[::-1].to_dict("records")], fontsize=8)
-        ax.set_xlabel("ratio method / reference (relative effect + 1, log scale)" if scale == "relative" else "effect (absolute difference)")
-    axes[0, 0].set_title("Claims: effect and exact 95% CI over prompts (green supported, red contradicted, grey inconclusive,\n"
-                         "orange a measurement problem; "
-                         "dashed: the claim's boundary; x: the paper's figure)", fontsize=9)
+        ax.set_xlabel(
+            "ratio method / reference (relative effect + 1, log scale)"
+            if scale == "relative"
+            else "effect (absolute difference)"
+        )
+    axes[0, 0].set_title(
+        "Claims: effect and exact 95% CI over prompts (green supported, red contradicted, grey inconclusive,\n"
+        "orange a measurement problem; "
+        "dashed: the claim's boundary; x: the paper's figure)",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
 
-def write_claims(runs: pd.DataFrame, samples: pd.DataFrame, out_dir: str | Path, *, claims: Sequence[Claim] | None = None,
-                 claims_file: str | Path | None = None, cost_ratio: float | None = None, n_boot: int = 2000,
-                 sweep: str = "") -> dict[str, Any]:
+def write_claims(
+    runs: pd.DataFrame,
+    samples: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    claims: Sequence[Claim] | None = None,
+    claims_file: str | Path | None = None,
+    cost_ratio: float | None = None,
+    n_boot: int = 2000,
+    sweep: str = "",
+) -> dict[str, Any]:
     """Evaluate the claims and write claims.md|csv, acceptance.md|csv and figures/claims_forest.png|pdf under ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     claims = list(claims) if claims is not None else load_claims(claims_file)
     table = evaluate_claims(claims, runs, samples, cost_ratio=cost_ratio, n_boot=n_boot)
     per_method, per_cell = acceptance_tables(runs, samples)
-    paths = {"claims_md": out / "claims.md", "claims_csv": out / "claims.csv", "acceptance_md": out / "acceptance.md",
-             "acceptance_csv": out / "acceptance.csv"}
+    paths = {
+        "claims_md": out / "claims.md",
+        "claims_csv": out / "claims.csv",
+        "acceptance_md": out / "acceptance.md",
+        "acceptance_csv": out / "acceptance.csv",
+    }
     acc_md = acceptance_markdown(per_method)
-    paths["claims_md"].write_text(claims_markdown(table, sweep) + "\n## Acceptance (per method, pooled over its cells)\n\n" + acc_md)
+    paths["claims_md"].write_text(
+        claims_markdown(table, sweep) + "\n## Acceptance (per method, pooled over its cells)\n\n" + acc_md
+    )
     table.to_csv(paths["claims_csv"], index=False)
     paths["acceptance_md"].write_text("# Acceptance\n\n" + acc_md)
     per_cell.to_csv(paths["acceptance_csv"], index=False)
     fig = forest_plot(table)
     figure = savefig(fig, out / "figures", "claims_forest")
     plt.close(fig)
-    return {"table": table, "acceptance": per_method, "paths": list(paths.values()), "figure": figure,
-            "counts": table["verdict"].value_counts().to_dict() if len(table) else {}}
+    return {
+        "table": table,
+        "acceptance": per_method,
+        "paths": list(paths.values()),
+        "figure": figure,
+        "counts": table["verdict"].value_counts().to_dict() if len(table) else {},
+    }
 
 
 def claim_metrics(table: pd.DataFrame) -> dict[str, float]:

@@ -38,7 +38,9 @@ def savefig(fig, out_dir: str | Path, name: str) -> list[Path]:
 
 
 def _blocks(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    return list(runs[["pair", "dataset"]].drop_duplicates().sort_values(["pair", "dataset"]).itertuples(index=False, name=None))
+    return list(
+        runs[["pair", "dataset"]].drop_duplicates().sort_values(["pair", "dataset"]).itertuples(index=False, name=None)
+    )
 
 
 def _grid(n: int, width: float = 4.2, height: float = 3.4):
@@ -79,16 +81,31 @@ def scatter(runs: pd.DataFrame, x: str, y: str, title: str, missing: str | None 
             continue
         for r in ok.to_dict("records"):
             color, marker = styles[r["label"]]
-            h = ax.errorbar(r[f"{x}_mean"], r[f"{y}_mean"], xerr=_nan0(r[f"{x}_std"]), yerr=_nan0(r[f"{y}_std"]),
-                            fmt=marker, color=color, capsize=3, label=r["label"])
+            h = ax.errorbar(
+                r[f"{x}_mean"],
+                r[f"{y}_mean"],
+                xerr=_nan0(r[f"{x}_std"]),
+                yerr=_nan0(r[f"{y}_std"]),
+                fmt=marker,
+                color=color,
+                capsize=3,
+                label=r["label"],
+            )
             handles[r["label"]] = h
         ax.set_xlabel(schema.DISPLAY.get(x, x))
         ax.set_ylabel(schema.DISPLAY.get(y, y))
         ax.grid(alpha=0.3)
     if handles:
         order = [lb for lb in styles if lb in handles]
-        fig.legend([handles[lb] for lb in order], order, loc="upper center", ncol=min(6, len(order)), fontsize=8,
-                   bbox_to_anchor=(0.5, 1.0 + 0.06 / max(1, math.ceil(len(blocks) / 3))), frameon=False)
+        fig.legend(
+            [handles[lb] for lb in order],
+            order,
+            loc="upper center",
+            ncol=min(6, len(order)),
+            fontsize=8,
+            bbox_to_anchor=(0.5, 1.0 + 0.06 / max(1, math.ceil(len(blocks) / 3))),
+            frameon=False,
+        )
     fig.suptitle(title, y=1.0 + 0.12 / max(1, math.ceil(len(blocks) / 3)), fontsize=10)
     fig.tight_layout()
     return fig
@@ -139,7 +156,9 @@ def acceptance_length(runs: pd.DataFrame, metric: str = "accepted_per_step"):
     return fig
 
 
-def ablation_curves(runs: pd.DataFrame, param: str, metrics: Sequence[str] = ("tokens_per_s", "speedup", "score", "perplexity")):
+def ablation_curves(
+    runs: pd.DataFrame, param: str, metrics: Sequence[str] = ("tokens_per_s", "speedup", "score", "perplexity")
+):
     """``metrics`` (rows) against ``param`` (x), a line per (method, pair, dataset); None when nothing varies."""
     if "speedup" in metrics and "speedup" not in runs:
         runs = stats.add_ratios(runs)
@@ -159,9 +178,19 @@ def ablation_curves(runs: pd.DataFrame, param: str, metrics: Sequence[str] = ("t
                 groups = g.groupby([g[p].astype(str) for p in others]) if others else [((), g)]
                 for k, (okey, sub) in enumerate(groups):
                     agg = stats.aggregate(sub, [metric], by=(param,)).sort_values(param)
-                    name = f"{method} {pair}·{dataset}" + (f" ({', '.join(f'{p}={v}' for p, v in zip(others, okey if isinstance(okey, tuple) else (okey,)))})" if others else "")
-                    ax.errorbar(agg[param], agg[f"{metric}_mean"], yerr=agg[f"{metric}_std"].fillna(0.0), marker=MARKERS[(i + k) % len(MARKERS)],
-                                capsize=3, label=name)
+                    name = f"{method} {pair}·{dataset}" + (
+                        f" ({', '.join(f'{p}={v}' for p, v in zip(others, okey if isinstance(okey, tuple) else (okey,)))})"
+                        if others
+                        else ""
+                    )
+                    ax.errorbar(
+                        agg[param],
+                        agg[f"{metric}_mean"],
+                        yerr=agg[f"{metric}_std"].fillna(0.0),
+                        marker=MARKERS[(i + k) % len(MARKERS)],
+                        capsize=3,
+                        label=name,
+                    )
         ax.set_xlabel(param)
         ax.set_ylabel(schema.DISPLAY.get(metric, metric))
         ax.grid(alpha=0.3)

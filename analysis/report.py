@@ -67,7 +67,9 @@ async def _execute(name: str, out_dir: Path, parameters: str, timeout: int, html
     from nbclient.exceptions import CellExecutionError  # noqa: PLC0415 - as above
 
     nb = _prepare(name, parameters)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}})
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}}
+    )
     t0, error = time.perf_counter(), None
     try:
         await client.async_execute()
@@ -90,7 +92,9 @@ async def _execute(name: str, out_dir: Path, parameters: str, timeout: int, html
     return {"notebook": nb_path, "html": html_path, "error": error, "seconds": time.perf_counter() - t0}
 
 
-def execute_notebooks(names: Sequence[str], out_dir: str | Path, parameters: str, timeout: int = 600, html: bool = True) -> dict[str, dict[str, Any]]:
+def execute_notebooks(
+    names: Sequence[str], out_dir: str | Path, parameters: str, timeout: int = 600, html: bool = True
+) -> dict[str, dict[str, Any]]:
     """Execute ``analysis/<name>.ipynb`` for each name, concurrently (one kernel each), with ``parameters``.
 
     Each executed notebook goes to ``<out_dir>/notebooks/<name>.ipynb`` and, with nbconvert, to
@@ -128,9 +132,11 @@ def write_report(
         raise LookupError(f"sweep {sweep!r} in {uri} has no finished cell runs yet")
     runs = stats.mark_disturbed(runs)  # cells measured while the machine was disturbed: flagged, timing left out
     if runs["disturbed"].any():
-        log(f"{int(runs['disturbed'].sum())} of {len(runs)} cells were measured on a disturbed machine (target step >= "
+        log(
+            f"{int(runs['disturbed'].sum())} of {len(runs)} cells were measured on a disturbed machine (target step >= "
             f"{stats.DISTURBED_SLOWDOWN}x the calibration): their timing is left out of the tables and the timing claims "
-            "(column `disturbed` in runs.csv)")
+            "(column `disturbed` in runs.csv)"
+        )
     samples = load_samples(runs, uri)
     tables = build_tables(runs, samples, reference, cost_ratio=cost_ratio, n_boot=n_boot)
     written: dict[str, Any] = {"out": out_dir, "tables": tables.write(out_dir)}
@@ -142,24 +148,36 @@ def write_report(
     runs_csv = out_dir / "runs.csv"
     runs.to_csv(runs_csv, index=False)
     written["runs_csv"] = runs_csv
-    log(f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}")
-    written["figures"] = figures.save_all(stats.without_disturbed_timing(runs), out_dir / "figures")  # speeds of undisturbed cells
+    log(
+        f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}"
+    )
+    written["figures"] = figures.save_all(
+        stats.without_disturbed_timing(runs), out_dir / "figures"
+    )  # speeds of undisturbed cells
     if batching.varies(runs):  # speedup vs batch size, with its crossover
         path = out_dir / "batching.md"
         path.write_text(batching.markdown(stats.without_disturbed_timing(runs)))
         written["tables"].append(path)
-    log(f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}")
-    claims = claims_report.write_claims(runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep)
+    log(
+        f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}"
+    )
+    claims = claims_report.write_claims(
+        runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep
+    )
     written["claims"] = claims
     written["tables"].extend(claims["paths"])
     written["figures"]["claims_forest"] = claims["figure"]
     log(f"claims: {', '.join(f'{n} {v}' for v, n in sorted(claims['counts'].items()))} -> {out_dir / 'claims.md'}")
     if log_to_mlflow:
-        written["parent_run"] = log_to_parent_run(sweep, uri, written, tables.summary, claims_report.claim_metrics(claims["table"]), runs)
+        written["parent_run"] = log_to_parent_run(
+            sweep, uri, written, tables.summary, claims_report.claim_metrics(claims["table"]), runs
+        )
         if written["parent_run"]:
             exp_id = MlflowClient(tracking_uri=uri).get_run(written["parent_run"]).info.experiment_id
-            log(f"figures and tables logged to the parent run {written['parent_run']} (its Artifacts tab, report/); "
-                f"`mlflow ui --backend-store-uri {uri}` then {view_url(exp_id)}")
+            log(
+                f"figures and tables logged to the parent run {written['parent_run']} (its Artifacts tab, report/); "
+                f"`mlflow ui --backend-store-uri {uri}` then {view_url(exp_id)}"
+            )
     written["notebooks"] = {}
     params = parameters_source(sweep, uri, tables.reference)
     if notebooks:
@@ -178,8 +196,14 @@ def _metric_name(*parts: Any) -> str:
 # The runs table a sweep opens on (the experiment's shared view, ``layout.VIEW_STATE_TAG``): the cell runs
 # (the parent run, with the report's figures, is one filter clear away), grouped by dataset and method label
 # with MLflow's own average over the seeds, and the columns a reader compares.
-VIEW_METRICS = (layout.METRIC_SPEEDUP, layout.METRIC_TOKENS_PER_S, layout.METRIC_ACCEPTED_PER_STEP, layout.METRIC_J_PER_TOKEN,
-                layout.METRIC_SCORE, layout.METRIC_PERPLEXITY)
+VIEW_METRICS = (
+    layout.METRIC_SPEEDUP,
+    layout.METRIC_TOKENS_PER_S,
+    layout.METRIC_ACCEPTED_PER_STEP,
+    layout.METRIC_J_PER_TOKEN,
+    layout.METRIC_SCORE,
+    layout.METRIC_PERPLEXITY,
+)
 VIEW_COLUMNS = (
     *(f"metrics.`{m}`" for m in VIEW_METRICS),
     *(f"tags.`{t}`" for t in (layout.TAG_DATASET, layout.TAG_LABEL, layout.TAG_SEED, layout.TAG_STATUS)),
@@ -196,8 +220,13 @@ VIEW_STATE = {
     "orderByKey": f"tags.`{layout.TAG_LABEL}`",
     "orderByAsc": True,
     "runsHiddenMode": "SHOW_ALL",
-    "groupBy": {"aggregateFunction": "average",
-                "groupByKeys": [{"mode": "tag", "groupByData": layout.TAG_DATASET}, {"mode": "tag", "groupByData": layout.TAG_LABEL}]},
+    "groupBy": {
+        "aggregateFunction": "average",
+        "groupByKeys": [
+            {"mode": "tag", "groupByData": layout.TAG_DATASET},
+            {"mode": "tag", "groupByData": layout.TAG_LABEL},
+        ],
+    },
     "columnOrder": [*LEAD_COLUMNS, *VIEW_COLUMNS],
     # wide enough for "Group: dataset: mt_bench, label: mtad(tau=0.3)", narrow enough that the compared metrics fit
     "columnWidths": {RUN_NAME_COLUMN: 345, **{f"metrics.`{m}`": 100 for m in VIEW_METRICS}},
@@ -206,7 +235,9 @@ VIEW_STATE = {
 
 def view_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
     """The runs table of an experiment in MLflow 3's model-training mode, on the sweep's shared view."""
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={layout.VIEW_KEY}"
+    return (
+        f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={layout.VIEW_KEY}"
+    )
 
 
 def share_view(client, experiment_id: str, extra_columns: Sequence[str] = ()) -> None:
@@ -230,8 +261,14 @@ def log_cell_speedups(client, runs: pd.DataFrame) -> int:
     return n
 
 
-def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], summary=None, extra_metrics: dict[str, float] | None = None,
-                      runs: pd.DataFrame | None = None) -> str | None:
+def log_to_parent_run(
+    sweep: str,
+    tracking_uri: str,
+    written: dict[str, Any],
+    summary=None,
+    extra_metrics: dict[str, float] | None = None,
+    runs: pd.DataFrame | None = None,
+) -> str | None:
     """Log the report's figures, tables and runs.csv as artifacts of the sweep's latest parent run.
 
     Artifacts go under ``report/`` (figures under ``report/figures/``) so they open in the MLflow UI
@@ -244,8 +281,12 @@ def log_to_parent_run(sweep: str, tracking_uri: str, written: dict[str, Any], su
     exp = client.get_experiment_by_name(sweep)
     if exp is None:
         return None
-    parents = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
-                                 order_by=["attributes.start_time DESC"], max_results=1)
+    parents = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     if not parents:
         return None
     if runs is not None and len(runs):
@@ -281,37 +322,76 @@ def latest_sweep(tracking_uri: str) -> str | None:
     ids = [e.experiment_id for e in client.search_experiments()]
     if not ids:
         return None
-    runs = client.search_runs(ids, filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        ids,
+        filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_SWEEP}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return client.get_experiment(runs[0].info.experiment_id).name if runs else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", default="", help="sweep (MLflow experiment) name; empty: smoke")
-    parser.add_argument("--latest", action="store_true", help="the sweep whose parent run started last (what `make run` just ran)")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db at the repo root)")
+    parser.add_argument(
+        "--latest", action="store_true", help="the sweep whose parent run started last (what `make run` just ran)"
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db at the repo root)",
+    )
     parser.add_argument("--out", default=None, help="output folder (default: reports/<sweep>)")
-    parser.add_argument("--reference", default=schema.BASELINE, help="method label the significance column compares against (default: ar)")
-    parser.add_argument("--cost-ratio", type=float, default=None, help="c = draft step time / target step time, for Leviathan's bound (not logged by the cells)")
+    parser.add_argument(
+        "--reference",
+        default=schema.BASELINE,
+        help="method label the significance column compares against (default: ar)",
+    )
+    parser.add_argument(
+        "--cost-ratio",
+        type=float,
+        default=None,
+        help="c = draft step time / target step time, for Leviathan's bound (not logged by the cells)",
+    )
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates (default 2000)")
     parser.add_argument("--no-notebooks", action="store_true", help="tables and figures only")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per notebook cell")
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log figures and tables to the sweep's parent run")
-    parser.add_argument("--claims", default=None, help="claims file (default: analysis/claims.yaml); claims.md tests each claim on the sweep")
+    parser.add_argument(
+        "--no-mlflow", action="store_true", help="do not log figures and tables to the sweep's parent run"
+    )
+    parser.add_argument(
+        "--claims",
+        default=None,
+        help="claims file (default: analysis/claims.yaml); claims.md tests each claim on the sweep",
+    )
     args = parser.parse_args(argv)
-    sweep = args.sweep or (latest_sweep(args.tracking_uri or default_tracking_uri()) if args.latest else None) or "smoke"
+    sweep = (
+        args.sweep or (latest_sweep(args.tracking_uri or default_tracking_uri()) if args.latest else None) or "smoke"
+    )
     try:
-        written = write_report(sweep, args.tracking_uri, args.out, reference=args.reference, cost_ratio=args.cost_ratio,
-                               notebooks=() if args.no_notebooks else NOTEBOOKS, n_boot=args.bootstrap, timeout=args.timeout,
-                               log_to_mlflow=not args.no_mlflow, claims_file=args.claims)
+        written = write_report(
+            sweep,
+            args.tracking_uri,
+            args.out,
+            reference=args.reference,
+            cost_ratio=args.cost_ratio,
+            notebooks=() if args.no_notebooks else NOTEBOOKS,
+            n_boot=args.bootstrap,
+            timeout=args.timeout,
+            log_to_mlflow=not args.no_mlflow,
+            claims_file=args.claims,
+        )
     except (LookupError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     failed = [n for n, r in written["notebooks"].items() if r["error"]]
     print(f"report: {written['out']}")
     if failed:
-        print(f"notebook(s) failed: {', '.join(failed)} (the executed copies under notebooks/ show the error)", file=sys.stderr)
+        print(
+            f"notebook(s) failed: {', '.join(failed)} (the executed copies under notebooks/ show the error)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

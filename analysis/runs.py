@@ -48,7 +48,9 @@ def list_sweeps(tracking_uri: str | None = None) -> list[str]:
     client = _client(tracking_uri)
     out = []
     for exp in client.search_experiments():
-        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_CELL}'", max_results=1)
+        runs = client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_CELL}'", max_results=1
+        )
         if runs:
             out.append(exp.name)
     return sorted(out)
@@ -69,7 +71,9 @@ def parse_param(text: str | None) -> Any:
         return text
 
 
-def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: bool = True, all_configs: bool = False) -> pd.DataFrame:
+def load_runs(
+    sweep: str, tracking_uri: str | None = None, *, finished_only: bool = True, all_configs: bool = False
+) -> pd.DataFrame:
     """One row per active cell run of experiment ``sweep``: id tags, canonical metrics, parsed params.
 
     Deleted (superseded) runs are never returned; failed cells are dropped unless
@@ -86,11 +90,18 @@ def load_runs(sweep: str, tracking_uri: str | None = None, *, finished_only: boo
     exp = client.get_experiment_by_name(sweep)
     if exp is None:
         known = ", ".join(list_sweeps(uri)) or "none"
-        raise LookupError(f"no MLflow experiment {sweep!r} in {uri} (sweeps with cell runs there: {known}); run `make run` or pass the tracking URI")
+        raise LookupError(
+            f"no MLflow experiment {sweep!r} in {uri} (sweeps with cell runs there: {known}); run `make run` or pass the tracking URI"
+        )
     runs, token = [], None
     while True:
-        page = client.search_runs([exp.experiment_id], filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_CELL}'",
-                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        page = client.search_runs(
+            [exp.experiment_id],
+            filter_string=f"tags.{schema.TAG_KIND} = '{schema.KIND_CELL}'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000,
+            page_token=token,
+        )
         runs.extend(page)
         token = page.token
         if not token:
@@ -204,7 +215,11 @@ def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[
             note += f" reported apart as {', '.join(f'{label}@{c}' for c in older)}"
         notes.append(note)
     if notes:  # one warning for the whole store
-        what = "reported apart" if keep_all else "left out, the newest configuration of each label kept (load_runs(..., all_configs=True) keeps them)"
+        what = (
+            "reported apart"
+            if keep_all
+            else "left out, the newest configuration of each label kept (load_runs(..., all_configs=True) keeps them)"
+        )
         warnings.warn(f"runs of older configurations {what}: " + "; ".join(notes), stacklevel=3)
     return out
 

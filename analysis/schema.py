@@ -140,8 +140,16 @@ PARAMS: dict[str, str] = {
 # ----------------------------------------------------------------------------------- artifacts
 
 # SAMPLES_ARTIFACT (one record per generation), RESULT_ARTIFACT and SCORES_ARTIFACT: pipeline.tracking.layout
-__all__ = ["KIND_CELL", "KIND_SWEEP", "RESULT_ARTIFACT", "SAMPLES_ARTIFACT", "SCORE_DETAIL_FIELD", "SCORES_ARTIFACT", "STATUS_FINISHED",
-           "TAG_KIND"]
+__all__ = [
+    "KIND_CELL",
+    "KIND_SWEEP",
+    "RESULT_ARTIFACT",
+    "SAMPLES_ARTIFACT",
+    "SCORE_DETAIL_FIELD",
+    "SCORES_ARTIFACT",
+    "STATUS_FINISHED",
+    "TAG_KIND",
+]
 
 # canonical column -> field of a samples.jsonl record
 RECORD_FIELDS: dict[str, str] = {
@@ -178,6 +186,7 @@ def chain_draft(method: str) -> bool:
         return METHODS.get(method).draft_shape == "chain"
     except ValueError:
         return False
+
 
 # higher is better (+1) or lower is better (-1), for bold/underline
 DIRECTION: dict[str, int] = {

@@ -40,8 +40,12 @@ from pipeline.data import load_dataset
 
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 GROUP_TITLES = {
-    "mt_bench": "Multi-turn Conversation", "translation": "Translation", "summarization": "Summarization",
-    "qa": "Question Answering", "math_reasoning": "Mathematical Reasoning", "rag": "Retrieval-aug. Generation",
+    "mt_bench": "Multi-turn Conversation",
+    "translation": "Translation",
+    "summarization": "Summarization",
+    "qa": "Question Answering",
+    "math_reasoning": "Mathematical Reasoning",
+    "rag": "Retrieval-aug. Generation",
 }
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 OVERALL = "overall"
@@ -67,8 +71,13 @@ def _question_id(sample_id: str) -> int | str:
     return int(sample_id) if str(sample_id).isdigit() else sample_id
 
 
-def answers_from_records(records: Iterable[dict[str, Any]], model: str, tstamp: float = 0.0,
-                         categories: dict[str, str] | None = None, run_id: str = "") -> list[dict[str, Any]]:
+def answers_from_records(
+    records: Iterable[dict[str, Any]],
+    model: str,
+    tstamp: float = 0.0,
+    categories: dict[str, str] | None = None,
+    run_id: str = "",
+) -> list[dict[str, Any]]:
     """Spec-Bench answer lines from a cell's generation records (one line per sample, turns in order)."""
     by_id: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -85,8 +94,16 @@ def answers_from_records(records: Iterable[dict[str, Any]], model: str, tstamp: 
             "wall_time": [float(r["decode_s"]) for r in recs],
             "accept_lengths": [int(a) for r in recs for a in (r.get("accepted") or [])],
         }
-        out.append({"question_id": _question_id(sid), "category": category, "answer_id": f"{run_id}-{sid}" if run_id else sid,
-                    "model_id": model, "choices": [choice], "tstamp": tstamp})
+        out.append(
+            {
+                "question_id": _question_id(sid),
+                "category": category,
+                "answer_id": f"{run_id}-{sid}" if run_id else sid,
+                "model_id": model,
+                "choices": [choice],
+                "tstamp": tstamp,
+            }
+        )
     return out
 
 
@@ -108,8 +125,14 @@ def _categories_from_data(path: str | Path | None, dataset: str) -> dict[str, st
         return {}
 
 
-def export(sweep: str, out: str | Path, tracking_uri: str | None = None, *, dataset: str = "spec_bench",
-           data_path: str | Path | None = None) -> dict[tuple[str, str, int], Path]:
+def export(
+    sweep: str,
+    out: str | Path,
+    tracking_uri: str | None = None,
+    *,
+    dataset: str = "spec_bench",
+    data_path: str | Path | None = None,
+) -> dict[tuple[str, str, int], Path]:
     """Write every finished cell of ``dataset`` in ``sweep`` as a Spec-Bench answer file.
 
     Returns ``(pair, label, seed) -> path``. ``data_path`` (the dataset's folder or file) gives the
@@ -167,8 +190,9 @@ def run_speed(answers: Sequence[dict[str, Any]], task: str) -> tuple[float, list
     return (sum(speeds) / len(speeds) if speeds else math.nan), accepts
 
 
-def leaderboard(files: dict[tuple[str, str, int], Path], reference: str = schema.BASELINE,
-                tasks: Sequence[str] = (*GROUPS, OVERALL)) -> pd.DataFrame:
+def leaderboard(
+    files: dict[tuple[str, str, int], Path], reference: str = schema.BASELINE, tasks: Sequence[str] = (*GROUPS, OVERALL)
+) -> pd.DataFrame:
     """Per (pair, label, task): speed-up over ``reference`` (mean over runs) and mean accepted tokens.
 
     Columns: pair, label, task, speedup, speedup_std (ddof=1, over runs), tokens_per_s,
@@ -196,12 +220,35 @@ def leaderboard(files: dict[tuple[str, str, int], Path], reference: str = schema
                 continue
             mean = sum(ratios) / len(ratios)
             std = (sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1)) ** 0.5 if len(ratios) > 1 else math.nan
-            rows.append({"pair": pair, "label": label, "task": task, "speedup": mean, "speedup_std": std,
-                         "tokens_per_s": sum(speeds) / len(speeds), "tokens_per_s_baseline": sum(bases) / len(bases),
-                         "mean_accepted_tokens": sum(accepts) / len(accepts) if accepts else math.nan,
-                         "runs": len(ratios), "questions": questions})
-    return pd.DataFrame(rows, columns=["pair", "label", "task", "speedup", "speedup_std", "tokens_per_s",
-                                       "tokens_per_s_baseline", "mean_accepted_tokens", "runs", "questions"])
+            rows.append(
+                {
+                    "pair": pair,
+                    "label": label,
+                    "task": task,
+                    "speedup": mean,
+                    "speedup_std": std,
+                    "tokens_per_s": sum(speeds) / len(speeds),
+                    "tokens_per_s_baseline": sum(bases) / len(bases),
+                    "mean_accepted_tokens": sum(accepts) / len(accepts) if accepts else math.nan,
+                    "runs": len(ratios),
+                    "questions": questions,
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "pair",
+            "label",
+            "task",
+            "speedup",
+            "speedup_std",
+            "tokens_per_s",
+            "tokens_per_s_baseline",
+            "mean_accepted_tokens",
+            "runs",
+            "questions",
+        ],
+    )
 
 
 def leaderboard_markdown(board: pd.DataFrame) -> str:
@@ -215,7 +262,12 @@ def leaderboard_markdown(board: pd.DataFrame) -> str:
     for pair, block in board.groupby("pair", sort=True):
         runs = int(block["runs"].max())
         out.append(f"### {pair}: speed-up over ar (mean of {runs} run(s)) and #mean accepted tokens\n")
-        head = ["Method", *(GROUP_TITLES[g] for g in groups), "#Mean Accepted Tokens", *(["Overall"] if OVERALL in tasks else [])]
+        head = [
+            "Method",
+            *(GROUP_TITLES[g] for g in groups),
+            "#Mean Accepted Tokens",
+            *(["Overall"] if OVERALL in tasks else []),
+        ]
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for label, rows in block.groupby("label", sort=False):
@@ -231,13 +283,24 @@ def leaderboard_markdown(board: pd.DataFrame) -> str:
         out.append("|" + "---|" * (len(groups) + 1))
         for label, rows in block.groupby("label", sort=False):
             by = rows.set_index("task")
-            out.append(f"| {label} | " + " | ".join(f"{by.at[g, 'mean_accepted_tokens']:.2f}" if g in by.index else "–" for g in groups) + " |")
+            out.append(
+                f"| {label} | "
+                + " | ".join(f"{by.at[g, 'mean_accepted_tokens']:.2f}" if g in by.index else "–" for g in groups)
+                + " |"
+            )
         out.append("")
     return "\n".join(out) + "\n"
 
 
-def write(sweep: str, out: str | Path, tracking_uri: str | None = None, *, dataset: str = "spec_bench",
-          reference: str = schema.BASELINE, data_path: str | Path | None = None) -> dict[str, Any]:
+def write(
+    sweep: str,
+    out: str | Path,
+    tracking_uri: str | None = None,
+    *,
+    dataset: str = "spec_bench",
+    reference: str = schema.BASELINE,
+    data_path: str | Path | None = None,
+) -> dict[str, Any]:
     """Export the answer files and write ``leaderboard.md`` and ``leaderboard.csv`` under ``out``."""
     out_dir = Path(out)
     files = export(sweep, out_dir, tracking_uri, dataset=dataset, data_path=data_path)
@@ -252,15 +315,25 @@ def write(sweep: str, out: str | Path, tracking_uri: str | None = None, *, datas
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.specbench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", required=True, help="sweep (MLflow experiment) name")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db at the repo root)")
-    parser.add_argument("--dataset", default="spec_bench", help="the cells' dataset (default spec_bench; mt_bench works too)")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db at the repo root)",
+    )
+    parser.add_argument(
+        "--dataset", default="spec_bench", help="the cells' dataset (default spec_bench; mt_bench works too)"
+    )
     parser.add_argument("--out", default=None, help="output folder (default: reports/<sweep>/specbench)")
     parser.add_argument("--reference", default=schema.BASELINE, help="baseline label (default: ar)")
-    parser.add_argument("--data", default=None, help="the dataset's folder, for the categories of records logged without one")
+    parser.add_argument(
+        "--data", default=None, help="the dataset's folder, for the categories of records logged without one"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else REPO_ROOT / "reports" / args.sweep / "specbench"
     try:
-        result = write(args.sweep, out, args.tracking_uri, dataset=args.dataset, reference=args.reference, data_path=args.data)
+        result = write(
+            args.sweep, out, args.tracking_uri, dataset=args.dataset, reference=args.reference, data_path=args.data
+        )
     except LookupError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

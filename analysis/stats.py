@@ -25,7 +25,13 @@ from pipeline.cell_types import split_batch_label
 from pipeline.measure import DISTURBED_SLOWDOWN
 
 GROUP = ("pair", "dataset", "label")
-MATCH = ("pair", "dataset", "seed", "device", "batch_size")  # batch_size: a method's speedup is over ar at the same batch size
+MATCH = (
+    "pair",
+    "dataset",
+    "seed",
+    "device",
+    "batch_size",
+)  # batch_size: a method's speedup is over ar at the same batch size
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float, int]:
@@ -38,7 +44,9 @@ def mean_std(values: Iterable[float]) -> tuple[float, float, int]:
     return float(arr.mean()), (float(arr.std(ddof=1)) if n > 1 else math.nan), n
 
 
-def per_seed_ratio(runs: pd.DataFrame, metric: str, baseline: str = schema.BASELINE, match: Sequence[str] = MATCH) -> pd.Series:
+def per_seed_ratio(
+    runs: pd.DataFrame, metric: str, baseline: str = schema.BASELINE, match: Sequence[str] = MATCH
+) -> pd.Series:
     """``runs[metric]`` over the same metric of the baseline's cell with equal ``match`` columns.
 
     The baseline is a method name (``ar``) or a label; rows without a matching baseline cell get NaN.
@@ -59,8 +67,16 @@ def per_seed_ratio(runs: pd.DataFrame, metric: str, baseline: str = schema.BASEL
 
 # ----------------------------------------------------------------------------------- disturbed cells
 
-TIMING_COLUMNS = ("tokens_per_s", "tokens_per_s_window", "tokens_per_s_mean_of_samples", "j_per_token", "dynamic_j_per_token",
-                  "speedup", "energy_ratio", "dynamic_energy_ratio")
+TIMING_COLUMNS = (
+    "tokens_per_s",
+    "tokens_per_s_window",
+    "tokens_per_s_mean_of_samples",
+    "j_per_token",
+    "dynamic_j_per_token",
+    "speedup",
+    "energy_ratio",
+    "dynamic_energy_ratio",
+)
 
 
 def mark_disturbed(runs: pd.DataFrame, threshold: float = DISTURBED_SLOWDOWN) -> pd.DataFrame:
@@ -80,10 +96,18 @@ def mark_disturbed(runs: pd.DataFrame, threshold: float = DISTURBED_SLOWDOWN) ->
         return out
     probes = out[probe_cols].apply(pd.to_numeric, errors="coerce")
     slowest = probes.max(axis=1)
-    calibrated = pd.to_numeric(out["calibrated_target_step_ms"], errors="coerce") if "calibrated_target_step_ms" in out else pd.Series(math.nan, index=out.index)
+    calibrated = (
+        pd.to_numeric(out["calibrated_target_step_ms"], errors="coerce")
+        if "calibrated_target_step_ms" in out
+        else pd.Series(math.nan, index=out.index)
+    )
     group = [c for c in ("pair", "device") if c in out]
     quickest = probes.min(axis=1)
-    fastest = quickest.groupby([out[c].astype(str) for c in group]).transform("min") if group else pd.Series(quickest.min(), index=out.index)
+    fastest = (
+        quickest.groupby([out[c].astype(str) for c in group]).transform("min")
+        if group
+        else pd.Series(quickest.min(), index=out.index)
+    )
     reference = calibrated.where(calibrated.notna() & (calibrated > 0), fastest)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["step_slowdown"] = slowest / reference
@@ -170,7 +194,11 @@ def paired_bootstrap(
     n = reference.shape[0]
     if n == 0:
         return BootstrapResult(math.nan, math.nan, math.nan, 0, n_boot, level)
-    groups = [np.arange(n)] if strata is None else [np.flatnonzero(np.asarray(strata) == s) for s in pd.unique(np.asarray(strata))]
+    groups = (
+        [np.arange(n)]
+        if strata is None
+        else [np.flatnonzero(np.asarray(strata) == s) for s in pd.unique(np.asarray(strata))]
+    )
     rng = np.random.default_rng(seed)
     point = statistic(method) - statistic(reference)
     diffs = np.empty(n_boot)
@@ -202,7 +230,9 @@ BOOTSTRAP_METRICS: dict[str, tuple[tuple[str, ...], Callable[[np.ndarray], float
 }
 
 
-def paired_units(samples: pd.DataFrame, label: str, reference: str, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def paired_units(
+    samples: pd.DataFrame, label: str, reference: str, columns: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(reference units, method units, seeds, prompt ids) of generations present, with finite values, in both."""
     key = ["seed", "id", "turn"]
     a = samples.loc[samples["label"] == reference, [*key, *columns]].drop_duplicates(key)
@@ -213,8 +243,16 @@ def paired_units(samples: pd.DataFrame, label: str, reference: str, columns: Seq
     return ref, new, joined["seed"].to_numpy(), joined["id"].astype(str).to_numpy()
 
 
-def significance(samples: pd.DataFrame, reference: str, metric: str = "tokens_per_s", *, n_boot: int = 2000,
-                 level: float = 0.95, seed: int = 0, exclude_runs: Iterable[str] = ()) -> pd.DataFrame:
+def significance(
+    samples: pd.DataFrame,
+    reference: str,
+    metric: str = "tokens_per_s",
+    *,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+    exclude_runs: Iterable[str] = (),
+) -> pd.DataFrame:
     """Per (pair, dataset, label): paired bootstrap of ``metric`` against ``reference`` (a label), resampling
     prompts (``cluster_bootstrap``: a prompt's generations of every seed and turn move together).
 
@@ -239,12 +277,38 @@ def significance(samples: pd.DataFrame, reference: str, metric: str = "tokens_pe
             if ref.shape[0] == 0:
                 continue
             res = cluster_bootstrap(ref, new, prompts, stat, n_boot=n_boot, level=level, seed=seed)
-            rows.append({"pair": pair, "dataset": dataset, "label": label, "reference": reference, "metric": metric,
-                         "diff": res.diff, "low": res.low, "high": res.high, "reference_value": res.reference_value,
-                         "n_units": int(ref.shape[0]), "n_prompts": res.n_units,
-                         "significant": res.significant and res.n_units >= MIN_PROMPTS})
-    cols = ["pair", "dataset", "label", "reference", "metric", "diff", "low", "high", "reference_value", "n_units", "n_prompts", "significant"]
+            rows.append(
+                {
+                    "pair": pair,
+                    "dataset": dataset,
+                    "label": label,
+                    "reference": reference,
+                    "metric": metric,
+                    "diff": res.diff,
+                    "low": res.low,
+                    "high": res.high,
+                    "reference_value": res.reference_value,
+                    "n_units": int(ref.shape[0]),
+                    "n_prompts": res.n_units,
+                    "significant": res.significant and res.n_units >= MIN_PROMPTS,
+                }
+            )
+    cols = [
+        "pair",
+        "dataset",
+        "label",
+        "reference",
+        "metric",
+        "diff",
+        "low",
+        "high",
+        "reference_value",
+        "n_units",
+        "n_prompts",
+        "significant",
+    ]
     return pd.DataFrame(rows, columns=cols)
+
 
 # ----------------------------------------------------------------------------------- prompt-level exact test
 
@@ -293,7 +357,7 @@ class ClusterInterval:
 @functools.lru_cache(maxsize=None)
 def _all_subsets(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Every non-empty subset of n items as a 0/1 float matrix (one row each) and the subsets' sizes."""
-    masks = ((np.arange(1, 2 ** n)[:, None] >> np.arange(n)) & 1).astype(float)
+    masks = ((np.arange(1, 2**n)[:, None] >> np.arange(n)) & 1).astype(float)
     return masks, masks.sum(axis=1)
 
 
@@ -302,7 +366,7 @@ def _subset_means(d: np.ndarray, seed: int) -> tuple[np.ndarray, int, int]:
     n = d.size
     if n <= EXACT_MAX_CLUSTERS:
         masks, sizes = _all_subsets(n)
-        return (masks @ d) / sizes, 2 ** n, 0
+        return (masks @ d) / sizes, 2**n, 0
     rng = np.random.default_rng(seed)
     masks = rng.integers(0, 2, size=(FLIPS, n), dtype=np.uint8).astype(float)
     sizes = masks.sum(axis=1)
@@ -334,8 +398,16 @@ def sign_flip_interval(d: Sequence[float] | np.ndarray, *, tail: float = TAIL, s
     return ClusterInterval(mean, float(ordered[k - 1]), float(ordered[-k]), n, sd, n <= EXACT_MAX_CLUSTERS)
 
 
-def cluster_bootstrap(reference: np.ndarray, method: np.ndarray, clusters: np.ndarray, statistic: Callable[[np.ndarray], float], *,
-                      n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> BootstrapResult:
+def cluster_bootstrap(
+    reference: np.ndarray,
+    method: np.ndarray,
+    clusters: np.ndarray,
+    statistic: Callable[[np.ndarray], float],
+    *,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> BootstrapResult:
     """Paired bootstrap of ``statistic(method) - statistic(reference)`` that resamples whole clusters (prompts)
     with replacement, each with all its units (seeds, turns): generations of one prompt move together, so
     the interval reflects how much the answer depends on which prompts were drawn. A descriptive interval
@@ -357,7 +429,9 @@ def cluster_bootstrap(reference: np.ndarray, method: np.ndarray, clusters: np.nd
         diffs[b] = statistic(method[idx]) - statistic(reference[idx])
     alpha = (1.0 - level) / 2.0
     low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
-    return BootstrapResult(float(point), float(low), float(high), int(len(labels)), n_boot, level, float(statistic(reference)))
+    return BootstrapResult(
+        float(point), float(low), float(high), int(len(labels)), n_boot, level, float(statistic(reference))
+    )
 
 
 # ----------------------------------------------------------------------------------- Leviathan's bound
@@ -365,8 +439,10 @@ def cluster_bootstrap(reference: np.ndarray, method: np.ndarray, clusters: np.nd
 
 NO_C_REASON = "cost ratio c not logged by the cells (pipeline.bench measures it; pass cost_ratio=...)"
 NO_GAMMA_REASON = "no chain draft of length gamma"
-ABOVE_BOUND = ("measured speedup above its own bound: a measurement problem (load or phase differences between the cells, "
-               "c measured in another state), not a property of the method")
+ABOVE_BOUND = (
+    "measured speedup above its own bound: a measurement problem (load or phase differences between the cells, "
+    "c measured in another state), not a property of the method"
+)
 
 
 def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None = None) -> pd.DataFrame:
@@ -408,7 +484,11 @@ def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None 
         row["c"] = float(np.nanmean(c_values))
         row["bound_mean"], row["bound_std"], _ = mean_std(bounds)
         row["bound_note"] = note
-        if math.isfinite(row["speedup_mean"]) and math.isfinite(row["bound_mean"]) and row["speedup_mean"] > row["bound_mean"]:
+        if (
+            math.isfinite(row["speedup_mean"])
+            and math.isfinite(row["bound_mean"])
+            and row["speedup_mean"] > row["bound_mean"]
+        ):
             row["bound_note"] = f"{note}; {ABOVE_BOUND}"
         rows.append(row)
     return pd.DataFrame(rows)

@@ -25,8 +25,19 @@ from pipeline.formatting import MISSING, fmt_mean_std
 
 TABLE5_ROWS = ("tokens_per_s", "j_per_token", "score")
 SUMMARY_COLUMNS = ("speedup", "energy_ratio", "accepted_per_step", "accepted_drafts_per_step")
-DIGITS = {"tokens_per_s": 2, "j_per_token": 3, "dynamic_j_per_token": 3, "score": 3, "perplexity": 2, "speedup": 2,
-          "energy_ratio": 2, "accepted_per_step": 2, "accepted_drafts_per_step": 2, "alpha": 3, "bound": 2}
+DIGITS = {
+    "tokens_per_s": 2,
+    "j_per_token": 3,
+    "dynamic_j_per_token": 3,
+    "score": 3,
+    "perplexity": 2,
+    "speedup": 2,
+    "energy_ratio": 2,
+    "accepted_per_step": 2,
+    "accepted_drafts_per_step": 2,
+    "alpha": 3,
+    "bound": 2,
+}
 
 
 def rank_marks(means: dict[str, float], direction: int, digits: int | None = None) -> dict[str, str]:
@@ -34,6 +45,7 @@ def rank_marks(means: dict[str, float], direction: int, digits: int | None = Non
 
     With ``digits`` the means are compared as shown (rounded), so equal-looking cells share a mark.
     """
+
     def shown(v: float) -> float:
         return round(v, digits if digits is not None else 12)
 
@@ -63,14 +75,30 @@ def mark(text: str, how: str, latex: bool) -> str:
 
 def latex_escape(text: str) -> str:
     """Escape LaTeX's special characters in a label."""
-    repl = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-            "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", MISSING: "--", "Δ": r"$\Delta$", "÷": r"$\div$",
-            "±": r"$\pm$", "·": r"$\cdot$"}
+    repl = {
+        "\\": r"\textbackslash{}",
+        "&": r"\&",
+        "%": r"\%",
+        "$": r"\$",
+        "#": r"\#",
+        "_": r"\_",
+        "{": r"\{",
+        "}": r"\}",
+        "~": r"\textasciitilde{}",
+        "^": r"\textasciicircum{}",
+        MISSING: "--",
+        "Δ": r"$\Delta$",
+        "÷": r"$\div$",
+        "±": r"$\pm$",
+        "·": r"$\cdot$",
+    }
     return "".join(repl.get(ch, ch) for ch in str(text))
 
 
 def _blocks(runs: pd.DataFrame) -> list[tuple[str, str]]:
-    return list(runs[["pair", "dataset"]].drop_duplicates().sort_values(["pair", "dataset"]).itertuples(index=False, name=None))
+    return list(
+        runs[["pair", "dataset"]].drop_duplicates().sort_values(["pair", "dataset"]).itertuples(index=False, name=None)
+    )
 
 
 @dataclass
@@ -96,26 +124,49 @@ class Tables:
             out.append("|---|" + "---|" * len(labels))
             for metric in dict.fromkeys(block["metric"]):
                 cells = block[block["metric"] == metric].set_index("label")
-                row = [mark(fmt_mean_std(cells.at[lb, "mean"], cells.at[lb, "std"], DIGITS.get(metric, 2)), cells.at[lb, "mark"], False) for lb in labels]
+                row = [
+                    mark(
+                        fmt_mean_std(cells.at[lb, "mean"], cells.at[lb, "std"], DIGITS.get(metric, 2)),
+                        cells.at[lb, "mark"],
+                        False,
+                    )
+                    for lb in labels
+                ]
                 out.append(f"| {schema.DISPLAY.get(metric, metric)} | " + " | ".join(row) + " |")
             out.append("| seeds | " + " | ".join(str(int(seeds[lb])) for lb in labels) + " |\n")
         return "\n".join(out)
 
     def table5_latex(self) -> str:
-        out = ["% Table 5 layout (mean $\\pm$ std over seeds, ddof=1; best bold, second underlined); needs \\usepackage{booktabs}"]
+        out = [
+            "% Table 5 layout (mean $\\pm$ std over seeds, ddof=1; best bold, second underlined); needs \\usepackage{booktabs}"
+        ]
         for pair, dataset in self._blocks(self.table5):
             block = self.table5[(self.table5["pair"] == pair) & (self.table5["dataset"] == dataset)]
             labels = list(dict.fromkeys(block["label"]))
             out.append(f"% {pair} / {dataset}")
             out.append("\\begin{tabular}{l" + "c" * len(labels) + "}")
             out.append("\\toprule")
-            out.append(f"\\multicolumn{{{len(labels) + 1}}}{{l}}{{\\textit{{{latex_escape(pair)} / {latex_escape(dataset)}}}}} \\\\")
+            out.append(
+                f"\\multicolumn{{{len(labels) + 1}}}{{l}}{{\\textit{{{latex_escape(pair)} / {latex_escape(dataset)}}}}} \\\\"
+            )
             out.append(" & " + " & ".join(latex_escape(lb) for lb in labels) + " \\\\")
             out.append("\\midrule")
             for metric in dict.fromkeys(block["metric"]):
                 cells = block[block["metric"] == metric].set_index("label")
-                row = [mark(fmt_mean_std(cells.at[lb, "mean"], cells.at[lb, "std"], DIGITS.get(metric, 2), latex=True), cells.at[lb, "mark"], True) for lb in labels]
-                out.append(latex_escape(schema.DISPLAY.get(metric, metric)) + " & " + " & ".join(c.replace(MISSING, "--") for c in row) + " \\\\")
+                row = [
+                    mark(
+                        fmt_mean_std(cells.at[lb, "mean"], cells.at[lb, "std"], DIGITS.get(metric, 2), latex=True),
+                        cells.at[lb, "mark"],
+                        True,
+                    )
+                    for lb in labels
+                ]
+                out.append(
+                    latex_escape(schema.DISPLAY.get(metric, metric))
+                    + " & "
+                    + " & ".join(c.replace(MISSING, "--") for c in row)
+                    + " \\\\"
+                )
             out.append("\\bottomrule")
             out.append("\\end{tabular}\n")
         return "\n".join(out)
@@ -124,8 +175,19 @@ class Tables:
 
     def _summary_cells(self, latex: bool) -> tuple[list[str], list[tuple[str, str, list[list[str]]]]]:
         ref = self.reference
-        header = ["method", "seeds", "disturbed cells", schema.DISPLAY["speedup"], schema.DISPLAY["energy_ratio"], "tokens/step (block eff.)",
-                  "accepted drafts/step", "alpha (derived)", "Leviathan bound", f"Δ tokens/s vs {ref} [95% CI]", f"Δ score vs {ref} [95% CI]"]
+        header = [
+            "method",
+            "seeds",
+            "disturbed cells",
+            schema.DISPLAY["speedup"],
+            schema.DISPLAY["energy_ratio"],
+            "tokens/step (block eff.)",
+            "accepted drafts/step",
+            "alpha (derived)",
+            "Leviathan bound",
+            f"Δ tokens/s vs {ref} [95% CI]",
+            f"Δ score vs {ref} [95% CI]",
+        ]
         blocks = []
         for pair, dataset in self._blocks(self.summary):
             block = self.summary[(self.summary["pair"] == pair) & (self.summary["dataset"] == dataset)]
@@ -133,12 +195,22 @@ class Tables:
             for r in block.to_dict("records"):
                 cells = [latex_escape(r["label"]) if latex else r["label"], str(int(r["seeds"])), _disturbed_cell(r)]
                 for col in SUMMARY_COLUMNS:
-                    cells.append(mark(fmt_mean_std(r[f"{col}_mean"], r[f"{col}_std"], DIGITS[col], latex), r.get(f"{col}_mark", ""), latex))
+                    cells.append(
+                        mark(
+                            fmt_mean_std(r[f"{col}_mean"], r[f"{col}_std"], DIGITS[col], latex),
+                            r.get(f"{col}_mark", ""),
+                            latex,
+                        )
+                    )
                 cells.append(fmt_mean_std(r["alpha_mean"], r["alpha_std"], DIGITS["alpha"], latex))
                 if math.isfinite(r["bound_mean"]):
-                    above = stats.ABOVE_BOUND in str(r["bound_note"])  # the speedup above it: the measurement, not the method
-                    cells.append(fmt_mean_std(r["bound_mean"], r.get("bound_std", math.nan), DIGITS["bound"], latex)
-                                 + (" (below the speedup: measurement problem)" if above else ""))
+                    above = stats.ABOVE_BOUND in str(
+                        r["bound_note"]
+                    )  # the speedup above it: the measurement, not the method
+                    cells.append(
+                        fmt_mean_std(r["bound_mean"], r.get("bound_std", math.nan), DIGITS["bound"], latex)
+                        + (" (below the speedup: measurement problem)" if above else "")
+                    )
                 else:
                     cells.append("n/a" if r["bound_note"] == stats.NO_C_REASON else MISSING)
                 for metric in ("tokens_per_s", "score"):
@@ -161,12 +233,16 @@ class Tables:
 
     def summary_latex(self) -> str:
         header, blocks = self._summary_cells(latex=True)
-        out = ["% speed-up, energy ratio and acceptance (mean $\\pm$ std over seeds); bootstrap differences: * = 95% interval excludes 0"]
+        out = [
+            "% speed-up, energy ratio and acceptance (mean $\\pm$ std over seeds); bootstrap differences: * = 95% interval excludes 0"
+        ]
         for pair, dataset, rows in blocks:
             out.append(f"% {pair} / {dataset}")
             out.append("\\begin{tabular}{l" + "c" * (len(header) - 1) + "}")
             out.append("\\toprule")
-            out.append(f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{latex_escape(pair)} / {latex_escape(dataset)}}}}} \\\\")
+            out.append(
+                f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{latex_escape(pair)} / {latex_escape(dataset)}}}}} \\\\"
+            )
             out.append(" & ".join(latex_escape(h) for h in header) + " \\\\")
             out.append("\\midrule")
             out.extend(" & ".join(c.replace(MISSING, "--") for c in r) + " \\\\" for r in rows)
@@ -179,8 +255,13 @@ class Tables:
 
     def markdown(self) -> str:
         title = f"# {self.sweep}\n\n" if self.sweep else ""
-        return (title + "## Table 5 layout: mean ± std over seeds (ddof=1); best **bold**, second <u>underlined</u>\n\n"
-                + self.table5_markdown() + "\n## Speed-up, energy, acceptance and significance\n\n" + self.summary_markdown())
+        return (
+            title
+            + "## Table 5 layout: mean ± std over seeds (ddof=1); best **bold**, second <u>underlined</u>\n\n"
+            + self.table5_markdown()
+            + "\n## Speed-up, energy, acceptance and significance\n\n"
+            + self.summary_markdown()
+        )
 
     def latex(self) -> str:
         return self.table5_latex() + "\n" + self.summary_latex()
@@ -209,7 +290,11 @@ def _disturbed_cell(row: dict) -> str:
 def _sig_cell(row: dict, metric: str, is_reference: bool, latex: bool) -> str:
     if is_reference:
         return "ref"
-    diff, low, high = row.get(f"{metric}_diff", math.nan), row.get(f"{metric}_low", math.nan), row.get(f"{metric}_high", math.nan)
+    diff, low, high = (
+        row.get(f"{metric}_diff", math.nan),
+        row.get(f"{metric}_low", math.nan),
+        row.get(f"{metric}_high", math.nan),
+    )
     if diff is None or not math.isfinite(diff):
         return MISSING
     digits = DIGITS.get(metric, 2)
@@ -229,14 +314,31 @@ def table5_frame(runs: pd.DataFrame, metrics: Sequence[str] = TABLE5_ROWS) -> pd
             means = {lb: agg.at[lb, f"{metric}_mean"] for lb in labels}
             marks = rank_marks(means, schema.DIRECTION.get(metric, 1), DIGITS.get(metric, 2))
             for lb in labels:
-                rows.append({"pair": pair, "dataset": dataset, "metric": metric, "label": lb, "mean": means[lb],
-                             "std": agg.at[lb, f"{metric}_std"], "n": int(agg.at[lb, f"{metric}_n"]),
-                             "seeds": int(agg.at[lb, "seeds"]), "mark": marks[lb]})
+                rows.append(
+                    {
+                        "pair": pair,
+                        "dataset": dataset,
+                        "metric": metric,
+                        "label": lb,
+                        "mean": means[lb],
+                        "std": agg.at[lb, f"{metric}_std"],
+                        "n": int(agg.at[lb, f"{metric}_n"]),
+                        "seeds": int(agg.at[lb, "seeds"]),
+                        "mark": marks[lb],
+                    }
+                )
     return pd.DataFrame(rows, columns=["pair", "dataset", "metric", "label", "mean", "std", "n", "seeds", "mark"])
 
 
-def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: str, *, cost_ratio=None,
-                  n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def summary_frame(
+    runs: pd.DataFrame,
+    samples: pd.DataFrame | None,
+    reference: str,
+    *,
+    cost_ratio=None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> pd.DataFrame:
     """One row per (pair, dataset, label): ratios and acceptance (mean/std/mark), alpha, bound, bootstrap."""
     if "speedup" not in runs:
         runs = stats.add_ratios(runs)
@@ -246,17 +348,39 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
     disturbed_runs = set(runs.loc[runs["disturbed"], "run_id"]) if "disturbed" in runs and "run_id" in runs else set()
     if samples is not None and len(samples):
         for metric in ("tokens_per_s", "score"):
-            sig[metric] = stats.significance(samples, reference, metric, n_boot=n_boot, seed=seed,
-                                             exclude_runs=disturbed_runs if metric == "tokens_per_s" else ()).set_index(["pair", "dataset", "label"])
+            sig[metric] = stats.significance(
+                samples,
+                reference,
+                metric,
+                n_boot=n_boot,
+                seed=seed,
+                exclude_runs=disturbed_runs if metric == "tokens_per_s" else (),
+            ).set_index(["pair", "dataset", "label"])
     rows = []
     for pair, dataset in _blocks(runs):
         block = runs[(runs["pair"] == pair) & (runs["dataset"] == dataset)]
         labels = order_labels(block["label"], methods)
         agg = stats.aggregate(block, list(SUMMARY_COLUMNS), by=("label",)).set_index("label")
-        marks = {col: rank_marks({lb: agg.at[lb, f"{col}_mean"] for lb in labels if lb != schema.BASELINE and methods.get(lb) != schema.BASELINE},
-                                 schema.DIRECTION.get(col, 1), DIGITS[col]) for col in ("speedup", "energy_ratio", "accepted_per_step")}
+        marks = {
+            col: rank_marks(
+                {
+                    lb: agg.at[lb, f"{col}_mean"]
+                    for lb in labels
+                    if lb != schema.BASELINE and methods.get(lb) != schema.BASELINE
+                },
+                schema.DIRECTION.get(col, 1),
+                DIGITS[col],
+            )
+            for col in ("speedup", "energy_ratio", "accepted_per_step")
+        }
         for lb in labels:
-            row = {"pair": pair, "dataset": dataset, "label": lb, "method": methods.get(lb, lb), "seeds": int(agg.at[lb, "seeds"])}
+            row = {
+                "pair": pair,
+                "dataset": dataset,
+                "label": lb,
+                "method": methods.get(lb, lb),
+                "seeds": int(agg.at[lb, "seeds"]),
+            }
             own = block[block["label"] == lb]
             row["cells"] = len(own)
             row["disturbed_cells"] = int(own["disturbed"].sum()) if "disturbed" in own else 0
@@ -279,8 +403,15 @@ def summary_frame(runs: pd.DataFrame, samples: pd.DataFrame | None, reference: s
     return out
 
 
-def build_tables(runs: pd.DataFrame, samples: pd.DataFrame | None = None, reference: str = schema.BASELINE, *,
-                 cost_ratio=None, n_boot: int = 2000, seed: int = 0) -> Tables:
+def build_tables(
+    runs: pd.DataFrame,
+    samples: pd.DataFrame | None = None,
+    reference: str = schema.BASELINE,
+    *,
+    cost_ratio=None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> Tables:
     """Both tables for finished runs (``analysis.runs.load_runs``) and their generations (``load_samples``).
 
     Cells measured on a disturbed machine (``stats.mark_disturbed``) keep their acceptance and score; their
@@ -306,12 +437,22 @@ def build_tables(runs: pd.DataFrame, samples: pd.DataFrame | None = None, refere
     ]
     if runs["disturbed"].any():
         flagged = runs[runs["disturbed"]]
-        notes.append("disturbed: " + ", ".join(f"{r.label}/{r.dataset}/seed {r.seed} ({r.step_slowdown:.1f}x)" for r in flagged.itertuples()))
+        notes.append(
+            "disturbed: "
+            + ", ".join(f"{r.label}/{r.dataset}/seed {r.seed} ({r.step_slowdown:.1f}x)" for r in flagged.itertuples())
+        )
     if len(summary) and summary["bound_note"].astype(str).str.contains(stats.ABOVE_BOUND, regex=False).any():
         notes.append(f"Leviathan bound: {stats.ABOVE_BOUND}.")
     if len(summary) and (summary["bound_note"] == stats.NO_C_REASON).any():
-        notes.append(f"Leviathan bound n/a: {stats.NO_C_REASON}. Without c, the bound at c = 0 is the tokens/step column itself.")
+        notes.append(
+            f"Leviathan bound n/a: {stats.NO_C_REASON}. Without c, the bound at c = 0 is the tokens/step column itself."
+        )
     if runs["j_per_token"].isna().all():
         notes.append("J/token: no energy measurements in this sweep (energy meter unavailable on its devices).")
-    return Tables(table5=table5_frame(runs), summary=summary, reference=reference, sweep=str(runs.attrs.get("sweep", "")), notes=notes)
-
+    return Tables(
+        table5=table5_frame(runs),
+        summary=summary,
+        reference=reference,
+        sweep=str(runs.attrs.get("sweep", "")),
+        notes=notes,
+    )

@@ -26,9 +26,19 @@ from test_mlflow_ui import Server  # noqa: E402
 
 from analysis.report import view_url, write_report  # noqa: E402
 
-CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--window-size=2000,1000", "--virtual-time-budget=25000")
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--window-size=2000,1000",
+    "--virtual-time-budget=25000",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
             exp = MlflowClient(uri).get_experiment_by_name(fx.SWEEP)
             url = view_url(exp.experiment_id, base=server.base)
             profile = root / "chromium-profile"
-            cmd = [args.chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={Path(args.out).resolve()}", url]
+            cmd = [
+                args.chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                f"--screenshot={Path(args.out).resolve()}",
+                url,
+            ]
             subprocess.run(cmd, check=True, timeout=180, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
             server.stop()

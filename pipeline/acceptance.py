@@ -97,7 +97,9 @@ def request_metrics(accepted: Sequence[int], drafted: Sequence[int]) -> dict[str
     }
 
 
-def acceptance_metrics(requests: Sequence[tuple[Sequence[int], Sequence[int]]], gamma: int | None = None) -> dict[str, float]:
+def acceptance_metrics(
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]], gamma: int | None = None
+) -> dict[str, float]:
     """The flat per-cell metrics of module doc from ``(accepted, drafted)`` per request.
 
     Returns ``{}`` when no request drafted anything (methods without a draft). ``gamma`` (the method's
@@ -112,7 +114,9 @@ def acceptance_metrics(requests: Sequence[tuple[Sequence[int], Sequence[int]]], 
     out: dict[str, float] = {
         f"acceptance_length_{POOLED}": _ratio(sum(p["tokens"] for p in per), sum(p["iterations"] for p in per)),
         f"acceptance_length_{PER_REQUEST}": _mean(p["acceptance_length"] for p in per),
-        f"draft_acceptance_rate_{POOLED}": _ratio(sum(p["accepted_drafts"] for p in per), sum(p["drafted"] for p in per)),
+        f"draft_acceptance_rate_{POOLED}": _ratio(
+            sum(p["accepted_drafts"] for p in per), sum(p["drafted"] for p in per)
+        ),
         f"draft_acceptance_rate_{PER_REQUEST}": _mean(p["draft_acceptance_rate"] for p in per),
     }
     for i in range(depth):
@@ -123,7 +127,9 @@ def acceptance_metrics(requests: Sequence[tuple[Sequence[int], Sequence[int]]], 
     return out
 
 
-def iid_check(reached: Sequence[int], accepted_at: Sequence[int], acceptance_length: float, gamma: int) -> dict[str, float]:
+def iid_check(
+    reached: Sequence[int], accepted_at: Sequence[int], acceptance_length: float, gamma: int
+) -> dict[str, float]:
     """Leviathan's i.i.d. check: ``alpha_positions`` (MLE from the per-position counts), ``alpha_implied``
     (from the acceptance length), ``leviathan_tokens_per_step`` (the formula at ``alpha_positions``),
     ``acceptance_falls_z`` (z of rate(position >= 2) - rate(position 1); negative: falls) and
@@ -132,7 +138,9 @@ def iid_check(reached: Sequence[int], accepted_at: Sequence[int], acceptance_len
     out = {
         "alpha_positions": alpha_pos,
         "alpha_implied": alpha_from_tokens_per_step(acceptance_length, int(gamma)) if gamma else math.nan,
-        "leviathan_tokens_per_step": expected_tokens(alpha_pos, int(gamma)) if gamma and math.isfinite(alpha_pos) else math.nan,
+        "leviathan_tokens_per_step": expected_tokens(alpha_pos, int(gamma))
+        if gamma and math.isfinite(alpha_pos)
+        else math.nan,
         "acceptance_falls_z": math.nan,
         "acceptance_falls": math.nan,
     }
@@ -152,7 +160,9 @@ def as_list(value: Any) -> list[int]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
-def records_metrics(records: Sequence[Any], gamma: int | None = None, max_new_tokens: int | None = None) -> dict[str, float]:
+def records_metrics(
+    records: Sequence[Any], gamma: int | None = None, max_new_tokens: int | None = None
+) -> dict[str, float]:
     """``acceptance_metrics`` of generation records (objects or dicts with ``accepted``, ``drafted``,
     ``draft_steps``): records without ``drafted`` are reconstructed from ``gamma`` when given, skipped otherwise."""
     requests = []
@@ -190,10 +200,17 @@ def length_histogram(requests: Sequence[Sequence[int]]) -> dict[int, int]:
     return dict(sorted(hist.items()))
 
 
-def speculation_profile(records: Sequence[Any], *, method: str, verification_method: str | None = None, prefix_drafts: bool = False,
-                        num_speculative_tokens: int | None = None,
-                        target_model: Mapping[str, Any] | None = None, draft_checkpoint: Mapping[str, Any] | None = None,
-                        measurement_conditions: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def speculation_profile(
+    records: Sequence[Any],
+    *,
+    method: str,
+    verification_method: str | None = None,
+    prefix_drafts: bool = False,
+    num_speculative_tokens: int | None = None,
+    target_model: Mapping[str, Any] | None = None,
+    draft_checkpoint: Mapping[str, Any] | None = None,
+    measurement_conditions: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
     """The cell's acceptance as NVIDIA specdec_bench's ``speculation_profile.json`` (schema 1.0), so vLLM's
     synthetic sampler and Dynamo's mocker can replay what was measured here; None for a method that drafts
     nothing (specdec_bench writes no profile for ``--speculative_algorithm NONE`` either).
@@ -230,8 +247,11 @@ def speculation_profile(records: Sequence[Any], *, method: str, verification_met
     mean_step = sum(length * v for length, v in hist.items()) / steps
     mean_request = sum(sum(a) / len(a) for a in requests) / len(requests)
     implied = 1.0 + sum(survival)
-    violations = [{"position": i, "value": survival[i], "previous": survival[i - 1]}
-                  for i in range(1, len(survival)) if survival[i] > survival[i - 1] + 1e-9]
+    violations = [
+        {"position": i, "value": survival[i], "previous": survival[i - 1]}
+        for i in range(1, len(survival))
+        if survival[i] > survival[i - 1] + 1e-9
+    ]
     return {
         "schema_version": PROFILE_SCHEMA_VERSION,
         "measured": True,
@@ -252,9 +272,13 @@ def speculation_profile(records: Sequence[Any], *, method: str, verification_met
         "per_category": None,
         "measurement_conditions": dict(measurement_conditions) if measurement_conditions else None,
         "validation": {
-            "mean_consistency": {"implied_mean_accept_length": round(implied, 6), "reported_mean_accept_length": round(mean_step, 6),
-                                 "abs_delta": round(abs(implied - mean_step), 6), "tolerance": 0.02,
-                                 "passed": abs(implied - mean_step) <= 0.02},
+            "mean_consistency": {
+                "implied_mean_accept_length": round(implied, 6),
+                "reported_mean_accept_length": round(mean_step, 6),
+                "abs_delta": round(abs(implied - mean_step), 6),
+                "tolerance": 0.02,
+                "passed": abs(implied - mean_step) <= 0.02,
+            },
             "marginal_monotonicity": {"passed": not violations, "violations": violations},
         },
     }

@@ -108,6 +108,7 @@ class _ForwardClock:
                 return chain(*args, **kwargs)
             finally:
                 self._post()
+
         return timed
 
     def _pre(self, *args):
@@ -142,14 +143,31 @@ def check_settings(cfg: DictConfig) -> None:
     probes end in a median of nothing, and no prompts in a division by zero, after the pair has loaded."""
     errors = []
     for key, (integer, low, strict, nullable, example, note) in _SETTINGS.items():
-        problem = number_error("", key, cfg.get(key), integer=integer, low=low, strict=strict, nullable=nullable,
-                               example=example, note=note)
+        problem = number_error(
+            "",
+            key,
+            cfg.get(key),
+            integer=integer,
+            low=low,
+            strict=strict,
+            nullable=nullable,
+            example=example,
+            note=note,
+        )
         if problem:
             errors.append(problem)
-    prompts = OmegaConf.to_container(cfg.prompts, resolve=True) if OmegaConf.is_list(cfg.get("prompts")) else cfg.get("prompts")
+    prompts = (
+        OmegaConf.to_container(cfg.prompts, resolve=True)
+        if OmegaConf.is_list(cfg.get("prompts"))
+        else cfg.get("prompts")
+    )
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-        errors.append(f"prompts={prompts!r}: must be a non-empty list of non-empty texts (e.g. 'prompts=[Name a colour.]')")
-    errors += check_seeds([cfg.get("seed")]) if cfg.get("seed") is not None else ["seed=null: must be an integer (seed=0)"]
+        errors.append(
+            f"prompts={prompts!r}: must be a non-empty list of non-empty texts (e.g. 'prompts=[Name a colour.]')"
+        )
+    errors += (
+        check_seeds([cfg.get("seed")]) if cfg.get("seed") is not None else ["seed=null: must be an integer (seed=0)"]
+    )
     said = {e.split("=", 1)[0] for e in errors}
     settings = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("hydra", "pair")}
     errors += [e for e in check_numbers(settings, "") if e.split("=", 1)[0] not in said]
@@ -165,18 +183,30 @@ class Bench:
         ctx = drafter_context(spec)
         self.skipped: dict[tuple[str, str], str] = {}  # (method, drafter) -> why it is not run
         self.drafters: list[str] = []  # row labels: the drafter kinds
-        self.drafter_values: dict[str, Any] = {}  # label -> the method's `drafter` value (a kind, or a scope with a path)
+        self.drafter_values: dict[
+            str, Any
+        ] = {}  # label -> the method's `drafter` value (a kind, or a scope with a path)
         for entry in cfg.drafters:
             value = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
             d = value.get("kind") if isinstance(value, dict) else value
             if d != "pair" and d not in DRAFTERS:
-                raise ValueError(f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} (or {{kind: ..., <its parameters>}})")
-            if d == "pair":  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
+                raise ValueError(
+                    f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} (or {{kind: ..., <its parameters>}})"
+                )
+            if (
+                d == "pair"
+            ):  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
                 d = value = check_method("spd", {"drafter": "pair"}, drafters=ctx)["drafter"]["kind"]
             if DRAFTERS.get(d).asset == "draft" and not ctx.has_draft:
                 raise ValueError(f"drafters has model but pair {spec.name!r} has no draft model")
-            if DRAFTERS.get(d).asset == "eagle" and not ctx.has_eagle and not (isinstance(value, dict) and value.get("path")):
-                raise ValueError(f"drafters has {d} but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle, pair.eagle=<folder>, or {{kind: {d}, path: <folder>}})")
+            if (
+                DRAFTERS.get(d).asset == "eagle"
+                and not ctx.has_eagle
+                and not (isinstance(value, dict) and value.get("path"))
+            ):
+                raise ValueError(
+                    f"drafters has {d} but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle, pair.eagle=<folder>, or {{kind: {d}, path: <folder>}})"
+                )
             if d not in self.drafters:
                 self.drafters.append(d)
                 self.drafter_values[d] = value
@@ -197,8 +227,12 @@ class Bench:
         self.pair = load_pair(spec)
         self.meter = make_energy_meter(next(self.pair.target.parameters()).device, cfg.get("energy_meter", "none"))
         self.idle = None  # the idle power, measured once before the first timed pass when a meter is available
-        self.energy: dict[Any, list[dict[str, Any]]] = {}  # runner -> energy_summary of each timed pass (the last _timed call)
-        self.draft_full_vocab = self.pair.draft is not None and getattr(self.pair.draft, "draft_token_map", None) is None
+        self.energy: dict[
+            Any, list[dict[str, Any]]
+        ] = {}  # runner -> energy_summary of each timed pass (the last _timed call)
+        self.draft_full_vocab = (
+            self.pair.draft is not None and getattr(self.pair.draft, "draft_token_map", None) is None
+        )
         self.device = next(self.pair.target.parameters()).device
         self.prompts = [encode_prompt(self.pair.tokenizer, p, spec.chat) for p in cfg.prompts]
         self.eos = [] if cfg.ignore_eos else eos_ids(self.pair.tokenizer, self.pair.target)
@@ -222,8 +256,10 @@ class Bench:
             if plugin.transformers is None:
                 out[d] = plugin.no_transformers
             elif plugin.transformers == "assistant_model" and not self.draft_full_vocab:
-                out[d] = ("transformers' assisted generation needs the draft's full-vocabulary head; this pair's draft has a "
-                          "restricted head (rerun with pair.draft.restrict_head=false to time it)")
+                out[d] = (
+                    "transformers' assisted generation needs the draft's full-vocabulary head; this pair's draft has a "
+                    "restricted head (rerun with pair.draft.restrict_head=false to time it)"
+                )
             else:
                 out[d] = None
         return out
@@ -233,7 +269,9 @@ class Bench:
             return {"temperature": 0.0}
         return dict(OmegaConf.to_container(self.cfg.sampling, resolve=True))
 
-    def _timed(self, runners: dict[Any, Any], probe) -> tuple[dict[Any, tuple[list[float], int, list[list[int]], list[Any]]], list[Any]]:
+    def _timed(
+        self, runners: dict[Any, Any], probe
+    ) -> tuple[dict[Any, tuple[list[float], int, list[list[int]], list[Any]]], list[Any]]:
         """Tokens/s of each runner in each of ``repeats`` passes over all prompts, after warm-up.
 
         Passes are interleaved (runner A, B, C, A, B, C, ...) so that drifts in machine load hit
@@ -275,10 +313,7 @@ class Bench:
                 rates[key].append(tokens / seconds)
                 last[key] = outs
                 gens[key].extend(o[1] for o in outs)
-        results = {
-            k: (rates[k], sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], gens[k])
-            for k in runners
-        }
+        results = {k: (rates[k], sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], gens[k]) for k in runners}
         return results, probes
 
     def _with_forward_timers(self, run_one, acc: list[float]):
@@ -334,7 +369,9 @@ class Bench:
             params["gamma"] = gamma
         extra = OmegaConf.select(self.cfg, f"method_params.{method}", default=None)
         if extra:
-            params.update({k: v for k, v in OmegaConf.to_container(extra, resolve=True).items() if k != "gamma"})  # gamma: gamma_of
+            params.update(
+                {k: v for k, v in OmegaConf.to_container(extra, resolve=True).items() if k != "gamma"}
+            )  # gamma: gamma_of
         if drafter is not None:
             params["drafter"] = self.drafter_values.get(drafter, drafter)
         return params
@@ -350,7 +387,9 @@ class Bench:
 
     def ours(self, method: str, mode: str, drafter: str | None = None):
         params = self.method_params(method, mode, drafter)
-        dec = build_decoder(method, self.pair.target, self.pair.draft if method != "ar" else None, assets=self.pair.assets, **params)
+        dec = build_decoder(
+            method, self.pair.target, self.pair.draft if method != "ar" else None, assets=self.pair.assets, **params
+        )
 
         def run_one(i, ids):
             gen = make_generator(self.cfg.seed + i, self.device)
@@ -361,7 +400,9 @@ class Bench:
 
     def transformers(self, assisted: bool, mode: str, drafter: str = "model"):
         target, draft = self.pair.target, self.pair.draft
-        kwargs: dict[str, Any] = dict(max_new_tokens=self.cfg.max_new_tokens, pad_token_id=self.pair.tokenizer.pad_token_id or 0)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=self.cfg.max_new_tokens, pad_token_id=self.pair.tokenizer.pad_token_id or 0
+        )
         if self.cfg.ignore_eos:
             kwargs.update(eos_token_id=None, min_new_tokens=self.cfg.max_new_tokens)
         if mode == "greedy":
@@ -407,9 +448,17 @@ class Bench:
             costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
         costs["t_verify"] = costs[f"t_verify_g{max(lengths)}"]
         for d in self.drafters:  # each drafter measures its own draft token (Drafter.step_cost), under spd's warping
-            dec = build_decoder("spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d))
-            costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(dec.target, list(prompt), self.gamma_of("spd"), dec.warper,
-                                                               reps=reps, sync=lambda: synchronize(self.device))
+            dec = build_decoder(
+                "spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d)
+            )
+            costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(
+                dec.target,
+                list(prompt),
+                self.gamma_of("spd"),
+                dec.warper,
+                reps=reps,
+                sync=lambda: synchronize(self.device),
+            )
         for method, d in self.runs():
             if method != "ar" and self.is_chain(method, "sample", d):
                 costs[f"t_propose_{method}_{d}"] = self._proposal_cost(method, d, prompt, reps)
@@ -418,8 +467,13 @@ class Bench:
     def _proposal_cost(self, method: str, drafter: str, prompt: list[int], reps: int) -> float:
         """Median seconds per draft token of ``method``'s own ``gamma``-token proposal after ``prompt`` (its
         drafter's chain for spd/block, beam sampling for mtad), sampled mode, over ``reps`` after one warm-up."""
-        dec = build_decoder(method, self.pair.target, self.pair.draft, assets=self.pair.assets,
-                            **self.method_params(method, "sample", drafter))
+        dec = build_decoder(
+            method,
+            self.pair.target,
+            self.pair.draft,
+            assets=self.pair.assets,
+            **self.method_params(method, "sample", drafter),
+        )
         prompt, gamma = list(prompt), self.gamma_of(method)
         generator = make_generator(0, self.device)
         times = []
@@ -462,7 +516,9 @@ class Bench:
             for d, why in hf_drafters.items():
                 if why is None:
                     hf = results[("transformers", "spd", d)]
-                    rows.append(Row("transformers", "spd", mode, med(hf[0]), hf[1], drafter=d, gamma=self.gamma_of("spd")))
+                    rows.append(
+                        Row("transformers", "spd", mode, med(hf[0]), hf[1], drafter=d, gamma=self.gamma_of("spd"))
+                    )
                 else:
                     rows.append(Row("transformers", "spd", mode, None, 0, drafter=d, note=why))
             ours_ar = results.get(("ours", "ar", None))
@@ -488,7 +544,9 @@ class Bench:
                 if method != "ar" and self.is_chain(method, mode, d):
                     key = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
                     alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
-                    bounds = [row.tokens_per_step * p["t_ar"] / (gamma * p[key] + p[f"t_verify_g{gamma}"]) for p in probes]
+                    bounds = [
+                        row.tokens_per_step * p["t_ar"] / (gamma * p[key] + p[f"t_verify_g{gamma}"]) for p in probes
+                    ]
                     c = med([p[key] / p["t_ar"] for p in probes])
                     row.alpha, row.c = alpha, c
                     row.bound_ideal = leviathan_bound(alpha, gamma, c)
@@ -517,6 +575,7 @@ class Bench:
 
 def _energy_figures(row: Row, passes: list[dict[str, Any]]) -> None:
     """A row's energy columns: medians over its metered passes (None where the meter read nothing)."""
+
     def median_of(key: str) -> float | None:
         values = [p[key] for p in passes if p.get(key) is not None]
         return statistics.median(values) if values else None
@@ -563,7 +622,7 @@ def roofline(pair, costs: dict[str, float], device) -> dict[str, float]:
     out["ar_over_floor"] = costs["t_ar_ms"] / out["floor_target_ms"]
     out["verify_over_ar"] = costs["t_verify_ms"] / costs["t_ar_ms"]  # the longest verification of the rows
     for k in [k for k in costs if k.startswith("t_verify_g")]:
-        out["verify_over_ar_" + k[len("t_verify_"):-3]] = costs[k] / costs["t_ar_ms"]
+        out["verify_over_ar_" + k[len("t_verify_") : -3]] = costs[k] / costs["t_ar_ms"]
     if pair.draft is not None and "t_draft_model_ms" in costs:
         draft_bytes = streamed_bytes(pair.draft)
         out["draft_mb"] = draft_bytes / 1e6
@@ -581,7 +640,9 @@ def engine_info(pair) -> str:
         lean = lean_forward_for(model)
         dtype = str(next(model.parameters()).dtype).replace("torch.", "")
         if lean is None:
-            parts.append(f"{role} {dtype} through transformers' forward ({unsupported_reason(model) or 'PIPELINE_LEAN_FORWARD=0'})")
+            parts.append(
+                f"{role} {dtype} through transformers' forward ({unsupported_reason(model) or 'PIPELINE_LEAN_FORWARD=0'})"
+            )
         else:
             parts.append(f"{role} {dtype} through the lean forward, kernels {lean.kernel_path}")
     return "; ".join(parts)
@@ -607,7 +668,10 @@ def _gammas(rows: list[Row], cfg: DictConfig) -> str:
         return f"gamma {cfg.gamma} (every method)"
     if not chosen:
         return "no method with a draft length"
-    return "gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): " + ", ".join(f"{m} {g}" for m, g in chosen.items())
+    return (
+        "gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): "
+        + ", ".join(f"{m} {g}" for m, g in chosen.items())
+    )
 
 
 def _energy_lines(rows: list[Row], costs: dict[str, Any]) -> list[str]:
@@ -617,21 +681,40 @@ def _energy_lines(rows: list[Row], costs: dict[str, Any]) -> list[str]:
         return ["", f"Energy: not measured ({meter.get('reason') or 'energy_meter=none'})."]
     ref = meter.get("reference")
     idle = costs.get("idle_power_w")
-    head = (f"Energy: meter {meter.get('meter')}; each row's pass over the prompts is one window, J/token the median over passes; "
-            f"idle power {_fmt(idle, 1)} W" + (f" (reference {_fmt(costs.get('reference_idle_power_w'), 1)} W)" if ref else "")
-            + "; dynamic = less idle power x window time" + ("; ours vs reference: ours / reference - 1 per pass, median." if ref else "."))
-    lines = ["", head, "", "| impl | method | drafter | mode | J/token | dynamic J/token |" + (" reference J/token | ours vs reference |" if ref else ""),
-             "|---|---|---|---|---|---|" + ("---|---|" if ref else "")]
+    head = (
+        f"Energy: meter {meter.get('meter')}; each row's pass over the prompts is one window, J/token the median over passes; "
+        f"idle power {_fmt(idle, 1)} W"
+        + (f" (reference {_fmt(costs.get('reference_idle_power_w'), 1)} W)" if ref else "")
+        + "; dynamic = less idle power x window time"
+        + ("; ours vs reference: ours / reference - 1 per pass, median." if ref else ".")
+    )
+    lines = [
+        "",
+        head,
+        "",
+        "| impl | method | drafter | mode | J/token | dynamic J/token |"
+        + (" reference J/token | ours vs reference |" if ref else ""),
+        "|---|---|---|---|---|---|" + ("---|---|" if ref else ""),
+    ]
     for r in rows:
         if r.note or r.j_per_token is None and r.reference_j_per_token is None:
             continue
-        tail = f" {_fmt(r.reference_j_per_token, 4)} | {_fmt(None if r.energy_vs_reference is None else 100 * r.energy_vs_reference, 2)}% |" if ref else ""
-        lines.append(f"| {r.impl} | {r.method} | {_fmt(r.drafter)} | {r.mode} | {_fmt(r.j_per_token, 4)} | {_fmt(r.dynamic_j_per_token, 4)} |" + tail)
+        tail = (
+            f" {_fmt(r.reference_j_per_token, 4)} | {_fmt(None if r.energy_vs_reference is None else 100 * r.energy_vs_reference, 2)}% |"
+            if ref
+            else ""
+        )
+        lines.append(
+            f"| {r.impl} | {r.method} | {_fmt(r.drafter)} | {r.mode} | {_fmt(r.j_per_token, 4)} | {_fmt(r.dynamic_j_per_token, 4)} |"
+            + tail
+        )
     return lines
 
 
-def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[str, Any], command: str, cfg: DictConfig) -> str:
-    verify = sorted((int(k[len("t_verify_g"):-3]), v) for k, v in costs.items() if k.startswith("t_verify_g"))
+def to_markdown(
+    name: str, rows: list[Row], costs: dict[str, Any], info: dict[str, Any], command: str, cfg: DictConfig
+) -> str:
+    verify = sorted((int(k[len("t_verify_g") : -3]), v) for k, v in costs.items() if k.startswith("t_verify_g"))
     lines = [
         f"# Benchmark `{name}`",
         "",
@@ -644,10 +727,17 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
         "runs all rows back to back after measuring the step costs).",
         "",
         f"Step costs (medians over passes, batch 1, KV cache): t_ar {costs['t_ar_ms']:.2f} ms, "
-        + ", ".join(f"t_verify({g}+1) {v:.2f} ms" for g, v in verify) + "; one draft token: "
-        + ", ".join(f"{k[8:-3]} {v:.3f} ms (c {costs['c_' + k[8:-3]]:.3f})" for k, v in costs.items() if k.startswith("t_draft_") and k != "t_draft_ms")
+        + ", ".join(f"t_verify({g}+1) {v:.2f} ms" for g, v in verify)
+        + "; one draft token: "
+        + ", ".join(
+            f"{k[8:-3]} {v:.3f} ms (c {costs['c_' + k[8:-3]]:.3f})"
+            for k, v in costs.items()
+            if k.startswith("t_draft_") and k != "t_draft_ms"
+        )
         + "; each method's own proposal per draft token (its row's t_draft and c): "
-        + ", ".join(f"{k[10:-3].replace('_', ' with ', 1)} {v:.3f} ms" for k, v in costs.items() if k.startswith("t_propose_"))
+        + ", ".join(
+            f"{k[10:-3].replace('_', ' with ', 1)} {v:.3f} ms" for k, v in costs.items() if k.startswith("t_propose_")
+        )
         + ". "
         "bound (measured costs) = tokens/step x t_ar / (gamma t_draft + t_verify); bound (ideal) = "
         "(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); efficiency = speedup vs our ar / bound (measured costs); "
@@ -658,8 +748,11 @@ def to_markdown(name: str, rows: list[Row], costs: dict[str, Any], info: dict[st
         f"Roofline: copy bandwidth {costs['bandwidth_gb_s']:.1f} GB/s (a {costs['target_mb']:.0f} MB copy, read + write); a target step "
         f"streams {costs['target_mb']:.0f} MB: floor {costs['floor_target_ms']:.2f} ms, t_ar / floor {costs['ar_over_floor']:.2f}, "
         + ", ".join(f"t_verify({g}+1) / t_ar {v / costs['t_ar_ms']:.2f}" for g, v in verify)
-        + (f"; the draft streams {costs['draft_mb']:.1f} MB: floor {costs['floor_draft_ms']:.3f} ms, t_draft / floor {costs['draft_over_floor']:.1f}"
-           if "draft_mb" in costs else "")
+        + (
+            f"; the draft streams {costs['draft_mb']:.1f} MB: floor {costs['floor_draft_ms']:.3f} ms, t_draft / floor {costs['draft_over_floor']:.1f}"
+            if "draft_mb" in costs
+            else ""
+        )
         + ".",
         "",
         "| impl | method | drafter | gamma | mode | tokens/s | ratio to transformers | identical to transformers greedy | tokens/step | alpha | c | bound (measured costs) | bound (ideal) | speedup vs our ar | efficiency | overhead/step |",
@@ -709,7 +802,12 @@ def main(cfg: DictConfig) -> None:
     # the measurements first: a table that cannot be drawn must not lose what the passes measured
     payload = [asdict(r) for r in rows]
     (out / f"{name}.json").write_text(json.dumps(payload, indent=1))
-    (out / f"{name}.meta.json").write_text(json.dumps({"command": command, "costs": costs, "machine": info, "config": OmegaConf.to_container(cfg, resolve=True)}, indent=1))
+    (out / f"{name}.meta.json").write_text(
+        json.dumps(
+            {"command": command, "costs": costs, "machine": info, "config": OmegaConf.to_container(cfg, resolve=True)},
+            indent=1,
+        )
+    )
     md = to_markdown(name, rows, costs, info, command, cfg)
     (out / f"{name}.md").write_text(md)
     print(md)

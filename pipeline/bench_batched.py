@@ -68,7 +68,9 @@ def check_batch_sizes(cfg: DictConfig, bench: Any) -> dict[str, str]:
     above batch 1 then say so); ``bench`` is the ``Bench`` being built (its parameters and the pair's drafters)."""
     sizes = list(cfg.batch_sizes)
     if not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
-        raise ValueError(f"batch_sizes must be a non-empty list of integers >= 1, got {sizes} (e.g. batch_sizes=[1,2,4,8,16])")
+        raise ValueError(
+            f"batch_sizes must be a non-empty list of integers >= 1, got {sizes} (e.g. batch_sizes=[1,2,4,8,16])"
+        )
     skipped = {}
     for method in cfg.methods:
         values = check_method(method, bench.method_params(method, "sample"), drafters=bench.ctx)
@@ -91,7 +93,9 @@ class BatchBench:
     def _ours(self, method: str, mode: str, b: int) -> Callable[[int], Pass]:
         bench = self.bench
         params = bench.method_params(method, mode)
-        dec = build_decoder(method, bench.pair.target, bench.pair.draft if method != "ar" else None, assets=bench.pair.assets, **params)
+        dec = build_decoder(
+            method, bench.pair.target, bench.pair.draft if method != "ar" else None, assets=bench.pair.assets, **params
+        )
         if b > 1:
             check_batch(type(dec), dec.config, b)
         engine = BatchedDecoder(dec, b) if b > 1 else None
@@ -104,15 +108,24 @@ class BatchBench:
                 outs = []
                 for ids, g in zip(self.prompts, gens):
                     s = time.perf_counter()
-                    gen = dec.generate(ids, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generator=g)
+                    gen = dec.generate(
+                        ids, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generator=g
+                    )
                     outs.append((gen, s, time.perf_counter(), s + dec.prefill_seconds()))
             else:
                 assert engine is not None
-                outs = [(g, g.admitted_at, g.finished_at, g.first_token_at) for g in engine.generate(
-                    self.prompts, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generators=gens)]
+                outs = [
+                    (g, g.admitted_at, g.finished_at, g.first_token_at)
+                    for g in engine.generate(
+                        self.prompts, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generators=gens
+                    )
+                ]
             synchronize(bench.device)
             seconds = time.perf_counter() - t0
-            per = [{"tokens": len(g.tokens), "steps": g.steps, "latency": end - start, "first": first - start} for g, start, end, first in outs]
+            per = [
+                {"tokens": len(g.tokens), "steps": g.steps, "latency": end - start, "first": first - start}
+                for g, start, end, first in outs
+            ]
             return sum(r["tokens"] for r in per), seconds, per
 
         return run
@@ -145,11 +158,17 @@ class BatchBench:
                     mask[r, width - len(x) :] = 1
                 s = time.perf_counter()
                 with torch.inference_mode():
-                    out = bench.pair.target.generate(ids.to(bench.device), attention_mask=mask.to(bench.device), **kwargs)
+                    out = bench.pair.target.generate(
+                        ids.to(bench.device), attention_mask=mask.to(bench.device), **kwargs
+                    )
                 synchronize(bench.device)
                 end = time.perf_counter()
                 for row in out[:, width:].tolist():
-                    n = len(row) if not bench.eos else next((i + 1 for i, t in enumerate(row) if t in bench.eos), len(row))
+                    n = (
+                        len(row)
+                        if not bench.eos
+                        else next((i + 1 for i, t in enumerate(row) if t in bench.eos), len(row))
+                    )
                     tokens += n
                     per.append({"tokens": n, "steps": n, "latency": end - s, "first": math.nan})
             return tokens, time.perf_counter() - t0, per
@@ -180,19 +199,39 @@ class BatchBench:
                 for (impl, method), ps in passes.items():
                     per = [r for _, _, reqs in ps for r in reqs]
                     tps = statistics.median(rate[(impl, method)])
-                    tpot = [1e3 * (r["latency"] - r["first"]) / (r["tokens"] - 1) for r in per if r["tokens"] > 1 and math.isfinite(r["first"])]
-                    row = BatchRow(impl, method, mode, b, tokens_per_s=tps, tokens=ps[-1][0], requests=self.n,
-                                   tpot_ms_p50=_pct(tpot, 50), tpot_ms_p90=_pct(tpot, 90),
-                                   latency_s_p50=_pct([r["latency"] for r in per], 50), latency_s_p90=_pct([r["latency"] for r in per], 90),
-                                   latency_s_p99=_pct([r["latency"] for r in per], 99),
-                                   accepted_per_step=statistics.mean(r["tokens"] / r["steps"] for r in per if r["steps"]) if impl == "ours" else None)
+                    tpot = [
+                        1e3 * (r["latency"] - r["first"]) / (r["tokens"] - 1)
+                        for r in per
+                        if r["tokens"] > 1 and math.isfinite(r["first"])
+                    ]
+                    row = BatchRow(
+                        impl,
+                        method,
+                        mode,
+                        b,
+                        tokens_per_s=tps,
+                        tokens=ps[-1][0],
+                        requests=self.n,
+                        tpot_ms_p50=_pct(tpot, 50),
+                        tpot_ms_p90=_pct(tpot, 90),
+                        latency_s_p50=_pct([r["latency"] for r in per], 50),
+                        latency_s_p90=_pct([r["latency"] for r in per], 90),
+                        latency_s_p99=_pct([r["latency"] for r in per], 99),
+                        accepted_per_step=statistics.mean(r["tokens"] / r["steps"] for r in per if r["steps"])
+                        if impl == "ours"
+                        else None,
+                    )
                     if impl == "ours":
                         batch1.setdefault(method, tps if b == 1 else math.nan)
                         row.x_batch1 = tps / batch1[method] if math.isfinite(batch1[method]) else None
                         if ("ours", "ar") in rate:
-                            row.speedup_vs_ar = statistics.median(x / y for x, y in zip(rate[(impl, method)], rate[("ours", "ar")]))
+                            row.speedup_vs_ar = statistics.median(
+                                x / y for x, y in zip(rate[(impl, method)], rate[("ours", "ar")])
+                            )
                         if method == "ar" and ("transformers", "ar") in rate:
-                            row.x_transformers = statistics.median(x / y for x, y in zip(rate[(impl, method)], rate[("transformers", "ar")]))
+                            row.x_transformers = statistics.median(
+                                x / y for x, y in zip(rate[(impl, method)], rate[("transformers", "ar")])
+                            )
                     rows.append(row)
         return rows
 
@@ -201,15 +240,20 @@ def batch_markdown(name: str, rows: list[BatchRow], cfg: DictConfig, command: st
     """The batch-size table as benchmarks/<name>-batching.md."""
     n = int(cfg.get("batch_requests") or 2 * max(int(b) for b in cfg.batch_sizes))
     lines = [
-        f"# Benchmark `{name}`: batch sizes", "", f"Command: `{command}`", "",
+        f"# Benchmark `{name}`: batch sizes",
+        "",
+        f"Command: `{command}`",
+        "",
         f"Pair `{cfg.pair.name}`; {n} requests ({len(cfg.prompts)} prompts cycled) x {cfg.max_new_tokens} new tokens"
         f"{' (EOS ignored)' if cfg.ignore_eos else ''} per pass, {cfg.repeats} timed passes after {cfg.warmup} warm-up; sampling "
         f"{OmegaConf.to_container(cfg.sampling, resolve=True)}; method parameters {OmegaConf.to_container(cfg.method_params, resolve=True)}. "
         "Ours: continuous batching (pipeline/decoding/batched.py; batch 1: Decoder.generate per request); transformers: "
         "batched generate() on left-padded static batches, the same dtype. tokens/s: output tokens over all requests / "
         "the pass's wall time, median over passes; speedup vs ar: over our ar at the same batch size.",
-        "", "| impl | method | mode | batch | tokens/s | x batch 1 | speedup vs ar | x transformers | TPOT p50 / p90 ms | "
-        "latency p50 / p90 / p99 s | tokens/step per request |", "|---|---|---|---|---|---|---|---|---|---|---|",
+        "",
+        "| impl | method | mode | batch | tokens/s | x batch 1 | speedup vs ar | x transformers | TPOT p50 / p90 ms | "
+        "latency p50 / p90 / p99 s | tokens/step per request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     f = lambda v, d=2: "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{d}f}"  # noqa: E731
     notes = []
@@ -217,9 +261,11 @@ def batch_markdown(name: str, rows: list[BatchRow], cfg: DictConfig, command: st
         if r.note:
             notes.append(f"- {r.method} at batch {r.batch_size} ({r.mode}) not run: {r.note}")
             continue
-        lines.append(f"| {r.impl} | {r.method} | {r.mode} | {r.batch_size} | {f(r.tokens_per_s)} | {f(r.x_batch1)} | {f(r.speedup_vs_ar)} | "
-                     f"{f(r.x_transformers)} | {f(r.tpot_ms_p50, 1)} / {f(r.tpot_ms_p90, 1)} | {f(r.latency_s_p50)} / {f(r.latency_s_p90)} / "
-                     f"{f(r.latency_s_p99)} | {f(r.accepted_per_step)} |")
+        lines.append(
+            f"| {r.impl} | {r.method} | {r.mode} | {r.batch_size} | {f(r.tokens_per_s)} | {f(r.x_batch1)} | {f(r.speedup_vs_ar)} | "
+            f"{f(r.x_transformers)} | {f(r.tpot_ms_p50, 1)} / {f(r.tpot_ms_p90, 1)} | {f(r.latency_s_p50)} / {f(r.latency_s_p90)} / "
+            f"{f(r.latency_s_p99)} | {f(r.accepted_per_step)} |"
+        )
     if notes:
         lines += ["", "Rows not run:", *sorted(set(notes))]
     lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "engine"), ""]

@@ -62,8 +62,18 @@ from pipeline.scoring.registry import scorer_for
 from pipeline.tracking.layout import SCORE_DETAIL_FIELD
 
 __all__ = [
-    "Cell", "CellActor", "CellResult", "apply_isolation", "calibrate_pair", "inject_fault", "judge_identity",
-    "predictions_from_records", "prepare_pair", "rescore", "run_cell", "score_cell",
+    "Cell",
+    "CellActor",
+    "CellResult",
+    "apply_isolation",
+    "calibrate_pair",
+    "inject_fault",
+    "judge_identity",
+    "predictions_from_records",
+    "prepare_pair",
+    "rescore",
+    "run_cell",
+    "score_cell",
 ]
 
 
@@ -86,7 +96,12 @@ def inject_fault(cell: Cell, stage: str) -> None:
     for fault in [faults] if isinstance(faults, Mapping) else faults:
         if fault.get("stage", "generate") != stage:
             continue
-        fields = (("methods", cell.method), ("datasets", cell.dataset_name), ("seeds", cell.seed), ("labels", cell.label))
+        fields = (
+            ("methods", cell.method),
+            ("datasets", cell.dataset_name),
+            ("seeds", cell.seed),
+            ("labels", cell.label),
+        )
         if all(fault.get(f) is None or v in fault[f] for f, v in fields):
             _fail(fault, stage)
 
@@ -113,8 +128,14 @@ def _stage(result: CellResult, name: str) -> Iterator[None]:
         result.stages[name] = round(time.perf_counter() - t0, 4)
 
 
-def score_cell(dataset: Mapping[str, Any], samples: list[Any], predictions: list[dict[str, Any]], judge_cfg: Mapping[str, Any] | None,
-               max_turns: int | None, task: TaskSpec | None = None) -> dict[str, Any] | None:
+def score_cell(
+    dataset: Mapping[str, Any],
+    samples: list[Any],
+    predictions: list[dict[str, Any]],
+    judge_cfg: Mapping[str, Any] | None,
+    max_turns: int | None,
+    task: TaskSpec | None = None,
+) -> dict[str, Any] | None:
     """The task's downstream score (its scorer's result dict), or None where there is none to compute."""
     task = task or task_of(dataset)
     scorer = scorer_for(task.scorer)
@@ -161,8 +182,15 @@ def apply_isolation(isolation: Mapping[str, Any] | None) -> dict[str, Any]:
     return iso
 
 
-def _score_stage(result: CellResult, cell: Cell, dataset: Mapping[str, Any], samples: list[Any],
-                 predictions: list[dict[str, Any]], records: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
+def _score_stage(
+    result: CellResult,
+    cell: Cell,
+    dataset: Mapping[str, Any],
+    samples: list[Any],
+    predictions: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    metrics: dict[str, Any],
+) -> None:
     """Stage ``score``: scores onto metrics/records; a failure marks the result ``score_failed`` (never raises)."""
     result.judge_identity = judge_identity(cell)
     task = task_of(dataset)
@@ -207,8 +235,15 @@ def rescore(cell: Cell, records: list[dict[str, Any]]) -> CellResult:
 def run_cell(cell: Cell) -> CellResult:
     """Run every stage of one cell; never raises (failures come back as ``status: failed``)."""
     t_start = time.perf_counter()
-    result = CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="start", node_id=_node_id(),
-                        hostname=socket.gethostname(), pid=os.getpid(), started_at=time.time())
+    result = CellResult(
+        cell_key=cell.key,
+        status=STATUS_FAILED,
+        stage="start",
+        node_id=_node_id(),
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        started_at=time.time(),
+    )
     try:
         protocol = Protocol.from_config(cell.measure)
         dataset = dict(cell.dataset)
@@ -222,7 +257,9 @@ def run_cell(cell: Cell) -> CellResult:
             spec = PairSpec.from_config(cell.pair)
             pair = load_pair(spec)
             precision = pair.precision()
-            decoder = build_decoder(cell.method, pair.target, pair.draft, assets=pair.assets, args=method_args(cell.method, cell.params))  # validated in the plan
+            decoder = build_decoder(
+                cell.method, pair.target, pair.draft, assets=pair.assets, args=method_args(cell.method, cell.params)
+            )  # validated in the plan
             if int(cell.batch_size) > 1:
                 check_batch(type(decoder), decoder.config, int(cell.batch_size))
             samples, warm, _ = load_slice(dataset, warmup_samples=protocol.warmup_samples)
@@ -232,10 +269,16 @@ def run_cell(cell: Cell) -> CellResult:
             inject_fault(cell, "generate")
             batched = int(cell.batch_size) > 1
             window = (partial(run_window_batched, batch_size=int(cell.batch_size)) if batched else run_window)(
-                decoder, samples, tokenizer=pair.tokenizer,
+                decoder,
+                samples,
+                tokenizer=pair.tokenizer,
                 formatter=partial(_format, task, pair.tokenizer, spec.chat),
-                eos_token_ids=eos_ids(pair.tokenizer, pair.target), max_new_tokens=int(dataset["max_new_tokens"]),
-                seed=int(cell.seed), device=device, meter=meter, warmup_samples=warm,
+                eos_token_ids=eos_ids(pair.tokenizer, pair.target),
+                max_new_tokens=int(dataset["max_new_tokens"]),
+                seed=int(cell.seed),
+                device=device,
+                meter=meter,
+                warmup_samples=warm,
                 warmup_generations=int(protocol.warmup_generations),
                 warmup_seconds=float(protocol.warmup_seconds),
                 idle_seconds=float(protocol.idle_seconds),
@@ -254,8 +297,10 @@ def run_cell(cell: Cell) -> CellResult:
                 probe = window.records[0].prompt_ids if window.records else [0] * 16
                 costs = drafter_costs(decoder, probe, device, reps=10)
             metrics.update(
-                t_target_step_ms=1e3 * costs["t_ar"], t_draft_step_ms=1e3 * costs["t_draft"],
-                t_verify_ms=1e3 * costs["t_verify"], cost_ratio_c=costs["t_draft"] / costs["t_ar"],
+                t_target_step_ms=1e3 * costs["t_ar"],
+                t_draft_step_ms=1e3 * costs["t_draft"],
+                t_verify_ms=1e3 * costs["t_verify"],
+                cost_ratio_c=costs["t_draft"] / costs["t_ar"],
             )
         elif protocol.costs and isinstance(getattr(decoder, "target", None), CachedModel):
             # the target's own step in every other cell too (ar, beam, mtjd): the machine's speed while this
@@ -266,10 +311,21 @@ def run_cell(cell: Cell) -> CellResult:
         records = [r.to_dict() for r in window.records]
         declared = type(decoder)
         profile = speculation_profile(
-            window.records, method=cell.method, verification_method=declared.verification_method, prefix_drafts=declared.prefix_drafts, num_speculative_tokens=decoder.config.get("gamma") or getattr(decoder, "tree_depth", None),
-            target_model={"id": checkpoint_id(spec.target.id)}, draft_checkpoint={"id": checkpoint_id(spec.draft.id)} if spec.draft else None,
-            measurement_conditions={"dataset": cell.dataset_name, "seed": cell.seed, "device": window.device.get("gpu_name") or str(device),
-                                    "batch_size": 1, "label": cell.label})
+            window.records,
+            method=cell.method,
+            verification_method=declared.verification_method,
+            prefix_drafts=declared.prefix_drafts,
+            num_speculative_tokens=decoder.config.get("gamma") or getattr(decoder, "tree_depth", None),
+            target_model={"id": checkpoint_id(spec.target.id)},
+            draft_checkpoint={"id": checkpoint_id(spec.draft.id)} if spec.draft else None,
+            measurement_conditions={
+                "dataset": cell.dataset_name,
+                "seed": cell.seed,
+                "device": window.device.get("gpu_name") or str(device),
+                "batch_size": 1,
+                "label": cell.label,
+            },
+        )
         if protocol.perplexity:
             with _stage(result, "perplexity"):
                 ppl = perplexity(pair.target, pairs_from_records(records)[0])
@@ -331,7 +387,9 @@ def _attach_scores(records: list[dict[str, Any]], scores: Mapping[str, Any], fie
         turn_match = [d for d in found if d.get("turn") in (None, rec["turn"] + 1)]
         if turn_match:
             d = turn_match[0]
-            rec[SCORE_DETAIL_FIELD] = {k: d[k] for k in fields if k in d and not (isinstance(d[k], float) and math.isnan(d[k]))}
+            rec[SCORE_DETAIL_FIELD] = {
+                k: d[k] for k in fields if k in d and not (isinstance(d[k], float) and math.isnan(d[k]))
+            }
 
 
 class CellActor:
@@ -341,7 +399,9 @@ class CellActor:
         return run_cell(cell)
 
 
-def calibrate_pair(pair: Mapping[str, Any], isolation: Mapping[str, Any] | None = None, rounds: int = 3, reps: int = 10) -> dict[str, Any]:
+def calibrate_pair(
+    pair: Mapping[str, Any], isolation: Mapping[str, Any] | None = None, rounds: int = 3, reps: int = 10
+) -> dict[str, Any]:
     """The pair's target step on the machine probe (``measure.probe_step_ms``) at the start of a sweep, with
     the cells' threads and cores: the fastest of ``rounds`` medians after one warm-up round (the machine's
     quiet speed as well as this moment shows it). Each cell's probes around its window are compared with it

@@ -1,6 +1,6 @@
 """Distil a small draft model for a pair's target (the code: ``pipeline.training.distill``).
 
-    python -m pipeline.distill pair=smollm2-offline              # conf/distill.yaml
+python -m pipeline.distill pair=smollm2-offline              # conf/distill.yaml
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pipeline.training.distill import run
 @hydra.main(config_path="../conf", config_name="distill", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with open_dict(cfg):
-        cfg.command_line = "python -m pipeline.distill " + " ".join(a for a in sys.argv[1:] if not a.startswith("hydra."))
+        cfg.command_line = "python -m pipeline.distill " + " ".join(
+            a for a in sys.argv[1:] if not a.startswith("hydra.")
+        )
     run(cfg)
 
 

@@ -102,8 +102,12 @@ class EnergyMeter:
         if reading.energy_j is None:
             return IdleReading(False, seconds=reading.duration_s, reason=reading.reason)
         ref = reading.reference or {}
-        ref_w = ref["energy_j"] / ref["duration_s"] if ref.get("energy_j") is not None and ref.get("duration_s") else None
-        return IdleReading(True, reading.energy_j / reading.duration_s, reading.duration_s, reading.method, reference_power_w=ref_w)
+        ref_w = (
+            ref["energy_j"] / ref["duration_s"] if ref.get("energy_j") is not None and ref.get("duration_s") else None
+        )
+        return IdleReading(
+            True, reading.energy_j / reading.duration_s, reading.duration_s, reading.method, reference_power_w=ref_w
+        )
 
     def info(self) -> dict[str, Any]:
         return {"meter": self.name, "available": self.available, "reason": self.reason}
@@ -248,7 +252,9 @@ class NvmlMeter(EnergyMeter):
         if self.power_field is not None:
             self._poller = _PowerPoller(self.read_watts, self.poll_hz)
             self._poller.start()
-        self._e0 = self._try(lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) if self.counter_ok else None
+        self._e0 = (
+            self._try(lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) if self.counter_ok else None
+        )
         self._t0 = time.perf_counter()
 
     def stop(self) -> EnergyReading:
@@ -349,8 +355,10 @@ class RaplMeter(EnergyMeter):
 # --------------------------------------------------------------------------- Zeus and pairs
 
 
-ZEUS_FIX = ("install it with `pip install --no-deps zeus==0.16.0` (what `make setup` does; its needs but amdsmi are in "
-            "requirements.lock: amdsmi without AMD's library breaks ray.init())")
+ZEUS_FIX = (
+    "install it with `pip install --no-deps zeus==0.16.0` (what `make setup` does; its needs but amdsmi are in "
+    "requirements.lock: amdsmi without AMD's library breaks ray.init())"
+)
 
 
 class ZeusMeter(EnergyMeter):
@@ -421,8 +429,13 @@ class PairedMeter(EnergyMeter):
         return reading
 
     def info(self) -> dict[str, Any]:
-        return {"meter": self.name, "available": self.available, "reason": self.reason,
-                "primary": self.primary.info(), "reference": self.reference.info()}
+        return {
+            "meter": self.name,
+            "available": self.available,
+            "reason": self.reason,
+            "primary": self.primary.info(),
+            "reference": self.reference.info(),
+        }
 
     def close(self) -> None:
         self.primary.close()
@@ -472,10 +485,16 @@ ENERGY_METERS = ("auto", "nvml", "rapl", "zeus", "none")
 def check_energy_meter(kind: Any) -> None:
     """ValueError naming the valid values unless ``kind`` is a meter name or ``<a>+<b>`` of two distinct ones."""
     parts = str(kind).split("+")
-    if not isinstance(kind, str) or len(parts) > 2 or any(p not in ENERGY_METERS for p in parts) or (
-            len(parts) == 2 and (parts[0] == parts[1] or "none" in parts)):
-        raise ValueError(f"unknown energy meter {kind!r}; valid: {', '.join(ENERGY_METERS)}, or two of auto/nvml/rapl/zeus "
-                         "joined by '+' (the first is the figure, the second a reference on the same windows: nvml+zeus)")
+    if (
+        not isinstance(kind, str)
+        or len(parts) > 2
+        or any(p not in ENERGY_METERS for p in parts)
+        or (len(parts) == 2 and (parts[0] == parts[1] or "none" in parts))
+    ):
+        raise ValueError(
+            f"unknown energy meter {kind!r}; valid: {', '.join(ENERGY_METERS)}, or two of auto/nvml/rapl/zeus "
+            "joined by '+' (the first is the figure, the second a reference on the same windows: nvml+zeus)"
+        )
 
 
 def _zeus_meter(device: Any) -> EnergyMeter:

@@ -21,7 +21,9 @@ def _row(text: str, flag: str) -> list[float]:
     try:
         return [float(Fraction(v.strip())) for v in text.split(",") if v.strip()]
     except (ValueError, ZeroDivisionError):
-        raise SystemExit(f"{flag} must be comma-separated probabilities such as 1/3,2/3 or 0.25,0.75; got {text!r}") from None
+        raise SystemExit(
+            f"{flag} must be comma-separated probabilities such as 1/3,2/3 or 0.25,0.75; got {text!r}"
+        ) from None
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -38,13 +40,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.exact", description=__doc__.splitlines()[0])
     parser.add_argument("--p", help="target row, e.g. 1/3,2/3 (the same after every prefix)")
     parser.add_argument("--q", help="draft row over the same vocabulary, e.g. 2/3,1/3")
-    parser.add_argument("--random", type=int, metavar="V", help="instead of --p/--q: random rows over V tokens that depend on the prefix")
+    parser.add_argument(
+        "--random",
+        type=int,
+        metavar="V",
+        help="instead of --p/--q: random rows over V tokens that depend on the prefix",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
-    parser.add_argument("--gamma", type=int, default=2, help="draft length of the chain rules and of SpecTr's chains (default 2)")
-    parser.add_argument("--k-config", default=None, help="children per depth of the tree rules (default: 2 then 1 per further depth, gamma deep)")
+    parser.add_argument(
+        "--gamma", type=int, default=2, help="draft length of the chain rules and of SpecTr's chains (default 2)"
+    )
+    parser.add_argument(
+        "--k-config",
+        default=None,
+        help="children per depth of the tree rules (default: 2 then 1 per further depth, gamma deep)",
+    )
     parser.add_argument("--num-drafts", type=int, default=2, help="SpecTr's i.i.d. chains (default 2)")
     parser.add_argument("--tau", type=float, default=1.0, help="MTAD's threshold (default 1: plain sampling)")
-    parser.add_argument("--rules", default=",".join(CHAIN_RULES + TREE_RULES), help="comma-separated subset of the rules")
+    parser.add_argument(
+        "--rules", default=",".join(CHAIN_RULES + TREE_RULES), help="comma-separated subset of the rules"
+    )
     args = parser.parse_args(argv)
 
     if args.random is not None:
@@ -62,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             pair.target(())
             pair.draft(())
         except ValueError as err:
-            raise SystemExit(str(err).replace("the target row after ()", "--p").replace("the draft row after ()", "--q")) from None
+            raise SystemExit(
+                str(err).replace("the target row after ()", "--p").replace("the draft row after ()", "--q")
+            ) from None
     else:
         raise SystemExit("give --p and --q (e.g. --p 1/3,2/3 --q 2/3,1/3), or --random V")
     if args.gamma < 1 or args.num_drafts < 1:
@@ -84,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(evaluate(rule, pair, k_config=[args.num_drafts] + [1] * (args.gamma - 1)))
         else:
             rows.append(evaluate(rule, pair, k_config=k_config))
-    print(f"vocabulary {pair.vocab}, gamma {args.gamma}, trees {k_config}, SpecTr {args.num_drafts} x {args.gamma}, MTAD tau {args.tau}")
+    print(
+        f"vocabulary {pair.vocab}, gamma {args.gamma}, trees {k_config}, SpecTr {args.num_drafts} x {args.gamma}, MTAD tau {args.tau}"
+    )
     print(format_table(rows))
     if rows and rows[0].bound is not None:
         print(f"\nsingle-draft bound at gamma {args.gamma}: {as_fraction(rows[0].bound)} expected accepted drafts")

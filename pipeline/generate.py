@@ -1,6 +1,6 @@
 """Decode one prompt with one method and one pair; print the text and the stats as JSON.
 
-    python -m pipeline.generate method=mtad method.tau=0.3 pair=smollm2-offline prompt="Hello"
+python -m pipeline.generate method=mtad method.tau=0.3 pair=smollm2-offline prompt="Hello"
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     device = next(pair.target.parameters()).device
     gen = make_generator(cfg.seed, device)
     start = time.perf_counter()
-    out = decoder.generate(ids, max_new_tokens=cfg.max_new_tokens, eos_token_ids=eos_ids(pair.tokenizer, pair.target), generator=gen)
+    out = decoder.generate(
+        ids, max_new_tokens=cfg.max_new_tokens, eos_token_ids=eos_ids(pair.tokenizer, pair.target), generator=gen
+    )
     synchronize(device)
     elapsed = time.perf_counter() - start
     return {

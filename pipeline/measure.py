@@ -97,7 +97,9 @@ class GenerationRecord:
     prediction: str | None = None  # answer_prefix + text cut at a stop string: what a scorer gets
     counted_tokens: int | None = None  # tokens up to the stop string (new_tokens without one)
     category: str | None = None  # the sample's category (per-category reports, Spec-Bench export)
-    drafted: list[int] = field(default_factory=list)  # per iteration: draft positions put to the target (speculative methods)
+    drafted: list[int] = field(
+        default_factory=list
+    )  # per iteration: draft positions put to the target (speculative methods)
     prefill_s: float = 0.0  # the part of decode_s spent writing the prompt into the caches (Decoder.prefill_seconds)
     # batch > 1 (measure_batched.py): decode_s is the request's time in a slot; before it, its wait for one
     queue_s: float | None = None  # from the window's start (or its previous turn's end) to taking a slot
@@ -204,7 +206,9 @@ def sample_seed(seed: int, sample_id: str, turn: int) -> int:
 # --------------------------------------------------------------------------- stop strings
 
 
-def cut_at_stop(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str], skip_special_tokens: bool = True) -> tuple[str, int]:
+def cut_at_stop(
+    tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str], skip_special_tokens: bool = True
+) -> tuple[str, int]:
     """Text up to the first stop string, and the number of tokens needed to produce it (stop included)."""
     text = tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
     positions = [text.find(s) for s in stop_strings if s and text.find(s) >= 0]
@@ -307,8 +311,14 @@ def run_window(
 
     # 2. warm-up, 3. idle power
     warm = warm_up(
-        decoder, warm_prompts, device=device, max_new_tokens=max_new_tokens, eos_token_ids=eos, seed=seed,
-        min_generations=warmup_generations, min_seconds=warmup_seconds,
+        decoder,
+        warm_prompts,
+        device=device,
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=eos,
+        seed=seed,
+        min_generations=warmup_generations,
+        min_seconds=warmup_seconds,
     )
     warm["on_measured_samples"] = on_measured
     synchronize(device)
@@ -335,11 +345,21 @@ def run_window(
             decode_s += dt
             records.append(
                 GenerationRecord(
-                    id=sample.id, turn=turn, prompt_style=prompt.style, prompt_text=prompt.text,
-                    prompt_ids=list(prompt.input_ids), tokens=list(gen.tokens), new_tokens=len(gen.tokens),
-                    steps=gen.steps, draft_steps=gen.draft_steps, accepted=list(gen.accepted),
-                    decode_s=dt, hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
-                    answer_prefix=prompt.answer_prefix, category=sample.category, drafted=list(gen.drafted),
+                    id=sample.id,
+                    turn=turn,
+                    prompt_style=prompt.style,
+                    prompt_text=prompt.text,
+                    prompt_ids=list(prompt.input_ids),
+                    tokens=list(gen.tokens),
+                    new_tokens=len(gen.tokens),
+                    steps=gen.steps,
+                    draft_steps=gen.draft_steps,
+                    accepted=list(gen.accepted),
+                    decode_s=dt,
+                    hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
+                    answer_prefix=prompt.answer_prefix,
+                    category=sample.category,
+                    drafted=list(gen.drafted),
                     prefill_s=float(getattr(decoder, "prefill_seconds", lambda: 0.0)()),
                 )
             )
@@ -355,8 +375,11 @@ def run_window(
 
     # 7. after the window: detokenise, cut at stop strings
     for rec in records:
-        text, counted = cut_at_stop(tokenizer, rec.tokens, stop_strings) if stop_strings else (
-            tokenizer.decode(rec.tokens, skip_special_tokens=True), rec.new_tokens)
+        text, counted = (
+            cut_at_stop(tokenizer, rec.tokens, stop_strings)
+            if stop_strings
+            else (tokenizer.decode(rec.tokens, skip_special_tokens=True), rec.new_tokens)
+        )
         rec.text = tokenizer.decode(rec.tokens, skip_special_tokens=True)
         rec.prediction = rec.answer_prefix + text
         rec.counted_tokens = counted
@@ -389,7 +412,9 @@ def run_window(
     )
 
 
-def step_times(model: Any, prompt: Sequence[int], gamma: int, device: torch.device | str, reps: int = 20) -> tuple[float, float]:
+def step_times(
+    model: Any, prompt: Sequence[int], gamma: int, device: torch.device | str, reps: int = 20
+) -> tuple[float, float]:
     """Median single-token step time and median (gamma + 1)-token forward time, batch 1, with a KV cache.
 
     The costs behind Leviathan's bound (t_ar or t_draft, and t_verify); measured outside any window.
@@ -413,7 +438,9 @@ def step_times(model: Any, prompt: Sequence[int], gamma: int, device: torch.devi
     return statistics.median(single), statistics.median(block)
 
 
-def step_costs(target: Any, draft: Any, prompt: Sequence[int], gamma: int, device: torch.device | str, reps: int = 20) -> dict[str, float]:
+def step_costs(
+    target: Any, draft: Any, prompt: Sequence[int], gamma: int, device: torch.device | str, reps: int = 20
+) -> dict[str, float]:
     """Leviathan's costs in seconds: ``t_ar`` and ``t_draft`` (single-token steps of target and draft)
     and ``t_verify`` (one target forward of gamma + 1 tokens), medians of ``reps``."""
     t_ar, t_verify = step_times(target, prompt, gamma, device, reps=reps)
@@ -428,7 +455,9 @@ def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | st
     per token), with the gamma of the decoder (its tree depth for tree methods)."""
     gamma = _draft_length(decoder) or int(getattr(decoder, "tree_depth", 1))
     t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
-    t_draft = decoder.drafter_impl.step_cost(decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device))
+    t_draft = decoder.drafter_impl.step_cost(
+        decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device)
+    )
     return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
 
 
@@ -447,7 +476,9 @@ def probe_step_ms(model: Any, device: torch.device | str, reps: int = 10) -> flo
     return 1e3 * step_times(model, prompt, 1, device, reps=reps)[0]
 
 
-def disturbance(probes_ms: Sequence[float], calibrated_ms: float, threshold: float = DISTURBED_SLOWDOWN) -> dict[str, float]:
+def disturbance(
+    probes_ms: Sequence[float], calibrated_ms: float, threshold: float = DISTURBED_SLOWDOWN
+) -> dict[str, float]:
     """``step_slowdown`` (the slowest probe over the calibrated step) and ``disturbed`` (1.0 when it is at
     least ``threshold``, else 0.0); NaN for both without a finite calibration or probe."""
     values = [float(v) for v in probes_ms if v is not None and math.isfinite(float(v)) and float(v) > 0]

@@ -28,13 +28,30 @@ from pipeline.decoding.batched import BatchedDecoder, BatchedGeneration, BatchRe
 from pipeline.decoding.warping import make_generator
 from pipeline.device import environment_info, peak_memory, reset_peak_memory, synchronize
 from pipeline.energy import EnergyMeter, NullMeter
-from pipeline.measure import PROTOCOL, Formatter, GenerationRecord, WindowResult, _draft_length, cut_at_stop, sample_seed
+from pipeline.measure import (
+    PROTOCOL,
+    Formatter,
+    GenerationRecord,
+    WindowResult,
+    _draft_length,
+    cut_at_stop,
+    sample_seed,
+)
 
 PERCENTILES = (50, 90, 99)
 
 
-def warm_up_batched(engine: BatchedDecoder, prompts: Sequence[list[int]], *, device, max_new_tokens: int, eos_token_ids: Sequence[int],
-                    seed: int, min_generations: int, min_seconds: float) -> dict[str, Any]:
+def warm_up_batched(
+    engine: BatchedDecoder,
+    prompts: Sequence[list[int]],
+    *,
+    device,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    seed: int,
+    min_generations: int,
+    min_seconds: float,
+) -> dict[str, Any]:
     """Batches of ``batch_size`` warm-up prompts (cycled) until both minimums are met."""
     if not prompts or (min_generations <= 0 and min_seconds <= 0):
         return {"generations": 0, "seconds": 0.0}
@@ -49,11 +66,26 @@ def warm_up_batched(engine: BatchedDecoder, prompts: Sequence[list[int]], *, dev
 
 
 def run_window_batched(
-    decoder: Any, samples: Sequence[Sample], *, batch_size: int, tokenizer: Any, eos_token_ids: Sequence[int], max_new_tokens: int,
-    seed: int, device: torch.device | str = "cpu", chat: bool | None = None, formatter: Formatter | None = None,
-    meter: EnergyMeter | None = None, warmup_samples: Sequence[Sample] = (), warmup_generations: int = PROTOCOL.warmup_generations,
-    warmup_seconds: float = PROTOCOL.warmup_seconds, idle_seconds: float = PROTOCOL.idle_seconds, time_budget_s: float | None = None,
-    stop_strings: Sequence[str] = (), max_turns: int | None = None, probe: Callable[[], float] | None = None,
+    decoder: Any,
+    samples: Sequence[Sample],
+    *,
+    batch_size: int,
+    tokenizer: Any,
+    eos_token_ids: Sequence[int],
+    max_new_tokens: int,
+    seed: int,
+    device: torch.device | str = "cpu",
+    chat: bool | None = None,
+    formatter: Formatter | None = None,
+    meter: EnergyMeter | None = None,
+    warmup_samples: Sequence[Sample] = (),
+    warmup_generations: int = PROTOCOL.warmup_generations,
+    warmup_seconds: float = PROTOCOL.warmup_seconds,
+    idle_seconds: float = PROTOCOL.idle_seconds,
+    time_budget_s: float | None = None,
+    stop_strings: Sequence[str] = (),
+    max_turns: int | None = None,
+    probe: Callable[[], float] | None = None,
 ) -> WindowResult:
     """``measure.run_window`` with ``batch_size`` requests decoding together (see the module doc); ``probe`` as there
     (the machine's speed right before and after the window)."""
@@ -73,8 +105,16 @@ def run_window_batched(
     on_measured = False
     if not warm_prompts:
         warm_prompts, on_measured = [p.input_ids for p in first_prompts[:3]], True
-    warm = warm_up_batched(engine, warm_prompts, device=device, max_new_tokens=max_new_tokens, eos_token_ids=eos, seed=seed,
-                           min_generations=warmup_generations, min_seconds=warmup_seconds)
+    warm = warm_up_batched(
+        engine,
+        warm_prompts,
+        device=device,
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=eos,
+        seed=seed,
+        min_generations=warmup_generations,
+        min_seconds=warmup_seconds,
+    )
     warm["on_measured_samples"] = on_measured
     synchronize(device)
     idle = meter.measure_idle(idle_seconds) if (meter.available and idle_seconds > 0) else None
@@ -93,8 +133,14 @@ def run_window_batched(
     def enqueue(i: int, turn: int, prompt) -> None:
         rid = len(ready)
         ready[rid] = time.perf_counter()
-        queue.append(BatchRequest(prompt.input_ids, max_new_tokens, make_generator(sample_seed(seed, samples[i].id, turn), device),
-                                  tag=(i, turn, prompt, rid)))
+        queue.append(
+            BatchRequest(
+                prompt.input_ids,
+                max_new_tokens,
+                make_generator(sample_seed(seed, samples[i].id, turn), device),
+                tag=(i, turn, prompt, rid),
+            )
+        )
         state["open"] += 1
 
     def top_up() -> None:  # new samples while slots would idle, until the slice or the budget ends
@@ -111,13 +157,31 @@ def run_window_batched(
         i, turn, prompt, rid = request.tag
         state["open"] -= 1
         sample = samples[i]
-        records.append((i, turn, GenerationRecord(
-            id=sample.id, turn=turn, prompt_style=prompt.style, prompt_text=prompt.text, prompt_ids=list(prompt.input_ids),
-            tokens=list(gen.tokens), new_tokens=len(gen.tokens), steps=gen.steps, draft_steps=gen.draft_steps,
-            accepted=list(gen.accepted), decode_s=gen.finished_at - gen.admitted_at, hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
-            answer_prefix=prompt.answer_prefix, category=sample.category, drafted=list(gen.drafted),
-            queue_s=gen.admitted_at - ready[rid], ttft_s=gen.first_token_at - gen.admitted_at,
-        )))
+        records.append(
+            (
+                i,
+                turn,
+                GenerationRecord(
+                    id=sample.id,
+                    turn=turn,
+                    prompt_style=prompt.style,
+                    prompt_text=prompt.text,
+                    prompt_ids=list(prompt.input_ids),
+                    tokens=list(gen.tokens),
+                    new_tokens=len(gen.tokens),
+                    steps=gen.steps,
+                    draft_steps=gen.draft_steps,
+                    accepted=list(gen.accepted),
+                    decode_s=gen.finished_at - gen.admitted_at,
+                    hit_eos=bool(gen.tokens) and gen.tokens[-1] in eos,
+                    answer_prefix=prompt.answer_prefix,
+                    category=sample.category,
+                    drafted=list(gen.drafted),
+                    queue_s=gen.admitted_at - ready[rid],
+                    ttft_s=gen.first_token_at - gen.admitted_at,
+                ),
+            )
+        )
         if turn + 1 < turns(i):
             answers.setdefault(i, []).append(tokenizer.decode(gen.tokens, skip_special_tokens=True))
             enqueue(i, turn + 1, formatter(sample, turn + 1, answers[i]))
@@ -141,18 +205,40 @@ def run_window_batched(
 
     out = [rec for *_, rec in sorted(records, key=lambda r: (r[0], r[1]))]
     for rec in out:
-        text, counted = cut_at_stop(tokenizer, rec.tokens, stop_strings) if stop_strings else (
-            tokenizer.decode(rec.tokens, skip_special_tokens=True), rec.new_tokens)
+        text, counted = (
+            cut_at_stop(tokenizer, rec.tokens, stop_strings)
+            if stop_strings
+            else (tokenizer.decode(rec.tokens, skip_special_tokens=True), rec.new_tokens)
+        )
         rec.text = tokenizer.decode(rec.tokens, skip_special_tokens=True)
         rec.prediction = rec.answer_prefix + text
         rec.counted_tokens = counted
     return WindowResult(
-        records=out, window_s=window_s, decode_s=window_s - state["off_clock"], samples_total=len(samples),
-        samples_finished=state["finished"], time_budget_s=time_budget_s, budget_exhausted=state["exhausted"], warmup=warm,
-        energy=reading, idle=idle, peak_memory=memory, device=environment_info(device), probe=probes,
-        settings={"max_new_tokens": max_new_tokens, "seed": seed, "eos_token_ids": eos, "stop_strings": list(stop_strings),
-                  "meter": meter.info(), "idle_seconds": idle_seconds, "warmup_generations_min": warmup_generations,
-                  "warmup_seconds_min": warmup_seconds, "draft_length": _draft_length(decoder), "batch_size": batch_size},
+        records=out,
+        window_s=window_s,
+        decode_s=window_s - state["off_clock"],
+        samples_total=len(samples),
+        samples_finished=state["finished"],
+        time_budget_s=time_budget_s,
+        budget_exhausted=state["exhausted"],
+        warmup=warm,
+        energy=reading,
+        idle=idle,
+        peak_memory=memory,
+        device=environment_info(device),
+        probe=probes,
+        settings={
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "eos_token_ids": eos,
+            "stop_strings": list(stop_strings),
+            "meter": meter.info(),
+            "idle_seconds": idle_seconds,
+            "warmup_generations_min": warmup_generations,
+            "warmup_seconds_min": warmup_seconds,
+            "draft_length": _draft_length(decoder),
+            "batch_size": batch_size,
+        },
     )
 
 
@@ -171,6 +257,10 @@ def request_metrics(records: Sequence[GenerationRecord]) -> dict[str, float]:
         ttft.append(first)
         if r.new_tokens > 1:
             tpot.append(1e3 * (r.decode_s - first) / (r.new_tokens - 1))
-    out = {**_percentiles([r.decode_s for r in records], "latency_s"), **_percentiles(tpot, "tpot_ms"), **_percentiles(ttft, "ttft_s")}
+    out = {
+        **_percentiles([r.decode_s for r in records], "latency_s"),
+        **_percentiles(tpot, "tpot_ms"),
+        **_percentiles(ttft, "ttft_s"),
+    }
     out.update(_percentiles([r.queue_s or 0.0 for r in records], "queue_s"))
     return out

@@ -90,7 +90,9 @@ class ModelSpec:
         if isinstance(cfg, str):
             return cls(id=cfg)
         if not isinstance(cfg, Mapping) or not isinstance(cfg.get("id"), str):
-            raise ValueError(f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), got {cfg!r}")
+            raise ValueError(
+                f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), got {cfg!r}"
+            )
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(cfg) - known
         if unknown:
@@ -104,7 +106,9 @@ class ModelSpec:
                 "model_type included (e.g. {model_type: llama, hidden_size: 4096, ...})"
             )
         if spec.random_init and spec.tokenizer is None:
-            raise ValueError(f"model {spec.id!r}: random_init needs `tokenizer:` (a model spec to take the tokenizer from)")
+            raise ValueError(
+                f"model {spec.id!r}: random_init needs `tokenizer:` (a model spec to take the tokenizer from)"
+            )
         if spec.config is not None and not spec.random_init:
             raise ValueError(f"model {spec.id!r}: `config:` is only used with random_init: true")
         return spec
@@ -161,9 +165,18 @@ class PairSpec:
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
         kind = extra["drafter"].get("kind") if isinstance(extra.get("drafter"), Mapping) else extra.get("drafter")
         if kind is not None and kind not in DRAFTERS and ":" not in str(kind):
-            raise ValueError(f"pair drafter: {extra['drafter']!r} must be one of {list(DRAFTERS)} (or {{kind: <one of them>, ...}})")
-        if kind is not None and DRAFTERS.get(kind).asset == "eagle" and not extra.get("eagle") and not (isinstance(extra["drafter"], Mapping) and extra["drafter"].get("path")):
-            raise ValueError(f"pair drafter: {kind} needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)")
+            raise ValueError(
+                f"pair drafter: {extra['drafter']!r} must be one of {list(DRAFTERS)} (or {{kind: <one of them>, ...}})"
+            )
+        if (
+            kind is not None
+            and DRAFTERS.get(kind).asset == "eagle"
+            and not extra.get("eagle")
+            and not (isinstance(extra["drafter"], Mapping) and extra["drafter"].get("path"))
+        ):
+            raise ValueError(
+                f"pair drafter: {kind} needs `eagle: models/<dir>` (an EAGLE head; python -m pipeline.train_eagle)"
+            )
         if kind == "model" and not draft:
             raise ValueError("pair drafter: model needs a `draft:` model spec")
         dtype = cfg.get("dtype", "auto")
@@ -172,14 +185,15 @@ class PairSpec:
         if not isinstance(cfg.get("chat", True), bool):
             raise ValueError(f"chat={cfg['chat']!r}: must be true or false (pair.chat=true)")
         if not isinstance(cfg.get("device", "auto"), str):
-            raise ValueError(f"device={cfg['device']!r}: must be a device name (auto, cpu, cuda, cuda:N, mps; pair.device=auto)")
+            raise ValueError(
+                f"device={cfg['device']!r}: must be a device name (auto, cpu, cuda, cuda:N, mps; pair.device=auto)"
+            )
         return cls(
             target=ModelSpec.from_config(target),
             draft=ModelSpec.from_config(draft) if draft else None,
             extra=extra,
             **{k: cfg[k] for k in cfg},
         )
-
 
     def dtypes(self) -> dict[str, str]:
         """Each model's requested dtype (``auto`` or a name): the model's own ``dtype`` or the pair's."""
@@ -216,8 +230,11 @@ def _weight_files(root: Path) -> list[Path]:
             dirs[:] = []  # a link to a folder above it: a cycle
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        out += [here / n for n in names if not n.startswith(".") and (here / n).is_file()
-                and not any((here / n).match(g) for g in _NOT_WEIGHTS)]
+        out += [
+            here / n
+            for n in names
+            if not n.startswith(".") and (here / n).is_file() and not any((here / n).match(g) for g in _NOT_WEIGHTS)
+        ]
     return sorted(out)
 
 
@@ -231,7 +248,9 @@ def content_fingerprint(path: str | Path) -> str:
     modification time back on new bytes of the same size, which a size+mtime stamp took for the old file."""
     root = Path(path)
     files = [root] if root.is_file() else _weight_files(root)
-    stamp = tuple((str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino) for p in files for st in (p.stat(),))
+    stamp = tuple(
+        (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino) for p in files for st in (p.stat(),)
+    )
     return _fingerprint(str(root), stamp)
 
 
@@ -315,8 +334,14 @@ def drafter_context(spec: PairSpec) -> DrafterContext:
     An ``eagle:`` folder that is not there yet offers no head, so ``drafter: eagle`` is refused here with
     the command that trains one, not after the models have loaded."""
     eagle = spec.extra.get("eagle")
-    return DrafterContext.of_pair({"name": spec.name, "draft": spec.draft, "eagle": eagle if eagle and head_folder_exists(eagle) else None,
-                                   "drafter": spec.extra.get("drafter")})
+    return DrafterContext.of_pair(
+        {
+            "name": spec.name,
+            "draft": spec.draft,
+            "eagle": eagle if eagle and head_folder_exists(eagle) else None,
+            "drafter": spec.extra.get("drafter"),
+        }
+    )
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -40,7 +40,9 @@ def as_text_ids(tokenizer: Any, text: str, add_special_tokens: bool = False) -> 
     """Ids of ``text`` with any control string in it tokenised as text (``split_special_tokens``)."""
     if not _has_control(tokenizer, text):
         return [int(t) for t in tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
-    return [int(t) for t in tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=True)["input_ids"]]
+    return [
+        int(t) for t in tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=True)["input_ids"]
+    ]
 
 
 def _render(tokenizer: Any, messages: Messages) -> str:
@@ -51,7 +53,10 @@ def _template_layout(tokenizer: Any, messages: Messages) -> tuple[str, list[tupl
     """(text, spans of the template's own text in it): the template rendered around sentinel contents
     locates each message's content; the real contents go back in as the template wrote them (as is, or
     trimmed, whichever reproduces the template's own rendering; as is when neither does)."""
-    marked = [dict(m, content=_SENTINEL.format(i)) if isinstance(m.get("content"), str) else dict(m) for i, m in enumerate(messages)]
+    marked = [
+        dict(m, content=_SENTINEL.format(i)) if isinstance(m.get("content"), str) else dict(m)
+        for i, m in enumerate(messages)
+    ]
     layout = _render(tokenizer, marked)
     pieces: list[tuple[str, int | None]] = []  # (template text, None) or ("", message index)
     rest = layout
@@ -62,6 +67,7 @@ def _template_layout(tokenizer: Any, messages: Messages) -> tuple[str, list[tupl
         before, rest = rest.split(sentinel, 1)
         pieces += [(before, None), ("", i)]
     pieces.append((rest, None))
+
     def assemble(transform) -> tuple[str, list[tuple[int, int]]]:
         text, spans = "", []
         for piece, index in pieces:

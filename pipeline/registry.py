@@ -27,15 +27,19 @@ def import_attr(name: str, what: str) -> Any:
     if not module or not attr:
         raise RegistryError(f"{what} {name!r}: name `module:attr`, e.g. mypkg.rules:MyRule")
     if module.startswith("."):
-        raise RegistryError(f"{what} {name!r}: a relative module cannot be imported by the Ray workers; give the absolute "
-                            f"module path (e.g. mypkg{module}:{attr})")
+        raise RegistryError(
+            f"{what} {name!r}: a relative module cannot be imported by the Ray workers; give the absolute "
+            f"module path (e.g. mypkg{module}:{attr})"
+        )
     try:
         found: Any = importlib.import_module(module)
         for part in attr.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as err:
-        raise RegistryError(f"{what} {name!r} cannot be imported ({err}); put its module on the Python path "
-                            "(PYTHONPATH, and the Ray job's runtime_env on a cluster)") from None
+        raise RegistryError(
+            f"{what} {name!r} cannot be imported ({err}); put its module on the Python path "
+            "(PYTHONPATH, and the Ray job's runtime_env on a cluster)"
+        ) from None
     return found
 
 
@@ -46,8 +50,12 @@ class Registry(Generic[T]):
     naming a function where a class is expected); ``name_of(entry)`` reads an entry's own name.
     """
 
-    def __init__(self, kind: str, name_of: Callable[[T], str] = lambda e: e.name,  # type: ignore[attr-defined]
-                 check: Callable[[T], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        name_of: Callable[[T], str] = lambda e: e.name,  # type: ignore[attr-defined]
+        check: Callable[[T], str | None] | None = None,
+    ) -> None:
         self.kind = kind
         self._name_of = name_of
         self._check = check
@@ -63,8 +71,10 @@ class Registry(Generic[T]):
             raise RegistryError(f"{self.kind} {name!r}: {problem}")
         old = self._entries.get(name)
         if old is not None and old is not entry:
-            raise RegistryError(f"{self.kind} name {name!r} is taken by {_where(old)}; register {_where(entry)} under "
-                                f"another name (or name it in configs as `module:attr`)")
+            raise RegistryError(
+                f"{self.kind} name {name!r} is taken by {_where(old)}; register {_where(entry)} under "
+                f"another name (or name it in configs as `module:attr`)"
+            )
         self._entries[name] = entry
         return entry
 
@@ -82,8 +92,10 @@ class Registry(Generic[T]):
             if problem:
                 raise RegistryError(f"{self.kind} {name!r}: {problem}")
             return entry
-        raise RegistryError(f"unknown {self.kind} {name!r}; valid {self.kind}s: the registered {self.kind}s {sorted(self._entries)}, "
-                            f"or `module:attr` of your own")
+        raise RegistryError(
+            f"unknown {self.kind} {name!r}; valid {self.kind}s: the registered {self.kind}s {sorted(self._entries)}, "
+            f"or `module:attr` of your own"
+        )
 
     def names(self, where: Callable[[T], bool] | None = None) -> list[str]:
         """Registered names in registration order, those whose entry satisfies ``where`` when given."""

@@ -1,6 +1,6 @@
 """Train Medusa heads for a pair's target (the code: ``pipeline.training.medusa``).
 
-    python -m pipeline.train_medusa pair=smollm2-offline            # -> models/smollm2-135m-medusa/
+python -m pipeline.train_medusa pair=smollm2-offline            # -> models/smollm2-135m-medusa/
 """
 
 from __future__ import annotations

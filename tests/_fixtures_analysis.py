@@ -37,16 +37,30 @@ J_PER_TOKEN = {  # humaneval only (mt_bench: no energy meter)
     "mtad": (0.8, 0.7, 0.9),
     "mtad(tau=0.3)": (0.75, 0.7, 0.8),
 }
-ACCEPTED_PER_STEP = {"ar": (1.0, 1.0, 1.0), "spd": (2.0, 2.5, 2.0), "mtad": (2.5, 4.0, 2.5), "mtad(tau=0.3)": (4.0, 5.0, 4.0)}
-PERPLEXITY = {"ar": (3.0, 3.1, 2.9), "spd": (3.05, 2.95, 3.0), "mtad": (2.5, 2.6, 2.4), "mtad(tau=0.3)": (2.8, 2.7, 2.9)}
+ACCEPTED_PER_STEP = {
+    "ar": (1.0, 1.0, 1.0),
+    "spd": (2.0, 2.5, 2.0),
+    "mtad": (2.5, 4.0, 2.5),
+    "mtad(tau=0.3)": (4.0, 5.0, 4.0),
+}
+PERPLEXITY = {
+    "ar": (3.0, 3.1, 2.9),
+    "spd": (3.05, 2.95, 3.0),
+    "mtad": (2.5, 2.6, 2.4),
+    "mtad(tau=0.3)": (2.8, 2.7, 2.9),
+}
 PASSED = {  # humaneval per-sample verdicts per seed
     "ar": ((1, 0, 0, 1), (1, 0, 1, 0), (0, 0, 1, 1)),
     "spd": ((1, 0, 1, 1), (0, 0, 1, 0), (1, 0, 0, 1)),
     "mtad": ((1, 1, 1, 0), (1, 1, 0, 1), (1, 1, 1, 1)),
     "mtad(tau=0.3)": ((1, 1, 0, 0), (1, 0, 1, 1), (1, 1, 1, 0)),
 }
-METHODS = {"ar": ("ar", {}), "spd": ("spd", {"gamma": 4}), "mtad": ("mtad", {"gamma": 4, "tau": 0.5, "num_beams": 4}),
-           "mtad(tau=0.3)": ("mtad", {"gamma": 4, "tau": 0.3, "num_beams": 4})}
+METHODS = {
+    "ar": ("ar", {}),
+    "spd": ("spd", {"gamma": 4}),
+    "mtad": ("mtad", {"gamma": 4, "tau": 0.5, "num_beams": 4}),
+    "mtad(tau=0.3)": ("mtad", {"gamma": 4, "tau": 0.3, "num_beams": 4}),
+}
 
 
 def _cell(label: str, dataset: str, seed: int) -> Cell:
@@ -54,32 +68,65 @@ def _cell(label: str, dataset: str, seed: int) -> Cell:
     params = {"temperature": 1.0, "top_k": 10, "top_p": 0.9, **params}
     ds = {"name": dataset, "limit": 4, "max_new_tokens": 64}
     identity = {"method": {"name": name, "params": params}, "pair": {"name": PAIR}, "dataset": ds, "seed": seed}
-    return make_cell(cell_key(identity), sweep=SWEEP, label=label, method=name, params=params, pair={"name": PAIR, "chat": True},
-                     dataset=ds, seed=seed, harness="1")
+    return make_cell(
+        cell_key(identity),
+        sweep=SWEEP,
+        label=label,
+        method=name,
+        params=params,
+        pair={"name": PAIR, "chat": True},
+        dataset=ds,
+        seed=seed,
+        harness="1",
+    )
 
 
 def _result(label: str, dataset: str, seed: int) -> CellResult:
     key = _cell(label, dataset, seed).key
     tps = TOKENS_PER_S[(dataset, label)][seed]
     if tps is None:
-        return CellResult(key, status=STATUS_FAILED, stage="generate", error="RuntimeError: injected", traceback="Traceback ...",
-                          metrics={"cell_wall_s": 1.0})
+        return CellResult(
+            key,
+            status=STATUS_FAILED,
+            stage="generate",
+            error="RuntimeError: injected",
+            traceback="Traceback ...",
+            metrics={"cell_wall_s": 1.0},
+        )
     acc = ACCEPTED_PER_STEP[label][seed]
     ppl = PERPLEXITY[label][seed]
     records = []
     for i, n in enumerate(TOKENS):
         steps = n / acc
         assert steps == int(steps)
-        rec = {"id": f"s{i}", "turn": 0, "new_tokens": n, "steps": int(steps), "draft_steps": 0 if label == "ar" else 4 * int(steps),
-               "accepted": [acc] * int(steps), "decode_s": n / tps, "tokens_per_s": tps, "perplexity": ppl, "hit_eos": False}
+        rec = {
+            "id": f"s{i}",
+            "turn": 0,
+            "new_tokens": n,
+            "steps": int(steps),
+            "draft_steps": 0 if label == "ar" else 4 * int(steps),
+            "accepted": [acc] * int(steps),
+            "decode_s": n / tps,
+            "tokens_per_s": tps,
+            "perplexity": ppl,
+            "hit_eos": False,
+        }
         if dataset == "humaneval":
             rec["score_detail"] = {"passed": bool(PASSED[label][seed][i])}
         records.append(rec)
     tokens, decode = sum(TOKENS), sum(r["decode_s"] for r in records)
-    metrics = {"tokens_per_s": tokens / decode, "decode_s": decode, "new_tokens": tokens, "generations": len(records),
-               "target_steps": sum(r["steps"] for r in records), "draft_steps": sum(r["draft_steps"] for r in records),
-               "accepted_per_step": tokens / sum(r["steps"] for r in records), "accepted_per_step_mean_of_samples": acc,
-               "perplexity": ppl, "energy_available": dataset == "humaneval"}
+    metrics = {
+        "tokens_per_s": tokens / decode,
+        "decode_s": decode,
+        "new_tokens": tokens,
+        "generations": len(records),
+        "target_steps": sum(r["steps"] for r in records),
+        "draft_steps": sum(r["draft_steps"] for r in records),
+        "accepted_per_step": tokens / sum(r["steps"] for r in records),
+        "accepted_per_step_mean_of_samples": acc,
+        "perplexity": ppl,
+        "energy_available": dataset == "humaneval",
+    }
     scores, score_metric = None, "speed_only"
     if dataset == "humaneval":
         jpt = J_PER_TOKEN[label][seed]
@@ -93,9 +140,20 @@ def _result(label: str, dataset: str, seed: int) -> CellResult:
         energy = {"meter": "none", "available": False, "energy_j": None, "reason": "no energy meter (fixture)"}
     wall = decode + 20.0  # the cell's own time: decode plus load and scoring (the run's Duration column)
     ended = time.time()
-    return CellResult(key, status=STATUS_FINISHED, stage="done", metrics=metrics, records=records,
-                      scores=scores, score_metric=score_metric, device={"device": "cuda:0", "gpu_name": DEVICE, "git_commit": "abc"},
-                      summary=dict(metrics), energy=energy, started_at=ended - wall, ended_at=ended)
+    return CellResult(
+        key,
+        status=STATUS_FINISHED,
+        stage="done",
+        metrics=metrics,
+        records=records,
+        scores=scores,
+        score_metric=score_metric,
+        device={"device": "cuda:0", "gpu_name": DEVICE, "git_commit": "abc"},
+        summary=dict(metrics),
+        energy=energy,
+        started_at=ended - wall,
+        ended_at=ended,
+    )
 
 
 def build_store(root) -> str:

@@ -15,7 +15,11 @@ from pipeline.cell_types import batch_label, split_batch_label
 matplotlib.use("Agg")
 
 # tokens/s per (method, batch size): ar scales best, speculation's edge shrinks and crosses 1 for spd at 8
-RATES = {"ar": {1: 100, 2: 190, 4: 360, 8: 640}, "spd": {1: 150, 2: 260, 4: 400, 8: 600}, "block": {1: 155, 2: 270, 4: 410, 8: 620}}
+RATES = {
+    "ar": {1: 100, 2: 190, 4: 360, 8: 640},
+    "spd": {1: 150, 2: 260, 4: 400, 8: 600},
+    "block": {1: 155, 2: 270, 4: 410, 8: 620},
+}
 
 
 def runs(seeds=(0, 1, 2)) -> pd.DataFrame:
@@ -23,15 +27,31 @@ def runs(seeds=(0, 1, 2)) -> pd.DataFrame:
     for method, by_b in RATES.items():
         for b, rate in by_b.items():
             for seed in seeds:
-                rows.append({"pair": "p", "dataset": "d", "label": batch_label(method, b), "method": method, "seed": seed, "device": "cpu",
-                             "batch_size": b, "tokens_per_s": rate * (1 + 0.01 * seed), "j_per_token": math.nan,
-                             "dynamic_j_per_token": math.nan, "draft_steps": 0 if method == "ar" else 10, "accepted_per_step": 1.5})
+                rows.append(
+                    {
+                        "pair": "p",
+                        "dataset": "d",
+                        "label": batch_label(method, b),
+                        "method": method,
+                        "seed": seed,
+                        "device": "cpu",
+                        "batch_size": b,
+                        "tokens_per_s": rate * (1 + 0.01 * seed),
+                        "j_per_token": math.nan,
+                        "dynamic_j_per_token": math.nan,
+                        "draft_steps": 0 if method == "ar" else 10,
+                        "accepted_per_step": 1.5,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def test_labels_carry_the_batch_size_and_split_back():
     assert batch_label("spd", 1) == "spd" and batch_label("mtad(tau=0.3)", 4) == "mtad(tau=0.3) (batch 4)"
-    assert split_batch_label("mtad(tau=0.3) (batch 4)") == ("mtad(tau=0.3)", 4) and split_batch_label("spd") == ("spd", 1)
+    assert split_batch_label("mtad(tau=0.3) (batch 4)") == ("mtad(tau=0.3)", 4) and split_batch_label("spd") == (
+        "spd",
+        1,
+    )
 
 
 def test_speedup_is_over_ar_at_the_same_batch_size():
@@ -44,7 +64,10 @@ def test_speedup_is_over_ar_at_the_same_batch_size():
 def test_speedup_table_crossover_and_figure():
     table = batching.speedup_table(runs())
     spd = table[table["method"] == "spd"].set_index("batch_size")
-    assert spd.loc[4, "speedup"] == pytest.approx(400 / 360) and spd.loc[4, "low"] <= spd.loc[4, "speedup"] <= spd.loc[4, "high"]
+    assert (
+        spd.loc[4, "speedup"] == pytest.approx(400 / 360)
+        and spd.loc[4, "low"] <= spd.loc[4, "speedup"] <= spd.loc[4, "high"]
+    )
     cross = batching.crossover(table).set_index("method")
     assert cross.loc["spd", "crossover_batch_size"] == 8 and cross.loc["block", "crossover_batch_size"] == 8
     text = batching.markdown(runs())

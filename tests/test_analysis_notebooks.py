@@ -27,7 +27,13 @@ def test_every_notebook_executes_against_the_store(tmp_path_factory, tmp_path):
             html = result["html"].read_text()
             assert "<html" in html and "data:image/png;base64" in html
     table_nb = nbformat.read(written["notebooks"]["mtad_table5"]["notebook"], as_version=4)
-    markdown = "".join(o["data"].get("text/markdown", "") for c in table_nb.cells if c.cell_type == "code" for o in c.outputs if "data" in o)
+    markdown = "".join(
+        o["data"].get("text/markdown", "")
+        for c in table_nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "data" in o
+    )
     assert "| | ar | spd | mtad | mtad(tau=0.3) |" in markdown and "**" in markdown and "<u>" in markdown
     assert (tmp_path / "table5.md").exists() and (tmp_path / "table5.tex").exists()
     # the sweep figures and the claims forest plot (analysis/claims_report.py)

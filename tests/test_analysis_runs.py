@@ -74,14 +74,20 @@ def test_hand_computed_table(runs, samples):
     assert s.at[("humaneval", "spd"), "energy_ratio_mean"] == pytest.approx(statistics.mean(ratios))
     assert s.at[("humaneval", "spd"), "accepted_per_step_mean"] == pytest.approx(statistics.mean([2.0, 2.5, 2.0]))
     assert s.at[("humaneval", "spd"), "alpha_mean"] == pytest.approx(
-        statistics.mean([bounds.alpha_from_tokens_per_step(v, 4) for v in (2.0, 2.5, 2.0)]))
+        statistics.mean([bounds.alpha_from_tokens_per_step(v, 4) for v in (2.0, 2.5, 2.0)])
+    )
     assert math.isnan(s.at[("humaneval", "spd"), "bound_mean"])  # c is not logged by the cells
 
     # significance: pooled tokens/s (total tokens / total decode time over seeds) of mtad minus spd
-    pooled = {lb: 3 * sum(TOKENS) / sum(sum(TOKENS) / v for v in TOKENS_PER_S[("humaneval", lb)]) for lb in ("spd", "mtad")}
+    pooled = {
+        lb: 3 * sum(TOKENS) / sum(sum(TOKENS) / v for v in TOKENS_PER_S[("humaneval", lb)]) for lb in ("spd", "mtad")
+    }
     row = s.loc[("humaneval", "mtad")]
     assert row["tokens_per_s_diff"] == pytest.approx(pooled["mtad"] - pooled["spd"])
-    assert row["tokens_per_s_low"] <= row["tokens_per_s_diff"] + 1e-9 and row["tokens_per_s_diff"] <= row["tokens_per_s_high"] + 1e-9
+    assert (
+        row["tokens_per_s_low"] <= row["tokens_per_s_diff"] + 1e-9
+        and row["tokens_per_s_diff"] <= row["tokens_per_s_high"] + 1e-9
+    )
     # 4 prompts, resampled as wholes: an interval, but fewer than the 6 prompts a difference needs to be called significant
     assert row["tokens_per_s_n_prompts"] == 4 and not row["tokens_per_s_significant"]
     assert row["score_diff"] == pytest.approx(10 / 12 - 6 / 12)  # 10 of 12 vs 6 of 12 passed
@@ -91,21 +97,44 @@ def test_hand_computed_table(runs, samples):
 
 
 def test_report_cli_without_notebooks_writes_tables_and_figures(uri, tmp_path):
-    assert report.main(["--sweep", SWEEP, "--tracking-uri", uri, "--out", str(tmp_path), "--no-notebooks", "--bootstrap", "200"]) == 0
+    assert (
+        report.main(
+            ["--sweep", SWEEP, "--tracking-uri", uri, "--out", str(tmp_path), "--no-notebooks", "--bootstrap", "200"]
+        )
+        == 0
+    )
     md, tex = (tmp_path / "table5.md").read_text(), (tmp_path / "table5.tex").read_text()
     assert "**" in md and "<u>" in md and "mtad(tau=0.3)" in md
     assert "\\textbf{" in tex and "\\underline{" in tex and "mt\\_bench" in tex
     assert (tmp_path / "runs.csv").stat().st_size > 0
-    names = {"speed_vs_perplexity", "energy_vs_speed", "score_vs_perplexity", "acceptance_length", "ablation_tau", "claims_forest"}
+    names = {
+        "speed_vs_perplexity",
+        "energy_vs_speed",
+        "score_vs_perplexity",
+        "acceptance_length",
+        "ablation_tau",
+        "claims_forest",
+    }
     assert {p.stem for p in (tmp_path / "figures").iterdir()} == names
     for name in names:
         png, pdf = tmp_path / "figures" / f"{name}.png", tmp_path / "figures" / f"{name}.pdf"
         assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF" and png.stat().st_size > 5000
-    claims = (tmp_path / "claims.md").read_text()  # the shipped claims on the fixture's labels (ar, spd, mtad; FakeGPU cells)
+    claims = (
+        tmp_path / "claims.md"
+    ).read_text()  # the shipped claims on the fixture's labels (ar, spd, mtad; FakeGPU cells)
     assert "mtad_ppl_vs_ar" in claims and "block_speed_vs_token" in claims and "Acceptance" in claims
-    parent = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name(SWEEP).experiment_id], "tags.kind = 'sweep'")[0]
-    assert parent.data.metrics["claim.mtad_ppl_vs_ar.humaneval.verdict"] in (-1.0, 0.0, 1.0)  # the claims reach the parent run
-    assert report.main(["--sweep", "no_such_sweep", "--tracking-uri", uri, "--out", str(tmp_path / "x"), "--no-notebooks"]) == 2
+    parent = MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name(SWEEP).experiment_id], "tags.kind = 'sweep'"
+    )[0]
+    assert parent.data.metrics["claim.mtad_ppl_vs_ar.humaneval.verdict"] in (
+        -1.0,
+        0.0,
+        1.0,
+    )  # the claims reach the parent run
+    assert (
+        report.main(["--sweep", "no_such_sweep", "--tracking-uri", uri, "--out", str(tmp_path / "x"), "--no-notebooks"])
+        == 2
+    )
 
 
 def test_ablation_figure_only_where_a_param_varies(runs):
@@ -124,14 +153,21 @@ def test_a_label_keeps_its_newest_configuration(tmp_path):
     for version, gamma in (("old", 4), ("new", 2)):
         for seed in (0, 1):
             base = _cell("spd", "mt_bench", seed)
-            cell = replace(base, sweep="resumed", params={**base.params, "gamma": gamma}, weights={"draft": version},
-                           key=cell_key({"base": base.key, "version": version}))
+            cell = replace(
+                base,
+                sweep="resumed",
+                params={**base.params, "gamma": gamma},
+                weights={"draft": version},
+                key=cell_key({"base": base.key, "version": version}),
+            )
             result = replace(_result("spd", "mt_bench", seed), cell_key=cell.key)
             result.metrics = {**result.metrics, "tokens_per_s": 100.0 if version == "old" else 200.0}
             tracker.log_cell(cell, result)
             time.sleep(0.01)  # the newer configuration's runs end later
     tracker.end_parent("FINISHED", {"cells_ran": 5})
-    with pytest.warns(UserWarning, match=r"'spd': 2 run\(s\) of 1 older configuration\(s\) \(differing: method.gamma, weights.draft\)"):
+    with pytest.warns(
+        UserWarning, match=r"'spd': 2 run\(s\) of 1 older configuration\(s\) \(differing: method.gamma, weights.draft\)"
+    ):
         df = load_runs("resumed", uri)
     assert sorted(df["label"]) == ["ar", "spd", "spd"] and set(df.loc[df["label"] == "spd", "tokens_per_s"]) == {200.0}
     assert set(df.loc[df["label"] == "spd", "gamma"]) == {2}
@@ -149,21 +185,31 @@ def test_one_pair_name_with_two_configs_is_reported_apart(tmp_path):
     tracker.start_parent("two drafts", {"sweep": "two-drafts"}, {"cells.total": 2})
     for draft in ("models/draft-v1", "models/draft-v2"):
         base = _cell("spd", "mt_bench", 0)
-        cell = replace(base, sweep="two-drafts", pair={**base.pair, "draft": {"id": draft}}, key=cell_key({"base": base.key, "draft": draft}))
+        cell = replace(
+            base,
+            sweep="two-drafts",
+            pair={**base.pair, "draft": {"id": draft}},
+            key=cell_key({"base": base.key, "draft": draft}),
+        )
         tracker.log_cell(cell, replace(_result("spd", "mt_bench", 0), cell_key=cell.key))
     tracker.end_parent("FINISHED", {"cells_ran": 2})
     with pytest.warns(UserWarning, match=r"pair 'tiny' has runs with 2 different configs \(differing: pair.draft.id\)"):
         df = load_runs("two-drafts", uri)
     assert len(df) == 2 and df["pair"].nunique() == 2
-    assert all(p.startswith(f"{PAIR}@") for p in df["pair"]) and set(df["pair_config"]) == {p.split("@")[1] for p in df["pair"]}
+    assert all(p.startswith(f"{PAIR}@") for p in df["pair"]) and set(df["pair_config"]) == {
+        p.split("@")[1] for p in df["pair"]
+    }
 
 
-@pytest.mark.parametrize("change, differing", [
-    ({"measure": {"warmup_seconds": 0.0}}, "measure.warmup_seconds"),
-    ({"hardware": "A100"}, "hardware"),
-    ({"isolation": "shared"}, "cpu_isolation"),
-    ({"precision": {"target_dtype": "bfloat16"}}, "precision"),
-])
+@pytest.mark.parametrize(
+    "change, differing",
+    [
+        ({"measure": {"warmup_seconds": 0.0}}, "measure.warmup_seconds"),
+        ({"hardware": "A100"}, "hardware"),
+        ({"isolation": "shared"}, "cpu_isolation"),
+        ({"precision": {"target_dtype": "bfloat16"}}, "precision"),
+    ],
+)
 @pytest.mark.parametrize("tagged", [True, False], ids=["config_key tag", "store before the tag"])
 def test_two_sweeps_on_one_store_with_other_settings_are_never_pooled(tmp_path, change, differing, tagged):
     """Issue 36 item 6: `ar` of two sweeps on one store that differ only in a measure.* setting (or the hardware, the
@@ -176,12 +222,23 @@ def test_two_sweeps_on_one_store_with_other_settings_are_never_pooled(tmp_path, 
     new_seeds = (2,) if "isolation" in change else (0, 1)
     for version in ("old", "new"):
         for seed in (0, 1) if version == "old" else new_seeds:
-            base = replace(_cell("ar", "mt_bench", seed), sweep="shared", measure={"warmup_seconds": 10.0}, precision={"target_dtype": "float32"})
+            base = replace(
+                _cell("ar", "mt_bench", seed),
+                sweep="shared",
+                measure={"warmup_seconds": 10.0},
+                precision={"target_dtype": "float32"},
+            )
             fields = {k: v for k, v in change.items() if k != "isolation"} if version == "new" else {}
             cell = replace(base, **fields)
             cell = replace(cell, key=cell_key(cell.identity))
-            result = replace(_result("ar", "mt_bench", seed), cell_key=cell.key,
-                             isolation={"mode": change.get("isolation", "exclusive") if version == "new" else "exclusive", "threads": 2})
+            result = replace(
+                _result("ar", "mt_bench", seed),
+                cell_key=cell.key,
+                isolation={
+                    "mode": change.get("isolation", "exclusive") if version == "new" else "exclusive",
+                    "threads": 2,
+                },
+            )
             result.metrics = {**result.metrics, "tokens_per_s": 100.0 if version == "old" else 200.0}
             run_id = tracker.log_cell(cell, result)
             if not tagged:
@@ -215,4 +272,8 @@ def test_the_params_fallback_covers_every_logged_input_of_the_key():
         name = aliases.get(section, section)
         counted = [k for k in params if (k == name or k.startswith(name + ".")) and _is_config_param(k)]
         assert counted, f"identity section {section!r} is not part of the params fallback"
-    assert not _is_config_param("seed") and not _is_config_param("dataset.path") and _is_config_param("dataset.task.version")
+    assert (
+        not _is_config_param("seed")
+        and not _is_config_param("dataset.path")
+        and _is_config_param("dataset.task.version")
+    )

@@ -42,8 +42,14 @@ def test_speedup_is_per_seed_then_averaged():
 
 
 def test_ratio_needs_the_same_seed_and_device():
-    runs = _runs([("p", "d", "ar", "ar", 0, "A100", 10.0), ("p", "d", "spd", "spd", 0, "H100", 30.0),
-                  ("p", "d", "spd", "spd", 1, "A100", 30.0), ("p", "d", "spd", "spd", 0, "A100", 20.0)])
+    runs = _runs(
+        [
+            ("p", "d", "ar", "ar", 0, "A100", 10.0),
+            ("p", "d", "spd", "spd", 0, "H100", 30.0),
+            ("p", "d", "spd", "spd", 1, "A100", 30.0),
+            ("p", "d", "spd", "spd", 0, "A100", 20.0),
+        ]
+    )
     ratio = stats.per_seed_ratio(runs, "tokens_per_s").tolist()
     assert math.isnan(ratio[1]) and math.isnan(ratio[2]) and ratio[3] == 2.0
 
@@ -95,9 +101,18 @@ def test_alpha_inversion_and_leviathan_bound():
 
 
 def test_bound_frame_says_why_it_is_missing():
-    runs = pd.DataFrame({"pair": "p", "dataset": "d", "label": ["ar", "spd", "spd"], "method": ["ar", "spd", "spd"],
-                         "seed": [0, 0, 1], "gamma": [None, 4, 4], "accepted_per_step": [1.0, 2.3056, 2.3056],
-                         "speedup": [1.0, 1.5, 1.7]})
+    runs = pd.DataFrame(
+        {
+            "pair": "p",
+            "dataset": "d",
+            "label": ["ar", "spd", "spd"],
+            "method": ["ar", "spd", "spd"],
+            "seed": [0, 0, 1],
+            "gamma": [None, 4, 4],
+            "accepted_per_step": [1.0, 2.3056, 2.3056],
+            "speedup": [1.0, 1.5, 1.7],
+        }
+    )
     frame = stats.bound_frame(runs).set_index("label")
     assert frame.at["spd", "alpha_mean"] == pytest.approx(0.6, abs=1e-4)
     assert math.isnan(frame.at["spd", "bound_mean"]) and frame.at["spd", "bound_note"] == stats.NO_C_REASON
@@ -107,8 +122,18 @@ def test_bound_frame_says_why_it_is_missing():
 
 
 def test_bound_frame_calls_a_speedup_above_its_bound_a_measurement_problem():
-    runs = pd.DataFrame({"pair": "p", "dataset": "d", "label": ["spd", "spd"], "method": ["spd", "spd"], "seed": [0, 1],
-                         "gamma": [4, 4], "accepted_per_step": [2.3056, 2.3056], "speedup": [3.5, 3.7]})  # bound ~1.65
+    runs = pd.DataFrame(
+        {
+            "pair": "p",
+            "dataset": "d",
+            "label": ["spd", "spd"],
+            "method": ["spd", "spd"],
+            "seed": [0, 1],
+            "gamma": [4, 4],
+            "accepted_per_step": [2.3056, 2.3056],
+            "speedup": [3.5, 3.7],
+        }
+    )  # bound ~1.65
     row = stats.bound_frame(runs, cost_ratio=0.1).iloc[0]
     assert row["speedup_mean"] > row["bound_mean"] and stats.ABOVE_BOUND in row["bound_note"]
     runs["speedup"] = [1.5, 1.6]
@@ -125,7 +150,9 @@ def _rejects(ci: stats.ClusterInterval) -> bool:
 def test_six_prompts_are_the_fewest_the_exact_test_can_decide_with():
     assert stats.MIN_PROMPTS == 6 and stats.min_clusters(0.005) == 8  # 2^-n <= the tail
     five = stats.sign_flip_interval([0.3, 0.4, 0.5, 0.6, 0.7])
-    assert five.low == -math.inf and five.high == math.inf and five.mean == pytest.approx(0.5)  # every effect positive: still undecided
+    assert (
+        five.low == -math.inf and five.high == math.inf and five.mean == pytest.approx(0.5)
+    )  # every effect positive: still undecided
     six = stats.sign_flip_interval([0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
     # 64 sign patterns, K = floor(0.025 x 64) = 1: the bounds are the smallest and largest subset means, min and max
     assert (six.low, six.high) == pytest.approx((0.3, 0.8)) and _rejects(six) and six.exact
@@ -155,16 +182,20 @@ def test_no_null_sign_pattern_is_decided_more_often_than_nominal(n):
     rng = np.random.default_rng(n)
     for _ in range(3):
         magnitude = rng.lognormal(0, 1, size=n)
-        decided = sum(_rejects(stats.sign_flip_interval(np.array(s) * magnitude))
-                      for s in itertools.product((1.0, -1.0), repeat=n))
-        assert decided / 2 ** n <= 0.05
-        assert decided == 2 * math.floor(0.025 * 2 ** n)  # exactly the nominal number of patterns on each side
+        decided = sum(
+            _rejects(stats.sign_flip_interval(np.array(s) * magnitude))
+            for s in itertools.product((1.0, -1.0), repeat=n)
+        )
+        assert decided / 2**n <= 0.05
+        assert decided == 2 * math.floor(0.025 * 2**n)  # exactly the nominal number of patterns on each side
 
 
 def _clustered_null(n_prompts: int, n_seeds: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """Per-generation perplexities of a lossless method and ar: the same law, strongly clustered by prompt."""
     level = rng.lognormal(1.0, 0.4, size=n_prompts)[:, None]
-    return level * rng.lognormal(0, 0.5, size=(n_prompts, n_seeds)), level * rng.lognormal(0, 0.5, size=(n_prompts, n_seeds))
+    return level * rng.lognormal(0, 0.5, size=(n_prompts, n_seeds)), level * rng.lognormal(
+        0, 0.5, size=(n_prompts, n_seeds)
+    )
 
 
 def test_false_positive_rate_at_make_run_sizes_and_larger_is_at_most_nominal():
@@ -189,8 +220,9 @@ def test_the_old_bootstrap_over_generations_was_overconfident_at_make_run_sizes(
     decided = 0
     for r in range(150):
         ref, new = _clustered_null(3, 3, rng)
-        decided += stats.paired_bootstrap(ref.reshape(-1, 1), new.reshape(-1, 1), stats.mean_of_column, strata=seeds,
-                                          n_boot=200, seed=r).significant
+        decided += stats.paired_bootstrap(
+            ref.reshape(-1, 1), new.reshape(-1, 1), stats.mean_of_column, strata=seeds, n_boot=200, seed=r
+        ).significant
     assert decided / 150 > 0.1
 
 
@@ -206,7 +238,12 @@ def test_cluster_bootstrap_moves_a_prompts_generations_together():
     new = np.array([1.0] * 5 + [3.0] * 5)[:, None]
     prompts = np.array(["A"] * 5 + ["B"] * 5)
     res = stats.cluster_bootstrap(ref, new, prompts, stats.mean_of_column, n_boot=300, seed=0)
-    assert res.n_units == 2 and res.diff == pytest.approx(2.0) and res.low == pytest.approx(1.0) and res.high == pytest.approx(3.0)
+    assert (
+        res.n_units == 2
+        and res.diff == pytest.approx(2.0)
+        and res.low == pytest.approx(1.0)
+        and res.high == pytest.approx(3.0)
+    )
 
 
 def test_significance_needs_six_prompts_and_leaves_out_excluded_runs():
@@ -214,11 +251,25 @@ def test_significance_needs_six_prompts_and_leaves_out_excluded_runs():
     for label, shift in (("ar", 0.0), ("m", 1.0)):
         for p in range(4):
             for seed in range(3):
-                rows.append({"pair": "p", "dataset": "d", "label": label, "run_id": f"{label}{seed}", "seed": seed, "id": f"q{p}",
-                             "turn": 0, "sample_score": p + shift, "new_tokens": 10, "decode_s": 1.0})
+                rows.append(
+                    {
+                        "pair": "p",
+                        "dataset": "d",
+                        "label": label,
+                        "run_id": f"{label}{seed}",
+                        "seed": seed,
+                        "id": f"q{p}",
+                        "turn": 0,
+                        "sample_score": p + shift,
+                        "new_tokens": 10,
+                        "decode_s": 1.0,
+                    }
+                )
     samples = pd.DataFrame(rows)
     sig = stats.significance(samples, "ar", "score", n_boot=200).iloc[0]
-    assert sig["diff"] == pytest.approx(1.0) and sig["n_prompts"] == 4 and not sig["significant"]  # 4 prompts decide nothing
+    assert (
+        sig["diff"] == pytest.approx(1.0) and sig["n_prompts"] == 4 and not sig["significant"]
+    )  # 4 prompts decide nothing
     assert stats.significance(samples, "ar", "score", n_boot=200, exclude_runs={"m0"}).iloc[0]["n_units"] == 8
 
 
@@ -226,9 +277,18 @@ def test_significance_needs_six_prompts_and_leaves_out_excluded_runs():
 
 
 def test_cells_slower_than_the_calibration_are_flagged_and_their_timing_left_out():
-    runs = pd.DataFrame({"pair": "p", "device": "cpu", "label": ["ar", "ar", "spd", "spd"], "seed": [0, 1, 0, 1],
-                         "tokens_per_s": [10.0, 3.0, 20.0, 21.0], "probe_before_ms": [10.0, 30.0, 10.5, 11.0],
-                         "probe_after_ms": [10.2, 12.0, 10.1, 16.0], "calibrated_target_step_ms": 10.0})
+    runs = pd.DataFrame(
+        {
+            "pair": "p",
+            "device": "cpu",
+            "label": ["ar", "ar", "spd", "spd"],
+            "seed": [0, 1, 0, 1],
+            "tokens_per_s": [10.0, 3.0, 20.0, 21.0],
+            "probe_before_ms": [10.0, 30.0, 10.5, 11.0],
+            "probe_after_ms": [10.2, 12.0, 10.1, 16.0],
+            "calibrated_target_step_ms": 10.0,
+        }
+    )
     marked = stats.mark_disturbed(runs)
     assert marked["disturbed"].tolist() == [False, True, False, True]  # 3.0x and 1.6x the calibration
     assert marked["step_slowdown"].tolist() == pytest.approx([1.02, 3.0, 1.05, 1.6])
@@ -236,5 +296,9 @@ def test_cells_slower_than_the_calibration_are_flagged_and_their_timing_left_out
     assert timed["tokens_per_s"].isna().tolist() == [False, True, False, True]
     # without a calibration (an older driver): against the fastest probe of the pair on that device
     fallback = stats.mark_disturbed(runs.drop(columns="calibrated_target_step_ms"))
-    assert fallback["disturbed"].tolist() == [False, True, False, True] and fallback["step_slowdown"].iloc[0] == pytest.approx(1.02)
-    assert not stats.mark_disturbed(runs.drop(columns=["probe_before_ms", "probe_after_ms"]))["disturbed"].any()  # no probes: unknown
+    assert fallback["disturbed"].tolist() == [False, True, False, True] and fallback["step_slowdown"].iloc[
+        0
+    ] == pytest.approx(1.02)
+    assert not stats.mark_disturbed(runs.drop(columns=["probe_before_ms", "probe_after_ms"]))[
+        "disturbed"
+    ].any()  # no probes: unknown

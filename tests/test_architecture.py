@@ -23,16 +23,35 @@ PACKAGES = ("pipeline", "analysis")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("pipeline", "pipeline.prompts", "pipeline.bounds", "pipeline.cell_types", "pipeline.formatting")),
     ("engine, models and data", ("pipeline.decoding", "pipeline.models", "pipeline.data")),
-    ("measurement", ("pipeline.energy", "pipeline.device", "pipeline.measure", "pipeline.measure_batched", "pipeline.bench_batched",
-                     "pipeline.scoring")),
+    (
+        "measurement",
+        (
+            "pipeline.energy",
+            "pipeline.device",
+            "pipeline.measure",
+            "pipeline.measure_batched",
+            "pipeline.bench_batched",
+            "pipeline.scoring",
+        ),
+    ),
     ("tracking", ("pipeline.tracking",)),
     ("cells", ("pipeline.cell",)),
     ("sweep and training", ("pipeline.sweep", "pipeline.training")),
     ("analysis", ("analysis",)),
-    ("commands", (
-        "pipeline.sweep.__main__", "pipeline.generate", "pipeline.bench", "pipeline.distill",
-        "pipeline.distill_speed", "pipeline.train_medusa", "pipeline.train_eagle", "pipeline.exact", "analysis.report",
-    )),
+    (
+        "commands",
+        (
+            "pipeline.sweep.__main__",
+            "pipeline.generate",
+            "pipeline.bench",
+            "pipeline.distill",
+            "pipeline.distill_speed",
+            "pipeline.train_medusa",
+            "pipeline.train_eagle",
+            "pipeline.exact",
+            "analysis.report",
+        ),
+    ),
 ]
 COMMANDS = set(LAYERS[-1][1])
 
@@ -99,7 +118,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -129,7 +148,9 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
             if dst in COMMANDS:
                 out.append(f"{src} imports the command-line module {dst}")
             elif layer_of(dst) > layer_of(src) and not _package_edge(src, dst):
-                out.append(f"{src} ({LAYERS[layer_of(src)][0]}) imports {dst} ({LAYERS[layer_of(dst)][0]}), a later layer")
+                out.append(
+                    f"{src} ({LAYERS[layer_of(src)][0]}) imports {dst} ({LAYERS[layer_of(dst)][0]}), a later layer"
+                )
     return sorted(out)
 
 
@@ -181,18 +202,22 @@ def test_a_cycle_written_to_disk_is_found(tmp_path):
     (tmp_path / "analysis").mkdir()
     graph = import_graph(module_files(tmp_path))
     assert graph["pipeline.measure"] == {"pipeline.prompts"}
-    assert find_cycle(graph) in (["pipeline.measure", "pipeline.prompts", "pipeline.measure"],
-                                 ["pipeline.prompts", "pipeline.measure", "pipeline.prompts"])
+    assert find_cycle(graph) in (
+        ["pipeline.measure", "pipeline.prompts", "pipeline.measure"],
+        ["pipeline.prompts", "pipeline.measure", "pipeline.prompts"],
+    )
     assert layer_violations(graph) == ["pipeline.prompts (base) imports pipeline.measure (measurement), a later layer"]
 
 
 def test_the_gpu_tests_collect_without_ray_mlflow_or_gguf():
     """A GPU node with a CUDA PyTorch image and the offline kit (jobs/offline_gpu_kit.sh: hydra, zeus) but no
     Ray, MLflow or gguf can run the CUDA and energy tests: collecting them imports none of the three."""
-    code = ("import sys\n"
-            "for name in ('ray', 'mlflow', 'gguf'):\n"
-            "    sys.modules[name] = None  # importing it raises ImportError\n"
-            "import pytest\n"
-            "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests/test_decoding_cuda.py', 'tests/test_energy.py']))")
+    code = (
+        "import sys\n"
+        "for name in ('ray', 'mlflow', 'gguf'):\n"
+        "    sys.modules[name] = None  # importing it raises ImportError\n"
+        "import pytest\n"
+        "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests/test_decoding_cuda.py', 'tests/test_energy.py']))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

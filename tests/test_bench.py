@@ -22,7 +22,18 @@ from pipeline.bounds import alpha_from_accepted, expected_tokens, leviathan_boun
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-FIELDS = {"impl", "method", "mode", "tokens_per_s", "ratio_to_transformers", "identical_to_transformers", "alpha", "c", "bound", "efficiency"}
+FIELDS = {
+    "impl",
+    "method",
+    "mode",
+    "tokens_per_s",
+    "ratio_to_transformers",
+    "identical_to_transformers",
+    "alpha",
+    "c",
+    "bound",
+    "efficiency",
+}
 
 
 def _cfg(*overrides: str):
@@ -45,8 +56,15 @@ def test_default_pair_as_shipped_with_every_drafter():
     """The restricted-head draft runs in our rows; transformers' assisted row says why it cannot; prompt
     lookup runs in both; methods that cannot use a drafter get a row saying so."""
     cfg = _cfg(
-        "gamma=2", "repeats=1", "warmup=0", "probe_reps=2", "max_new_tokens=5", "methods=[ar,spd,specinfer]",
-        "drafters=[model,ngram]", "modes=[greedy]", "prompts=[Repeat after me: one two three one two three.]",
+        "gamma=2",
+        "repeats=1",
+        "warmup=0",
+        "probe_reps=2",
+        "max_new_tokens=5",
+        "methods=[ar,spd,specinfer]",
+        "drafters=[model,ngram]",
+        "modes=[greedy]",
+        "prompts=[Repeat after me: one two three one two three.]",
     )
     bench = Bench(cfg)
     rows, costs = bench.run()
@@ -66,8 +84,18 @@ def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
     """gamma: null (the default) takes method_params.<method>.gamma, else the method's conf/method/<method>.yaml
     gamma; every draft length gets its own t_verify and each row's bound uses its own; gamma=N sets them all."""
     conf = {m: yaml.safe_load((REPO / "conf" / "method" / f"{m}.yaml").read_text())["gamma"] for m in ("spd", "mtad")}
-    cfg = _cfg("~method_params.spd", "repeats=1", "warmup=0", "probe_reps=1", "max_new_tokens=4", "methods=[ar,spd,mtad]", "drafters=[model]",
-               "modes=[sample]", "prompts=[Count: one two three]", "++method_params.mtad.gamma=" + str(conf["spd"] + 1))
+    cfg = _cfg(
+        "~method_params.spd",
+        "repeats=1",
+        "warmup=0",
+        "probe_reps=1",
+        "max_new_tokens=4",
+        "methods=[ar,spd,mtad]",
+        "drafters=[model]",
+        "modes=[sample]",
+        "prompts=[Count: one two three]",
+        "++method_params.mtad.gamma=" + str(conf["spd"] + 1),
+    )
     bench = Bench(cfg)
     assert bench.gamma_of("ar") is None and bench.gamma_of("spd") == conf["spd"]
     assert bench.gamma_of("mtad") == conf["spd"] + 1  # method_params.<method>.gamma over conf/method
@@ -79,7 +107,10 @@ def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
         assert costs[f"t_verify_g{g}_ms"] > 0 and costs[f"verify_over_ar_g{g}"] > 0
     assert costs["t_verify_ms"] == costs[f"t_verify_g{conf['spd'] + 1}_ms"]  # the longest verification
     md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
-    assert f"gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): spd {conf['spd']}, mtad {conf['spd'] + 1}" in md
+    assert (
+        f"gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): spd {conf['spd']}, mtad {conf['spd'] + 1}"
+        in md
+    )
     assert f"t_verify({conf['spd']}+1) / t_ar" in md and f"t_verify({conf['spd'] + 1}+1) / t_ar" in md
     one = Bench.__new__(Bench)
     one.cfg = _cfg("gamma=5")
@@ -103,7 +134,13 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
     assert {(r.impl, r.method, r.mode) for r in rows} == {
         (impl, m, mode)
         for mode in ("greedy", "sample")
-        for impl, m in [("transformers", "ar"), ("transformers", "spd"), ("ours", "ar"), ("ours", "spd"), ("ours", "block")]
+        for impl, m in [
+            ("transformers", "ar"),
+            ("transformers", "spd"),
+            ("ours", "ar"),
+            ("ours", "spd"),
+            ("ours", "block"),
+        ]
     }
     for r in rows:
         assert r.tokens_per_s > 0 and r.tokens == 6
@@ -127,7 +164,9 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
     info = bench_mod.machine_info(bench.device)
     info["engine"] = bench_mod.engine_info(bench.pair)
     dtype = bench.pair.precision()["target_dtype"]
-    assert f"target {dtype} through the lean forward, kernels {bench.pair.precision()['target_kernels']}" in info["engine"]
+    assert (
+        f"target {dtype} through the lean forward, kernels {bench.pair.precision()['target_kernels']}" in info["engine"]
+    )
     # the roofline: a floor from the copy bandwidth, and the steps against it
     assert costs["bandwidth_gb_s"] > 0 and costs["floor_target_ms"] > 0
     assert costs["ar_over_floor"] == pytest.approx(costs["t_ar_ms"] / costs["floor_target_ms"])
@@ -169,22 +208,47 @@ def test_bad_bench_settings_fail_before_any_model_loads(override, message, monke
 
 
 def test_the_bench_command_exits_2_on_bad_settings_before_loading(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pipeline.bench", "repeats=0", "threads=-1", f"out_dir={tmp_path}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.bench", "repeats=0", "threads=-1", f"out_dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert "repeats=0: must be an integer >= 1" in out.stderr and "threads=-1" in out.stderr and not list(tmp_path.iterdir())
+    assert (
+        "repeats=0: must be an integer >= 1" in out.stderr
+        and "threads=-1" in out.stderr
+        and not list(tmp_path.iterdir())
+    )
 
 
 def test_the_ngram_drafter_alone_writes_its_rows(tmp_path):
     """drafters=[ngram] measured every pass and then crashed on the summary (KeyError 'c_model'), writing nothing."""
-    args = ["drafters=[ngram]", "methods=[ar,spd]", "modes=[greedy]", "gamma=2", "repeats=1", "warmup=0", "probe_reps=1",
-            "max_new_tokens=4", "energy_meter=none", "prompts=[one two one two one two]", "name=ngram", f"out_dir={tmp_path}"]
-    out = subprocess.run([sys.executable, "-m", "pipeline.bench", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    args = [
+        "drafters=[ngram]",
+        "methods=[ar,spd]",
+        "modes=[greedy]",
+        "gamma=2",
+        "repeats=1",
+        "warmup=0",
+        "probe_reps=1",
+        "max_new_tokens=4",
+        "energy_meter=none",
+        "prompts=[one two one two one two]",
+        "name=ngram",
+        f"out_dir={tmp_path}",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.bench", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads((tmp_path / "ngram.json").read_text())
     spd = [r for r in rows if r["impl"] == "ours" and r["method"] == "spd"]
     assert len(spd) == 1 and spd[0]["drafter"] == "ngram" and spd[0]["tokens_per_s"] > 0 and spd[0]["c"] > 0
-    assert any(r["impl"] == "transformers" and r["method"] == "spd" and r["drafter"] == "ngram" for r in rows)  # prompt lookup
+    assert any(
+        r["impl"] == "transformers" and r["method"] == "spd" and r["drafter"] == "ngram" for r in rows
+    )  # prompt lookup
     costs = json.loads((tmp_path / "ngram.meta.json").read_text())["costs"]
     assert costs["c"] == costs["c_ngram"] and "t_draft_model_ms" not in costs and "draft_over_floor" not in costs
     md = (tmp_path / "ngram.md").read_text()
@@ -199,8 +263,16 @@ def test_eagle_without_a_head_fails_before_any_model_loads(monkeypatch):
 
 def test_tree_methods_are_benched_without_a_chain_bound():
     cfg = _cfg(
-        "pair.draft.restrict_head=false", "gamma=2", "repeats=1", "warmup=0", "probe_reps=2", "max_new_tokens=4",
-        "methods=[ar,specinfer]", "drafters=[model]", "modes=[greedy]", "prompts=[Name a colour.]",
+        "pair.draft.restrict_head=false",
+        "gamma=2",
+        "repeats=1",
+        "warmup=0",
+        "probe_reps=2",
+        "max_new_tokens=4",
+        "methods=[ar,specinfer]",
+        "drafters=[model]",
+        "modes=[greedy]",
+        "prompts=[Name a colour.]",
     )
     rows, _ = Bench(cfg).run()
     tree = [r for r in rows if r.method == "specinfer"][0]
@@ -222,6 +294,7 @@ def test_timed_passes_draw_with_their_own_seeds_and_pool_the_generations():
         def run_one(i, ids):
             seen[name].append(i)
             return [i] * len(ids), (name, i)
+
         return run_one
 
     results, probes = bench._timed({"a": runner("a"), "b": runner("b")}, probe=lambda: "probe")
@@ -265,10 +338,13 @@ def test_every_runners_pass_is_one_metered_window(tmp_path):
             _spend(ours, cost[name] * len(ids))
             _spend(ref, cost[name] * len(ids) * 99 // 100)  # the reference reads 1% less
             return list(ids), None
+
         return run_one
 
     bench._timed({"a": runner("a"), "b": runner("b")}, probe=lambda: {})
-    assert bench.idle.available and bench.idle.power_w == 0.0 and bench.idle.reference_power_w == 0.0  # nothing spent idling
+    assert (
+        bench.idle.available and bench.idle.power_w == 0.0 and bench.idle.reference_power_w == 0.0
+    )  # nothing spent idling
     for name in ("a", "b"):
         passes = bench.energy[name]
         assert len(passes) == 2
@@ -282,6 +358,10 @@ def test_every_runners_pass_is_one_metered_window(tmp_path):
     assert row.j_per_token == pytest.approx(0.003) and row.energy_vs_reference == pytest.approx(1 / 0.99 - 1)
     costs = {"energy_meter": bench.meter.info(), "idle_power_w": 0.0, "reference_idle_power_w": 0.0}
     lines = "\n".join(bench_mod._energy_lines([row], costs))
-    assert "Energy: meter rapl+rapl" in lines and "| ours | spd | – | sample | 0.0030 | 0.0030 | 0.0030 | 1.01% |" in lines
-    unmetered = bench_mod._energy_lines([row], {"energy_meter": energy.NullMeter("no readable RAPL package counter").info()})
+    assert (
+        "Energy: meter rapl+rapl" in lines and "| ours | spd | – | sample | 0.0030 | 0.0030 | 0.0030 | 1.01% |" in lines
+    )
+    unmetered = bench_mod._energy_lines(
+        [row], {"energy_meter": energy.NullMeter("no readable RAPL package counter").info()}
+    )
     assert unmetered == ["", "Energy: not measured (no readable RAPL package counter)."]

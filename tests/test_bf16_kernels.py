@@ -24,7 +24,9 @@ from pipeline.decoding.warping import Warper, make_generator
 from pipeline.models import ModelSpec, PairSpec, load_model
 
 HAS_KERNELS = cpu_kernels.kernels() is not None
-needs_kernels = pytest.mark.skipif(not HAS_KERNELS, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+needs_kernels = pytest.mark.skipif(
+    not HAS_KERNELS, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
+)
 
 
 def bf16_model(seed: int = 0, **kw):
@@ -147,7 +149,11 @@ def test_kernel_sample_sparse_is_the_inverse_cdf_in_id_order():
         u = float(torch.rand(1, generator=gen, dtype=torch.float64))
         order = index.argsort()
         cdf = probs[order].double().cumsum(-1)
-        pos = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True).clamp(max=k - 1))
+        pos = int(
+            torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True).clamp(
+                max=k - 1
+            )
+        )
         got = ext.sample_sparse(index, probs, u)
         assert got.dim() == 0 and int(got) == int(index[order][pos])
         assert float(probs[index == got].sum()) > 0
@@ -163,6 +169,7 @@ def test_fused_draft_chain_draws_what_the_steps_draw(restricted, feed, monkeypat
     step (forward_sparse + sample_sparse): the same tokens, the same q rows bit for bit, the same cache
     contents and length, the same generator state afterwards; 1 or 2 tokens fed first (2 after a fully
     accepted block), a restricted head whose map is not sorted."""
+
     def make():
         model = bf16_model(3, vocab=64, hidden=128, heads=2, kv_heads=1, layers=2)
         if restricted:
@@ -186,7 +193,16 @@ def test_fused_draft_chain_draws_what_the_steps_draw(restricted, feed, monkeypat
                 gen = make_generator(seed)
                 chain = draft_chain(draft, context, 3, warper, gen)
                 k_cache = draft.cache.layers[0].keys.clone()
-                out.append((chain.tokens.tolist(), chain.probs, draft.length, draft.forwards, k_cache, torch.rand(1, generator=gen)))
+                out.append(
+                    (
+                        chain.tokens.tolist(),
+                        chain.probs,
+                        draft.length,
+                        draft.forwards,
+                        k_cache,
+                        torch.rand(1, generator=gen),
+                    )
+                )
         runs[fused] = out
         monkeypatch.undo()
     for a, b in zip(runs[True], runs[False]):
@@ -254,9 +270,21 @@ def test_tree_forward_rows_equal_their_paths_as_chains(shape):
 
 
 @needs_kernels
-@pytest.mark.parametrize("method, params", [("spd", {"gamma": 3}), ("block", {"gamma": 4}), ("mtad", {"gamma": 3, "tau": 0.5}), ("specinfer", {"k_config": [3, 2, 2]}), ("spectr", {"gamma": 3, "num_drafts": 3})])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("spd", {"gamma": 3}),
+        ("block", {"gamma": 4}),
+        ("mtad", {"gamma": 3, "tau": 0.5}),
+        ("specinfer", {"k_config": [3, 2, 2]}),
+        ("spectr", {"gamma": 3, "num_drafts": 3}),
+    ],
+)
 def test_greedy_methods_equal_greedy_ar_in_bf16(method, params):
-    target, draft = bf16_model(0, vocab=64, hidden=64, heads=4, kv_heads=2, layers=2), bf16_model(1, vocab=64, hidden=32, layers=1)
+    target, draft = (
+        bf16_model(0, vocab=64, hidden=64, heads=4, kv_heads=2, layers=2),
+        bf16_model(1, vocab=64, hidden=32, layers=1),
+    )
     prompt = [1, 5, 9, 2]
     ref = build_decoder("ar", target, temperature=0).generate(prompt, max_new_tokens=40).tokens
     got = build_decoder(method, target, draft, temperature=0, **params).generate(prompt, max_new_tokens=40).tokens
@@ -283,7 +311,9 @@ def test_auto_dtype_follows_the_cpu_capability(monkeypatch):
     spec = PairSpec.from_config({"name": "t", "target": {"id": "t"}, "draft": {"id": "d", "dtype": "bfloat16"}})
     assert spec.resolved_dtypes() == {"target": "float32", "draft": "bfloat16"}
     info = spec.precision()
-    assert info["cpu_bf16"] is False and info["target_dtype"] == "float32" and info["target_kernels"] == "fp32-fast-matmul"
+    assert (
+        info["cpu_bf16"] is False and info["target_dtype"] == "float32" and info["target_kernels"] == "fp32-fast-matmul"
+    )
     assert info["draft_kernels"] == "bf16-onednn"  # bf16 by name still runs, through oneDNN
     monkeypatch.setenv("PIPELINE_CPU_BF16", "1")
     assert cpu_kernels.resolve_dtype("auto", "cpu") == "bfloat16"
@@ -293,8 +323,15 @@ def test_auto_dtype_follows_the_cpu_capability(monkeypatch):
 
 def test_without_native_bf16_auto_models_load_in_float32_on_todays_kernels(monkeypatch):
     monkeypatch.setenv("PIPELINE_CPU_BF16", "0")
-    config = {"model_type": "llama", "vocab_size": 16, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "num_key_value_heads": 1}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 16,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
     spec = ModelSpec.from_config({"id": "r", "random_init": True, "config": config, "tokenizer": "x"})
     model = load_model(spec, "auto", "cpu")
     assert next(model.parameters()).dtype == torch.float32
@@ -336,6 +373,8 @@ def test_rotary_table_rows_equal_the_modules_own_rows(rope):
         ref_cos, ref_sin = lean._rotary[0](x[None], pos)
         cos, sin = lean._rotary_rows(x, pos, 0)  # explicit positions (trees)
         assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])
-        if positions == list(range(positions[0], positions[0] + len(positions))):  # a causal chain: a slice of the table
+        if positions == list(
+            range(positions[0], positions[0] + len(positions))
+        ):  # a causal chain: a slice of the table
             cos, sin = lean._rotary_rows(x, None, positions[0])
             assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])

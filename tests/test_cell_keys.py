@@ -43,77 +43,85 @@ from pipeline.models import content_fingerprint
 REPO = Path(__file__).resolve().parents[1]
 
 PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {
-    'smoke': (
-        ['sweep=smoke', 'data_root=data'],
+    "smoke": (
+        ["sweep=smoke", "data_root=data"],
         [
-            ('ar', 'humaneval', 0, '6a7d32930370'),
-            ('spd', 'humaneval', 0, '03d5350f70c0'),
-            ('block', 'humaneval', 0, 'caaa04d199e6'),
-            ('mtad', 'humaneval', 0, '780a790d2bca'),
-            ('ar', 'humaneval', 1, '98db6699ca9c'),
-            ('spd', 'humaneval', 1, '083dc3abe15c'),
-            ('block', 'humaneval', 1, '40c2af6755b3'),
-            ('mtad', 'humaneval', 1, '11fb025171af'),
-            ('ar', 'humaneval', 2, '8e416e7679d6'),
-            ('spd', 'humaneval', 2, '8d7c863d8149'),
-            ('block', 'humaneval', 2, '1941940445c7'),
-            ('mtad', 'humaneval', 2, 'acb9bda1c4e4'),
-            ('ar', 'mt_bench', 0, '9cc514c6f201'),
-            ('spd', 'mt_bench', 0, '2ed65dda28d8'),
-            ('block', 'mt_bench', 0, 'c751fa5fdad5'),
-            ('mtad', 'mt_bench', 0, '27832a489e38'),
-            ('ar', 'mt_bench', 1, '8b1469fc2d24'),
-            ('spd', 'mt_bench', 1, '64e99207f085'),
-            ('block', 'mt_bench', 1, 'ea1dbe614cc4'),
-            ('mtad', 'mt_bench', 1, 'd00b0f906c53'),
-            ('ar', 'mt_bench', 2, '4f1e55327438'),
-            ('spd', 'mt_bench', 2, 'c314b9353d0e'),
-            ('block', 'mt_bench', 2, '9e28181e1c8b'),
-            ('mtad', 'mt_bench', 2, '9a07517ef42e'),
+            ("ar", "humaneval", 0, "6a7d32930370"),
+            ("spd", "humaneval", 0, "03d5350f70c0"),
+            ("block", "humaneval", 0, "caaa04d199e6"),
+            ("mtad", "humaneval", 0, "780a790d2bca"),
+            ("ar", "humaneval", 1, "98db6699ca9c"),
+            ("spd", "humaneval", 1, "083dc3abe15c"),
+            ("block", "humaneval", 1, "40c2af6755b3"),
+            ("mtad", "humaneval", 1, "11fb025171af"),
+            ("ar", "humaneval", 2, "8e416e7679d6"),
+            ("spd", "humaneval", 2, "8d7c863d8149"),
+            ("block", "humaneval", 2, "1941940445c7"),
+            ("mtad", "humaneval", 2, "acb9bda1c4e4"),
+            ("ar", "mt_bench", 0, "9cc514c6f201"),
+            ("spd", "mt_bench", 0, "2ed65dda28d8"),
+            ("block", "mt_bench", 0, "c751fa5fdad5"),
+            ("mtad", "mt_bench", 0, "27832a489e38"),
+            ("ar", "mt_bench", 1, "8b1469fc2d24"),
+            ("spd", "mt_bench", 1, "64e99207f085"),
+            ("block", "mt_bench", 1, "ea1dbe614cc4"),
+            ("mtad", "mt_bench", 1, "d00b0f906c53"),
+            ("ar", "mt_bench", 2, "4f1e55327438"),
+            ("spd", "mt_bench", 2, "c314b9353d0e"),
+            ("block", "mt_bench", 2, "9e28181e1c8b"),
+            ("mtad", "mt_bench", 2, "9a07517ef42e"),
         ],
     ),
-    'all_methods': (
-        ['sweep=all_methods', 'data_root=data'],
+    "all_methods": (
+        ["sweep=all_methods", "data_root=data"],
         [
-            ('ar', 'humaneval', 0, '06130bd32f23'),
-            ('beam', 'humaneval', 0, 'dfeff60f2c00'),
-            ('mtjd', 'humaneval', 0, '6d44182bf686'),
-            ('spd', 'humaneval', 0, '106693dd8c18'),
-            ('block', 'humaneval', 0, '00e8fa0c6460'),
-            ('hsd', 'humaneval', 0, '6486dd3f977b'),
-            ('hsd_ref', 'humaneval', 0, '7e843705c266'),
-            ('mtad', 'humaneval', 0, 'b363a0de4a56'),
-            ('bild', 'humaneval', 0, 'd14202d5ff9e'),
-            ('spectr', 'humaneval', 0, '5eb59e6847b7'),
-            ('specinfer', 'humaneval', 0, 'fa9980340b5e'),
-            ('mcss', 'humaneval', 0, '3baa9f2756f0'),
-            ('traversal', 'humaneval', 0, 'bcd1b4db6712'),
-            ('typical', 'humaneval', 0, 'b5e16f7dd45e'),
-            ('typical(medusa)', 'humaneval', 0, '6b29dd042b7c'),
-            ('medusa', 'humaneval', 0, '5374f426bc26'),
+            ("ar", "humaneval", 0, "06130bd32f23"),
+            ("beam", "humaneval", 0, "dfeff60f2c00"),
+            ("mtjd", "humaneval", 0, "6d44182bf686"),
+            ("spd", "humaneval", 0, "106693dd8c18"),
+            ("block", "humaneval", 0, "00e8fa0c6460"),
+            ("hsd", "humaneval", 0, "6486dd3f977b"),
+            ("hsd_ref", "humaneval", 0, "7e843705c266"),
+            ("mtad", "humaneval", 0, "b363a0de4a56"),
+            ("bild", "humaneval", 0, "d14202d5ff9e"),
+            ("spectr", "humaneval", 0, "5eb59e6847b7"),
+            ("specinfer", "humaneval", 0, "fa9980340b5e"),
+            ("mcss", "humaneval", 0, "3baa9f2756f0"),
+            ("traversal", "humaneval", 0, "bcd1b4db6712"),
+            ("typical", "humaneval", 0, "b5e16f7dd45e"),
+            ("typical(medusa)", "humaneval", 0, "6b29dd042b7c"),
+            ("medusa", "humaneval", 0, "5374f426bc26"),
         ],
     ),
-    'mtad_tau': (
-        ['sweep=smoke', 'data_root=data', 'method=mtad', 'method.tau=0.3', 'seeds=[0]'],
+    "mtad_tau": (
+        ["sweep=smoke", "data_root=data", "method=mtad", "method.tau=0.3", "seeds=[0]"],
         [
-            ('ar', 'humaneval', 0, '6a7d32930370'),
-            ('mtad(tau=0.3)', 'humaneval', 0, '2569f2233c6c'),
-            ('ar', 'mt_bench', 0, '9cc514c6f201'),
-            ('mtad(tau=0.3)', 'mt_bench', 0, '1bbd36972837'),
+            ("ar", "humaneval", 0, "6a7d32930370"),
+            ("mtad(tau=0.3)", "humaneval", 0, "2569f2233c6c"),
+            ("ar", "mt_bench", 0, "9cc514c6f201"),
+            ("mtad(tau=0.3)", "mt_bench", 0, "1bbd36972837"),
         ],
     ),
-    'spec': (
-        ['sweep=smoke', 'data_root=data', 'dataset=spec_bench', 'dataset.limit=2', 'seeds=[0]', 'method=spd'],
+    "spec": (
+        ["sweep=smoke", "data_root=data", "dataset=spec_bench", "dataset.limit=2", "seeds=[0]", "method=spd"],
         [
-            ('ar', 'spec_bench', 0, 'dddd7d44637a'),
-            ('spd', 'spec_bench', 0, 'ede258da4f1d'),
+            ("ar", "spec_bench", 0, "dddd7d44637a"),
+            ("spd", "spec_bench", 0, "ede258da4f1d"),
         ],
     ),
-    'cnn': (
-        ['sweep=smoke', 'data_root=data', 'dataset=cnn_dm', 'dataset.limit=2', 'seeds=[0]', 'method=block', 'method.gamma=4'],
+    "cnn": (
         [
-            ('ar', 'cnn_dm', 0, '61ca57e78c41'),
-            ('block(gamma=4)', 'cnn_dm', 0, 'e899caca612d'),
+            "sweep=smoke",
+            "data_root=data",
+            "dataset=cnn_dm",
+            "dataset.limit=2",
+            "seeds=[0]",
+            "method=block",
+            "method.gamma=4",
+        ],
+        [
+            ("ar", "cnn_dm", 0, "61ca57e78c41"),
+            ("block(gamma=4)", "cnn_dm", 0, "e899caca612d"),
         ],
     ),
 }
@@ -145,11 +153,17 @@ def test_the_machines_precision_is_part_of_the_key(project, bf16_cpu, monkeypatc
 
 
 DRAFTER_CASES = {
-    "all_methods": ['sweep=all_methods', 'data_root=data'],
-    "ngram": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=spd', 'method.drafter=ngram'],
-    "ngram_scope": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=block', 'method.drafter={kind:ngram,max_ngram:2}'],
-    "eagle": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=mtad', 'method.drafter=eagle'],
-    "model": ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=typical', 'method.drafter=model'],
+    "all_methods": ["sweep=all_methods", "data_root=data"],
+    "ngram": ["sweep=smoke", "data_root=data", "seeds=[0]", "method=spd", "method.drafter=ngram"],
+    "ngram_scope": [
+        "sweep=smoke",
+        "data_root=data",
+        "seeds=[0]",
+        "method=block",
+        "method.drafter={kind:ngram,max_ngram:2}",
+    ],
+    "eagle": ["sweep=smoke", "data_root=data", "seeds=[0]", "method=mtad", "method.drafter=eagle"],
+    "model": ["sweep=smoke", "data_root=data", "seeds=[0]", "method=typical", "method.drafter=model"],
 }
 
 
@@ -181,7 +195,12 @@ def test_adding_a_drafter_changes_no_other_key(project, bf16_cpu, monkeypatch):
     register_drafter(SuffixDrafter)  # a new kind with its own parameter
     try:
         assert _keys(project) == with_all
-        new = sweep.expand(sweep.compose(['sweep=smoke', 'data_root=data', 'seeds=[0]', 'method=spd', 'method.drafter={kind:suffix,reach:4}']), project).cells
+        new = sweep.expand(
+            sweep.compose(
+                ["sweep=smoke", "data_root=data", "seeds=[0]", "method=spd", "method.drafter={kind:suffix,reach:4}"]
+            ),
+            project,
+        ).cells
         assert new[1].params["drafter"] == {"kind": "suffix", "max_ngram": 3, "min_ngram": 1, "reach": 4}
         assert new[1].key not in {k for case in with_all.values() for *_, k in case}
         assert new[0].key == with_all["ngram"][0][3]  # its ar baseline is the same cell
@@ -197,11 +216,20 @@ def test_retraining_a_checkpoint_renews_exactly_the_cells_that_read_it(project, 
     """The draft's and the Medusa heads' contents are in the keys of the cells that read them, their cards are not."""
     draft, medusa = tmp_path / "draft", tmp_path / "medusa"
     shutil.copytree(REPO / "models" / "smollm2-135m-draft", draft)
-    medusa_heads_folder(tiny_llama(0, vocab=32, hidden=16), medusa)  # no heads are shipped: made here (keys read bytes, not shapes)
-    assert content_fingerprint(draft) == content_fingerprint(REPO / "models" / "smollm2-135m-draft")  # content, not place
-    overrides = ['sweep=smoke', 'data_root=data', 'seeds=[0]', 'sweep.methods=[ar,spd,medusa]',
-                 'sweep.datasets=[{dataset: humaneval, limit: 1}]',
-                 f'sweep.pairs=[{{pair: smollm2-offline, draft: {{id: "{draft}", restrict_head: true}}, medusa: "{medusa}"}}]']
+    medusa_heads_folder(
+        tiny_llama(0, vocab=32, hidden=16), medusa
+    )  # no heads are shipped: made here (keys read bytes, not shapes)
+    assert content_fingerprint(draft) == content_fingerprint(
+        REPO / "models" / "smollm2-135m-draft"
+    )  # content, not place
+    overrides = [
+        "sweep=smoke",
+        "data_root=data",
+        "seeds=[0]",
+        "sweep.methods=[ar,spd,medusa]",
+        "sweep.datasets=[{dataset: humaneval, limit: 1}]",
+        f'sweep.pairs=[{{pair: smollm2-offline, draft: {{id: "{draft}", restrict_head: true}}, medusa: "{medusa}"}}]',
+    ]
 
     def keys() -> dict[str, str]:
         cells = sweep.expand(sweep.compose(overrides), project).cells
@@ -214,7 +242,11 @@ def test_retraining_a_checkpoint_renews_exactly_the_cells_that_read_it(project, 
     assert keys() == before  # a card or a training record changes nothing measured
     _touch(draft / "generation_config.json", "\n")  # any byte of the weights' folder otherwise
     after_draft = keys()
-    assert after_draft["spd"] != before["spd"] and after_draft["ar"] == before["ar"] and after_draft["medusa"] == before["medusa"]
+    assert (
+        after_draft["spd"] != before["spd"]
+        and after_draft["ar"] == before["ar"]
+        and after_draft["medusa"] == before["medusa"]
+    )
     _touch(medusa / "medusa_config.json", "\n")
     after_medusa = keys()
     assert after_medusa["medusa"] != before["medusa"]

@@ -35,14 +35,25 @@ GOLDEN = json.loads((REPO / "tests" / "golden" / "cell_configs.json").read_text(
 CASES = {
     # the smoke sweep as it was when the golden file was recorded (2 samples x 64 tokens, every method at its
     # conf/method gamma): the layout is what is pinned here, not the smoke sweep's current settings
-    "judged": ["sweep=smoke", "data_root=data", "judge.enabled=true", "judge.kind=openai", "judge.base_url=http://a:1/v1",
-               "judge.model=m", "seeds=[0]", "sweep.methods=[ar,spd,block,mtad]",
-               "sweep.datasets=[{dataset: humaneval, limit: 2, max_new_tokens: 64},"
-               "{dataset: mt_bench, limit: 2, max_new_tokens: 64, max_turns: 1}]"],
+    "judged": [
+        "sweep=smoke",
+        "data_root=data",
+        "judge.enabled=true",
+        "judge.kind=openai",
+        "judge.base_url=http://a:1/v1",
+        "judge.model=m",
+        "seeds=[0]",
+        "sweep.methods=[ar,spd,block,mtad]",
+        "sweep.datasets=[{dataset: humaneval, limit: 2, max_new_tokens: 64},"
+        "{dataset: mt_bench, limit: 2, max_new_tokens: 64, max_turns: 1}]",
+    ],
     # the methods of all_methods when the file was recorded: a fixed list, so that adding a method edits no pin here
-    "all_methods": ["sweep=all_methods", "data_root=data",
-                    "sweep.methods=[ar,beam,mtjd,spd,block,mtad,bild,spectr,specinfer,mcss,typical,"
-                    "{method: typical, drafter: medusa, label: 'typical(medusa)'},medusa]"],
+    "all_methods": [
+        "sweep=all_methods",
+        "data_root=data",
+        "sweep.methods=[ar,beam,mtjd,spd,block,mtad,bild,spectr,specinfer,mcss,typical,"
+        "{method: typical, drafter: medusa, label: 'typical(medusa)'},medusa]",
+    ],
 }
 
 
@@ -68,12 +79,23 @@ def _portable(config: dict) -> dict:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_planned_cells_give_the_logged_config_of_before(case, plans):
     cells = plans[case]
-    got = [{"label": c.label, "dataset": c.dataset_name, "seed": c.seed, "key": c.key, "baseline": c.baseline,
-            "config": _portable(c.config)} for c in cells]
+    got = [
+        {
+            "label": c.label,
+            "dataset": c.dataset_name,
+            "seed": c.seed,
+            "key": c.key,
+            "baseline": c.baseline,
+            "config": _portable(c.config),
+        }
+        for c in cells
+    ]
     assert [g["key"] for g in got] == [g["key"] for g in GOLDEN[case]]
     for mine, before in zip(got, GOLDEN[case]):
         assert mine == before, mine["label"]
-        assert list(mine["config"]) == list(before["config"])  # the same order too (cell_config.yaml sorts; JSON does not)
+        assert list(mine["config"]) == list(
+            before["config"]
+        )  # the same order too (cell_config.yaml sorts; JSON does not)
         assert flatten(mine["config"]) == flatten(before["config"])  # the params
 
 
@@ -87,10 +109,16 @@ def test_a_logged_cell_has_the_params_and_cell_config_of_before(plans, tmp_path)
         run_id = tracker.log_cell(cell, CellResult(cell.key, status=STATUS_FINISHED, metrics={"tokens_per_s": 1.0}))
         run = tracker.client.get_run(run_id)
         expected = golden[(cell.label, cell.dataset_name)]
-        assert {k: v.replace(str(REPO), "<repo>") for k, v in run.data.params.items()} == {k: param_value(v) for k, v in flatten(expected).items()}
+        assert {k: v.replace(str(REPO), "<repo>") for k, v in run.data.params.items()} == {
+            k: param_value(v) for k, v in flatten(expected).items()
+        }
         text = Path(tracker.client.download_artifacts(run_id, "cell_config.yaml", str(tmp_path / run_id))).read_text()
         assert _portable(yaml.safe_load(text)) == expected
-        assert run.data.tags["cell_key"] == cell.key and run.data.tags["label"] == "spd" and run.data.tags["sweep"] == "smoke"
+        assert (
+            run.data.tags["cell_key"] == cell.key
+            and run.data.tags["label"] == "spd"
+            and run.data.tags["sweep"] == "smoke"
+        )
     tracker.close()
 
 
@@ -105,8 +133,12 @@ def test_config_is_computed_from_the_fields_not_stored():
 
 
 def test_cell_and_result_pickle_as_ray_sends_them():
-    cell = dataclasses.replace(make_cell(fault={"kind": "raise"}), isolation={"mode": "pinned", "threads": 1, "cores": [0]})
-    result = CellResult(cell.key, status=STATUS_FAILED, stage="generate", metrics={"cell_wall_s": 0.5}, error="E: x", traceback="tb")
+    cell = dataclasses.replace(
+        make_cell(fault={"kind": "raise"}), isolation={"mode": "pinned", "threads": 1, "cores": [0]}
+    )
+    result = CellResult(
+        cell.key, status=STATUS_FAILED, stage="generate", metrics={"cell_wall_s": 0.5}, error="E: x", traceback="tb"
+    )
     assert pickle.loads(pickle.dumps(cell)) == cell
     back = pickle.loads(pickle.dumps(result))
     assert back == result and not back.finished and back.records == [] and back.scores is None

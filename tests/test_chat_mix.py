@@ -81,8 +81,17 @@ def test_evaluation_prompts_are_refused_whole_or_in_part():
 
 
 def tiny_chat_target(tok):
-    return tiny_llama(0, vocab=len(tok), hidden=32, layers=1, heads=2, kv_heads=1, eos=tok.eos_token_id,
-                      tie_word_embeddings=True, scale=4.0)
+    return tiny_llama(
+        0,
+        vocab=len(tok),
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        eos=tok.eos_token_id,
+        tie_word_embeddings=True,
+        scale=4.0,
+    )
 
 
 def test_second_turns_follow_the_targets_own_first_answer():
@@ -90,14 +99,33 @@ def test_second_turns_follow_the_targets_own_first_answer():
     cached = CachedModel(tiny_chat_target(tok))
     convs = [Conversation("qa", ("write a function", "print the list")), Conversation("qa", ("return x",))]
     g = torch.Generator().manual_seed(0)
-    recs = sample_conversations(tok, convs, lambda ids: sample_answers_packed(
-        cached, ids, max_new_tokens=6, top_k_store=4, sample_top_k=20, sample_top_p=0.95, eos_id=tok.eos_token_id, gen=g))
+    recs = sample_conversations(
+        tok,
+        convs,
+        lambda ids: sample_answers_packed(
+            cached,
+            ids,
+            max_new_tokens=6,
+            top_k_store=4,
+            sample_top_k=20,
+            sample_top_p=0.95,
+            eos_id=tok.eos_token_id,
+            gen=g,
+        ),
+    )
     assert [r.kind for r in recs] == ["gen", "gen", "gen2"]
     first, second = recs[0], recs[2]
-    answer = tok.decode([t for t in first.ids[first.start :].tolist() if t != tok.eos_token_id], skip_special_tokens=True)
-    messages = [{"role": "user", "content": "write a function"}, {"role": "assistant", "content": answer},
-                {"role": "user", "content": "print the list"}]
-    assert second.ids[: second.start].tolist() == encode_prompt(tok, messages, chat=True)  # as a chat front end sends it
+    answer = tok.decode(
+        [t for t in first.ids[first.start :].tolist() if t != tok.eos_token_id], skip_special_tokens=True
+    )
+    messages = [
+        {"role": "user", "content": "write a function"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "print the list"},
+    ]
+    assert second.ids[: second.start].tolist() == encode_prompt(
+        tok, messages, chat=True
+    )  # as a chat front end sends it
     assert second.ids[: first.start].tolist() == first.ids[: first.start].tolist()  # the same conversation opening
     assert len(second.topk_ids) == len(second.ids) - second.start
 
@@ -105,8 +133,21 @@ def test_second_turns_follow_the_targets_own_first_answer():
 def test_chat_teacher_data_is_written_in_shards_and_checked_first(tmp_path, monkeypatch):
     tok = word_tokenizer()
     target = tiny_chat_target(tok)
-    kw = dict(n_prompts=12, tf_fraction=0.0, batch_size=4, max_new_tokens=5, top_k_store=4, sample_top_k=20,
-              sample_top_p=0.95, seed=0, time_budget_s=1e9, engine="packed", slots=8, prompts="chat", log=lambda m: None)
+    kw = dict(
+        n_prompts=12,
+        tf_fraction=0.0,
+        batch_size=4,
+        max_new_tokens=5,
+        top_k_store=4,
+        sample_top_k=20,
+        sample_top_p=0.95,
+        seed=0,
+        time_budget_s=1e9,
+        engine="packed",
+        slots=8,
+        prompts="chat",
+        log=lambda m: None,
+    )
     generate_teacher_data(target, tok, tmp_path / "a", **kw)
     recs = load_records(tmp_path / "a")
     assert len(list((tmp_path / "a").glob("shard-*.pt"))) == 3

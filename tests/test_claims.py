@@ -45,14 +45,39 @@ from pipeline.decoding import METHODS, build_decoder, make_generator
 
 # the keys of NVIDIA specdec_bench's speculation_profile.json (Model-Optimizer examples/specdec_bench/specdec_bench/
 # speculation_profile.py, build_profile, schema 1.0)
-PROFILE_KEYS = {"schema_version", "measured", "method", "draft_checkpoint", "target_model", "num_speculative_tokens", "block_size",
-                "max_supported_k", "verification_method", "conditional_accept_rates", "marginal_accept_rates", "mean_accept_length",
-                "mean_accept_length_per_request", "accept_length_model", "accept_length_by_k", "acceptance_length_histogram",
-                "per_category", "measurement_conditions", "validation"}
+PROFILE_KEYS = {
+    "schema_version",
+    "measured",
+    "method",
+    "draft_checkpoint",
+    "target_model",
+    "num_speculative_tokens",
+    "block_size",
+    "max_supported_k",
+    "verification_method",
+    "conditional_accept_rates",
+    "marginal_accept_rates",
+    "mean_accept_length",
+    "mean_accept_length_per_request",
+    "accept_length_model",
+    "accept_length_by_k",
+    "acceptance_length_histogram",
+    "per_category",
+    "measurement_conditions",
+    "validation",
+}
 
 
-def synthetic(effects: dict[str, float], n_prompts: int = 20, seeds=(0, 1, 2), sd: float = 0.3, rng_seed: int = 0,
-              gamma: int = 4, alpha: float = 0.5, device: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
+def synthetic(
+    effects: dict[str, float],
+    n_prompts: int = 20,
+    seeds=(0, 1, 2),
+    sd: float = 0.3,
+    rng_seed: int = 0,
+    gamma: int = 4,
+    alpha: float = 0.5,
+    device: str = "cpu",
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A runs frame and a samples frame: per label, per-generation perplexity = prompt level x (1 + effect) x
     lognormal noise (sd); accepted lists drawn with i.i.d. acceptance ``alpha`` and chain length ``gamma``."""
     rng = np.random.default_rng(rng_seed)
@@ -61,8 +86,20 @@ def synthetic(effects: dict[str, float], n_prompts: int = 20, seeds=(0, 1, 2), s
     for label, effect in effects.items():
         for seed in seeds:
             run_id = f"{label}-{seed}"
-            runs.append({"run_id": run_id, "pair": "p", "dataset": "d", "label": label, "method": label, "seed": seed,
-                         "gamma": gamma if label != "ar" else None, "max_new_tokens": 64, "device": device, "j_per_token": 1.0 + effect})
+            runs.append(
+                {
+                    "run_id": run_id,
+                    "pair": "p",
+                    "dataset": "d",
+                    "label": label,
+                    "method": label,
+                    "seed": seed,
+                    "gamma": gamma if label != "ar" else None,
+                    "max_new_tokens": 64,
+                    "device": device,
+                    "j_per_token": 1.0 + effect,
+                }
+            )
             for i in range(n_prompts):
                 accepted, drafted = [], []
                 if label != "ar":
@@ -75,15 +112,37 @@ def synthetic(effects: dict[str, float], n_prompts: int = 20, seeds=(0, 1, 2), s
                 else:
                     accepted = [1] * 40
                 tokens = sum(accepted)
-                samples.append({"run_id": run_id, "label": label, "method": label, "seed": seed, "id": f"q{i}", "turn": 0,
-                                "new_tokens": tokens, "steps": len(accepted), "draft_steps": sum(drafted), "accepted": accepted,
-                                "drafted": drafted, "decode_s": tokens / 20.0 * rng.lognormal(0, 0.1),
-                                "perplexity": level[i] * (1 + effect) * rng.lognormal(0, sd), "sample_score": float(rng.random() < 0.3)})
+                samples.append(
+                    {
+                        "run_id": run_id,
+                        "label": label,
+                        "method": label,
+                        "seed": seed,
+                        "id": f"q{i}",
+                        "turn": 0,
+                        "new_tokens": tokens,
+                        "steps": len(accepted),
+                        "draft_steps": sum(drafted),
+                        "accepted": accepted,
+                        "drafted": drafted,
+                        "decode_s": tokens / 20.0 * rng.lognormal(0, 0.1),
+                        "perplexity": level[i] * (1 + effect) * rng.lognormal(0, sd),
+                        "sample_score": float(rng.random() < 0.3),
+                    }
+                )
     return pd.DataFrame(runs), pd.DataFrame(samples)
 
 
-PPL_CLAIM = Claim(id="ppl", source="test", wording="lower perplexity", method="m", reference="ar", statistic="perplexity",
-                  scale="relative", direction="less")
+PPL_CLAIM = Claim(
+    id="ppl",
+    source="test",
+    wording="lower perplexity",
+    method="m",
+    reference="ar",
+    statistic="perplexity",
+    scale="relative",
+    direction="less",
+)
 
 
 def test_a_true_effect_is_found_and_a_null_one_is_not_at_the_stated_rates():
@@ -108,7 +167,11 @@ def test_a_true_effect_is_found_and_a_null_one_is_not_at_the_stated_rates():
 def test_effect_and_interval_on_a_noise_free_case():
     runs, samples = synthetic({"ar": 0.0, "m": -0.2}, sd=0.0)
     row = evaluate_claims([PPL_CLAIM], runs, samples, n_boot=200).iloc[0]
-    assert row["effect"] == pytest.approx(-0.2) and row["low"] == pytest.approx(-0.2) and row["high"] == pytest.approx(-0.2)
+    assert (
+        row["effect"] == pytest.approx(-0.2)
+        and row["low"] == pytest.approx(-0.2)
+        and row["high"] == pytest.approx(-0.2)
+    )
     assert row["verdict"] == SUPPORTED and row["samples_needed"] == 20  # prompts
 
 
@@ -119,7 +182,9 @@ def test_verdicts_for_every_direction():
     assert verdict(-0.04, 0.1, "at_least", 0.05) == SUPPORTED and verdict(-0.3, -0.06, "at_least", 0.05) == CONTRADICTED
     assert verdict(-0.06, 0.1, "at_least", 0.05) == INCONCLUSIVE
     assert verdict(-0.3, 0.04, "at_most", 0.05) == SUPPORTED and verdict(0.06, 0.3, "at_most", 0.05) == CONTRADICTED
-    assert verdict(-0.04, 0.04, "equivalent", 0.05) == SUPPORTED and verdict(0.06, 0.1, "equivalent", 0.05) == CONTRADICTED
+    assert (
+        verdict(-0.04, 0.04, "equivalent", 0.05) == SUPPORTED and verdict(0.06, 0.1, "equivalent", 0.05) == CONTRADICTED
+    )
     assert verdict(-0.04, 0.06, "equivalent", 0.05) == INCONCLUSIVE and verdict(math.nan, 1, "greater") == INCONCLUSIVE
 
 
@@ -131,13 +196,39 @@ def test_samples_needed_follows_the_power_formula():
 
 
 def test_gpu_claims_and_missing_methods_are_untested_here_with_the_command():
-    claims = [Claim(id="speed", source="s", wording="w", method="m", reference="ar", statistic="tokens_per_s", requires="gpu", command="run it on a GPU"),
-              Claim(id="bild", source="s", wording="w", method="bild", reference="ar", statistic="perplexity", direction="less"),
-              Claim(id="energy", source="s", wording="w", method="m", reference="ar", statistic="j_per_token", direction="less", requires="gpu")]
+    claims = [
+        Claim(
+            id="speed",
+            source="s",
+            wording="w",
+            method="m",
+            reference="ar",
+            statistic="tokens_per_s",
+            requires="gpu",
+            command="run it on a GPU",
+        ),
+        Claim(
+            id="bild", source="s", wording="w", method="bild", reference="ar", statistic="perplexity", direction="less"
+        ),
+        Claim(
+            id="energy",
+            source="s",
+            wording="w",
+            method="m",
+            reference="ar",
+            statistic="j_per_token",
+            direction="less",
+            requires="gpu",
+        ),
+    ]
     runs, samples = synthetic({"ar": 0.0, "m": -0.2})
     table = evaluate_claims(claims, runs, samples, n_boot=100).set_index("claim")
     assert table.at["speed", "verdict"] == "untested" and "run it on a GPU" in table.at["speed", "note"]
-    assert table.at["bild", "status"] == "no data" and "no data" in table.at["bild", "note"] and "bild" in table.at["bild", "note"]
+    assert (
+        table.at["bild", "status"] == "no data"
+        and "no data" in table.at["bild", "note"]
+        and "bild" in table.at["bild", "note"]
+    )
     runs, samples = synthetic({"ar": 0.0, "m": -0.2}, device="NVIDIA H100")
     table = evaluate_claims(claims, runs, samples, n_boot=100).set_index("claim")
     assert table.at["speed", "status"] == "tested" and table.at["energy", "effect"] == pytest.approx(-0.2 / 1.0)
@@ -145,8 +236,16 @@ def test_gpu_claims_and_missing_methods_are_untested_here_with_the_command():
 
 
 def test_leviathan_formula_holds_for_iid_acceptance_and_fails_when_acceptance_falls():
-    claim = Claim(id="lev", source="s", wording="w", method="m", reference=None, statistic="leviathan_tokens_per_step",
-                  direction="equivalent", margin=0.05)
+    claim = Claim(
+        id="lev",
+        source="s",
+        wording="w",
+        method="m",
+        reference=None,
+        statistic="leviathan_tokens_per_step",
+        direction="equivalent",
+        margin=0.05,
+    )
     runs, samples = synthetic({"m": 0.0}, alpha=0.6, n_prompts=30)
     row = evaluate_claims([claim], runs, samples, n_boot=300).iloc[0]
     assert abs(row["effect"]) < 0.03 and row["verdict"] == SUPPORTED
@@ -160,13 +259,22 @@ def test_leviathan_formula_holds_for_iid_acceptance_and_fails_when_acceptance_fa
 def test_the_shipped_claims_file_loads_and_bad_entries_name_the_fix(tmp_path):
     claims = load_claims()
     ids = {c.id for c in claims}
-    assert {"mtad_ppl_vs_ar", "block_tokens_per_step_vs_token", "leviathan_tokens_per_step[spd]", "lossless_score_equals_ar[block]"} <= ids
+    assert {
+        "mtad_ppl_vs_ar",
+        "block_tokens_per_step_vs_token",
+        "leviathan_tokens_per_step[spd]",
+        "lossless_score_equals_ar[block]",
+    } <= ids
     assert CLAIMS_FILE.name == "claims.yaml" and any(c.requires == "gpu" and c.command for c in claims)
     bad = tmp_path / "c.yaml"
-    bad.write_text("claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: perplexity, direction: lower}\n")
+    bad.write_text(
+        "claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: perplexity, direction: lower}\n"
+    )
     with pytest.raises(ValueError, match="direction 'lower' is not one of greater, less"):
         load_claims(bad)
-    bad.write_text("claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: score, direction: equivalent}\n")
+    bad.write_text(
+        "claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: score, direction: equivalent}\n"
+    )
     with pytest.raises(ValueError, match="needs a margin"):
         load_claims(bad)
     with pytest.raises(FileNotFoundError, match="claims file"):
@@ -230,18 +338,26 @@ def test_reconstructed_drafts_follow_the_chain_loop_rule():
     # gamma 4, 10 new tokens: drafts of 4, 4, then min(4, 10 - 8 - 1) = 1
     assert reconstruct_drafted([3, 5, 2], 4, max_new_tokens=10) == [4, 4, 1]
     assert records_metrics([{"accepted": [1, 1], "draft_steps": 0}], gamma=4) == {}  # nothing drafted: no metrics
-    assert records_metrics([{"accepted": [3, 5, 2], "drafted": math.nan, "draft_steps": 9}], gamma=4) != {}  # NaN (a DataFrame's gap) = not logged
+    assert (
+        records_metrics([{"accepted": [3, 5, 2], "drafted": math.nan, "draft_steps": 9}], gamma=4) != {}
+    )  # NaN (a DataFrame's gap) = not logged
     assert records_metrics([{"accepted": math.nan, "draft_steps": 9}], gamma=4) == {}
-    assert records_metrics([{"accepted": [3, 5, 2], "draft_steps": 9}], gamma=4, max_new_tokens=10)["drafts_reaching_pos1"] == 3
+    assert (
+        records_metrics([{"accepted": [3, 5, 2], "draft_steps": 9}], gamma=4, max_new_tokens=10)["drafts_reaching_pos1"]
+        == 3
+    )
 
 
 def test_the_engine_records_drafted_per_iteration(tiny_pair):
     # tau 0 accepts every draft: 4 + 4 + 4 + 4 tokens from gamma 3, then one token left -> a plain step
     out = build_decoder("mtad", *tiny_pair, tau=0.0, gamma=3, temperature=1.0, top_k=10, top_p=0.9).generate(
-        PROMPT, max_new_tokens=17, generator=make_generator(0))
+        PROMPT, max_new_tokens=17, generator=make_generator(0)
+    )
     assert out.accepted == [4, 4, 4, 4, 1] and out.drafted == [3, 3, 3, 3, 0]
     for method, params in (("spd", {"gamma": 3}), ("specinfer", {})):
-        out = build_decoder(method, *tiny_pair, **params).generate(PROMPT, max_new_tokens=20, generator=make_generator(1))
+        out = build_decoder(method, *tiny_pair, **params).generate(
+            PROMPT, max_new_tokens=20, generator=make_generator(1)
+        )
         assert len(out.drafted) == len(out.accepted) and all(a - 1 <= d for a, d in zip(out.accepted, out.drafted))
     assert build_decoder("ar", *tiny_pair).generate(PROMPT, max_new_tokens=5, generator=make_generator(0)).drafted == []
 
@@ -254,18 +370,31 @@ def test_acceptance_tables_per_cell_and_per_method():
 
 
 def test_speedup_over_bound_uses_the_cells_logged_cost_ratio():
-    claim = Claim(id="bound", source="s", wording="w", method="m", reference="ar", statistic="speedup_over_bound", direction="at_most",
-                  requires="cost_ratio")
+    claim = Claim(
+        id="bound",
+        source="s",
+        wording="w",
+        method="m",
+        reference="ar",
+        statistic="speedup_over_bound",
+        direction="at_most",
+        requires="cost_ratio",
+    )
     runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=8)
     assert evaluate_claims([claim], runs, samples, n_boot=50).iloc[0]["status"] == "needs c"
     runs["cost_ratio"] = np.where(runs["label"] == "m", 0.1, np.nan)
     row = evaluate_claims([claim], runs, samples, n_boot=50).iloc[0]
     m, ar = samples[samples["label"] == "m"], samples[samples["label"] == "ar"]
     speedup = (m["new_tokens"].sum() / m["decode_s"].sum()) / (ar["new_tokens"].sum() / ar["decode_s"].sum())
-    alpha = m["accepted"].map(lambda a: sum(x - 1 for x in a)).sum() / m["accepted"].map(lambda a: sum(min(x, 4) for x in a)).sum()
+    alpha = (
+        m["accepted"].map(lambda a: sum(x - 1 for x in a)).sum()
+        / m["accepted"].map(lambda a: sum(min(x, 4) for x in a)).sum()
+    )
     assert row["pooled_effect"] == pytest.approx(speedup / (expected_tokens(alpha, 4) / (4 * 0.1 + 1)) - 1)
     assert row["n"] == 8 and row["low"] <= row["effect"] <= row["high"]  # the effect: the mean over the 8 prompts
-    assert evaluate_claims([claim], runs, samples, n_boot=50, cost_ratio=0.2).iloc[0]["effect"] != pytest.approx(row["effect"])
+    assert evaluate_claims([claim], runs, samples, n_boot=50, cost_ratio=0.2).iloc[0]["effect"] != pytest.approx(
+        row["effect"]
+    )
 
 
 # ----------------------------------------------------------------------------------- verdicts the data can carry
@@ -273,13 +402,20 @@ def test_speedup_over_bound_uses_the_cells_logged_cost_ratio():
 
 def _null_claims() -> list[Claim]:
     common = dict(source="s", wording="w", method="m", reference="ar", statistic="perplexity", scale="relative")
-    return [Claim(id="greater", direction="greater", **common), Claim(id="less", direction="less", **common),
-            Claim(id="at_least", direction="at_least", margin=0.0, **common),
-            Claim(id="equivalent", direction="equivalent", margin=0.10, **common)]
+    return [
+        Claim(id="greater", direction="greater", **common),
+        Claim(id="less", direction="less", **common),
+        Claim(id="at_least", direction="at_least", margin=0.0, **common),
+        Claim(id="equivalent", direction="equivalent", margin=0.10, **common),
+    ]
 
 
-WRONG = {"greater": (SUPPORTED, CONTRADICTED), "less": (SUPPORTED, CONTRADICTED), "at_least": (SUPPORTED, CONTRADICTED),
-         "equivalent": (CONTRADICTED,)}  # what a null effect (m and ar the same law) must not be called
+WRONG = {
+    "greater": (SUPPORTED, CONTRADICTED),
+    "less": (SUPPORTED, CONTRADICTED),
+    "at_least": (SUPPORTED, CONTRADICTED),
+    "equivalent": (CONTRADICTED,),
+}  # what a null effect (m and ar the same law) must not be called
 
 
 def test_make_run_sizes_never_contradict_a_lossless_method():
@@ -289,7 +425,9 @@ def test_make_run_sizes_never_contradict_a_lossless_method():
     for r in range(10):
         runs, samples = synthetic({"ar": 0.0, "spd": 0.0, "block": 0.0}, n_prompts=3, sd=0.5, rng_seed=r)
         table = evaluate_claims(claims, runs, samples)
-        assert (table["verdict"] != CONTRADICTED).all() and (table["verdict"] == TOO_FEW).all(), table[["claim", "verdict"]]
+        assert (table["verdict"] != CONTRADICTED).all() and (table["verdict"] == TOO_FEW).all(), table[
+            ["claim", "verdict"]
+        ]
         assert (table["samples_needed"] >= 6).all() and (table["n"] == 3).all() and (table["n_pairs"] == 9).all()
         assert table["note"].str.contains("needs at least 6 prompts to decide").all()
 
@@ -300,7 +438,9 @@ def test_each_verdicts_false_positive_rate_on_a_null_effect_is_at_most_nominal()
     for n_prompts, reps in ((3, 8), (10, 40)):
         wrong = dict.fromkeys(WRONG, 0)
         for r in range(reps):
-            runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=n_prompts, sd=0.5, rng_seed=500 + r, alpha=0.0, gamma=1)
+            runs, samples = synthetic(
+                {"ar": 0.0, "m": 0.0}, n_prompts=n_prompts, sd=0.5, rng_seed=500 + r, alpha=0.0, gamma=1
+            )
             for row in evaluate_claims(_null_claims(), runs, samples, seed=r).to_dict("records"):
                 wrong[row["claim"]] += row["verdict"] in WRONG[row["claim"]]
         bound = 0.05 + 2 * math.sqrt(0.05 * 0.95 / reps)
@@ -332,7 +472,9 @@ def _with_probes(runs: pd.DataFrame, slow: dict[tuple[str, int], float]) -> pd.D
 
 
 def test_timing_claims_leave_out_disturbed_cells_or_say_none_were_left():
-    claim = Claim(id="speed", source="s", wording="w", method="m", reference="ar", statistic="tokens_per_s", direction="greater")
+    claim = Claim(
+        id="speed", source="s", wording="w", method="m", reference="ar", statistic="tokens_per_s", direction="greater"
+    )
     runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=8, seeds=(0, 1, 2))
     # seed 1 of m measured beside a CPU-heavy job: every one of its generations 5x slower
     slowed = samples["run_id"] == "m-1"
@@ -349,20 +491,39 @@ def test_timing_claims_leave_out_disturbed_cells_or_say_none_were_left():
 
 
 def test_a_speedup_above_its_own_bound_is_a_measurement_problem():
-    claim = Claim(id="bound", source="s", wording="w", method="m", reference="ar", statistic="speedup_over_bound", direction="at_most",
-                  requires="cost_ratio")
+    claim = Claim(
+        id="bound",
+        source="s",
+        wording="w",
+        method="m",
+        reference="ar",
+        statistic="speedup_over_bound",
+        direction="at_most",
+        requires="cost_ratio",
+    )
     runs, samples = synthetic({"ar": 0.0, "m": 0.0}, n_prompts=8)
     samples.loc[samples["label"] == "m", "decode_s"] /= 20.0  # m measured 20x faster than the bound allows
     row = evaluate_claims([claim], runs, samples, cost_ratio=0.1).iloc[0]
     assert row["low"] > 0 and row["verdict"] == MEASUREMENT_PROBLEM and "not a verdict on the method" in row["note"]
 
 
-@pytest.mark.parametrize(("margin", "message"), [(".inf", "finite number"), (".nan", "finite number"), ("-0.1", "finite number"),
-                                                 ("true", "finite number"), ("'0.1'", "finite number"), ("1.5", "below 1")])
+@pytest.mark.parametrize(
+    ("margin", "message"),
+    [
+        (".inf", "finite number"),
+        (".nan", "finite number"),
+        ("-0.1", "finite number"),
+        ("true", "finite number"),
+        ("'0.1'", "finite number"),
+        ("1.5", "below 1"),
+    ],
+)
 def test_a_margin_must_be_finite_and_in_range(tmp_path, margin, message):
     bad = tmp_path / "c.yaml"
-    bad.write_text("claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: perplexity, "
-                   f"direction: equivalent, margin: {margin}}}\n")
+    bad.write_text(
+        "claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: perplexity, "
+        f"direction: equivalent, margin: {margin}}}\n"
+    )
     with pytest.raises(ValueError, match=message):
         load_claims(bad)
 
@@ -374,11 +535,23 @@ def test_hsd_and_traversal_claims_say_no_data_until_their_cells_exist():
     table = evaluate_claims(claims, runs, samples)
     assert (table["status"] == "no data").all() and table["note"].str.contains("no data").all()
     assert table["note"].str.contains("python -m pipeline.sweep").all()  # the command that decides each
-    effects = {"ar": 0.0, "spd": 0.0, "block": 0.0, "hsd": 0.0, "specinfer": 0.0, "traversal": 0.0, "spd_eagle3": 0.0, "hsd_eagle3": 0.0}
+    effects = {
+        "ar": 0.0,
+        "spd": 0.0,
+        "block": 0.0,
+        "hsd": 0.0,
+        "specinfer": 0.0,
+        "traversal": 0.0,
+        "spd_eagle3": 0.0,
+        "hsd_eagle3": 0.0,
+    }
     runs, samples = synthetic(effects, n_prompts=6)
     table = evaluate_claims(claims, runs, samples).set_index("claim")
     assert (table["status"] == "tested").all()
-    assert table.at["hsd_lossless_ppl_equals_ar", "reference"] == "ar" and table.at["traversal_tokens_per_step_vs_specinfer", "n"] == 6
+    assert (
+        table.at["hsd_lossless_ppl_equals_ar", "reference"] == "ar"
+        and table.at["traversal_tokens_per_step_vs_specinfer", "n"] == 6
+    )
 
 
 # ----------------------------------------------------------------------------------- specdec_bench's profile
@@ -397,26 +570,57 @@ def test_speculation_profile_matches_specdec_bench_on_its_own_example():
     assert set(profile) == PROFILE_KEYS
     assert profile["marginal_accept_rates"] == pytest.approx([0.6, 0.3, 0.0])
     assert profile["conditional_accept_rates"] == pytest.approx([0.6, 0.5, 0.0])
-    assert profile["mean_accept_length"] == pytest.approx(1.9) and profile["mean_accept_length_per_request"] == pytest.approx(1.9)
-    assert profile["validation"]["mean_consistency"]["passed"] and profile["validation"]["marginal_monotonicity"]["passed"]
-    assert profile["schema_version"] == "1.0" and profile["measured"] is True and profile["verification_method"] == "longest_prefix"
-    assert profile["accept_length_model"] == "chain_analytic" and profile["acceptance_length_histogram"] == {"1": 40, "2": 30, "3": 30}
+    assert profile["mean_accept_length"] == pytest.approx(1.9) and profile[
+        "mean_accept_length_per_request"
+    ] == pytest.approx(1.9)
+    assert (
+        profile["validation"]["mean_consistency"]["passed"] and profile["validation"]["marginal_monotonicity"]["passed"]
+    )
+    assert (
+        profile["schema_version"] == "1.0"
+        and profile["measured"] is True
+        and profile["verification_method"] == "longest_prefix"
+    )
+    assert profile["accept_length_model"] == "chain_analytic" and profile["acceptance_length_histogram"] == {
+        "1": 40,
+        "2": 30,
+        "3": 30,
+    }
     assert json.loads(json.dumps(profile)) == profile  # plain JSON
     # model paths published as specdec_bench does: org/model, no local directory layout
     assert checkpoint_id("/lustre/fsw/x/hf-local/nvidia/MiniMax-M2.7-DFlash") == "nvidia/MiniMax-M2.7-DFlash"
-    assert checkpoint_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct" and checkpoint_id(None) is None
+    assert (
+        checkpoint_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        and checkpoint_id(None) is None
+    )
 
 
 def test_speculation_profile_per_step_and_per_request_means_and_method_words():
     # a short request of long steps and a long one of short steps: the two means differ, the vectors describe steps
-    records = [{"accepted": [3, 3], "draft_steps": 4}, {"accepted": [1] * 8, "draft_steps": 16}, {"accepted": [1, 1], "draft_steps": 0}]
+    records = [
+        {"accepted": [3, 3], "draft_steps": 4},
+        {"accepted": [1] * 8, "draft_steps": 16},
+        {"accepted": [1, 1], "draft_steps": 0},
+    ]
     profile = speculation_profile(records, method="block", num_speculative_tokens=2, **_declared("block"))
-    assert profile["mean_accept_length"] == pytest.approx(14 / 10) and profile["mean_accept_length_per_request"] == pytest.approx(2.0)
-    assert profile["marginal_accept_rates"] == pytest.approx([0.2, 0.2]) and profile["conditional_accept_rates"] == pytest.approx([0.2, 1.0])
+    assert profile["mean_accept_length"] == pytest.approx(14 / 10) and profile[
+        "mean_accept_length_per_request"
+    ] == pytest.approx(2.0)
+    assert profile["marginal_accept_rates"] == pytest.approx([0.2, 0.2]) and profile[
+        "conditional_accept_rates"
+    ] == pytest.approx([0.2, 1.0])
     assert profile["verification_method"] == "block" and profile["validation"]["mean_consistency"]["passed"]
     # a length that never occurred between two that did keeps its true rate; K is never below the longest step
-    sparse = speculation_profile([{"accepted": [1, 3, 3, 5], "draft_steps": 8}], method="traversal", num_speculative_tokens=2,
-                                 **_declared("traversal"))
-    assert sparse["num_speculative_tokens"] == 4 and sparse["marginal_accept_rates"] == pytest.approx([0.75, 0.75, 0.25, 0.25])
+    sparse = speculation_profile(
+        [{"accepted": [1, 3, 3, 5], "draft_steps": 8}],
+        method="traversal",
+        num_speculative_tokens=2,
+        **_declared("traversal"),
+    )
+    assert sparse["num_speculative_tokens"] == 4 and sparse["marginal_accept_rates"] == pytest.approx(
+        [0.75, 0.75, 0.25, 0.25]
+    )
     assert sparse["verification_method"] == "tree_traversal" and sparse["accept_length_model"] == "measured_per_k"
-    assert speculation_profile([{"accepted": [1] * 5, "draft_steps": 0}], method="ar") is None  # nothing drafted: no profile
+    assert (
+        speculation_profile([{"accepted": [1] * 5, "draft_steps": 0}], method="ar") is None
+    )  # nothing drafted: no profile

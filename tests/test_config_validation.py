@@ -98,55 +98,110 @@ def _refused_before_ray(monkeypatch, tmp_path, overrides, error=sweep.SweepConfi
     return str(failure.value)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["pair=smollm2-offline", "pair.device=cuda:7"], r"device 'cuda:7' but (this machine has no CUDA GPU|a cell sees 1 GPU).*pair.device=auto"),
-    (["pair=smollm2-offline", "pair.device=gpu"], r"device 'gpu' is not a torch device"),
-    (["measure.threads=0"], r"measure.threads=0: must be null or an integer >= 1"),
-    (["measure.threads=-2"], r"measure.threads=-2: must be null or an integer >= 1"),
-    (["measure.warmup_seconds=-1"], r"measure.warmup_seconds=-1: must be a finite number >= 0"),
-    (["measure.energy_meter=nvml+smi"], r"measure.energy_meter: unknown energy meter 'nvml\+smi'; valid: auto, nvml, rapl, zeus, none"),
-    (["dataset=humaneval", "dataset.max_new_tokens=9000"], r"max_new_tokens=9000 does not fit the context of pair 'smollm2-offline'.*8192 positions"),
-    (["pair=smollm2-offline", "pair.draft.id=/nonexistent/draft-model"], r"draft model folder '/nonexistent/draft-model' does not exist"),
-    (["pair=smollm2-offline", "pair.draft.id=models/no-such-draft"], r"draft model folder 'models/no-such-draft' does not exist"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["pair=smollm2-offline", "pair.device=cuda:7"],
+            r"device 'cuda:7' but (this machine has no CUDA GPU|a cell sees 1 GPU).*pair.device=auto",
+        ),
+        (["pair=smollm2-offline", "pair.device=gpu"], r"device 'gpu' is not a torch device"),
+        (["measure.threads=0"], r"measure.threads=0: must be null or an integer >= 1"),
+        (["measure.threads=-2"], r"measure.threads=-2: must be null or an integer >= 1"),
+        (["measure.warmup_seconds=-1"], r"measure.warmup_seconds=-1: must be a finite number >= 0"),
+        (
+            ["measure.energy_meter=nvml+smi"],
+            r"measure.energy_meter: unknown energy meter 'nvml\+smi'; valid: auto, nvml, rapl, zeus, none",
+        ),
+        (
+            ["dataset=humaneval", "dataset.max_new_tokens=9000"],
+            r"max_new_tokens=9000 does not fit the context of pair 'smollm2-offline'.*8192 positions",
+        ),
+        (
+            ["pair=smollm2-offline", "pair.draft.id=/nonexistent/draft-model"],
+            r"draft model folder '/nonexistent/draft-model' does not exist",
+        ),
+        (
+            ["pair=smollm2-offline", "pair.draft.id=models/no-such-draft"],
+            r"draft model folder 'models/no-such-draft' does not exist",
+        ),
+    ],
+)
 def test_inputs_that_would_fail_every_cell_are_refused_before_ray(monkeypatch, tmp_path, overrides, message):
     assert re.search(message, _refused_before_ray(monkeypatch, tmp_path, overrides))
 
 
 # issue 36 item 7: numbers that passed the checks and then failed, hung or broke the store for good
-@pytest.mark.parametrize("overrides, message", [
-    (["seeds=[99999999999999999999]"], r"seeds: 99999999999999999999 is out of range: .*\[0, 2\*\*63 - 1\]"),
-    (["seeds=[-1]"], r"seeds: -1 is out of range"),
-    (["measure.warmup_seconds=inf"], r"measure.warmup_seconds=inf: must be a finite number >= 0"),
-    (["measure.idle_seconds=nan"], r"measure.idle_seconds=nan: must be a finite number >= 0"),
-    (["measure.warmup_generations=nan"], r"measure.warmup_generations=nan: must be an integer >= 0"),
-    (["cluster.cell_timeout_s=-1"], r"cluster.cell_timeout_s=-1: must be null or a finite number > 0 \(null or 0: no limit\)"),
-    (["cluster.cell_timeout_s=nan"], r"cluster.cell_timeout_s=nan: must be null"),
-    (["cluster.cpus_per_cell=-2"], r"cluster.cpus_per_cell=-2: must be null or a finite number > 0"),
-    (["cluster.max_in_flight=0"], r"cluster.max_in_flight=0: must be null or an integer >= 1"),
-    (["judge.max_new_tokens=-1"], r"judge.max_new_tokens=-1: must be an integer >= 1 \(e.g. judge.max_new_tokens=256\)"),
-    (["+judge.max_retries=-3"], r"judge.max_retries=-3: must be null or an integer >= 0"),
-    (["method=spd", "method.temperature=inf"], r"method 'spd\(temperature=inf\)': method.temperature=inf: must be a finite number"),
-    (["method=spd", "method.top_p=nan"], r"method.top_p=nan: must be a finite number"),
-    (["+sweep.method_overrides.top_p=nan"], r"method 'ar\(top_p=nan\)': method.top_p=nan: must be a finite number"),
-    (["pair=smollm2-offline", "pair.dtype=[1]"], r"pair 'smollm2-offline': unknown dtype \[1\]; choose one of .*pair.dtype=auto"),
-    (["pair=smollm2-offline", "pair.chat=[1]"], r"chat=\[1\]: must be true or false"),
-    (["pair=smollm2-offline", "~pair.target", "+pair.target=[1]"], r"a model spec must be a Hub id, a folder or a mapping"),
-    (["dataset=humaneval", "dataset.time_budget_s=nan"], r"dataset 'humaneval': dataset.time_budget_s=nan: must be null or a finite number > 0"),
-    (["dataset=humaneval", "dataset.start=-1"], r"dataset.start=-1: must be null or an integer >= 0"),
-    (["dataset=humaneval", "dataset.limit=99999999999999999999"], r"dataset.limit=99999999999999999999: out of range \(integers must fit in 64 bits"),
-    (["+fault_injection.seconds=inf"], r"fault_injection.seconds=inf: must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["seeds=[99999999999999999999]"], r"seeds: 99999999999999999999 is out of range: .*\[0, 2\*\*63 - 1\]"),
+        (["seeds=[-1]"], r"seeds: -1 is out of range"),
+        (["measure.warmup_seconds=inf"], r"measure.warmup_seconds=inf: must be a finite number >= 0"),
+        (["measure.idle_seconds=nan"], r"measure.idle_seconds=nan: must be a finite number >= 0"),
+        (["measure.warmup_generations=nan"], r"measure.warmup_generations=nan: must be an integer >= 0"),
+        (
+            ["cluster.cell_timeout_s=-1"],
+            r"cluster.cell_timeout_s=-1: must be null or a finite number > 0 \(null or 0: no limit\)",
+        ),
+        (["cluster.cell_timeout_s=nan"], r"cluster.cell_timeout_s=nan: must be null"),
+        (["cluster.cpus_per_cell=-2"], r"cluster.cpus_per_cell=-2: must be null or a finite number > 0"),
+        (["cluster.max_in_flight=0"], r"cluster.max_in_flight=0: must be null or an integer >= 1"),
+        (
+            ["judge.max_new_tokens=-1"],
+            r"judge.max_new_tokens=-1: must be an integer >= 1 \(e.g. judge.max_new_tokens=256\)",
+        ),
+        (["+judge.max_retries=-3"], r"judge.max_retries=-3: must be null or an integer >= 0"),
+        (
+            ["method=spd", "method.temperature=inf"],
+            r"method 'spd\(temperature=inf\)': method.temperature=inf: must be a finite number",
+        ),
+        (["method=spd", "method.top_p=nan"], r"method.top_p=nan: must be a finite number"),
+        (["+sweep.method_overrides.top_p=nan"], r"method 'ar\(top_p=nan\)': method.top_p=nan: must be a finite number"),
+        (
+            ["pair=smollm2-offline", "pair.dtype=[1]"],
+            r"pair 'smollm2-offline': unknown dtype \[1\]; choose one of .*pair.dtype=auto",
+        ),
+        (["pair=smollm2-offline", "pair.chat=[1]"], r"chat=\[1\]: must be true or false"),
+        (
+            ["pair=smollm2-offline", "~pair.target", "+pair.target=[1]"],
+            r"a model spec must be a Hub id, a folder or a mapping",
+        ),
+        (
+            ["dataset=humaneval", "dataset.time_budget_s=nan"],
+            r"dataset 'humaneval': dataset.time_budget_s=nan: must be null or a finite number > 0",
+        ),
+        (["dataset=humaneval", "dataset.start=-1"], r"dataset.start=-1: must be null or an integer >= 0"),
+        (
+            ["dataset=humaneval", "dataset.limit=99999999999999999999"],
+            r"dataset.limit=99999999999999999999: out of range \(integers must fit in 64 bits",
+        ),
+        (["+fault_injection.seconds=inf"], r"fault_injection.seconds=inf: must be a finite number"),
+    ],
+)
 def test_numbers_out_of_range_or_not_finite_are_refused_before_ray(monkeypatch, tmp_path, overrides, message):
     text = _refused_before_ray(monkeypatch, tmp_path, overrides)
     assert re.search(message, text), text
-    if not overrides[0].lstrip("+").startswith(("method", "sweep.method")):  # (a method's own check may add its range besides)
+    if (
+        not overrides[0].lstrip("+").startswith(("method", "sweep.method"))
+    ):  # (a method's own check may add its range besides)
         assert text.count("\n  - ") <= 1, text  # one error per bad setting, not the generic walk's besides the range's
 
 
 def test_the_sweep_command_exits_2_on_a_seed_beyond_int64(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pipeline.sweep", "seeds=[99999999999999999999]", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.sweep",
+            "seeds=[99999999999999999999]",
+            f"tracking.uri=sqlite:///{tmp_path}/m.db",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "seeds: 99999999999999999999 is out of range" in out.stderr and not (tmp_path / "m.db").exists()
 
@@ -169,18 +224,25 @@ def test_conf_path_folders_that_do_not_exist_or_shadow_a_builtin_are_refused(tmp
     own = tmp_path / "myconf"
     (own / "method").mkdir(parents=True)
     (own / "method" / "spd.yaml").write_text("name: spd\ngamma: 9\n")  # would be ignored: conf/method/spd.yaml wins
-    with pytest.raises(sweep.SweepConfigError, match=r"myconf/method/spd.yaml reuses the name method=spd of .*conf/method/spd.yaml.*rename"):
+    with pytest.raises(
+        sweep.SweepConfigError,
+        match=r"myconf/method/spd.yaml reuses the name method=spd of .*conf/method/spd.yaml.*rename",
+    ):
         sweep.expand(sweep.compose(["sweep=smoke", f"conf_path=[{own}]"]), tmp_path)
     other = tmp_path / "other"
     (other / "method").mkdir(parents=True)
     (other / "method" / "spd9.yaml").write_text("name: spd\ngamma: 9\n")
     (own / "method" / "spd.yaml").rename(own / "method" / "spd9.yaml")
-    with pytest.raises(sweep.SweepConfigError, match=r"other/method/spd9.yaml reuses the name method=spd9 of .*myconf/method/spd9.yaml"):
+    with pytest.raises(
+        sweep.SweepConfigError, match=r"other/method/spd9.yaml reuses the name method=spd9 of .*myconf/method/spd9.yaml"
+    ):
         sweep.expand(sweep.compose(["sweep=smoke", f"conf_path=[{own},{other}]"]), tmp_path)
 
 
 def test_a_relative_module_name_is_a_clear_error_not_a_type_error():
-    with pytest.raises(ValueError, match=r"scorer '.mine:SCORER': a relative module cannot be imported by the Ray workers"):
+    with pytest.raises(
+        ValueError, match=r"scorer '.mine:SCORER': a relative module cannot be imported by the Ray workers"
+    ):
         scorer_for(".mine:SCORER")
     with pytest.raises(ValueError, match=r"scorer ':SCORER': name `module:attr`"):
         scorer_for(":SCORER")
@@ -228,10 +290,13 @@ def test_a_tracking_server_whose_api_fails_is_refused_in_seconds(monkeypatch, tm
         server.server_close()
 
 
-@pytest.mark.parametrize("content, message", [
-    ("name: broken\ntarget: {id: x\n", r"conf/pair/broken.yaml is not valid YAML at line \d+"),
-    ("- name: broken\n- target: x\n", r"is a YAML list, not a mapping"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("name: broken\ntarget: {id: x\n", r"conf/pair/broken.yaml is not valid YAML at line \d+"),
+        ("- name: broken\n- target: x\n", r"is a YAML list, not a mapping"),
+    ],
+)
 def test_a_broken_pair_file_is_a_config_error(tmp_path, content, message):
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
@@ -243,13 +308,16 @@ def test_a_broken_pair_file_is_a_config_error(tmp_path, content, message):
         sweep.expand(cfg, tmp_path)
 
 
-@pytest.mark.parametrize("arg, message", [
-    ("method=nosuch", "unknown method 'nosuch'"),
-    ("pair=nosuch", "unknown pair 'nosuch'"),
-    ("dataset=nosuch", "unknown dataset 'nosuch'"),
-    ("sweep=nosuch", "unknown sweep 'nosuch'"),
-    ("+cluster=nosuch", "unknown cluster 'nosuch'"),
-])
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("method=nosuch", "unknown method 'nosuch'"),
+        ("pair=nosuch", "unknown pair 'nosuch'"),
+        ("dataset=nosuch", "unknown dataset 'nosuch'"),
+        ("sweep=nosuch", "unknown sweep 'nosuch'"),
+        ("+cluster=nosuch", "unknown cluster 'nosuch'"),
+    ],
+)
 def test_unknown_group_on_the_command_line_exits_2_with_the_valid_names(arg, message):
     with pytest.raises(sweep.SweepConfigError, match=message + r".*valid \w+s: \["):
         check_command_line([arg])
@@ -258,7 +326,12 @@ def test_unknown_group_on_the_command_line_exits_2_with_the_valid_names(arg, mes
 
 
 def test_the_sweep_command_exits_2_on_an_unknown_group(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pipeline.sweep", "pair=nosuch", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", "pair=nosuch", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("error: unknown pair 'nosuch'") and "smollm2-offline" in out.stderr

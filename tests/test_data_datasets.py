@@ -16,7 +16,9 @@ def test_every_dataset_has_a_task_spec_and_unknown_names_are_refused():
     for name in task_names():
         task = task_spec(name)
         module = task.loader_module()
-        assert task.name == module.NAME == name and callable(module.load) and callable(task.prompt_module().continuation)
+        assert (
+            task.name == module.NAME == name and callable(module.load) and callable(task.prompt_module().continuation)
+        )
     with pytest.raises(ValueError, match="datasets with a task: .*'humaneval'"):
         load_dataset("gsm8k")
 
@@ -93,9 +95,19 @@ def test_chatgpt_prompts_and_chatalpaca_local_files(tmp_path):
     assert [s.id for s in samples] == ["0", "1"] and samples[0].category == "Linux Terminal"
     conv = tmp_path / "chatalpaca-10k.json"
     conv.write_text(
-        json.dumps({"id": "7", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"},
-                                                  {"from": "human", "value": "More"}]}) + "\n"
-        + json.dumps({"id": "8", "conversations": [{"from": "human", "value": "Q"}]}) + "\n"
+        json.dumps(
+            {
+                "id": "7",
+                "conversations": [
+                    {"from": "human", "value": "Hi"},
+                    {"from": "gpt", "value": "Hello"},
+                    {"from": "human", "value": "More"},
+                ],
+            }
+        )
+        + "\n"
+        + json.dumps({"id": "8", "conversations": [{"from": "human", "value": "Q"}]})
+        + "\n"
     )
     samples = load_dataset("chatalpaca", conv)
     assert [(s.id, s.turns) for s in samples] == [("7", ["Hi"]), ("8", ["Q"])]
@@ -104,12 +116,26 @@ def test_chatgpt_prompts_and_chatalpaca_local_files(tmp_path):
 
 def test_chatgpt_prompts_and_chatalpaca_are_reachable_from_a_sweep(tmp_path):
     """Both had a loader but no dataset config, so no sweep could name them; now each is a task of its own."""
-    (tmp_path / "prompts.csv").write_text('act,prompt\nPoet,"Write a poem."\nChef,"Plan a dinner."\nCoach,"Plan a run."\n')
+    (tmp_path / "prompts.csv").write_text(
+        'act,prompt\nPoet,"Write a poem."\nChef,"Plan a dinner."\nCoach,"Plan a run."\n'
+    )
     (tmp_path / "chatalpaca-10k.json").write_text(
-        "".join(json.dumps({"id": str(i), "conversations": [{"from": "human", "value": f"Q{i}"}]}) + "\n" for i in range(3)))
+        "".join(
+            json.dumps({"id": str(i), "conversations": [{"from": "human", "value": f"Q{i}"}]}) + "\n" for i in range(3)
+        )
+    )
     for name, path in (("chatgpt_prompts", tmp_path / "prompts.csv"), ("chatalpaca", tmp_path / "chatalpaca-10k.json")):
-        cfg = sweep.compose(["sweep=smoke", "data_root=data", "seeds=[0]", "sweep.methods=[ar]", f"dataset={name}",
-                             f"dataset.path={path}", "dataset.limit=2"])
+        cfg = sweep.compose(
+            [
+                "sweep=smoke",
+                "data_root=data",
+                "seeds=[0]",
+                "sweep.methods=[ar]",
+                f"dataset={name}",
+                f"dataset.path={path}",
+                "dataset.limit=2",
+            ]
+        )
         plan = sweep.expand(cfg)
         assert {c.dataset_name for c in plan.cells} == {name} and plan.sample_counts == {f"{name}[0:2]": 2}
         assert plan.cells[0].dataset["task"]["scorer"] is None  # measured for speed only
@@ -117,7 +143,10 @@ def test_chatgpt_prompts_and_chatalpaca_are_reachable_from_a_sweep(tmp_path):
 
 def test_slicing():
     assert [s.id for s in load_dataset("humaneval", start=10, limit=2)] == ["HumanEval/10", "HumanEval/11"]
-    assert [s.id for s in load_dataset("humaneval", ids=["HumanEval/5", "HumanEval/1"])] == ["HumanEval/1", "HumanEval/5"]
+    assert [s.id for s in load_dataset("humaneval", ids=["HumanEval/5", "HumanEval/1"])] == [
+        "HumanEval/1",
+        "HumanEval/5",
+    ]
     with pytest.raises(KeyError):
         load_dataset("humaneval", ids=["HumanEval/999"])
 

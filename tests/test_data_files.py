@@ -63,7 +63,9 @@ def test_mt_bench_hub_path_on_a_hub_layout_folder(tmp_path, monkeypatch):
 def test_spider_hub_path_with_database_dir(tmp_path, monkeypatch):
     """xlangai/spider: questions only (split validation = dev); the databases come from database_dir."""
     dev = json.loads((DATA / "spider" / "dev.json").read_text())[:5]
-    _write_jsonl(tmp_path / "spider" / "validation.jsonl", [{k: r[k] for k in ("db_id", "query", "question")} for r in dev])
+    _write_jsonl(
+        tmp_path / "spider" / "validation.jsonl", [{k: r[k] for k in ("db_id", "query", "question")} for r in dev]
+    )
     monkeypatch.setattr(spider, "HUB_ID", str(tmp_path / "spider"))
     with pytest.raises(ValueError, match="database"):
         load_dataset("spider", None)
@@ -75,10 +77,13 @@ def test_spider_hub_path_with_database_dir(tmp_path, monkeypatch):
 def test_cnn_dm_hub_path_with_its_config(tmp_path, monkeypatch):
     """abisee/cnn_dailymail config 3.0.0 (article, highlights, id): references for ROUGE."""
     folder = tmp_path / "cnn_dailymail"
-    _write_jsonl(folder / "3.0.0" / "test.jsonl", [
-        {"article": "The cat sat on the mat all day.", "highlights": "Cat sat.", "id": "a1"},
-        {"article": "Rain fell in the city.", "highlights": "Rain.", "id": "b2"},
-    ])
+    _write_jsonl(
+        folder / "3.0.0" / "test.jsonl",
+        [
+            {"article": "The cat sat on the mat all day.", "highlights": "Cat sat.", "id": "a1"},
+            {"article": "Rain fell in the city.", "highlights": "Rain.", "id": "b2"},
+        ],
+    )
     (folder / "README.md").write_text(
         "---\nconfigs:\n- config_name: 3.0.0\n  data_files:\n  - split: test\n    path: 3.0.0/test.jsonl\n---\n"
     )

@@ -10,13 +10,27 @@ import torch
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, cpu_kernels, make_generator, method_class
-from pipeline.decoding.batched import BatchedDecoder, BatchRequest, PackedCache, PackedRows, batch_divergence, check_batch
+from pipeline.decoding.batched import (
+    BatchedDecoder,
+    BatchRequest,
+    PackedCache,
+    PackedRows,
+    batch_divergence,
+    check_batch,
+)
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.warping import Warper
 
-BATCHABLE = [("ar", {}), ("spd", {"gamma": 3}), ("block", {"gamma": 3}), ("mtad", {"gamma": 2, "num_beams": 3}),
-             ("typical", {"gamma": 3}), ("spd", {"gamma": 3, "drafter": "ngram"}), ("block", {"gamma": 2, "drafter": "ngram"}),
-             ("mtad", {"gamma": 3, "drafter": "ngram"})]
+BATCHABLE = [
+    ("ar", {}),
+    ("spd", {"gamma": 3}),
+    ("block", {"gamma": 3}),
+    ("mtad", {"gamma": 2, "num_beams": 3}),
+    ("typical", {"gamma": 3}),
+    ("spd", {"gamma": 3, "drafter": "ngram"}),
+    ("block", {"gamma": 2, "drafter": "ngram"}),
+    ("mtad", {"gamma": 3, "drafter": "ngram"}),
+]
 PROMPTS = [[0], [5, 9, 2], list(range(1, 20)), [7, 7, 7, 7, 7, 7], [3, 1]]
 
 
@@ -36,7 +50,10 @@ def batched_first_tokens(decoder, n, length, batch_size, max_new):
     return [tuple(g.tokens[:length]) for g in out]
 
 
-@pytest.mark.parametrize("method,params", [("ar", {}), ("spd", {"gamma": 2}), ("block", {"gamma": 3}), ("mtad", {"tau": 1.0, "gamma": 2, "num_beams": 2})])
+@pytest.mark.parametrize(
+    "method,params",
+    [("ar", {}), ("spd", {"gamma": 2}), ("block", {"gamma": 3}), ("mtad", {"tau": 1.0, "gamma": 2, "num_beams": 2})],
+)
 def test_every_request_of_a_batch_samples_the_target_law(tiny_pair, law2, method, params):
     """Per-request exactness at B = 4: each request's first two tokens follow the warped target's law
     (mtad at tau = 1 keeps no draft token: plain sampling)."""
@@ -48,7 +65,9 @@ def test_every_request_of_a_batch_samples_the_target_law(tiny_pair, law2, method
 def test_the_per_request_chi_square_catches_shared_randomness(tiny_pair, law2):
     """Negative control: requests that share one generator's draws are not independent samples of the law."""
     decoder = build_decoder("spd", *tiny_pair, **WARP, gamma=2)
-    out = BatchedDecoder(decoder, 4).generate([PROMPT] * 400, max_new_tokens=3, generators=[make_generator(7) for _ in range(400)])
+    out = BatchedDecoder(decoder, 4).generate(
+        [PROMPT] * 400, max_new_tokens=3, generators=[make_generator(7) for _ in range(400)]
+    )
     samples = [tuple(g.tokens[:2]) for g in out]
     assert len(set(samples)) == 1  # the same seed for every request: one outcome, whatever its companions
     assert chi_square_pvalue(samples, law2) < 1e-3
@@ -75,10 +94,18 @@ def test_a_requests_output_does_not_depend_on_its_companions(greedy_pair, method
     for b in (1, 4):
         got = BatchedDecoder(decoder, b).generate(PROMPTS, max_new_tokens=20, generators=gens())
         for a, g in zip(alone, got):
-            assert (g.tokens, g.steps, g.draft_steps, g.accepted, g.drafted) == (a.tokens, a.steps, a.draft_steps, a.accepted, a.drafted)
+            assert (g.tokens, g.steps, g.draft_steps, g.accepted, g.drafted) == (
+                a.tokens,
+                a.steps,
+                a.draft_steps,
+                a.accepted,
+                a.drafted,
+            )
 
 
-needs_kernels = pytest.mark.skipif(cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+needs_kernels = pytest.mark.skipif(
+    cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
+)
 
 
 @needs_kernels
@@ -86,7 +113,9 @@ needs_kernels = pytest.mark.skipif(cpu_kernels.kernels() is None, reason=f"bf16 
 def test_output_at_batch_b_is_identical_to_batch_one_on_the_bf16_kernels(method, params):
     """The bf16 kernels' rows are batch-invariant, so a request's tokens at B = 1, 3, 8 are the same, bit for bit
     (a model large enough for the kernels' vector paths: head size 64)."""
-    target = tiny_llama(20, vocab=256, hidden=128, layers=2, heads=2, kv_heads=1, torch_dtype=torch.bfloat16).to(torch.bfloat16)
+    target = tiny_llama(20, vocab=256, hidden=128, layers=2, heads=2, kv_heads=1, torch_dtype=torch.bfloat16).to(
+        torch.bfloat16
+    )
     draft = tiny_llama(21, vocab=256, hidden=128, layers=1, heads=2, kv_heads=1).to(torch.bfloat16)
     decoder = build_decoder(method, target, draft, **WARP, **params)
     assert CachedModel(target).lean.kernel_path == "bf16-avx512"
@@ -151,7 +180,9 @@ def test_eos_and_max_new_tokens_apply_per_request(greedy_pair, method, params):
     limits = [5, 30, 30, 1, 17]
     queue = deque(BatchRequest(p, m, tag=i) for i, (p, m) in enumerate(zip(PROMPTS, limits)))
     done = {}
-    BatchedDecoder(decoder, 3).run(queue, eos_token_ids=[eos], on_finish=lambda req, gen: done.__setitem__(req.tag, gen))
+    BatchedDecoder(decoder, 3).run(
+        queue, eos_token_ids=[eos], on_finish=lambda req, gen: done.__setitem__(req.tag, gen)
+    )
     for i, ref in enumerate(free):
         cut = ref[: ref.index(eos) + 1] if eos in ref else ref
         assert done[i].tokens == cut[: limits[i]]
@@ -175,10 +206,16 @@ def test_packed_cache_rows_see_only_their_own_sequence(greedy_pair):
     assert packed.length(0) == 2 and int((packed.owner == 0).sum()) == 2
 
 
-@pytest.mark.parametrize("method,params,needle", [
-    ("beam", {}, "one sequence at a time"), ("mtjd", {}, "one sequence at a time"), ("bild", {}, "one sequence at a time"),
-    ("specinfer", {}, "one sequence at a time"), ("spectr", {}, "one sequence at a time"),
-])
+@pytest.mark.parametrize(
+    "method,params,needle",
+    [
+        ("beam", {}, "one sequence at a time"),
+        ("mtjd", {}, "one sequence at a time"),
+        ("bild", {}, "one sequence at a time"),
+        ("specinfer", {}, "one sequence at a time"),
+        ("spectr", {}, "one sequence at a time"),
+    ],
+)
 def test_methods_that_cannot_batch_refuse_before_any_model_loads(method, params, needle):
     values = check_method(method, params)
     with pytest.raises(ValueError, match=f"batch_size 2.*{needle}.*use batch_size: 1"):

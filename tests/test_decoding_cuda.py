@@ -44,11 +44,24 @@ def cuda_pair(request):
 
 
 GREEDY = [
-    ("spd", {"gamma": 1}), ("spd", {"gamma": 3}), ("block", {"gamma": 3}), ("block", {"gamma": 5}),
-    ("mtad", {"gamma": 3}), ("spectr", {}), ("spectr", {"num_drafts": 1, "gamma": 2}), ("specinfer", {}),
-    ("specinfer", {"k_config": [2, 1, 3, 1, 1]}), ("mcss", {}), ("mcss", {"k_config": [3, 3]}), ("typical", {}),
-    ("typical", {"drafter": "medusa"}), ("medusa", {}), ("medusa", {"acceptance": "exact", "k_config": [2, 2, 2]}),
-    ("bild", {"rollback": 0.0}), ("spd", {"drafter": "ngram"}), ("block", {"drafter": "ngram"}),
+    ("spd", {"gamma": 1}),
+    ("spd", {"gamma": 3}),
+    ("block", {"gamma": 3}),
+    ("block", {"gamma": 5}),
+    ("mtad", {"gamma": 3}),
+    ("spectr", {}),
+    ("spectr", {"num_drafts": 1, "gamma": 2}),
+    ("specinfer", {}),
+    ("specinfer", {"k_config": [2, 1, 3, 1, 1]}),
+    ("mcss", {}),
+    ("mcss", {"k_config": [3, 3]}),
+    ("typical", {}),
+    ("typical", {"drafter": "medusa"}),
+    ("medusa", {}),
+    ("medusa", {"acceptance": "exact", "k_config": [2, 2, 2]}),
+    ("bild", {"rollback": 0.0}),
+    ("spd", {"drafter": "ngram"}),
+    ("block", {"drafter": "ngram"}),
 ]
 
 
@@ -91,9 +104,13 @@ def exact_pair():
 @pytest.mark.parametrize(
     "method,params,n",
     [
-        ("ar", {}, 2000), ("spd", {"gamma": 2}, 3000), ("block", {"gamma": 4}, 3000),
-        ("specinfer", {"k_config": [2, 2]}, 2000), ("mcss", {"k_config": [2, 2]}, 2000),
-        ("spectr", {"num_drafts": 2, "gamma": 2}, 2000), ("medusa", {"acceptance": "exact", "k_config": [2, 2]}, 2000),
+        ("ar", {}, 2000),
+        ("spd", {"gamma": 2}, 3000),
+        ("block", {"gamma": 4}, 3000),
+        ("specinfer", {"k_config": [2, 2]}, 2000),
+        ("mcss", {"k_config": [2, 2]}, 2000),
+        ("spectr", {"num_drafts": 2, "gamma": 2}, 2000),
+        ("medusa", {"acceptance": "exact", "k_config": [2, 2]}, 2000),
     ],
 )
 def test_lossless_methods_match_the_target_distribution_on_cuda(exact_pair, method, params, n):

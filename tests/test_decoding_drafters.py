@@ -17,7 +17,14 @@ from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.base import DrafterContext
 from pipeline.decoding.drafters import NgramDrafter
-from pipeline.decoding.eagle import EagleHead, EagleRunner, attach_eagle_head, eagle_config, load_eagle_head, save_eagle_head
+from pipeline.decoding.eagle import (
+    EagleHead,
+    EagleRunner,
+    attach_eagle_head,
+    eagle_config,
+    load_eagle_head,
+    save_eagle_head,
+)
 from pipeline.decoding.warping import Warper
 from pipeline.measure import drafter_costs
 
@@ -94,7 +101,9 @@ def test_lossless_with_eagle_trees(eagle_pair, law, method):
     multi-candidate walks, and the head's 3 i.i.d. chains under SpecTr's K-SEQ: children drawn from the
     head's q rows keep the target's law."""
     top = 0 if method == "spectr" else 2  # K-SEQ needs every chain whole
-    decoder = build_decoder(method, eagle_pair[0], None, drafter={"kind": "eagle", "top_nodes": top}, **TREE_SHAPES[method], **WARP)
+    decoder = build_decoder(
+        method, eagle_pair[0], None, drafter={"kind": "eagle", "top_nodes": top}, **TREE_SHAPES[method], **WARP
+    )
     assert decoder.draft is None
     out = samples_of(decoder, 2500)
     assert chi_square_pvalue(out, law) > 1e-3
@@ -116,12 +125,18 @@ def test_typical_over_eagle_trees(eagle_pair, law, greedy_eagle_pair):
     """typical with tree: true: EAGLE-2's tree (top-k children) under the typical tree walk; greedy is ar's
     greedy, and a threshold nothing passes (epsilon 1, delta huge) samples the target's law."""
     ar = build_decoder("ar", greedy_eagle_pair[0], temperature=0)
-    tree = build_decoder("typical", greedy_eagle_pair[0], None, temperature=0, drafter="eagle", tree=True, k_config=[3, 2, 2])
+    tree = build_decoder(
+        "typical", greedy_eagle_pair[0], None, temperature=0, drafter="eagle", tree=True, k_config=[3, 2, 2]
+    )
     for prompt in ([0], [5, 9, 2, 5, 9]):
         assert tree.generate(prompt, max_new_tokens=30).tokens == ar.generate(prompt, max_new_tokens=30).tokens
-    nothing = build_decoder("typical", eagle_pair[0], None, drafter="eagle", tree=True, k_config=[3, 2], epsilon=1.0, delta=1e9, **WARP)
+    nothing = build_decoder(
+        "typical", eagle_pair[0], None, drafter="eagle", tree=True, k_config=[3, 2], epsilon=1.0, delta=1e9, **WARP
+    )
     assert chi_square_pvalue(samples_of(nothing, 1500), law) > 1e-3
-    with pytest.raises(ValueError, match="cannot use drafter: ngram .drafter ngram makes chain proposals; this method verifies a tree"):
+    with pytest.raises(
+        ValueError, match="cannot use drafter: ngram .drafter ngram makes chain proposals; this method verifies a tree"
+    ):
         check_method("typical", {"tree": True, "drafter": "ngram"}, has_draft=False)
 
 
@@ -129,7 +144,14 @@ def test_eagle_tree_shape_follows_cumulative_draft_probability(eagle_pair):
     """top_nodes: only the most probable nodes of a level get children; max_nodes caps the tree."""
     target = eagle_pair[0]
     for top, budget, k_config in ((1, 0, [3, 2, 2]), (2, 0, [3, 2, 2]), (0, 5, [3, 2, 2])):
-        decoder = build_decoder("specinfer", target, None, drafter={"kind": "eagle", "top_nodes": top, "max_nodes": budget}, k_config=k_config, temperature=0)
+        decoder = build_decoder(
+            "specinfer",
+            target,
+            None,
+            drafter={"kind": "eagle", "top_nodes": top, "max_nodes": budget},
+            k_config=k_config,
+            temperature=0,
+        )
         with torch.inference_mode():
             decoder._start(PROMPT)
             tree = decoder.drafter_impl.propose_tree(list(PROMPT), k_config, decoder.warper, None)
@@ -141,7 +163,9 @@ def test_eagle_tree_shape_follows_cumulative_draft_probability(eagle_pair):
             level1 = tree.children[0]  # greedy: the root's top-3 tokens, most probable first
             assert {p for p in parents if p in level1} == set(level1[:top])
     with pytest.raises(ValueError, match="top_nodes"):
-        check_method("specinfer", {"drafter": {"kind": "eagle", "top_nodes": -1}}, drafters=DrafterContext(has_eagle=True))
+        check_method(
+            "specinfer", {"drafter": {"kind": "eagle", "top_nodes": -1}}, drafters=DrafterContext(has_eagle=True)
+        )
 
 
 def test_eagle_head_with_the_targets_layer_reproduces_the_target():
@@ -192,18 +216,34 @@ def _published_checkpoint(tmp_path, embed: bool):
     g = torch.Generator().manual_seed(5)
     r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
     state = {
-        "fc.weight": r(h, 2 * h), "fc.bias": r(h),
-        "layers.0.self_attn.q_proj.weight": r(heads * d, h), "layers.0.self_attn.k_proj.weight": r(kv * d, h),
-        "layers.0.self_attn.v_proj.weight": r(kv * d, h), "layers.0.self_attn.o_proj.weight": r(h, heads * d),
-        "layers.0.mlp.gate_proj.weight": r(inter, h), "layers.0.mlp.up_proj.weight": r(inter, h),
-        "layers.0.mlp.down_proj.weight": r(h, inter), "layers.0.post_attention_layernorm.weight": 1 + r(h),
+        "fc.weight": r(h, 2 * h),
+        "fc.bias": r(h),
+        "layers.0.self_attn.q_proj.weight": r(heads * d, h),
+        "layers.0.self_attn.k_proj.weight": r(kv * d, h),
+        "layers.0.self_attn.v_proj.weight": r(kv * d, h),
+        "layers.0.self_attn.o_proj.weight": r(h, heads * d),
+        "layers.0.mlp.gate_proj.weight": r(inter, h),
+        "layers.0.mlp.up_proj.weight": r(inter, h),
+        "layers.0.mlp.down_proj.weight": r(h, inter),
+        "layers.0.post_attention_layernorm.weight": 1 + r(h),
     }
     if embed:
         state["embed_tokens.weight"] = r(vocab, h)
     save_file(state, tmp_path / "model.safetensors")
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
-              "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": vocab,
-              "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "hidden_act": "silu", "torch_dtype": "float16"}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+        "hidden_act": "silu",
+        "torch_dtype": "float16",
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     return state
 
@@ -221,7 +261,10 @@ def test_published_layout_loads_and_computes_eagle(tmp_path, embed):
     v = F.linear(x, state["layers.0.self_attn.v_proj.weight"]).view(1, 2, 8).repeat_interleave(2, 1).reshape(1, 32)
     x = x + F.linear(v, state["layers.0.self_attn.o_proj.weight"])
     n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * state["layers.0.post_attention_layernorm.weight"]
-    ref = x + F.linear(F.silu(F.linear(n, state["layers.0.mlp.gate_proj.weight"])) * F.linear(n, state["layers.0.mlp.up_proj.weight"]), state["layers.0.mlp.down_proj.weight"])
+    ref = x + F.linear(
+        F.silu(F.linear(n, state["layers.0.mlp.gate_proj.weight"])) * F.linear(n, state["layers.0.mlp.up_proj.weight"]),
+        state["layers.0.mlp.down_proj.weight"],
+    )
     with torch.no_grad():
         got = EagleRunner(target, head, 64).step(f, tok, 0)
     assert torch.allclose(got, ref, atol=1e-5)
@@ -234,7 +277,10 @@ def test_bad_checkpoints_are_refused(tmp_path):
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="unexpected tensors .*input_layernorm"):
         load_eagle_head(tmp_path)
-    save_file({**load_file(tmp_path / "model.safetensors"), "midlayer.self_attn.q_proj.weight": torch.zeros(1)}, tmp_path / "model.safetensors")
+    save_file(
+        {**load_file(tmp_path / "model.safetensors"), "midlayer.self_attn.q_proj.weight": torch.zeros(1)},
+        tmp_path / "model.safetensors",
+    )
     with pytest.raises(ValueError, match="EAGLE-3"):
         load_eagle_head(tmp_path)
     with pytest.raises(ValueError, match="train_eagle"):
@@ -270,7 +316,9 @@ def test_each_drafter_measures_its_own_draft_cost(eagle_pair, drafter):
     decoder = build_decoder("spd", *eagle_pair, drafter=drafter, gamma=3, **WARP)
     costs = drafter_costs(decoder, PROMPT, "cpu", reps=2)
     impl = decoder.drafter_impl
-    work = {"model": lambda: impl.model.forwards, "eagle": lambda: impl.runner.forwards, "ngram": lambda: impl.lookups}[drafter]()
+    work = {"model": lambda: impl.model.forwards, "eagle": lambda: impl.runner.forwards, "ngram": lambda: impl.lookups}[
+        drafter
+    ]()
     assert work == (3 if drafter == "ngram" else 3 * 3)  # 3 proposals; a model or head proposal is 3 forwards
     assert all(math.isfinite(v) and v > 0 for v in costs.values())
 
@@ -298,9 +346,16 @@ def test_drafter_validation_before_any_model():
     pair = {"name": "p", "target": {"id": "t"}, "draft": {"id": "d"}}
     ctx = DrafterContext.of_pair(pair)
     assert check_method("spd", {}, drafters=ctx)["drafter"] == {"kind": "model"}
-    assert check_method("spd", {"drafter": "ngram"}, has_draft=False)["drafter"] == {"kind": "ngram", "max_ngram": 3, "min_ngram": 1}
+    assert check_method("spd", {"drafter": "ngram"}, has_draft=False)["drafter"] == {
+        "kind": "ngram",
+        "max_ngram": 3,
+        "min_ngram": 1,
+    }
     # the drafter's own scope, and the pre-plugin short form folded into it
-    assert check_method("spd", {"drafter": {"kind": "ngram", "max_ngram": 5}}, has_draft=False)["drafter"]["max_ngram"] == 5
+    assert (
+        check_method("spd", {"drafter": {"kind": "ngram", "max_ngram": 5}}, has_draft=False)["drafter"]["max_ngram"]
+        == 5
+    )
     assert check_method("block", {"drafter": "ngram", "max_ngram": 2}, has_draft=False)["drafter"]["max_ngram"] == 2
     with pytest.raises(ValueError, match="drafter model has no parameter"):
         check_method("spd", {"max_ngram": 2}, drafters=ctx)
@@ -309,7 +364,12 @@ def test_drafter_validation_before_any_model():
     with pytest.raises(ValueError, match="eagle: models/"):
         check_method("block", {"drafter": "eagle"}, drafters=ctx)
     eagle_ctx = DrafterContext.of_pair({**pair, "eagle": "models/x", "drafter": "eagle"})
-    assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == {"kind": "eagle", "path": None, "top_nodes": 4, "max_nodes": 0}
+    assert check_method("spd", {}, drafters=eagle_ctx)["drafter"] == {
+        "kind": "eagle",
+        "path": None,
+        "top_nodes": 4,
+        "max_nodes": 0,
+    }
     assert check_method("bild", {}, drafters=eagle_ctx)["drafter"] == {"kind": "model"}  # pair: the method's fallback
     assert check_method("specinfer", {}, drafters=eagle_ctx)["drafter"]["kind"] == "eagle"  # EAGLE trees
     for method in ("spectr", "specinfer", "mcss", "bild"):
@@ -317,14 +377,24 @@ def test_drafter_validation_before_any_model():
             with pytest.raises(ValueError, match=f"cannot use drafter: {kind}"):
                 check_method(method, {"drafter": kind}, drafters=eagle_ctx)
     for method in ("specinfer", "mcss", "spectr"):  # EAGLE trees (spectr: k chains)
-        assert check_method(method, {"drafter": "eagle"}, has_draft=False, drafters=eagle_ctx)["drafter"]["kind"] == "eagle"
+        assert (
+            check_method(method, {"drafter": "eagle"}, has_draft=False, drafters=eagle_ctx)["drafter"]["kind"]
+            == "eagle"
+        )
     # SpecTr's K-SEQ needs its k chains whole: a head's tree budget must not stop any of them
     with pytest.raises(ValueError, match="top_nodes=2 would stop 2 of the 4 chains"):
         check_method("spectr", {"drafter": {"kind": "eagle", "top_nodes": 2}}, has_draft=False, drafters=eagle_ctx)
     with pytest.raises(ValueError, match="max_nodes=10 would cut"):
         check_method("spectr", {"drafter": {"kind": "eagle", "max_nodes": 10}}, has_draft=False, drafters=eagle_ctx)
-    assert check_method("spectr", {"drafter": {"kind": "eagle", "top_nodes": 0, "max_nodes": 16}, "num_drafts": 4, "gamma": 4},
-                        has_draft=False, drafters=eagle_ctx)["drafter"]["max_nodes"] == 16
+    assert (
+        check_method(
+            "spectr",
+            {"drafter": {"kind": "eagle", "top_nodes": 0, "max_nodes": 16}, "num_drafts": 4, "gamma": 4},
+            has_draft=False,
+            drafters=eagle_ctx,
+        )["drafter"]["max_nodes"]
+        == 16
+    )
     with pytest.raises(ValueError, match="needs a draft model"):
         check_method("spd", {"drafter": "model"}, has_draft=False)
     with pytest.raises(ValueError, match="min_ngram"):

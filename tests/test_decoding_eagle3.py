@@ -56,7 +56,10 @@ def samples_of(decoder, n, length=2, max_new=4, seed=99):
 def test_lossless_with_an_eagle3_drafter(pair, law, method):
     target, head = pair
     decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, **WARP)
-    assert decoder.args.drafter == {"kind": "eagle3", "path": None, "top_nodes": 4, "max_nodes": 0} and decoder.draft is None
+    assert (
+        decoder.args.drafter == {"kind": "eagle3", "path": None, "top_nodes": 4, "max_nodes": 0}
+        and decoder.draft is None
+    )
     out = samples_of(decoder, 2000)
     assert chi_square_pvalue(out, law) > 1e-3
     # the draft rows put no mass outside the head's draft vocabulary (q = 0 there)
@@ -126,7 +129,9 @@ def reference_head(s, cfg, feats, embeds):
     x = torch.stack([F.linear(f, s["fc.weight"]) if f.shape[-1] != h else f for f in feats])
     n = x.shape[0]
     residual = x
-    a = torch.cat([_rms(embeds, s["midlayer.input_layernorm.weight"], eps), _rms(x, s["midlayer.hidden_norm.weight"], eps)], -1)
+    a = torch.cat(
+        [_rms(embeds, s["midlayer.input_layernorm.weight"], eps), _rms(x, s["midlayer.hidden_norm.weight"], eps)], -1
+    )
     q = F.linear(a, s["midlayer.self_attn.q_proj.weight"]).view(n, heads, d).transpose(0, 1)
     k = F.linear(a, s["midlayer.self_attn.k_proj.weight"]).view(n, kv, d).transpose(0, 1)
     v = F.linear(a, s["midlayer.self_attn.v_proj.weight"]).view(n, kv, d).transpose(0, 1)
@@ -139,7 +144,10 @@ def reference_head(s, cfg, feats, embeds):
     o = (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, heads * d)
     x = residual + F.linear(o, s["midlayer.self_attn.o_proj.weight"])
     m = _rms(x, s["midlayer.post_attention_layernorm.weight"], eps)
-    return x + F.linear(F.silu(F.linear(m, s["midlayer.mlp.gate_proj.weight"])) * F.linear(m, s["midlayer.mlp.up_proj.weight"]), s["midlayer.mlp.down_proj.weight"])
+    return x + F.linear(
+        F.silu(F.linear(m, s["midlayer.mlp.gate_proj.weight"])) * F.linear(m, s["midlayer.mlp.up_proj.weight"]),
+        s["midlayer.mlp.down_proj.weight"],
+    )
 
 
 def reference_greedy_spd(target, s, cfg, prompt, gamma, max_new):
@@ -169,7 +177,7 @@ def reference_greedy_spd(target, s, cfg, prompt, gamma, max_new):
             n += 1
         ctx += drafts[:n] + [want[n]]
         accepted.append(n + 1)
-    return ctx[len(prompt):], accepted
+    return ctx[len(prompt) :], accepted
 
 
 def _authors_checkpoint(folder, target, seed, draft_ids, layout="eagle", scale=0.4):
@@ -183,25 +191,55 @@ def _authors_checkpoint(folder, target, seed, draft_ids, layout="eagle", scale=0
     t2d[ids] = True
     prefix = "midlayer." if layout == "eagle" else "layers.0."
     state = {
-        "fc.weight": r(h, 3 * h), "norm.weight": 1 + r(h) / 2, "lm_head.weight": r(len(ids), h) * 4,
-        "d2t": ids - torch.arange(len(ids)), "t2d": t2d,
-        prefix + "self_attn.q_proj.weight": r(heads * d, 2 * h), prefix + "self_attn.k_proj.weight": r(kv * d, 2 * h),
-        prefix + "self_attn.v_proj.weight": r(kv * d, 2 * h), prefix + "self_attn.o_proj.weight": r(h, heads * d),
-        prefix + "mlp.gate_proj.weight": r(inter, h), prefix + "mlp.up_proj.weight": r(inter, h), prefix + "mlp.down_proj.weight": r(h, inter),
-        prefix + "hidden_norm.weight": 1 + r(h) / 2, prefix + "input_layernorm.weight": 1 + r(h) / 2,
+        "fc.weight": r(h, 3 * h),
+        "norm.weight": 1 + r(h) / 2,
+        "lm_head.weight": r(len(ids), h) * 4,
+        "d2t": ids - torch.arange(len(ids)),
+        "t2d": t2d,
+        prefix + "self_attn.q_proj.weight": r(heads * d, 2 * h),
+        prefix + "self_attn.k_proj.weight": r(kv * d, 2 * h),
+        prefix + "self_attn.v_proj.weight": r(kv * d, 2 * h),
+        prefix + "self_attn.o_proj.weight": r(h, heads * d),
+        prefix + "mlp.gate_proj.weight": r(inter, h),
+        prefix + "mlp.up_proj.weight": r(inter, h),
+        prefix + "mlp.down_proj.weight": r(h, inter),
+        prefix + "hidden_norm.weight": 1 + r(h) / 2,
+        prefix + "input_layernorm.weight": 1 + r(h) / 2,
         prefix + "post_attention_layernorm.weight": 1 + r(h) / 2,
     }
-    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
-             "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": vocab,
-             "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "hidden_act": "silu", "rope_theta": 10000.0,
-             "bias": False, "torch_dtype": "float32"}
+    llama = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "bias": False,
+        "torch_dtype": "float32",
+    }
     if layout == "eagle":
         config = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": len(ids)}
     else:
-        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "transformer_layer_config": llama,
-                  "draft_vocab_size": len(ids), "norm_before_residual": False, "target_hidden_size": None,
-                  "speculators_config": {"algorithm": "eagle3", "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 4}],
-                                         "default_proposal_method": "greedy", "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]}}}
+        config = {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": llama,
+            "draft_vocab_size": len(ids),
+            "norm_before_residual": False,
+            "target_hidden_size": None,
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 4}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]},
+            },
+        }
     folder.mkdir(parents=True, exist_ok=True)
     if layout == "eagle":
         torch.save(state, folder / "pytorch_model.bin")  # the authors ship a PyTorch state dict
@@ -215,7 +253,9 @@ def _authors_checkpoint(folder, target, seed, draft_ids, layout="eagle", scale=0
 def test_random_published_head_gives_the_reference_acceptance(tmp_path, layout):
     target = tiny_llama(30, vocab=12, hidden=32, layers=8, heads=4, kv_heads=2, scale=2.0)
     state, cfg = _authors_checkpoint(tmp_path / "head", target, 3, [0, 2, 3, 5, 7, 11], layout)
-    assert DrafterContext.of_pair({"name": "p", "target": {"id": "t"}, "eagle": str(tmp_path / "head")}).eagle_version == 3
+    assert (
+        DrafterContext.of_pair({"name": "p", "target": {"id": "t"}, "eagle": str(tmp_path / "head")}).eagle_version == 3
+    )
     # the pair path: `eagle: <folder>` -> load_eagle -> assets; `drafter: eagle` resolves to eagle3 before loading
     ctx = DrafterContext.of_pair({"name": "p", "target": {"id": "t"}, "eagle": str(tmp_path / "head")})
     params = check_method("spd", {"drafter": "eagle", "temperature": 0, "gamma": 4}, drafters=ctx)
@@ -246,7 +286,11 @@ def test_round_trip_in_both_layouts(tmp_path, layout):
         assert torch.equal(written[key], tensor.to(written[key].dtype)), key
     assert written["d2t"].dtype == torch.int64 and written["t2d"].dtype == torch.bool
     if layout == "eagle":
-        assert config["draft_vocab_size"] == 24 and config["rope_theta"] == 10000.0 and config["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert (
+            config["draft_vocab_size"] == 24
+            and config["rope_theta"] == 10000.0
+            and config["architectures"] == ["LlamaForCausalLMEagle3"]
+        )
     else:
         assert config["speculators_model_type"] == "eagle3" and config["speculators_config"]["algorithm"] == "eagle3"
         assert config["transformer_layer_config"]["rope_theta"] == 10000.0 and config["draft_vocab_size"] == 24

@@ -31,7 +31,9 @@ class WrongResidual(SpeculativeDecoder):
         return n, int(sample(P[n], generator))
 
 
-@pytest.mark.parametrize("method,params", [("ar", {}), ("spd", {"gamma": 2}), ("block", {"gamma": 2}), ("block", {"gamma": 4})])
+@pytest.mark.parametrize(
+    "method,params", [("ar", {}), ("spd", {"gamma": 2}), ("block", {"gamma": 2}), ("block", {"gamma": 4})]
+)
 def test_lossless_methods_match_the_target_distribution(tiny_pair, law2, method, params):
     decoder = build_decoder(method, *tiny_pair, **WARP, **params)
     samples = first_tokens(decoder, 2500, 2, max_new=3 if params.get("gamma", 0) < 3 else 5)
@@ -156,9 +158,16 @@ def test_deterministic_beam_search_matches_transformers(greedy_pair):
     prompt = [5, 9, 2]
     ours = build_decoder("beam", model, num_beams=3, temperature=0).generate(prompt, max_new_tokens=8).tokens
     ref = model.generate(
-        torch.tensor([prompt]), num_beams=3, do_sample=False, max_new_tokens=8, min_new_tokens=8,
-        early_stopping=False, length_penalty=1.0, pad_token_id=0, eos_token_id=None,
-    )[0, len(prompt):].tolist()
+        torch.tensor([prompt]),
+        num_beams=3,
+        do_sample=False,
+        max_new_tokens=8,
+        min_new_tokens=8,
+        early_stopping=False,
+        length_penalty=1.0,
+        pad_token_id=0,
+        eos_token_id=None,
+    )[0, len(prompt) :].tolist()
     assert ours == ref
 
 

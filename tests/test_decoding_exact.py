@@ -111,7 +111,10 @@ def test_traversal_on_a_chain_is_block_verification():
         pair = Pair.random(3, seed)
         chain, block = evaluate("traversal", pair, k_config=[1, 1, 1]), evaluate("block", pair, gamma=3)
         assert all(abs(chain.accepted_law.get(k, 0) - block.accepted_law.get(k, 0)) < EXACT for k in range(4))
-        assert all(abs(chain.emitted.get(s, 0) - block.emitted.get(s, 0)) < EXACT for s in set(chain.emitted) | set(block.emitted))
+        assert all(
+            abs(chain.emitted.get(s, 0) - block.emitted.get(s, 0)) < EXACT
+            for s in set(chain.emitted) | set(block.emitted)
+        )
 
 
 @pytest.mark.parametrize("vocab", [2, 3])
@@ -166,9 +169,15 @@ def test_hsds_readme_figures_match_no_counting():
         laws = {r: evaluate(r, TOY, gamma=g).accepted_law for r in ("token", "block", "hsd", "hsd_ref")}
         for name, count in COUNTINGS.items():
             v = {r: count(law, g) for r, law in laws.items()}
-            if close(v["token"], 5 / 9) and close(v["block"], 4 / 9) and (close(v["hsd"], 7 / 9) or close(v["hsd_ref"], 7 / 9)):
+            if (
+                close(v["token"], 5 / 9)
+                and close(v["block"], 4 / 9)
+                and (close(v["hsd"], 7 / 9) or close(v["hsd_ref"], 7 / 9))
+            ):
                 matches.append((g, name))
-            assert v["block"] >= v["token"] - EXACT or not name.startswith("E[")  # so token 5/9 > block 4/9 is no expectation
+            assert v["block"] >= v["token"] - EXACT or not name.startswith(
+                "E["
+            )  # so token 5/9 > block 4/9 is no expectation
     assert matches == []
     assert close(prefix_bound(TOY, 1), 2 / 3) and 7 / 9 > prefix_bound(TOY, 1)
     for g in range(1, 5):

@@ -57,9 +57,14 @@ def greedy_pair():
 @pytest.mark.parametrize(
     "method,params",
     [
-        ("hsd", {"gamma": 1}), ("hsd", {"gamma": 4}), ("hsd", {"gamma": 4, "drafter": "eagle"}), ("hsd", {"gamma": 3, "drafter": "ngram"}),
+        ("hsd", {"gamma": 1}),
+        ("hsd", {"gamma": 4}),
+        ("hsd", {"gamma": 4, "drafter": "eagle"}),
+        ("hsd", {"gamma": 3, "drafter": "ngram"}),
         ("hsd_ref", {"gamma": 4}),
-        ("traversal", {}), ("traversal", {"k_config": [1]}), ("traversal", {"k_config": [2, 1, 3]}),
+        ("traversal", {}),
+        ("traversal", {"k_config": [1]}),
+        ("traversal", {"k_config": [2, 1, 3]}),
         ("traversal", {"k_config": [3, 2, 2], "drafter": "eagle"}),
     ],
 )
@@ -77,17 +82,23 @@ def test_traversal_with_eagle_trees_keeps_the_target_law():
     """An EAGLE-2 dynamic tree (2 of the 3 root children expanded) drawn without replacement from the head's rows."""
     target = with_eagle(tiny_llama(0))
     law = exact_law(target, PROMPT, 2, Warper(**WARP))
-    decoder = build_decoder("traversal", target, None, drafter={"kind": "eagle", "top_nodes": 2}, k_config=[3, 2], **WARP)
+    decoder = build_decoder(
+        "traversal", target, None, drafter={"kind": "eagle", "top_nodes": 2}, k_config=[3, 2], **WARP
+    )
     assert decoder.draft is None
     assert chi_square_pvalue(first_tokens(decoder, 1200, 2, max_new=3), law) > 1e-3
 
 
-@pytest.mark.parametrize("method,params,max_fed", [("hsd", {"gamma": 3}, 4), ("traversal", {"k_config": [2, 2]}, 1 + 2 + 4)])
+@pytest.mark.parametrize(
+    "method,params,max_fed", [("hsd", {"gamma": 3}, 4), ("traversal", {"k_config": [2, 2]}, 1 + 2 + 4)]
+)
 def test_target_forwards_are_steps_plus_prefill(tiny_pair, method, params, max_fed):
     target, draft = tiny_pair
     calls, handle = count_forwards(target)
     try:
-        out = build_decoder(method, target, draft, **WARP, **params).generate(list(range(8)) * 4, max_new_tokens=60, generator=make_generator(3))
+        out = build_decoder(method, target, draft, **WARP, **params).generate(
+            list(range(8)) * 4, max_new_tokens=60, generator=make_generator(3)
+        )
     finally:
         handle.remove()
     assert len(calls) == out.steps + 1 == len(out.accepted) + 1
@@ -97,7 +108,9 @@ def test_target_forwards_are_steps_plus_prefill(tiny_pair, method, params, max_f
 def test_self_drafted_traversal_accepts_whole_paths(tiny_pair):
     """Draft == target: every leaf's sequence-level ratio is 1, so the first leaf is always accepted."""
     target = tiny_pair[0]
-    out = build_decoder("traversal", target, target, **WARP, k_config=[2, 2, 2]).generate(PROMPT, max_new_tokens=16, generator=make_generator(0))
+    out = build_decoder("traversal", target, target, **WARP, k_config=[2, 2, 2]).generate(
+        PROMPT, max_new_tokens=16, generator=make_generator(0)
+    )
     assert out.accepted == [4, 4, 4, 4]
 
 

@@ -117,7 +117,9 @@ def test_one_hot_rule_is_exact_for_any_fixed_candidates():
         V = p.shape[0]
         for m in (1, 2, 3):
             for cands in itertools.permutations(range(V), min(m, V)):
-                law = _law(lambda p_, q_, c: one_hot_acceptance(p_, c), p, q, m, True, draws=[(torch.tensor(cands), 1.0)])
+                law = _law(
+                    lambda p_, q_, c: one_hot_acceptance(p_, c), p, q, m, True, draws=[(torch.tensor(cands), 1.0)]
+                )
                 assert torch.allclose(law, p, atol=1e-12)
 
 
@@ -141,7 +143,10 @@ def test_verify_draws_follow_the_acceptance_probabilities():
     cands = torch.tensor([3, 1, 2])
     for verify, acceptance in (
         (lambda u: multi_candidate_verify(p, q, cands, u, True), lambda: multi_candidate_acceptance(p, q, cands, True)),
-        (lambda u: multi_candidate_verify(p, q, cands, u, False), lambda: multi_candidate_acceptance(p, q, cands, False)),
+        (
+            lambda u: multi_candidate_verify(p, q, cands, u, False),
+            lambda: multi_candidate_acceptance(p, q, cands, False),
+        ),
         (lambda u: kseq_verify(p, q, cands, u), lambda: kseq_acceptance(p, q, cands)),
     ):
         a, residual = acceptance()
@@ -220,7 +225,12 @@ def _expected_tree_acceptance(p_of, q_of, k_config, replacement, prefix=()) -> f
         reach = 1.0
         for j in range(m):
             c = int(cands[j])
-            total += pr * reach * float(a[j]) * (1 + _expected_tree_acceptance(p_of, q_of, k_config[1:], replacement, prefix + (c,)))
+            total += (
+                pr
+                * reach
+                * float(a[j])
+                * (1 + _expected_tree_acceptance(p_of, q_of, k_config[1:], replacement, prefix + (c,)))
+            )
             reach *= 1 - float(a[j])
     return total
 

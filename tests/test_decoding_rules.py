@@ -55,12 +55,16 @@ def test_every_sparse_path_follows_its_dense_rule(name):
         n_s, index, weights = rule.sparse(*warper.top_k_rows(logits), draft, x, u, **params)
         assert int(n) == int(n_s), seed
         dense_law = out if out.dim() else torch.nn.functional.one_hot(out, vocab).float()
-        assert torch.allclose(torch.zeros(vocab).scatter_(-1, index, weights / weights.sum()), dense_law / dense_law.sum(), atol=1e-6)
+        assert torch.allclose(
+            torch.zeros(vocab).scatter_(-1, index, weights / weights.sum()), dense_law / dense_law.sum(), atol=1e-6
+        )
         outcomes.add(int(n))
     assert len(outcomes) > 1
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in METHODS.items() if issubclass(c, DraftVerifyDecoder) and "drafter" in c.params))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, c in METHODS.items() if issubclass(c, DraftVerifyDecoder) and "drafter" in c.params)
+)
 def test_each_method_takes_exactly_the_drafters_its_shape_and_walk_allow(name):
     """Which drafter a method takes follows from the declared capabilities alone (no list of kinds anywhere)."""
     cls = METHODS[name]
@@ -68,7 +72,9 @@ def test_each_method_takes_exactly_the_drafters_its_shape_and_walk_allow(name):
     for kind, drafter in DRAFTERS.items():
         why = cls.accepts(drafter, defaults)
         shape = cls.shape_for(drafter, defaults)
-        fits = shape in drafter.shapes and (shape == "chain" or cls.walk_for(defaults).children in drafter.tree_children)
+        fits = shape in drafter.shapes and (
+            shape == "chain" or cls.walk_for(defaults).children in drafter.tree_children
+        )
         if name == "bild":
             fits = kind == "model"
         assert (why is None) == fits, (name, kind, why)
@@ -110,7 +116,15 @@ def test_no_hand_list_of_methods_or_drafters_is_left_and_draft_chain_has_one_def
     """The capabilities replaced the lists (issue 33): none of their names is defined or read again."""
     root = Path(__file__).resolve().parents[1]
     sources = {p: p.read_text() for d in ("pipeline", "analysis") for p in (root / d).rglob("*.py")}
-    for name in ("DRAFT_GAMMA_METHODS", "CHAIN_METHODS", "SUPPORTING", "transformers_rows", "TREE_DRAFTERS", "DRAFTER_KINDS",
-                 "EAGLE_KINDS", "UNSUPPORTED_WHY"):
+    for name in (
+        "DRAFT_GAMMA_METHODS",
+        "CHAIN_METHODS",
+        "SUPPORTING",
+        "transformers_rows",
+        "TREE_DRAFTERS",
+        "DRAFTER_KINDS",
+        "EAGLE_KINDS",
+        "UNSUPPORTED_WHY",
+    ):
         assert not [p for p, text in sources.items() if re.search(rf"\b{name}\b", text)], name
     assert sum(len(re.findall(r"^\s*def draft_chain\(", text, re.M)) for text in sources.values()) == 1

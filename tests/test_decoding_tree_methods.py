@@ -121,9 +121,13 @@ def test_typical_over_medusa_heads_is_the_tree_loop_with_the_medusa_drafter(gree
 
 def test_self_drafted_trees_accept_whole_paths_at_temperature_zero(greedy_pair):
     target = greedy_pair[0]
-    out = build_decoder("specinfer", target, target, temperature=0, k_config=[2, 2, 2]).generate([1, 2, 3], max_new_tokens=16)
+    out = build_decoder("specinfer", target, target, temperature=0, k_config=[2, 2, 2]).generate(
+        [1, 2, 3], max_new_tokens=16
+    )
     assert out.accepted == [4, 4, 4, 4]
-    out = build_decoder("spectr", target, target, temperature=0, num_drafts=2, gamma=3).generate([1, 2, 3], max_new_tokens=16)
+    out = build_decoder("spectr", target, target, temperature=0, num_drafts=2, gamma=3).generate(
+        [1, 2, 3], max_new_tokens=16
+    )
     assert out.accepted == [4, 4, 4, 4]
 
 
@@ -211,7 +215,10 @@ def test_medusa_exact_acceptance_is_lossless(tiny_pair, law2):
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda t, d: build_decoder("specinfer", t, d, k_config=[]), "k_config=[] must be a non-empty list of integers >= 1"),
+        (
+            lambda t, d: build_decoder("specinfer", t, d, k_config=[]),
+            "k_config=[] must be a non-empty list of integers >= 1",
+        ),
         (lambda t, d: build_decoder("mcss", t, d, k_config=[2, 0]), "k_config=[2, 0]"),
         (lambda t, d: build_decoder("mcss", t, d, k_config=3), "must be a non-empty list"),
         (lambda t, d: build_decoder("spectr", t, d, num_drafts=0), "num_drafts=0 must be an integer >= 1"),
@@ -236,7 +243,9 @@ def test_check_method_fills_defaults():
     assert check_method("specinfer", {})["k_config"] == [4, 2, 2]
     assert check_method("spectr", {})["num_drafts"] == 4
     assert check_method("typical", {"drafter": "medusa"}, has_draft=False)["epsilon"] == 0.09
-    with pytest.raises(ValueError, match="drafter: model needs a draft model.*set drafter: eagle \\| eagle3 \\| ngram \\| medusa"):
+    with pytest.raises(
+        ValueError, match="drafter: model needs a draft model.*set drafter: eagle \\| eagle3 \\| ngram \\| medusa"
+    ):
         check_method("typical", {}, has_draft=False)  # before any model is loaded
     assert check_method("bild", {})["rollback"] == 2.0
 

@@ -39,7 +39,9 @@ def _token_law(P, Q, x):
         if reach * (1 - a[i]) > 0:
             u = torch.ones(g)  # any u above a[i] at i, below before: n = i
             u[:i] = 0.0
-            n, dist = token_verify(P, Q, x, torch.where(torch.arange(g) < i, torch.zeros(g), torch.ones(g) * 1.0 + 1e-9))
+            n, dist = token_verify(
+                P, Q, x, torch.where(torch.arange(g) < i, torch.zeros(g), torch.ones(g) * 1.0 + 1e-9)
+            )
             assert int(n) == i
             out.append((reach * (1 - float(a[i])), i, dist))
         reach *= float(a[i])

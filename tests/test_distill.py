@@ -32,15 +32,39 @@ REPO = Path(__file__).resolve().parents[1]
 
 def tiny_target(vocab: int = 256):
     """A peaked teacher (so there is something to learn quickly), tied embedding."""
-    return tiny_llama(0, vocab=vocab, hidden=64, layers=2, intermediate=128, heads=4, kv_heads=2, head_dim=16,
-                      tie_word_embeddings=True, bos=1, eos=2, pad=0, scale=8.0)
+    return tiny_llama(
+        0,
+        vocab=vocab,
+        hidden=64,
+        layers=2,
+        intermediate=128,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+        bos=1,
+        eos=2,
+        pad=0,
+        scale=8.0,
+    )
 
 
 def tiny_records(target, n: int = 24, seed: int = 0) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 256, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
-    recs = sample_answers(target, prompts[: n // 2], max_new_tokens=12, top_k_store=8, sample_top_k=20,
-                          sample_top_p=0.95, eos_id=2, pad_id=0, gen=g)
+    prompts = [
+        torch.randint(3, 256, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
+    recs = sample_answers(
+        target,
+        prompts[: n // 2],
+        max_new_tokens=12,
+        top_k_store=8,
+        sample_top_k=20,
+        sample_top_p=0.95,
+        eos_id=2,
+        pad_id=0,
+        gen=g,
+    )
     recs += teacher_force(target, [(p + p[::-1] + p, len(p)) for p in prompts[n // 2 :]], top_k_store=8, pad_id=0)
     return [r.__dict__ for r in recs]
 
@@ -58,17 +82,41 @@ def heldout_for(target, recs):
 
 
 def run_once(target, recs, seed, steps=30):
-    student = make_student(target, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2,
-                           num_kv_heads=1, head_dim=16, seed=seed, init_from_target=False)
+    student = make_student(
+        target,
+        hidden_size=32,
+        num_layers=1,
+        intermediate_size=64,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        seed=seed,
+        init_from_target=False,
+    )
     token_map = choose_token_map(recs, 256, 128, always=[0, 1, 2])
     losses = []
 
     def log(msg):
         losses.append(msg)
 
-    curve = train(student, recs, token_map, heldout_for(target, recs), steps=steps, tokens_per_batch=64, max_len=64,
-                  lr=1e-2, warmup=2, weight_decay=0.0, negatives=16, eval_every=steps, seed=seed, pad_id=0,
-                  log=log, progress=False)
+    curve = train(
+        student,
+        recs,
+        token_map,
+        heldout_for(target, recs),
+        steps=steps,
+        tokens_per_batch=64,
+        max_len=64,
+        lr=1e-2,
+        warmup=2,
+        weight_decay=0.0,
+        negatives=16,
+        eval_every=steps,
+        seed=seed,
+        pad_id=0,
+        log=log,
+        progress=False,
+    )
     return student, token_map, curve
 
 
@@ -125,8 +173,17 @@ def test_training_reduces_loss_deterministically_and_saves(tmp_path):
             h = h.reshape(-1, h.shape[-1])[pos]
             return kd_loss(h, student.get_input_embeddings().weight, token_map, torch.arange(0), t_idx, t_logp).item()
 
-    fresh = make_student(target, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1,
-                         head_dim=16, seed=3, init_from_target=False)
+    fresh = make_student(
+        target,
+        hidden_size=32,
+        num_layers=1,
+        intermediate_size=64,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        seed=3,
+        init_from_target=False,
+    )
     assert loss_of(s1) < 0.8 * loss_of(fresh)
 
     save_checkpoint(s1, token_map, tmp_path / "draft", "bfloat16")
@@ -167,8 +224,18 @@ def test_packed_answers_have_each_sequence_own_rows(dtype, slots, max_cache):
     cached = CachedModel(target)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (3, 7, 5, 9, 4, 6)]
-    recs = sample_answers_packed(cached, prompts, max_new_tokens=10, top_k_store=8, sample_top_k=20, sample_top_p=0.95,
-                                 eos_id=2, gen=torch.Generator().manual_seed(0), slots=slots, max_cache=max_cache)
+    recs = sample_answers_packed(
+        cached,
+        prompts,
+        max_new_tokens=10,
+        top_k_store=8,
+        sample_top_k=20,
+        sample_top_p=0.95,
+        eos_id=2,
+        gen=torch.Generator().manual_seed(0),
+        slots=slots,
+        max_cache=max_cache,
+    )
     assert [r.ids[: r.start].tolist() for r in recs] == prompts
     tol = 4e-3 if dtype == "float32" else 2e-2  # the records keep float16 log-probs
     for r in recs:
@@ -227,24 +294,53 @@ def test_training_measures_every_heldout_set_against_training_tokens():
     """The curve carries alpha on each extra held-out set (the chat mix's) and the answer tokens trained on."""
     target = tiny_target()
     recs = tiny_records(target)
-    student = make_student(target, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2,
-                           num_kv_heads=1, head_dim=16, seed=0, init_from_target=False)
+    student = make_student(
+        target,
+        hidden_size=32,
+        num_layers=1,
+        intermediate_size=64,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        seed=0,
+        init_from_target=False,
+    )
     token_map = choose_token_map(recs, 256, 128, always=[0, 1, 2])
     held = heldout_for(target, recs)
     chat = heldout_for(target, recs[6:])
-    curve = train(student, recs, token_map, held, steps=8, tokens_per_batch=64, max_len=64, lr=1e-2, warmup=2,
-                  weight_decay=0.0, negatives=16, eval_every=4, seed=0, pad_id=0, log=lambda m: None, progress=False,
-                  extra_heldout={"chat": chat}, tokens_before=100)
+    curve = train(
+        student,
+        recs,
+        token_map,
+        held,
+        steps=8,
+        tokens_per_batch=64,
+        max_len=64,
+        lr=1e-2,
+        warmup=2,
+        weight_decay=0.0,
+        negatives=16,
+        eval_every=4,
+        seed=0,
+        pad_id=0,
+        log=lambda m: None,
+        progress=False,
+        extra_heldout={"chat": chat},
+        tokens_before=100,
+    )
     assert [c["step"] for c in curve] == [0, 4, 8]
     assert curve[0]["tokens"] == 100 and curve[0]["tokens"] < curve[1]["tokens"] < curve[2]["tokens"]
     assert curve[-1]["alpha_chat"] == pytest.approx(evaluate_alpha(student, chat, token_map)["alpha"])
     assert curve[-1]["alpha"] == pytest.approx(evaluate_alpha(student, held, token_map)["alpha"])
 
 
-@pytest.mark.parametrize("override,message", [
-    ("data.prompts=web", "data.prompts must be instructions or chat"),
-    ("init_from=models/no-such-draft", "init_from=models/no-such-draft: no checkpoint there"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("data.prompts=web", "data.prompts must be instructions or chat"),
+        ("init_from=models/no-such-draft", "init_from=models/no-such-draft: no checkpoint there"),
+    ],
+)
 def test_bad_distill_settings_fail_before_any_model_loads(override, message, monkeypatch, tmp_path):
     from hydra import compose, initialize_config_dir  # noqa: PLC0415
     from hydra.core.global_hydra import GlobalHydra  # noqa: PLC0415
@@ -262,18 +358,72 @@ def test_bad_distill_settings_fail_before_any_model_loads(override, message, mon
 def test_the_card_shows_the_chat_heldout_set_and_the_continued_run(tmp_path):
     from pipeline.training.cards import write_model_card  # noqa: PLC0415
 
-    curve = [{"step": 0, "train_s": 0.0, "tokens": 0, "loss": None, "alpha": 0.45, "greedy_agreement": 0.47, "alpha_chat": 0.38},
-             {"step": 10, "train_s": 60.0, "tokens": 40000, "loss": 1.2, "alpha": 0.46, "greedy_agreement": 0.48, "alpha_chat": 0.41}]
-    info = {"target": "t", "command": "python -m pipeline.distill data.prompts=chat", "save_dtype": "bfloat16", "seed": 0,
-            "init_from": "models/smollm2-135m-draft", "config": {"threads": 2},
-            "student": {"num_layers": 4, "hidden_size": 192, "num_heads": 3, "head_dim": 64, "num_kv_heads": 1,
-                        "intermediate_size": 1024, "vocab_size": 49152, "params": 12e6, "bytes": 24e6, "map_size": 16384},
-            "data": {"records": 10, "tokens": 1000, "gen_records": 6, "gen2_records": 3, "tf_records": 1, "top_k_store": 32,
-                     "sample_top_k": 20, "sample_top_p": 0.95, "max_new_tokens": 160, "prompts": "chat", "engine_used": "batched",
-                     "wall_s": 60.0, "map_coverage": 0.99},
-            "train": {"steps": 10, "tokens_per_batch": 4096, "lr": 5e-4, "negatives": 2048, "wall_s": 60.0},
-            "heldout": {"n_humaneval": 24, "n_mtbench": 24, "max_new_tokens": 128, "n_chat": 48, "positions": {"eval": 5000, "chat": 7000}},
-            "curve": curve, "final": {**curve[-1], "positions": 5000}, "final_full": {"alpha": 0.46}}
+    curve = [
+        {
+            "step": 0,
+            "train_s": 0.0,
+            "tokens": 0,
+            "loss": None,
+            "alpha": 0.45,
+            "greedy_agreement": 0.47,
+            "alpha_chat": 0.38,
+        },
+        {
+            "step": 10,
+            "train_s": 60.0,
+            "tokens": 40000,
+            "loss": 1.2,
+            "alpha": 0.46,
+            "greedy_agreement": 0.48,
+            "alpha_chat": 0.41,
+        },
+    ]
+    info = {
+        "target": "t",
+        "command": "python -m pipeline.distill data.prompts=chat",
+        "save_dtype": "bfloat16",
+        "seed": 0,
+        "init_from": "models/smollm2-135m-draft",
+        "config": {"threads": 2},
+        "student": {
+            "num_layers": 4,
+            "hidden_size": 192,
+            "num_heads": 3,
+            "head_dim": 64,
+            "num_kv_heads": 1,
+            "intermediate_size": 1024,
+            "vocab_size": 49152,
+            "params": 12e6,
+            "bytes": 24e6,
+            "map_size": 16384,
+        },
+        "data": {
+            "records": 10,
+            "tokens": 1000,
+            "gen_records": 6,
+            "gen2_records": 3,
+            "tf_records": 1,
+            "top_k_store": 32,
+            "sample_top_k": 20,
+            "sample_top_p": 0.95,
+            "max_new_tokens": 160,
+            "prompts": "chat",
+            "engine_used": "batched",
+            "wall_s": 60.0,
+            "map_coverage": 0.99,
+        },
+        "train": {"steps": 10, "tokens_per_batch": 4096, "lr": 5e-4, "negatives": 2048, "wall_s": 60.0},
+        "heldout": {
+            "n_humaneval": 24,
+            "n_mtbench": 24,
+            "max_new_tokens": 128,
+            "n_chat": 48,
+            "positions": {"eval": 5000, "chat": 7000},
+        },
+        "curve": curve,
+        "final": {**curve[-1], "positions": 5000},
+        "final_full": {"alpha": 0.46},
+    }
     write_model_card(tmp_path, info)
     card = (tmp_path / "MODEL_CARD.md").read_text()
     assert "| step | tokens | train min | loss (EMA) | alpha | alpha (chat) | greedy agreement |" in card

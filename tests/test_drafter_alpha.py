@@ -63,7 +63,9 @@ def test_each_head_is_scored_on_the_prefix_it_would_draft_from(tmp_path):
     eagle = load_eagle_head(eagle_head_folder(target, tmp_path / "e", token_map=torch.arange(0, 48, 2), seed=1))
     eagle3 = load_eagle3_head(eagle3_head_folder(target, tmp_path / "e3", torch.arange(0, 48, 3), seed=2))
     seqs = [[(s + i) % 45 + 3 for i in range(16)] for s in range(4)]
-    medusa = load_medusa_heads(medusa_heads_folder(target, tmp_path / "m", num_heads=2, sequences=seqs, steps=5), target)
+    medusa = load_medusa_heads(
+        medusa_heads_folder(target, tmp_path / "m", num_heads=2, sequences=seqs, steps=5), target
+    )
     got = head_alphas(target, held, eagle=eagle, eagle3=eagle3, medusa=medusa)
     assert set(got) == {"eagle", "eagle3", "medusa"}
     for kind, head in (("eagle", eagle), ("eagle3", eagle3), ("medusa", medusa)):
@@ -76,7 +78,9 @@ def test_a_head_that_knows_the_answer_scores_one(tmp_path):
     """Medusa heads whose head 1 is the LM head one position on: on a model that copies, alpha is 1."""
     target = tiny_llama(5, vocab=48, hidden=32, layers=2, scale=3.0).eval()
     held = heldout(target, 2)
-    medusa = load_medusa_heads(medusa_heads_folder(target, tmp_path / "m", num_heads=1), target)  # = the LM head at h_{k-2}
+    medusa = load_medusa_heads(
+        medusa_heads_folder(target, tmp_path / "m", num_heads=1), target
+    )  # = the LM head at h_{k-2}
     got = head_alphas(target, held, medusa=medusa)["medusa"]
     assert got == pytest.approx(reference(target, held, medusa, "medusa"), abs=1e-5)
     # the LM head at h_{k-1} is the target's own row: the same rows give alpha 1 there

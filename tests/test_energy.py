@@ -119,18 +119,23 @@ class _FakeNvml(types.SimpleNamespace):
         return int((time.perf_counter() - self.t0) * self.watts * 1000)  # mJ
 
     def nvmlDeviceGetFieldValues(self, h, ids):
-        value = types.SimpleNamespace(nvmlReturn=0 if self.instant else 3, value=types.SimpleNamespace(uiVal=int(self.watts * 1000)))
+        value = types.SimpleNamespace(
+            nvmlReturn=0 if self.instant else 3, value=types.SimpleNamespace(uiVal=int(self.watts * 1000))
+        )
         return [value]
 
     def nvmlDeviceGetPowerUsage(self, h):
         return int(self.watts * 1000)
 
 
-@pytest.mark.parametrize("counter, instant, method, field", [
-    (True, True, "counter", "instant"),
-    (False, True, "power-poller", "instant"),
-    (True, False, "counter", "average"),
-])
+@pytest.mark.parametrize(
+    "counter, instant, method, field",
+    [
+        (True, True, "counter", "instant"),
+        (False, True, "power-poller", "instant"),
+        (True, False, "counter", "average"),
+    ],
+)
 def test_nvml_meter_logic(monkeypatch, counter, instant, method, field):
     fake = _FakeNvml(counter=counter, instant=instant)
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
@@ -195,7 +200,9 @@ def test_a_paired_meter_reads_both_meters_on_the_same_windows(monkeypatch):
     assert summary["reference_j_per_token"] == pytest.approx(ref["energy_j"] / 10)
     assert summary["energy_vs_reference"] == pytest.approx(250.0 / 245.0 - 1.0, abs=0.02)
     assert summary["reference_idle_power_w"] == idle.reference_power_w
-    plain = energy.energy_summary(energy.EnergyReading(meter="nvml", available=True, energy_j=1.0, duration_s=1.0), None, tokens=10)
+    plain = energy.energy_summary(
+        energy.EnergyReading(meter="nvml", available=True, energy_j=1.0, duration_s=1.0), None, tokens=10
+    )
     assert "reference_meter" not in plain and plain["j_per_token"] == 0.1  # a single meter's summary is what it was
 
 
@@ -256,7 +263,9 @@ def test_nvml_and_zeus_agree_on_a_gpu():
     """Our meter and Zeus's on the same 3-s windows of matrix products: within 2% (the issue's goal)."""
     device = torch.device("cuda")
     meter = energy.make_energy_meter(device, "nvml+zeus")
-    assert isinstance(meter, energy.PairedMeter) and meter.available and isinstance(meter.reference, energy.ZeusMeter), meter.info()
+    assert (
+        isinstance(meter, energy.PairedMeter) and meter.available and isinstance(meter.reference, energy.ZeusMeter)
+    ), meter.info()
     reading = _busy_window(meter, device)
     summary = energy.energy_summary(reading, meter.measure_idle(2.0), tokens=1)
     print("NVML vs Zeus:", summary)

@@ -96,7 +96,9 @@ def own_folder(tmp_path_factory) -> Path:
     """The user's folder: the task YAML, the loader, the scorer and the data; nothing in the repository."""
     folder = tmp_path_factory.mktemp("my_dataset")
     data = folder / "word_count.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "question": f"say {n} words", "words": n}) + "\n" for i, n in enumerate((3, 5, 7))))
+    data.write_text(
+        "".join(json.dumps({"id": i, "question": f"say {n} words", "words": n}) + "\n" for i, n in enumerate((3, 5, 7)))
+    )
     (folder / "myconf" / "dataset").mkdir(parents=True)
     (folder / "myconf" / "dataset" / "word_count.yaml").write_text(TASK_YAML.format(data=data))
     (folder / "wc_loader.py").write_text(LOADER)
@@ -105,23 +107,37 @@ def own_folder(tmp_path_factory) -> Path:
 
 
 def _repo_status() -> str:
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "pipeline", "conf"], cwd=REPO,
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", "--", "pipeline", "conf"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
-def test_a_dataset_from_a_folder_of_ones_own_runs_through_plan_cell_driver_and_mlflow(own_folder, tmp_path, monkeypatch):
+def test_a_dataset_from_a_folder_of_ones_own_runs_through_plan_cell_driver_and_mlflow(
+    own_folder, tmp_path, monkeypatch
+):
     before = _repo_status()
     monkeypatch.syspath_prepend(str(own_folder))
     root = make_project(tmp_path)
-    args = [*overrides(root, "sweep.methods=[ar]", "sweep.baseline=null", "sweep.datasets=[word_count]"),
-            f"conf_path=[{own_folder / 'myconf'}]"]
+    args = [
+        *overrides(root, "sweep.methods=[ar]", "sweep.baseline=null", "sweep.datasets=[word_count]"),
+        f"conf_path=[{own_folder / 'myconf'}]",
+    ]
     plan = sweep.expand(sweep.compose(args, root / "conf"), root)
 
     (cell,) = plan.cells
     assert cell.dataset_name == "word_count" and plan.sample_counts == {"word_count[0:2]": 2}
-    assert cell.dataset["task"]["scorer"] == "wc_scorer:SCORER" and cell.dataset["task"]["score_fields"] == ["words", "ok"]
+    assert cell.dataset["task"]["scorer"] == "wc_scorer:SCORER" and cell.dataset["task"]["score_fields"] == [
+        "words",
+        "ok",
+    ]
     driver.preflight(plan.cells)  # the scorer's own preflight, before any model loads
-    assert importlib.import_module("wc_scorer").PREFLIGHTS == [None]  # called once, with the cell's judge (none: the scorer uses no judge)
+    assert importlib.import_module("wc_scorer").PREFLIGHTS == [
+        None
+    ]  # called once, with the cell's judge (none: the scorer uses no judge)
 
     result = run_cell(cell)
     assert result.status == STATUS_FINISHED, result.traceback
@@ -131,7 +147,9 @@ def test_a_dataset_from_a_folder_of_ones_own_runs_through_plan_cell_driver_and_m
     tracker = Tracker(f"sqlite:///{root}/mlflow.db", "word_count", str(root / "mlruns"))
     try:
         run_id = tracker.log_cell(cell, result)
-        assert [r["score_detail"]["words"] for r in tracker.samples(run_id)] == [d["words"] for d in result.scores["details"]]
+        assert [r["score_detail"]["words"] for r in tracker.samples(run_id)] == [
+            d["words"] for d in result.scores["details"]
+        ]
         assert tracker.client.get_run(run_id).data.params["dataset.task.loader"] == "wc_loader"
     finally:
         tracker.close()
@@ -144,14 +162,21 @@ def test_a_task_spec_that_cannot_work_is_refused_when_the_sweep_is_planned(own_f
     broken = own_folder / "broken" / "dataset"
     broken.mkdir(parents=True)
     text = TASK_YAML.format(data=own_folder / "word_count.jsonl").replace("name: word_count", "name: word_count_broken")
-    (broken / "word_count_broken.yaml").write_text(text.replace("fields: [words, ok]", "fields: [words, verdict]")
-                                                   .replace("loader: wc_loader", "loader: wc_loaderr"))
-    args = [*overrides(root, "sweep.methods=[ar]", "sweep.baseline=null", "sweep.datasets=[word_count_broken]"),
-            f"conf_path=[{own_folder / 'broken'}]"]
+    (broken / "word_count_broken.yaml").write_text(
+        text.replace("fields: [words, ok]", "fields: [words, verdict]").replace(
+            "loader: wc_loader", "loader: wc_loaderr"
+        )
+    )
+    args = [
+        *overrides(root, "sweep.methods=[ar]", "sweep.baseline=null", "sweep.datasets=[word_count_broken]"),
+        f"conf_path=[{own_folder / 'broken'}]",
+    ]
     with pytest.raises(sweep.SweepConfigError, match=r"loader module 'wc_loaderr' cannot be imported"):
         sweep.expand(sweep.compose(args, root / "conf"), root)
     (broken / "word_count_broken.yaml").write_text(text.replace("fields: [words, ok]", "fields: [words, verdict]"))
-    with pytest.raises(sweep.SweepConfigError, match=r"score field\(s\) \['verdict'\] are not written by scorer 'word_count'"):
+    with pytest.raises(
+        sweep.SweepConfigError, match=r"score field\(s\) \['verdict'\] are not written by scorer 'word_count'"
+    ):
         sweep.expand(sweep.compose(args, root / "conf"), root)
 
 
@@ -237,7 +262,9 @@ def test_a_chain_rule_and_a_drafter_of_ones_own_run_by_module_attr(rule_folder, 
     # greedy identity with ar, through the chain loop and the user's rule and drafter
     target = tiny_llama(10, vocab=64, hidden=32, layers=2)
     ar = build_decoder("ar", target, temperature=0)
-    mine = build_decoder("my_rules:CappedToken", target, None, temperature=0, gamma=4, drafter={"kind": "my_drafts:Echo", "span": 3})
+    mine = build_decoder(
+        "my_rules:CappedToken", target, None, temperature=0, gamma=4, drafter={"kind": "my_drafts:Echo", "span": 3}
+    )
     prompt = [5, 9, 2, 5, 9, 2, 5]
     gen = mine.generate(prompt, max_new_tokens=24)
     assert gen.tokens == ar.generate(prompt, max_new_tokens=24).tokens
@@ -247,8 +274,10 @@ def test_a_chain_rule_and_a_drafter_of_ones_own_run_by_module_attr(rule_folder, 
 
     # a sweep names it through a YAML in the user's folder: planned, run and keyed like any method
     root = make_project(tmp_path)
-    args = [*overrides(root, "sweep.methods=[capped]", "sweep.baseline=null", "sweep.datasets=[tiny_mt]"),
-            f"conf_path=[{rule_folder / 'myconf'}]"]
+    args = [
+        *overrides(root, "sweep.methods=[capped]", "sweep.baseline=null", "sweep.datasets=[tiny_mt]"),
+        f"conf_path=[{rule_folder / 'myconf'}]",
+    ]
     plan = sweep.expand(sweep.compose(args, root / "conf"), root)
     (cell,) = plan.cells
     assert cell.method == "my_rules:CappedToken" and cell.params["drafter"] == {"kind": "my_drafts:Echo", "span": 2}

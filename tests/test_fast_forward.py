@@ -20,8 +20,18 @@ from pipeline.decoding.kv import CachedModel
 
 def _tiny(kind: str, seed: int = 0):
     """A 2-layer model of ``kind`` (llama with attention bias, llama-mha, qwen2, mistral), GQA unless mha."""
-    shape = dict(vocab=32, hidden=32, layers=2, max_positions=128, heads=4, kv_heads=2, intermediate=48,
-                 bos=None, eos=None, scale=1.0)
+    shape = dict(
+        vocab=32,
+        hidden=32,
+        layers=2,
+        max_positions=128,
+        heads=4,
+        kv_heads=2,
+        intermediate=48,
+        bos=None,
+        eos=None,
+        scale=1.0,
+    )
     extra = {
         "llama": dict(kind="llama", attention_bias=True),
         "llama-mha": dict(kind="llama", kv_heads=4),

@@ -15,18 +15,32 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cfg(**overrides):
-    base = {"prompt": "Hello", "max_new_tokens": 8, "seed": 0,
-            "method": {"name": "ar"}, "pair": {"name": "nonexistent"}}
+    base = {
+        "prompt": "Hello",
+        "max_new_tokens": 8,
+        "seed": 0,
+        "method": {"name": "ar"},
+        "pair": {"name": "nonexistent"},
+    }
     base.update(overrides)
     return OmegaConf.create(base)
 
 
-@pytest.mark.parametrize("overrides, field", [
-    ({"prompt": 123}, "prompt"), ({"prompt": None}, "prompt"), ({"prompt": "  "}, "prompt"),
-    ({"max_new_tokens": 0}, "max_new_tokens"), ({"max_new_tokens": "many"}, "max_new_tokens"),
-    ({"max_new_tokens": 1.5}, "max_new_tokens"), ({"max_new_tokens": True}, "max_new_tokens"),
-    ({"seed": -1}, "seed"), ({"seed": "x"}, "seed"), ({"seed": 2**63}, "seed"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"prompt": 123}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": "  "}, "prompt"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": "many"}, "max_new_tokens"),
+        ({"max_new_tokens": 1.5}, "max_new_tokens"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"seed": -1}, "seed"),
+        ({"seed": "x"}, "seed"),
+        ({"seed": 2**63}, "seed"),
+    ],
+)
 def test_bad_inputs_rejected_before_models_load(monkeypatch, overrides, field):
     def no_loading(*_a, **_k):
         raise AssertionError("a model was loaded before the inputs were checked")
@@ -42,7 +56,8 @@ def test_good_inputs_pass_the_check():
 
 
 def test_cli_prompt_number_is_a_clear_error_not_a_traceback():
-    out = subprocess.run([sys.executable, "-m", "pipeline.generate", "prompt=123"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.generate", "prompt=123"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 2
     assert "prompt must be a string" in out.stderr and "Traceback" not in out.stderr

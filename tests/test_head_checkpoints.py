@@ -37,19 +37,25 @@ def test_a_medusa_config_bigger_than_its_weights_is_refused_before_building(tmp_
     read = []
     monkeypatch.setattr(checkpoints.LazyState, "__getitem__", lambda self, key: read.append(key))
     before = _peak_mb()
-    with pytest.raises(ValueError, match=r"Medusa heads at .*: medusa_config.json does not match the weights "
-                                         r"\(blocks.0.0.linear.bias: the config gives \[20000\], the file holds \[16\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"Medusa heads at .*: medusa_config.json does not match the weights "
+        r"\(blocks.0.0.linear.bias: the config gives \[20000\], the file holds \[16\]",
+    ):
         load_medusa_heads(tmp_path)
     assert read == []  # no tensor was read: the shapes come from the header
     assert _peak_mb() - before < 200  # 2 heads of 20000 x 20000 float32 would be 3.2 GB
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"num_heads": 5}, r"says 5 head\(s\) x 1 layer\(s\) \(10 tensors\), the weights hold 4"),
-    ({"num_heads": 10**9}, r"says 1000000000 head\(s\)"),  # refused before even a meta build of a billion modules
-    ({"hidden_size": -3}, r"medusa_config.json has hidden_size=-3; it must be a positive integer"),
-    ({"num_layers": "2"}, r"num_layers='2'; it must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"num_heads": 5}, r"says 5 head\(s\) x 1 layer\(s\) \(10 tensors\), the weights hold 4"),
+        ({"num_heads": 10**9}, r"says 1000000000 head\(s\)"),  # refused before even a meta build of a billion modules
+        ({"hidden_size": -3}, r"medusa_config.json has hidden_size=-3; it must be a positive integer"),
+        ({"num_layers": "2"}, r"num_layers='2'; it must be a positive integer"),
+    ],
+)
 def test_medusa_configs_that_cannot_match_are_refused_with_the_file(tmp_path, changes, message):
     save_medusa_heads(MedusaHeads(16, 2), tmp_path, dtype=torch.float32)
     _edit(tmp_path / CONFIG_FILE, **changes)
@@ -69,8 +75,11 @@ def test_an_eagle_config_wider_than_its_weights_is_refused_before_building(tmp_p
     save_eagle_head(EagleHead(eagle_config(target.config)), tmp_path, dtype=torch.float32)
     _edit(tmp_path / "config.json", hidden_size=20000, intermediate_size=80000)
     before = _peak_mb()
-    with pytest.raises(ValueError, match=r"EAGLE head at .*: config.json does not match the weights \(.*fc.weight: the config gives "
-                                         r"\[20000, 40000\], the file holds \[32, 64\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"EAGLE head at .*: config.json does not match the weights \(.*fc.weight: the config gives "
+        r"\[20000, 40000\], the file holds \[32, 64\]",
+    ):
         load_eagle_head(tmp_path)
     assert _peak_mb() - before < 200
     with pytest.raises(ValueError, match="does not match the weights"):
@@ -88,6 +97,9 @@ def test_an_eagle3_config_wider_than_its_weights_is_refused_before_building(tmp_
     layer = config.get("transformer_layer_config", config)
     layer.update(intermediate_size=200000)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"EAGLE-3 head at .*: config.json does not match the weights \(.*mlp.*the config gives "
-                                         r"\[200000, 32\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"EAGLE-3 head at .*: config.json does not match the weights \(.*mlp.*the config gives "
+        r"\[200000, 32\]",
+    ):
         load_eagle3_head(tmp_path)

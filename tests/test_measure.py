@@ -34,7 +34,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def models(tokenizer):
     vocab = len(tokenizer)
-    return tiny_llama(0, vocab=vocab, **LM), tiny_llama(0, vocab=vocab, layers=1, **LM)  # draft = same weights: high acceptance
+    return tiny_llama(0, vocab=vocab, **LM), tiny_llama(
+        0, vocab=vocab, layers=1, **LM
+    )  # draft = same weights: high acceptance
 
 
 def _samples(n: int = 3, turns: int = 1) -> list[Sample]:
@@ -50,8 +52,15 @@ def _window(decoder, samples, tokenizer, **kw):
     kw.setdefault("warmup_seconds", 0.0)
     kw.setdefault("idle_seconds", 0.0)
     return measure.run_window(
-        decoder, samples, tokenizer=tokenizer, chat=True, eos_token_ids=[tokenizer.eos_token_id],
-        max_new_tokens=kw.pop("max_new_tokens", 6), seed=kw.pop("seed", 0), device="cpu", **kw,
+        decoder,
+        samples,
+        tokenizer=tokenizer,
+        chat=True,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_new_tokens=kw.pop("max_new_tokens", 6),
+        seed=kw.pop("seed", 0),
+        device="cpu",
+        **kw,
     )
 
 
@@ -91,7 +100,9 @@ def test_prefill_time_is_inside_decode_time_and_reported_apart(models, tokenizer
     assert s["tokens_per_s_decode"] == pytest.approx(s["new_tokens"] / (s["decode_s"] - s["prefill_s"]))
     assert s["tokens_per_s_decode"] > s["tokens_per_s"]
     models_of = [m for m in (decoder.target, getattr(decoder, "draft", None)) if m is not None]
-    assert decoder.prefill_seconds() == pytest.approx(sum(m.prefill_s for m in models_of)) and len(models_of) == (2 if method == "spd" else 1)
+    assert decoder.prefill_seconds() == pytest.approx(sum(m.prefill_s for m in models_of)) and len(models_of) == (
+        2 if method == "spd" else 1
+    )
     for m in models_of:
         m.reset()
     assert decoder.prefill_seconds() == 0.0
@@ -167,11 +178,13 @@ def test_warmup_honours_both_minimums(models, tokenizer):
     target, _ = models
     decoder = build_decoder("ar", target, None, temperature=0.0)
     prompts = [format_sample(s, tokenizer, chat=True).input_ids for s in _samples(2)]
-    out = measure.warm_up(decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0,
-                          min_generations=3, min_seconds=0.0)
+    out = measure.warm_up(
+        decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0, min_generations=3, min_seconds=0.0
+    )
     assert out["generations"] == 3
-    out = measure.warm_up(decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0,
-                          min_generations=1, min_seconds=0.3)
+    out = measure.warm_up(
+        decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0, min_generations=1, min_seconds=0.3
+    )
     assert out["seconds"] >= 0.3 and out["generations"] >= 1
 
 
@@ -214,8 +227,17 @@ def test_continuation_prompt_answer_prefix(models, tokenizer):
     decoder = build_decoder("ar", target, None, temperature=0.0)
     samples = load_dataset("spider", DATA / "spider", limit=1)
     result = measure.run_window(
-        decoder, samples, tokenizer=tokenizer, chat=False, eos_token_ids=[2], max_new_tokens=4, seed=0,
-        warmup_generations=0, warmup_seconds=0, idle_seconds=0, stop_strings=[";"],
+        decoder,
+        samples,
+        tokenizer=tokenizer,
+        chat=False,
+        eos_token_ids=[2],
+        max_new_tokens=4,
+        seed=0,
+        warmup_generations=0,
+        warmup_seconds=0,
+        idle_seconds=0,
+        stop_strings=[";"],
     )
     rec = result.records[0]
     assert rec.prompt_style == "continuation" and rec.prompt_text.endswith("SELECT")
@@ -231,7 +253,9 @@ def test_the_protocol_has_one_default_and_the_config_repeats_it():
     assert set(defaults) - set(configured) == {"costs"}  # an optional key of a sweep (plan.OPTIONAL_KEYS)
     window = inspect.signature(measure.run_window).parameters
     assert [window[k].default for k in ("warmup_generations", "warmup_seconds", "idle_seconds")] == [3, 10.0, 10.0]
-    assert measure.Protocol.from_config({"warmup_seconds": 0.0, "threads": None, "unknown": 1}) == measure.Protocol(warmup_seconds=0.0)
+    assert measure.Protocol.from_config({"warmup_seconds": 0.0, "threads": None, "unknown": 1}) == measure.Protocol(
+        warmup_seconds=0.0
+    )
 
 
 def test_the_machine_probe_brackets_the_window_and_flags_a_slow_machine(models, tokenizer):
@@ -243,14 +267,45 @@ def test_the_machine_probe_brackets_the_window_and_flags_a_slow_machine(models, 
         calls.append(time.perf_counter())
         return 10.0 if len(calls) == 1 else 25.0
 
-    result = measure.run_window(dec, _samples(2), tokenizer=tokenizer, chat=False, eos_token_ids=[2], max_new_tokens=4, seed=0,
-                                warmup_generations=0, warmup_seconds=0.0, idle_seconds=0.0, probe=probe)
+    result = measure.run_window(
+        dec,
+        _samples(2),
+        tokenizer=tokenizer,
+        chat=False,
+        eos_token_ids=[2],
+        max_new_tokens=4,
+        seed=0,
+        warmup_generations=0,
+        warmup_seconds=0.0,
+        idle_seconds=0.0,
+        probe=probe,
+    )
     s = result.summary()
     assert (s["probe_before_ms"], s["probe_after_ms"]) == (10.0, 25.0) and len(calls) == 2
-    assert measure.disturbance([s["probe_before_ms"], s["probe_after_ms"]], 10.0) == {"step_slowdown": 2.5, "disturbed": 1.0}
+    assert measure.disturbance([s["probe_before_ms"], s["probe_after_ms"]], 10.0) == {
+        "step_slowdown": 2.5,
+        "disturbed": 1.0,
+    }
     assert measure.disturbance([10.5, 11.0], 10.0)["disturbed"] == 0.0
-    assert measure.disturbance([], 10.0)["disturbed"] != measure.disturbance([], 10.0)["disturbed"]  # NaN: nothing to compare
-    assert "probe_before_ms" not in measure.run_window(dec, _samples(1), tokenizer=tokenizer, chat=False, eos_token_ids=[2], max_new_tokens=2,
-                                                       seed=0, warmup_generations=0, warmup_seconds=0.0, idle_seconds=0.0).summary()
+    assert (
+        measure.disturbance([], 10.0)["disturbed"] != measure.disturbance([], 10.0)["disturbed"]
+    )  # NaN: nothing to compare
+    assert (
+        "probe_before_ms"
+        not in measure.run_window(
+            dec,
+            _samples(1),
+            tokenizer=tokenizer,
+            chat=False,
+            eos_token_ids=[2],
+            max_new_tokens=2,
+            seed=0,
+            warmup_generations=0,
+            warmup_seconds=0.0,
+            idle_seconds=0.0,
+        ).summary()
+    )
     assert measure.probe_step_ms(target, "cpu", reps=3) > 0
-    assert measure.probe_step_ms(tiny_llama(0, vocab=8), "cpu", reps=2) > 0  # a vocabulary smaller than the probe prompt
+    assert (
+        measure.probe_step_ms(tiny_llama(0, vocab=8), "cpu", reps=2) > 0
+    )  # a vocabulary smaller than the probe prompt

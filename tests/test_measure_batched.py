@@ -33,12 +33,24 @@ def models(tokenizer):
 
 def _samples(n: int, turns: int = 1) -> list[Sample]:
     words = ["apples", "rivers", "engines", "violins", "glaciers", "comets", "lanterns"]
-    return [Sample(id=f"s{i}", dataset="spec_bench", turns=[f"Tell me about {words[i]}."] + ["And more?"] * (turns - 1)) for i in range(n)]
+    return [
+        Sample(id=f"s{i}", dataset="spec_bench", turns=[f"Tell me about {words[i]}."] + ["And more?"] * (turns - 1))
+        for i in range(n)
+    ]
 
 
 def _kw(tokenizer):
-    return dict(tokenizer=tokenizer, chat=True, eos_token_ids=[tokenizer.eos_token_id], max_new_tokens=8, seed=3, device="cpu",
-                warmup_generations=1, warmup_seconds=0.0, idle_seconds=0.0)
+    return dict(
+        tokenizer=tokenizer,
+        chat=True,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_new_tokens=8,
+        seed=3,
+        device="cpu",
+        warmup_generations=1,
+        warmup_seconds=0.0,
+        idle_seconds=0.0,
+    )
 
 
 @pytest.mark.parametrize("method", ["ar", "spd"])
@@ -48,8 +60,12 @@ def test_a_batched_window_gives_every_sample_its_batch_one_tokens(models, tokeni
     samples = _samples(5, turns=2)
     alone = measure.run_window(decoder, samples, **_kw(tokenizer))
     together = run_window_batched(decoder, samples, batch_size=3, **_kw(tokenizer))
-    assert [(r.id, r.turn, r.tokens, r.steps) for r in together.records] == [(r.id, r.turn, r.tokens, r.steps) for r in alone.records]
-    assert [r.prompt_text for r in together.records] == [r.prompt_text for r in alone.records]  # turn 2 saw turn 1's answer
+    assert [(r.id, r.turn, r.tokens, r.steps) for r in together.records] == [
+        (r.id, r.turn, r.tokens, r.steps) for r in alone.records
+    ]
+    assert [r.prompt_text for r in together.records] == [
+        r.prompt_text for r in alone.records
+    ]  # turn 2 saw turn 1's answer
     s = together.summary()
     assert s["samples_finished"] == 5 and s["generations"] == 10 and 0 < s["decode_s"] <= s["window_s"]
     assert together.settings["batch_size"] == 3
@@ -75,17 +91,32 @@ def project(tmp_path_factory):
 def test_the_batching_sweep_plans_every_method_at_every_batch_size(project):
     plan = sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "seeds=[0]"]), project)
     got = {(c.label, c.batch_size) for c in plan.cells}
-    assert got == {(m if b == 1 else f"{m} (batch {b})", b) for m in ("ar", "spd", "block", "mtad") for b in (1, 2, 4, 8, 16)}
+    assert got == {
+        (m if b == 1 else f"{m} (batch {b})", b) for m in ("ar", "spd", "block", "mtad") for b in (1, 2, 4, 8, 16)
+    }
     assert len({c.key for c in plan.cells}) == len(plan.cells)
     assert all(c.config["batch_size"] == c.batch_size for c in plan.cells)
-    assert {c.label for c in plan.cells if c.baseline} == {"ar", "ar (batch 2)", "ar (batch 4)", "ar (batch 8)", "ar (batch 16)"}
+    assert {c.label for c in plan.cells if c.baseline} == {
+        "ar",
+        "ar (batch 2)",
+        "ar (batch 4)",
+        "ar (batch 8)",
+        "ar (batch 16)",
+    }
 
 
-@pytest.mark.parametrize("methods,needle", [("[ar,specinfer]", "'specinfer' cannot decode with batch_size 2: it decodes one sequence"),
-                                            ("[ar,{method: typical, drafter: medusa}]", "cannot decode with batch_size 2: drafter: medusa")])
+@pytest.mark.parametrize(
+    "methods,needle",
+    [
+        ("[ar,specinfer]", "'specinfer' cannot decode with batch_size 2: it decodes one sequence"),
+        ("[ar,{method: typical, drafter: medusa}]", "cannot decode with batch_size 2: drafter: medusa"),
+    ],
+)
 def test_a_method_that_cannot_batch_is_refused_at_plan_time(project, methods, needle):
     with pytest.raises(SweepConfigError, match=needle):
-        sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "seeds=[0]", f"sweep.methods={methods}"]), project)
+        sweep.expand(
+            sweep.compose(["sweep=batching", "data_root=data", "seeds=[0]", f"sweep.methods={methods}"]), project
+        )
 
 
 def test_bad_batch_sizes_are_refused(project):

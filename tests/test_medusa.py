@@ -96,7 +96,9 @@ def test_medusa_with_trained_heads_on_tiny_model_keeps_greedy_identity():
     attach_medusa_heads(model, heads)
     ar = build_decoder("ar", model, temperature=0).generate([1, 2], max_new_tokens=20).tokens
     for acceptance in ("typical", "exact"):
-        out = build_decoder("medusa", model, temperature=0, acceptance=acceptance, k_config=[2, 2]).generate([1, 2], max_new_tokens=20)
+        out = build_decoder("medusa", model, temperature=0, acceptance=acceptance, k_config=[2, 2]).generate(
+            [1, 2], max_new_tokens=20
+        )
         assert out.tokens == ar
 
 

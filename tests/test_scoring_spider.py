@@ -68,7 +68,9 @@ def test_gold_against_gold_is_100_percent_on_all_710(spider_samples):
 
 
 def test_row_order_ignored_without_order_by(toy_db):
-    assert _correct(toy_db, "SELECT name FROM singer WHERE age < 35", "SELECT name FROM singer WHERE age < 35 ORDER BY name DESC")
+    assert _correct(
+        toy_db, "SELECT name FROM singer WHERE age < 35", "SELECT name FROM singer WHERE age < 35 ORDER BY name DESC"
+    )
 
 
 def test_row_order_checked_with_order_by(toy_db):
@@ -79,7 +81,9 @@ def test_row_order_checked_with_order_by(toy_db):
 
 def test_column_permutation_allowed(toy_db):
     assert _correct(toy_db, "SELECT name, age FROM singer", "SELECT age, name FROM singer")
-    assert _correct(toy_db, "SELECT name, age, country FROM singer ORDER BY id", "SELECT country, name, age FROM singer ORDER BY id")
+    assert _correct(
+        toy_db, "SELECT name, age, country FROM singer ORDER BY id", "SELECT country, name, age FROM singer ORDER BY id"
+    )
 
 
 def test_column_permutation_must_be_consistent_across_rows():
@@ -178,7 +182,11 @@ def test_cli_rescoring_saved_predictions(tmp_path, spider_samples):
     preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.scoring.spider", "--data", str(DATA), "--predictions", str(preds)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     result = json.loads(out.stdout)
     assert result["num_samples"] == 2 and result["num_correct"] == 1
@@ -208,8 +216,14 @@ def test_result_bytes_are_capped_as_rows_are_fetched(blob_db):
     assert sp.execute(blob_db, "SELECT b FROM t", max_bytes=30 * 2**20).ok
 
 
-@pytest.mark.parametrize("sql", ["SELECT zeroblob(200000000)", "SELECT b FROM big",
-                                 "SELECT replace(hex(zeroblob(1000)), '0', hex(zeroblob(100000)))"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT zeroblob(200000000)",
+        "SELECT b FROM big",
+        "SELECT replace(hex(zeroblob(1000)), '0', hex(zeroblob(100000)))",
+    ],
+)
 def test_a_single_oversized_value_is_refused_by_sqlite(blob_db, sql):
     start = time.perf_counter()
     result = sp.execute(blob_db, sql, max_bytes=8 * 2**20)
@@ -231,7 +245,10 @@ def test_distinct_kept_by_default_and_stripped_like_the_official_evaluation(toy_
     assert strict["details"][0]["correct"] is False and strict["keep_distinct"] is True
     assert official["details"][0]["correct"] is True
     # only the keyword goes: a string or column holding the word stays
-    assert sp.remove_distinct("SELECT DISTINCT name FROM t WHERE x = 'distinct'") == "SELECT  name FROM t WHERE x = 'distinct'"
+    assert (
+        sp.remove_distinct("SELECT DISTINCT name FROM t WHERE x = 'distinct'")
+        == "SELECT  name FROM t WHERE x = 'distinct'"
+    )
 
 
 # ----------------------------------------------------------------------------- trust, second round (issue 25)
@@ -252,15 +269,25 @@ print(next(int(line.split()[1]) for line in open("/proc/self/io") if line.starts
 
 def _peak(db, sql, max_bytes, timeout_s=10.0):
     """(error, peak RSS in MB of the scoring process and its query process, bytes they wrote) of one query."""
-    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(db), str(max_bytes), str(timeout_s)], cwd=REPO, input=sql,
-                         capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, str(db), str(max_bytes), str(timeout_s)],
+        cwd=REPO,
+        input=sql,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split("\n")
     return out[0], int(out[1]), int(out[2])
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT " + ", ".join(["zeroblob(30000000)"] * 8),  # each value under the cap, the row 8 times over it
-    "SELECT " + ", ".join(["b"] * 40) + " FROM t",  # 40 copies of a 4 MiB value read from the table
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT " + ", ".join(["zeroblob(30000000)"] * 8),  # each value under the cap, the row 8 times over it
+        "SELECT " + ", ".join(["b"] * 40) + " FROM t",  # 40 copies of a 4 MiB value read from the table
+    ],
+)
 def test_the_whole_result_is_capped_not_each_value(blob_db, sql):
     # one process per query: its peak memory is the query's (old code: the whole row, 240 MB, then the error)
     error, peak_mb, _ = _peak(blob_db, sql, 32 * 2**20)
@@ -277,8 +304,17 @@ def test_the_budget_shrinks_as_rows_arrive(blob_db):
     assert sp.execute(blob_db, "SELECT id, length(b) FROM t", max_bytes=1000).rows == [(i, 4 * 2**20) for i in range(5)]
 
 
-@pytest.mark.parametrize("prediction", ["SELECT name FROM singer\x00", "\x00", "SELECT 'a\x00b'; DROP", "```sql\nSELECT\x00 1\n```",
-                                        "SELECT '\ud800'", "\udcff SELECT 1"])
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "SELECT name FROM singer\x00",
+        "\x00",
+        "SELECT 'a\x00b'; DROP",
+        "```sql\nSELECT\x00 1\n```",
+        "SELECT '\ud800'",
+        "\udcff SELECT 1",
+    ],
+)
 def test_any_character_is_taken_as_input(toy_db, prediction):
     sp.extract_sql(prediction)
     result = sp.score_predictions([{"id": "0", "prediction": prediction}], _sample(toy_db, "SELECT name FROM singer"))
@@ -300,8 +336,16 @@ def test_first_statement_agrees_with_sqlite_complete_statement():
         assert sp._first_statement(text) == reference(text), text
 
 
-@pytest.mark.parametrize("text", ["SELECT 'a" + ";" * 240_000, "```x" * 60_000, "SELECT 1\n" * 30_000,
-                                  "```sql\n" + "SELECT 1 -- ;\n" * 20_000, "'" * 240_000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT 'a" + ";" * 240_000,
+        "```x" * 60_000,
+        "SELECT 1\n" * 30_000,
+        "```sql\n" + "SELECT 1 -- ;\n" * 20_000,
+        "'" * 240_000,
+    ],
+)
 def test_sql_extraction_is_linear(text):
     start = time.perf_counter()
     sp.extract_sql(text)
@@ -311,32 +355,45 @@ def test_sql_extraction_is_linear(text):
 def _cli(tmp_path, lines, *extra):
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(line + "\n" for line in lines), encoding="utf-8", errors="surrogatepass")
-    return subprocess.run([sys.executable, "-m", "pipeline.scoring.spider", "--data", str(DATA), "--predictions", str(preds), *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.scoring.spider", "--data", str(DATA), "--predictions", str(preds), *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("lines, expect", [
-    (['{"id": "0", "prediction": "SELECT 1"}', '{"id": "1", "prediction": "SELECT 1"', ''], ":2: not JSON"),
-    (['{"id": "0", "prediction": 42}'], ":1: the prediction ('prediction') is a JSON int, not a string"),
-    (['{"id": "0", "prediction": ["SELECT 1"]}'], ":1: the prediction ('prediction') is a JSON list"),
-    (['["0", "SELECT 1"]'], ":1: a JSON list, not an object"),
-    (['{"prediction": "SELECT 1"}'], ":1: no sample id"),
-    (['{"id": "99999", "prediction": "SELECT 1"}'], "unknown Spider sample id"),
-])
+@pytest.mark.parametrize(
+    "lines, expect",
+    [
+        (['{"id": "0", "prediction": "SELECT 1"}', '{"id": "1", "prediction": "SELECT 1"', ""], ":2: not JSON"),
+        (['{"id": "0", "prediction": 42}'], ":1: the prediction ('prediction') is a JSON int, not a string"),
+        (['{"id": "0", "prediction": ["SELECT 1"]}'], ":1: the prediction ('prediction') is a JSON list"),
+        (['["0", "SELECT 1"]'], ":1: a JSON list, not an object"),
+        (['{"prediction": "SELECT 1"}'], ":1: no sample id"),
+        (['{"id": "99999", "prediction": "SELECT 1"}'], "unknown Spider sample id"),
+    ],
+)
 def test_cli_bad_predictions_file_is_one_line_and_exit_2(tmp_path, lines, expect):
     out = _cli(tmp_path, lines)
     assert out.returncode == 2 and expect in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert out.stdout == ""
 
 
-@pytest.mark.parametrize("extra", [["--max-rows", "0"], ["--max-bytes", "-1"], ["--timeout", "0"], ["--timeout", "inf"], ["--max-sql-bytes", "0"]])
+@pytest.mark.parametrize(
+    "extra",
+    [["--max-rows", "0"], ["--max-bytes", "-1"], ["--timeout", "0"], ["--timeout", "inf"], ["--max-sql-bytes", "0"]],
+)
 def test_cli_bad_limits_are_refused(tmp_path, extra):
     out = _cli(tmp_path, ['{"id": "0", "prediction": "SELECT 1"}'], *extra)
     assert out.returncode == 2 and extra[0] in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_cli_lone_surrogate_keeps_every_result(tmp_path):
-    out = _cli(tmp_path, ['{"id": "0", "prediction": "SELECT \\ud800"}', '{"id": "1", "prediction": "SELECT 1\\u0000"}'])
+    out = _cli(
+        tmp_path, ['{"id": "0", "prediction": "SELECT \\ud800"}', '{"id": "1", "prediction": "SELECT 1\\u0000"}']
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["num_samples"] == 2 and result["details"][0]["sql"] == "SELECT \ud800"
@@ -347,7 +404,9 @@ def test_cli_lone_surrogate_keeps_every_result(tmp_path):
 _ROWS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT {n}) "
 # one `instr` is one SQLite VM instruction: (2M - 1M) * 1M byte comparisons, about 20 s here, which neither
 # the progress handler nor sqlite3_interrupt can stop (they act between instructions)
-_ONE_LONG_INSTRUCTION = "SELECT instr(printf('%.*c', 2000000, 'a'), printf('%.*c', 1000000, 'a') || 'b') FROM singer LIMIT 1"
+_ONE_LONG_INSTRUCTION = (
+    "SELECT instr(printf('%.*c', 2000000, 'a'), printf('%.*c', 1000000, 'a') || 'b') FROM singer LIMIT 1"
+)
 
 
 def test_one_long_sqlite_instruction_is_stopped_at_the_deadline(toy_db):
@@ -368,7 +427,8 @@ def test_a_killed_query_leaves_no_process_and_the_next_query_runs(toy_db):
     scored = sp.score_predictions(
         [{"id": "0", "prediction": _ONE_LONG_INSTRUCTION}, {"id": "1", "prediction": "SELECT count(*) FROM singer"}],
         {str(i): {"query": "SELECT count(*) FROM singer", "db_path": str(toy_db), "db_id": "toy"} for i in range(2)},
-        timeout_s=1)
+        timeout_s=1,
+    )
     assert [d["timed_out"] for d in scored["details"]] == [True, False] and scored["num_correct"] == 1
 
 
@@ -383,8 +443,9 @@ runner.run(sys.argv[1], sys.argv[2])
 
 def test_the_query_process_dies_with_the_scorer(toy_db):
     # a scorer killed mid-query (a cell's timeout, a driver's ctrl-c) leaves no query running on
-    scorer = subprocess.Popen([sys.executable, "-c", _ORPHAN, str(toy_db), _ONE_LONG_INSTRUCTION], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True)
+    scorer = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, str(toy_db), _ONE_LONG_INSTRUCTION], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     pid = int(scorer.stdout.readline())
     time.sleep(0.5)
     scorer.kill()
@@ -438,18 +499,28 @@ def test_huge_in_list_is_refused_before_it_compiles(toy_db):
     assert "longer than 1000 bytes" in sp.execute(toy_db, near, max_sql_bytes=1000).error
 
 
-@pytest.mark.parametrize("sql, expect", [
-    ("SELECT " + " + ".join(["1"] * 3000), "too large"),  # expression depth (SQLITE_LIMIT_EXPR_DEPTH)
-    (" UNION ".join(["SELECT 1"] * 600), "too many terms in compound SELECT"),
-    ("SELECT ?1200", "variable number must be between"),
-])
+@pytest.mark.parametrize(
+    "sql, expect",
+    [
+        ("SELECT " + " + ".join(["1"] * 3000), "too large"),  # expression depth (SQLITE_LIMIT_EXPR_DEPTH)
+        (" UNION ".join(["SELECT 1"] * 600), "too many terms in compound SELECT"),
+        ("SELECT ?1200", "variable number must be between"),
+    ],
+)
 def test_sqlite_compile_limits(toy_db, sql, expect):
     result = sp.execute(toy_db, sql)
     assert not result.ok and expect in result.error, result.error
 
 
-@pytest.mark.parametrize("kwargs, name", [({"timeout_s": float("inf")}, "timeout_s"), ({"timeout_s": float("nan")}, "timeout_s"),
-                                          ({"max_sql_bytes": 0}, "max_sql_bytes"), ({"max_bytes": 1.5}, "max_bytes")])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"timeout_s": float("inf")}, "timeout_s"),
+        ({"timeout_s": float("nan")}, "timeout_s"),
+        ({"max_sql_bytes": 0}, "max_sql_bytes"),
+        ({"max_bytes": 1.5}, "max_bytes"),
+    ],
+)
 def test_bad_limits_are_refused_before_anything_runs(toy_db, kwargs, name):
     with pytest.raises(ValueError, match=name):
         sp.score_predictions([{"id": "0", "prediction": "SELECT 1"}], _sample(toy_db, "SELECT 1"), **kwargs)

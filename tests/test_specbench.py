@@ -37,7 +37,9 @@ def _tokenizer_dir(path: Path) -> Path:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>").save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>").save_pretrained(
+        path
+    )
     return path
 
 
@@ -69,9 +71,21 @@ def _records(label: str, seed: int, questions: list[dict]) -> list[dict]:
                     left -= accepted[-1]
             rate = (10.0 if label == "ar" else 17.0) * rng.uniform(0.7, 1.3)
             text = " ".join(rng.choice(WORDS) for _ in range(n))
-            out.append({"id": str(q["question_id"]), "turn": turn, "category": q["category"], "new_tokens": n,
-                        "steps": len(accepted), "draft_steps": 0, "accepted": accepted, "decode_s": n / rate,
-                        "tokens_per_s": rate, "text": text, "hit_eos": False})
+            out.append(
+                {
+                    "id": str(q["question_id"]),
+                    "turn": turn,
+                    "category": q["category"],
+                    "new_tokens": n,
+                    "steps": len(accepted),
+                    "draft_steps": 0,
+                    "accepted": accepted,
+                    "decode_s": n / rate,
+                    "tokens_per_s": rate,
+                    "text": text,
+                    "hit_eos": False,
+                }
+            )
     return out
 
 
@@ -85,13 +99,29 @@ def _build_store(root: Path) -> str:
             ds = {"name": "spec_bench", "limit": len(questions), "max_new_tokens": 32}
             identity = {"method": label, "dataset": ds, "seed": seed}
             key = cell_key(identity)
-            cell = make_cell(key, sweep="sb", label=label, method=label, params={}, pair={"name": "tiny"}, dataset=ds, seed=seed)
+            cell = make_cell(
+                key, sweep="sb", label=label, method=label, params={}, pair={"name": "tiny"}, dataset=ds, seed=seed
+            )
             records = _records(label, seed, questions)
             tokens, decode = sum(r["new_tokens"] for r in records), sum(r["decode_s"] for r in records)
-            metrics = {"tokens_per_s": tokens / decode, "decode_s": decode, "new_tokens": tokens,
-                       "accepted_per_step": tokens / sum(r["steps"] for r in records)}
-            tracker.log_cell(cell, CellResult(key, status=STATUS_FINISHED, stage="done", metrics=metrics, records=records,
-                                              score_metric="speed_only", device={"device": "cpu"}))
+            metrics = {
+                "tokens_per_s": tokens / decode,
+                "decode_s": decode,
+                "new_tokens": tokens,
+                "accepted_per_step": tokens / sum(r["steps"] for r in records),
+            }
+            tracker.log_cell(
+                cell,
+                CellResult(
+                    key,
+                    status=STATUS_FINISHED,
+                    stage="done",
+                    metrics=metrics,
+                    records=records,
+                    score_metric="speed_only",
+                    device={"device": "cpu"},
+                ),
+            )
     tracker.end_parent("FINISHED", {})
     return uri
 
@@ -143,7 +173,10 @@ def test_spec_benchs_speed_py_gives_the_reports_leaderboard(report, tmp_path):
         assert board.at[("spd", task), "speedup"] == pytest.approx(np.mean(ratios), rel=1e-9)
         assert board.at[("spd", task), "speedup_std"] == pytest.approx(np.std(ratios, ddof=1), rel=1e-9)
         assert board.at[("spd", task), "mean_accepted_tokens"] == pytest.approx(np.mean(accepts), rel=1e-12)
-        assert board.at[("ar", task), "speedup"] == pytest.approx(1.0) and board.at[("ar", task), "mean_accepted_tokens"] == 1.0
+        assert (
+            board.at[("ar", task), "speedup"] == pytest.approx(1.0)
+            and board.at[("ar", task), "mean_accepted_tokens"] == 1.0
+        )
     text = (root / "report" / "specbench" / "leaderboard.md").read_text()
     assert "Multi-turn Conversation" in text and "#Mean Accepted Tokens" in text
     overall = board.at[("spd", "overall"), "speedup"]
@@ -160,6 +193,19 @@ def test_categories_come_from_the_data_for_records_without_them(tmp_path):
 
 def test_cli_without_spec_bench_cells_is_a_clear_error(report, capsys):
     root, _ = report
-    assert specbench.main(["--sweep", "sb", "--tracking-uri", f"sqlite:///{root}/mlflow.db", "--dataset", "humaneval",
-                           "--out", str(root / "x")]) == 2
+    assert (
+        specbench.main(
+            [
+                "--sweep",
+                "sb",
+                "--tracking-uri",
+                f"sqlite:///{root}/mlflow.db",
+                "--dataset",
+                "humaneval",
+                "--out",
+                str(root / "x"),
+            ]
+        )
+        == 2
+    )
     assert "no finished humaneval cells" in capsys.readouterr().err

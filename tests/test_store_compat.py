@@ -51,7 +51,9 @@ def test_the_resume_queries_read_the_old_store(old_store):
     assert len(finished) == 23 and len(failed) == 1 and len(rows) == 24
     (failed_key,) = failed
     assert failed_key == fx._cell("mtad(tau=0.3)", "mt_bench", 1).key  # the cell keys of the old store are today's
-    assert {fx._cell(label, ds, s).key for (ds, label) in fx.TOKENS_PER_S for s in fx.SEEDS} == set(finished) | {failed_key}
+    assert {fx._cell(label, ds, s).key for (ds, label) in fx.TOKENS_PER_S for s in fx.SEEDS} == set(finished) | {
+        failed_key
+    }
 
 
 def test_analysis_reads_the_old_store(old_store):
@@ -63,4 +65,7 @@ def test_analysis_reads_the_old_store(old_store):
     samples = load_samples(runs[runs["status"] == schema.STATUS_FINISHED])
     assert len(samples) == 23 * len(fx.TOKENS)
     humaneval = samples[samples["dataset"] == "humaneval"]
-    assert humaneval["sample_score"].notna().all() and samples[samples["dataset"] == "mt_bench"]["sample_score"].isna().all()
+    assert (
+        humaneval["sample_score"].notna().all()
+        and samples[samples["dataset"] == "mt_bench"]["sample_score"].isna().all()
+    )

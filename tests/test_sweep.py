@@ -46,13 +46,19 @@ def test_small_sweep_end_to_end_then_nothing_to_do(ray_session, tmp_path, capsys
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in cells)
     one = cells[0]
     assert {"method.name", "pair.name", "dataset.name", "seed", "dataset.max_new_tokens"} <= set(one.data.params)
-    assert {"samples.jsonl", "cell_config.yaml", "result.json"} <= {f.path for f in client.list_artifacts(one.info.run_id)}
+    assert {"samples.jsonl", "cell_config.yaml", "result.json"} <= {
+        f.path for f in client.list_artifacts(one.info.run_id)
+    }
     # the pair's target step calibrated before any cell; each cell's probes against it (a quiet machine: none flagged
     # at the threshold's scale, but the numbers are there); the drafting cells' acceptance as specdec_bench reads it
     (pair,) = {c.data.params["pair.name"] for c in cells}
     assert parents[0].data.metrics[f"calibration.{pair}.target_step_ms"] > 0
     for c in cells:
-        assert c.data.metrics["calibrated_target_step_ms"] > 0 and c.data.metrics["step_slowdown"] > 0 and "disturbed" in c.data.metrics
+        assert (
+            c.data.metrics["calibrated_target_step_ms"] > 0
+            and c.data.metrics["step_slowdown"] > 0
+            and "disturbed" in c.data.metrics
+        )
         has_profile = "speculation_profile.json" in {f.path for f in client.list_artifacts(c.info.run_id)}
         assert has_profile == (c.data.tags["method"] != "ar")
 
@@ -64,8 +70,7 @@ def test_small_sweep_end_to_end_then_nothing_to_do(ray_session, tmp_path, capsys
 
 def test_killed_actor_and_raising_cell_are_retried_exactly(ray_session, tmp_path):
     root = make_project(tmp_path)
-    faults = ("+fault_injection=[{kind: exit, labels: [block], seeds: [0]},"
-              "{kind: raise, labels: [spd], seeds: [1]}]")
+    faults = "+fault_injection=[{kind: exit, labels: [block], seeds: [0]},{kind: raise, labels: [spd], seeds: [1]}]"
     first = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]", "seeds=[0,1]", faults)
     assert first["total"] == 6 and first["finished"] == 4 and first["failed"] == 2
     failed = {r["cell_key"]: r for r in first["results"] if r["status"] == "failed"}
@@ -86,8 +91,13 @@ def test_killed_actor_and_raising_cell_are_retried_exactly(ray_session, tmp_path
 
 def test_cell_over_its_time_limit_is_killed_and_recorded(ray_session, tmp_path):
     root = make_project(tmp_path)
-    out = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]", "sweep.methods=[ar]",
-                    "+fault_injection={kind: sleep, seconds: 600, stage: load}", "cluster.cell_timeout_s=8")
+    out = run_sweep(
+        root,
+        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
+        "sweep.methods=[ar]",
+        "+fault_injection={kind: sleep, seconds: 600, stage: load}",
+        "cluster.cell_timeout_s=8",
+    )
     assert out["total"] == 1 and out["failed"] == 1
     assert "timed out" in out["results"][0]["error"]
 
@@ -97,24 +107,57 @@ def test_a_cell_probed_well_above_its_pairs_calibration_is_flagged():
     calibration = {"p": {"target_step_ms": 10.0, "device": "cpu"}}
 
     def result(before: float, after: float, device: str = "cpu") -> CellResult:
-        return CellResult(cell_key="k", status=STATUS_FINISHED, metrics={"probe_before_ms": before, "probe_after_ms": after},
-                          device={"device": device})
+        return CellResult(
+            cell_key="k",
+            status=STATUS_FINISHED,
+            metrics={"probe_before_ms": before, "probe_after_ms": after},
+            device={"device": device},
+        )
 
     flagged = with_disturbance(cell, result(10.0, 31.0), calibration).metrics
-    assert flagged["disturbed"] == 1.0 and flagged["step_slowdown"] == pytest.approx(3.1) and flagged["calibrated_target_step_ms"] == 10.0
+    assert (
+        flagged["disturbed"] == 1.0
+        and flagged["step_slowdown"] == pytest.approx(3.1)
+        and flagged["calibrated_target_step_ms"] == 10.0
+    )
     assert with_disturbance(cell, result(10.2, 11.0), calibration).metrics["disturbed"] == 0.0
-    assert "disturbed" not in with_disturbance(cell, result(10.0, 31.0, "cuda:0"), calibration).metrics  # another device: no comparison
-    assert "disturbed" not in with_disturbance(cell, result(10.0, 31.0), {}).metrics  # no calibration (measure.costs off, or it failed)
+    assert (
+        "disturbed" not in with_disturbance(cell, result(10.0, 31.0, "cuda:0"), calibration).metrics
+    )  # another device: no comparison
+    assert (
+        "disturbed" not in with_disturbance(cell, result(10.0, 31.0), {}).metrics
+    )  # no calibration (measure.costs off, or it failed)
+
+
 def test_the_report_is_written_for_the_finished_cells_of_a_sweep_with_a_failed_cell(ray_session, tmp_path):
     """Issue 36 item 10: `make run` after a sweep with one failed cell (a timeout under load) wrote no report."""
     root = make_project(tmp_path)
-    out = run_sweep(root, "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]",
-                    "+fault_injection={kind: raise, labels: [block]}")
+    out = run_sweep(
+        root,
+        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]",
+        "+fault_injection={kind: raise, labels: [block]}",
+    )
     assert out["finished"] == 2 and out["failed"] == 1, out["results"]
-    assert report.main(["--latest", "--tracking-uri", out["tracking_uri"], "--out", str(tmp_path / "report"), "--no-notebooks",
-                        "--no-mlflow", "--bootstrap", "50"]) == 0
+    assert (
+        report.main(
+            [
+                "--latest",
+                "--tracking-uri",
+                out["tracking_uri"],
+                "--out",
+                str(tmp_path / "report"),
+                "--no-notebooks",
+                "--no-mlflow",
+                "--bootstrap",
+                "50",
+            ]
+        )
+        == 0
+    )
     runs = (tmp_path / "report" / "runs.csv").read_text()
-    assert runs.count("\n") == 3 and ",spd," in runs and ",ar," in runs and ",block," not in runs  # header + the 2 finished
+    assert (
+        runs.count("\n") == 3 and ",spd," in runs and ",ar," in runs and ",block," not in runs
+    )  # header + the 2 finished
     assert "spd" in (tmp_path / "report" / "table5.md").read_text()
 
 
@@ -128,8 +171,14 @@ def test_make_run_reports_what_finished_and_keeps_the_sweeps_status(tmp_path, sw
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$2" in pipeline.sweep) exit {sweep_status};; esac\nexit 0\n')
     fake.chmod(0o755)
-    done = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "run", f"PY={fake}", "ARGS=seeds=[0]"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "MAKEFLAGS": ""})
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-o", ".venv/.installed", "run", f"PY={fake}", "ARGS=seeds=[0]"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MAKEFLAGS": ""},
+    )
     assert (done.returncode == 0) is (sweep_status == 0), done.stderr  # make exits 2 when its recipe fails
     calls = log.read_text().splitlines()
     assert calls[0] == "-m pipeline.sweep seeds=[0]"

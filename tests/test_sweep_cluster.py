@@ -28,9 +28,14 @@ def two_nodes():
 def test_cells_spread_across_nodes(two_nodes, tmp_path):
     root = make_project(tmp_path)
     out = run_sweep(
-        root, "cluster=ray", f"cluster.address={two_nodes.address}", "cluster.cpus_per_cell=1",
-        "cluster.scheduling_strategy=SPREAD", "cluster.runtime_env.env_vars={}",
-        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]", "seeds=[0,1]",
+        root,
+        "cluster=ray",
+        f"cluster.address={two_nodes.address}",
+        "cluster.cpus_per_cell=1",
+        "cluster.scheduling_strategy=SPREAD",
+        "cluster.runtime_env.env_vars={}",
+        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
+        "seeds=[0,1]",
     )
     assert out["finished"] == 6 and out["failed"] == 0, out["results"]
     assert not ray.is_initialized()  # the sweep joined the cluster by address and left it
@@ -42,8 +47,10 @@ def test_cells_spread_across_nodes(two_nodes, tmp_path):
 def test_a_local_sweep_starts_its_own_ray_beside_a_running_cluster(two_nodes):
     """cluster=local never joins another Ray instance on the machine (ray.init() without an address joins
     the newest `ray start` cluster it finds and then refuses num_cpus: a sweep failed so beside this test)."""
-    code = ("import ray; from pipeline.sweep.ray_runner import start_ray; "
-            "assert start_ray({'kind': 'local', 'num_cpus': 1}); print(int(ray.cluster_resources()['CPU'])); ray.shutdown()")
+    code = (
+        "import ray; from pipeline.sweep.ray_runner import start_ray; "
+        "assert start_ray({'kind': 'local', 'num_cpus': 1}); print(int(ray.cluster_resources()['CPU'])); ray.shutdown()"
+    )
     env = {**os.environ, "RAY_ADDRESS": two_nodes.address}  # the strongest pull towards the running cluster
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -30,10 +30,21 @@ def _env() -> dict[str, str]:
 
 
 def _driver(root: Path, *extra: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "pipeline.sweep", f"--config-path={root / 'conf'}", "sweep=tiny",
-            f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/mlruns", "progress=false",
-            "cluster.num_cpus=1", "sweep.methods=[spd]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]",
-            "seeds=[0,1]", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "pipeline.sweep",
+        f"--config-path={root / 'conf'}",
+        "sweep=tiny",
+        f"tracking.uri=sqlite:///{root}/mlflow.db",
+        f"tracking.artifact_root={root}/mlruns",
+        "progress=false",
+        "cluster.num_cpus=1",
+        "sweep.methods=[spd]",
+        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 6}]",
+        "seeds=[0,1]",
+        *extra,
+    ]
     return subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -61,7 +72,7 @@ def test_a_driver_killed_without_warning_leaves_nothing_running(tmp_path):
     code = textwrap.dedent(f"""
         import os, sys, time
         from pipeline.tracking import Tracker
-        tr = Tracker({uri!r}, "t", {str(tmp_path / 'mlruns')!r})
+        tr = Tracker({uri!r}, "t", {str(tmp_path / "mlruns")!r})
         tr.start_parent("doomed", {{}}, {{}})
         assert tr.claim("k1")
         print(tr.parent_run_id, flush=True)
@@ -90,7 +101,9 @@ def test_a_driver_stopped_by_sigterm_closes_its_parent_run(tmp_path):
     while time.monotonic() < deadline:  # wait until the parent run exists (Ray up, a cell in flight)
         time.sleep(1)
         if (root / "mlflow.db").exists():
-            tracker = tracker or Tracker(f"sqlite:///{root}/mlflow.db", "tiny")  # waits for the driver's schema creation
+            tracker = tracker or Tracker(
+                f"sqlite:///{root}/mlflow.db", "tiny"
+            )  # waits for the driver's schema creation
             client, exp = tracker.client, tracker.experiment_id
             if client.search_runs([exp], "tags.kind = 'sweep'"):
                 break

@@ -24,7 +24,11 @@ def _run(root, *extra):
 def test_unknown_method_lists_the_valid_choices(root):
     with pytest.raises(SweepConfigError) as err:  # before any model or Ray, with the fix (issue 25)
         _run(root, "method=nope")
-    assert "unknown method 'nope'" in str(err.value) and "'spd'" in str(err.value) and "add conf/method/nope.yaml" in str(err.value)
+    assert (
+        "unknown method 'nope'" in str(err.value)
+        and "'spd'" in str(err.value)
+        and "add conf/method/nope.yaml" in str(err.value)
+    )
 
 
 def test_impossible_parameter_fails_before_ray(root):
@@ -51,7 +55,9 @@ def test_grid_adds_baselines_and_keys_are_stable(root):
     a, b = sweep.expand(cfg, root), sweep.expand(cfg, root)
     assert [c.key for c in a.cells] == [c.key for c in b.cells]
     assert len(a.cells) == 3 * 2 * 2 and sum(c.baseline for c in a.cells) == 4
-    changed = sweep.expand(sweep.compose(overrides(root, "seeds=[0,1]", "+sweep.method_overrides.top_k=5"), root / "conf"), root)
+    changed = sweep.expand(
+        sweep.compose(overrides(root, "seeds=[0,1]", "+sweep.method_overrides.top_k=5"), root / "conf"), root
+    )
     assert not {c.key for c in changed.cells} & {c.key for c in a.cells}
     single = sweep.expand(sweep.compose(overrides(root, "method=mtad", "method.tau=0.3"), root / "conf"), root)
     assert sorted({c.label for c in single.cells}) == ["ar", "mtad(tau=0.3)"]
@@ -61,8 +67,19 @@ def test_summary_tables_speedup_against_the_same_seed_baseline():
     rows = []
     for seed, (ar, spd) in enumerate([(10.0, 20.0), (10.0, 30.0)]):
         for label, tps in (("ar", ar), ("spd", spd)):
-            rows.append({"label": label, "pair": "p", "dataset": "d", "seed": str(seed), "cell_status": "finished",
-                         "tokens_per_s": tps, "cell_key": f"{label}{seed}", "score": 0.5, "accepted_per_step": 1.0})
+            rows.append(
+                {
+                    "label": label,
+                    "pair": "p",
+                    "dataset": "d",
+                    "seed": str(seed),
+                    "cell_status": "finished",
+                    "tokens_per_s": tps,
+                    "cell_key": f"{label}{seed}",
+                    "score": 0.5,
+                    "accepted_per_step": 1.0,
+                }
+            )
     rows.append({"label": "spd", "pair": "p", "dataset": "d", "seed": "2", "cell_status": "failed", "cell_key": "x"})
     per_cell, means = summary_tables(rows, "ar")
     assert "failed" in per_cell
@@ -70,7 +87,9 @@ def test_summary_tables_speedup_against_the_same_seed_baseline():
     assert "2.50 ± 0.71" in spd_line and "25.00 ± 7.07" in spd_line
 
 
-@pytest.mark.parametrize("name", ["smoke", "all_methods", "block_vs_token", "mtad_table5", "ablation_tau", "ablation_beams", "claims"])
+@pytest.mark.parametrize(
+    "name", ["smoke", "all_methods", "block_vs_token", "mtad_table5", "ablation_tau", "ablation_beams", "claims"]
+)
 def test_every_shipped_sweep_expands(name):
     """The sweeps in conf/sweep/ name existing methods and datasets with valid parameters (the real
     pairs cannot load offline: the paper sweeps are checked on the offline pair)."""
@@ -84,8 +103,15 @@ def test_every_shipped_sweep_expands(name):
 
 def test_two_slices_of_one_dataset_are_counted_apart():
     """Plan.sample_counts is keyed by slice: two slices of HumanEval no longer overwrite each other's count."""
-    cfg = sweep.compose(["sweep=smoke", "data_root=data", "seeds=[0]", "sweep.methods=[ar]",
-                         "sweep.datasets=[{dataset: humaneval, limit: 2}, {dataset: humaneval, start: 2, limit: 3}]"])
+    cfg = sweep.compose(
+        [
+            "sweep=smoke",
+            "data_root=data",
+            "seeds=[0]",
+            "sweep.methods=[ar]",
+            "sweep.datasets=[{dataset: humaneval, limit: 2}, {dataset: humaneval, start: 2, limit: 3}]",
+        ]
+    )
     plan = sweep.expand(cfg)
     assert plan.sample_counts == {"humaneval[0:2]": 2, "humaneval[2:5]": 3}
     assert sorted(c.dataset["limit"] for c in plan.cells) == [2, 3]

@@ -28,23 +28,42 @@ from pipeline.tracking import StoreWriteError, Tracker, TrackingError
 REPO = Path(__file__).resolve().parents[1]
 
 JUDGE_TEMPLATES = [
-    {"name": "single-v1", "type": "single", "system_prompt": "You are a helpful judge.",
-     "prompt_template": "[Question]\n{question}\n[Answer]\n{answer}\nRate it as [[rating]].", "output_format": "[[rating]]"},
-    {"name": "single-v1-multi-turn", "type": "single", "system_prompt": "You are a helpful judge of the second turn.",
-     "prompt_template": "Q1 {question_1}\nA1 {answer_1}\nQ2 {question_2}\nA2 {answer_2}\nRate the second answer as [[rating]].",
-     "output_format": "[[rating]]"},
+    {
+        "name": "single-v1",
+        "type": "single",
+        "system_prompt": "You are a helpful judge.",
+        "prompt_template": "[Question]\n{question}\n[Answer]\n{answer}\nRate it as [[rating]].",
+        "output_format": "[[rating]]",
+    },
+    {
+        "name": "single-v1-multi-turn",
+        "type": "single",
+        "system_prompt": "You are a helpful judge of the second turn.",
+        "prompt_template": "Q1 {question_1}\nA1 {answer_1}\nQ2 {question_2}\nA2 {answer_2}\nRate the second answer as [[rating]].",
+        "output_format": "[[rating]]",
+    },
 ]
 
 
 def _judged_project(tmp_path):
     root = make_project(tmp_path)
-    (root / "data" / "tiny_mt" / "judge_prompts.jsonl").write_text("\n".join(json.dumps(t) for t in JUDGE_TEMPLATES) + "\n")
+    (root / "data" / "tiny_mt" / "judge_prompts.jsonl").write_text(
+        "\n".join(json.dumps(t) for t in JUDGE_TEMPLATES) + "\n"
+    )
     return root
 
 
 def _judge_args(url: str, *extra: str) -> list[str]:
-    return ["sweep.methods=[ar]", "sweep.datasets=[tiny_mt]", "judge.enabled=true", "judge.kind=openai",
-            f"judge.base_url={url}", "judge.model=tiny-judge", "judge.max_retries=0", *extra]
+    return [
+        "sweep.methods=[ar]",
+        "sweep.datasets=[tiny_mt]",
+        "judge.enabled=true",
+        "judge.kind=openai",
+        f"judge.base_url={url}",
+        "judge.model=tiny-judge",
+        "judge.max_retries=0",
+        *extra,
+    ]
 
 
 def _client(out):
@@ -65,7 +84,12 @@ def test_openai_judge_scores_then_keeps_generations_when_down_and_rejudges_them(
         assert run.data.metrics["new_tokens"] > 0 and "score" not in run.data.metrics
         assert "samples.jsonl" in {f.path for f in client.list_artifacts(run.info.run_id)}
         generate_s = run.data.metrics["stage_generate_s"]
-        samples_before = [json.loads(x) for x in open(client.download_artifacts(run.info.run_id, "samples.jsonl", str(tmp_path / "a"))).read().splitlines()]
+        samples_before = [
+            json.loads(x)
+            for x in open(client.download_artifacts(run.info.run_id, "samples.jsonl", str(tmp_path / "a")))
+            .read()
+            .splitlines()
+        ]
 
         server.healthy = True
         second = run_sweep(root, *_judge_args(server.url))
@@ -76,7 +100,12 @@ def test_openai_judge_scores_then_keeps_generations_when_down_and_rejudges_them(
         again = client.get_run(run.info.run_id)
         assert again.data.metrics["stage_generate_s"] == generate_s
         assert json.loads(again.data.tags["judge"])["model"] == "tiny-judge" and "error" not in again.data.tags
-        samples_after = [json.loads(x) for x in open(client.download_artifacts(run.info.run_id, "samples.jsonl", str(tmp_path / "b"))).read().splitlines()]
+        samples_after = [
+            json.loads(x)
+            for x in open(client.download_artifacts(run.info.run_id, "samples.jsonl", str(tmp_path / "b")))
+            .read()
+            .splitlines()
+        ]
         assert [s["prediction"] for s in samples_after] == [s["prediction"] for s in samples_before]
         assert all(s["score_detail"]["score"] == 7.0 for s in samples_after)
         assert len(client.search_runs([exp], "tags.kind = 'cell'")) == 1
@@ -108,8 +137,11 @@ def test_openai_judge_scores_in_the_cell_and_a_dead_endpoint_fails_before_models
 def test_judge_settings_are_not_part_of_the_cell_key(tmp_path):
     root = make_project(tmp_path)
     keys = []
-    for extra in ([], ["judge.enabled=true", "judge.kind=openai", "judge.base_url=http://a:1/v1", "judge.model=m"],
-                  ["judge.enabled=true", "judge.kind=openai", "judge.base_url=http://b:2/v1", "judge.model=m"]):
+    for extra in (
+        [],
+        ["judge.enabled=true", "judge.kind=openai", "judge.base_url=http://a:1/v1", "judge.model=m"],
+        ["judge.enabled=true", "judge.kind=openai", "judge.base_url=http://b:2/v1", "judge.model=m"],
+    ):
         cfg = sweep.compose(["sweep=tiny", "sweep.datasets=[tiny_mt]", *extra], root / "conf")
         keys.append(sorted(c.key for c in sweep.expand(cfg, root).cells))
     assert keys[0] == keys[1] == keys[2]
@@ -120,8 +152,11 @@ def test_judge_settings_are_not_part_of_the_cell_key(tmp_path):
 
 def test_logging_that_dies_halfway_leaves_the_cell_unfinished_and_it_runs_again(ray_session, tmp_path, monkeypatch):
     root = make_project(tmp_path)
-    args = ["sweep.methods=[ar]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
-            "cluster.cpu_isolation=exclusive"]
+    args = [
+        "sweep.methods=[ar]",
+        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
+        "cluster.cpu_isolation=exclusive",
+    ]
     real = MlflowClient.log_text
 
     def upload_fails(self, run_id, text, artifact_file):
@@ -130,7 +165,9 @@ def test_logging_that_dies_halfway_leaves_the_cell_unfinished_and_it_runs_again(
         return real(self, run_id, text, artifact_file)
 
     monkeypatch.setattr(MlflowClient, "log_text", upload_fails)
-    monkeypatch.setattr(Tracker, "mark_log_failed", lambda self, run_id, error: None)  # the store is gone: nothing closes it
+    monkeypatch.setattr(
+        Tracker, "mark_log_failed", lambda self, run_id, error: None
+    )  # the store is gone: nothing closes it
     with pytest.raises(StoreWriteError, match="failed while logging cell .* run the same command"):
         run_sweep(root, *args)  # the first logging failure ends the sweep with one message
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
@@ -145,7 +182,9 @@ def test_logging_that_dies_halfway_leaves_the_cell_unfinished_and_it_runs_again(
     assert old.info.status == "KILLED" and old.info.lifecycle_stage == "deleted"  # closed as stale, then superseded
     (done,) = client.search_runs([exp], "tags.kind = 'cell'")
     assert done.data.tags["cell_status"] == "finished"
-    assert {"samples.jsonl", "result.json", "cell_config.yaml"} <= {f.path for f in client.list_artifacts(done.info.run_id)}
+    assert {"samples.jsonl", "result.json", "cell_config.yaml"} <= {
+        f.path for f in client.list_artifacts(done.info.run_id)
+    }
     # CPU isolation recorded with the cell: alone on the 2-CPU Ray node, with both cores as torch threads
     # (not Ray's OMP_NUM_THREADS default of the actor's CPUs, nor a fixed 1)
     assert done.data.tags["cpu_isolation"] == "exclusive"
@@ -182,8 +221,14 @@ def test_pinned_isolation_binds_each_cell_to_its_own_cores(ray_session, tmp_path
     sets = core_sets(1, 8)
     assert all(len(s) == 1 for s in sets) and len({c for s in sets for c in s}) == len(sets)  # disjoint
     root = make_project(tmp_path)
-    out = run_sweep(root, "sweep.methods=[ar]", "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
-                    "seeds=[0,1]", "cluster.cpu_isolation=pinned", "cluster.cpus_per_cell=1")
+    out = run_sweep(
+        root,
+        "sweep.methods=[ar]",
+        "sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]",
+        "seeds=[0,1]",
+        "cluster.cpu_isolation=pinned",
+        "cluster.cpus_per_cell=1",
+    )
     assert out["finished"] == 2
     client, exp = _client(out)
     for run in client.search_runs([exp], "tags.kind = 'cell'"):
@@ -226,10 +271,14 @@ def test_a_store_deleted_mid_sweep_stops_scheduling_and_the_same_command_resumes
 
 
 def test_the_sweep_command_turns_a_store_failure_into_one_line_and_exit_1(tmp_path):
-    code = ("import runpy, sys\nimport pipeline.sweep.driver as d\nfrom pipeline.tracking import StoreWriteError\n"
-            "def run(cfg):\n    raise StoreWriteError('the tracking store x failed while logging cell k (OSError: gone). run the same command')\n"
-            "d.run = run\nsys.argv = ['pipeline.sweep', 'hydra.run.dir=" + str(tmp_path) + "']\n"
-            "runpy.run_module('pipeline.sweep', run_name='__main__', alter_sys=True)\n")
+    code = (
+        "import runpy, sys\nimport pipeline.sweep.driver as d\nfrom pipeline.tracking import StoreWriteError\n"
+        "def run(cfg):\n    raise StoreWriteError('the tracking store x failed while logging cell k (OSError: gone). run the same command')\n"
+        "d.run = run\nsys.argv = ['pipeline.sweep', 'hydra.run.dir=" + str(tmp_path) + "']\n"
+        "runpy.run_module('pipeline.sweep', run_name='__main__', alter_sys=True)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.strip().splitlines() == ["error: the tracking store x failed while logging cell k (OSError: gone). run the same command"]
+    assert out.stderr.strip().splitlines() == [
+        "error: the tracking store x failed while logging cell k (OSError: gone). run the same command"
+    ]

@@ -13,7 +13,15 @@ from analysis.runs import load_runs
 from helpers.cells import make_cell
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, CellResult, cell_key
 from pipeline.sweep.summary import summary_tables
-from pipeline.tracking import Tracker, TrackingError, check_tracking_uri, flatten, layout, numeric_metrics, resolve_tracking_uri
+from pipeline.tracking import (
+    Tracker,
+    TrackingError,
+    check_tracking_uri,
+    flatten,
+    layout,
+    numeric_metrics,
+    resolve_tracking_uri,
+)
 
 
 def test_cell_key_is_stable_and_sensitive():
@@ -41,8 +49,13 @@ def _cell(key: str, seed: int = 0):
 
 
 def _ok(key: str, **metrics) -> CellResult:
-    return CellResult(key, status=STATUS_FINISHED, metrics=metrics or {"tokens_per_s": 10.0, "bad": float("nan")},
-                      records=[{"id": "a", "text": "x"}], scores={"score": 1.0})
+    return CellResult(
+        key,
+        status=STATUS_FINISHED,
+        metrics=metrics or {"tokens_per_s": 10.0, "bad": float("nan")},
+        records=[{"id": "a", "text": "x"}],
+        scores={"score": 1.0},
+    )
 
 
 def _failed(key: str) -> CellResult:
@@ -114,7 +127,9 @@ def test_a_cell_run_carries_every_name_the_analysis_reads(tmp_path):
     """The names in pipeline.tracking (which analysis/schema.py imports) are what log_cell writes."""
     tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "t", str(tmp_path / "mlruns"))
     tr.start_parent("t", {}, {})
-    ok = CellResult("k1", status=layout.STATUS_FINISHED, metrics={"tokens_per_s": 1.0}, records=[{"id": "a"}], scores={"score": 1.0})
+    ok = CellResult(
+        "k1", status=layout.STATUS_FINISHED, metrics={"tokens_per_s": 1.0}, records=[{"id": "a"}], scores={"score": 1.0}
+    )
     run = tr.client.get_run(tr.log_cell(_cell("k1"), ok))
     failed = tr.client.get_run(tr.log_cell(_cell("k2"), _failed("k2")))
     assert run.data.tags[layout.TAG_KIND] == layout.KIND_CELL

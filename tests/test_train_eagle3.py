@@ -61,27 +61,45 @@ def sampled_text(target, n: int, length: int, seed: int) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def data(target):
     taps = default_taps(LAYERS)
-    return {"train": tap_states(target, sampled_text(target, 12, 40, 1), taps, log=lambda m: None),
-            "heldout": tap_states(target, sampled_text(target, 4, 40, 2), taps, log=lambda m: None)}
+    return {
+        "train": tap_states(target, sampled_text(target, 12, 40, 1), taps, log=lambda m: None),
+        "heldout": tap_states(target, sampled_text(target, 4, 40, 2), taps, log=lambda m: None),
+    }
 
 
 def config(out_dir, steps: int = 40, **train) -> dict:
     return {
-        "seed": 0, "out_dir": str(out_dir), "command": "test",
+        "seed": 0,
+        "out_dir": str(out_dir),
+        "command": "test",
         "head": {"draft_vocab_size": 12, "init_from_target": False, "save_dtype": "float32"},
-        "train": {"steps": steps, "batch": 4, "length": 16, "ttt_steps": 3, "lr": 3e-3, "warmup": 5, "weight_decay": 0.0,
-                  "log_every": 0, "eval_every": 20, "time_budget_s": None, **train},
+        "train": {
+            "steps": steps,
+            "batch": 4,
+            "length": 16,
+            "ttt_steps": 3,
+            "lr": 3e-3,
+            "warmup": 5,
+            "weight_decay": 0.0,
+            "log_every": 0,
+            "eval_every": 20,
+            "time_budget_s": None,
+            **train,
+        },
     }
 
 
 def test_ttt_mask_is_the_authors():
     assert torch.equal(ttt_mask(3, 0), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
     # step 2 over the keys of steps 0 | 1 | 2: the causal prefix of step 0, then the row's own entry of steps 1 and 2
-    want = torch.tensor([
-        [1, 0, 0, 1, 0, 0, 1, 0, 0],
-        [1, 1, 0, 0, 1, 0, 0, 1, 0],
-        [1, 1, 1, 0, 0, 1, 0, 0, 1],
-    ], dtype=torch.bool)
+    want = torch.tensor(
+        [
+            [1, 0, 0, 1, 0, 0, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0, 0, 1, 0],
+            [1, 1, 1, 0, 0, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(ttt_mask(3, 2), want)
 
 
@@ -103,14 +121,26 @@ def authors_ttt(head, feats, emb_ext, steps):
     per earlier step with the row's own key, positions ``t + j``."""
     s = {k: v.detach() for k, v in head.state_dict().items()}
     cfg = head.config
-    h, nh, kv, eps, theta = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rms_norm_eps, cfg.rope_parameters["rope_theta"]
+    h, nh, kv, eps, theta = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.rms_norm_eps,
+        cfg.rope_parameters["rope_theta"],
+    )
     d = h // nh
     n = feats.shape[0]
     hidden = F.linear(feats, s["fc.weight"])
     ks, vs, outs = [], [], []
     for j in range(steps):
         residual = hidden
-        a = torch.cat([_rms(emb_ext[j : j + n], s["midlayer.input_layernorm.weight"], eps), _rms(hidden, s["midlayer.hidden_norm.weight"], eps)], -1)
+        a = torch.cat(
+            [
+                _rms(emb_ext[j : j + n], s["midlayer.input_layernorm.weight"], eps),
+                _rms(hidden, s["midlayer.hidden_norm.weight"], eps),
+            ],
+            -1,
+        )
         pos = torch.arange(n) + j
         q = _rope(F.linear(a, s["midlayer.self_attn.q_proj.weight"]).view(n, nh, d).transpose(0, 1), pos, theta)
         k = _rope(F.linear(a, s["midlayer.self_attn.k_proj.weight"]).view(n, kv, d).transpose(0, 1), pos, theta)
@@ -125,7 +155,10 @@ def authors_ttt(head, feats, emb_ext, steps):
             o = o + w[..., n + i - 1 : n + i] * vs[i]
         x = residual + F.linear(o.transpose(0, 1).reshape(n, nh * d), s["midlayer.self_attn.o_proj.weight"])
         m = _rms(x, s["midlayer.post_attention_layernorm.weight"], eps)
-        x = x + F.linear(F.silu(F.linear(m, s["midlayer.mlp.gate_proj.weight"])) * F.linear(m, s["midlayer.mlp.up_proj.weight"]), s["midlayer.mlp.down_proj.weight"])
+        x = x + F.linear(
+            F.silu(F.linear(m, s["midlayer.mlp.gate_proj.weight"])) * F.linear(m, s["midlayer.mlp.up_proj.weight"]),
+            s["midlayer.mlp.down_proj.weight"],
+        )
         outs.append(x)
         hidden = x
     return outs
@@ -143,7 +176,11 @@ def test_unrolled_forward_matches_the_authors_attention(target, data):
         for b in range(2):
             want = authors_ttt(head, batch["feats"][b], emb[b], 4)
             for j in range(4):
-                assert torch.allclose(got[j][b], want[j], rtol=1e-4, atol=1e-4), (b, j, float((got[j][b] - want[j]).abs().max()))
+                assert torch.allclose(got[j][b], want[j], rtol=1e-4, atol=1e-4), (
+                    b,
+                    j,
+                    float((got[j][b] - want[j]).abs().max()),
+                )
 
 
 def test_step_j_reads_the_heads_own_step_j_minus_1_output(target, data):
@@ -206,7 +243,12 @@ def test_draft_vocab_is_the_authors_most_frequent_ids():
     ids, _ = draft_vocab(text, 4, 12)  # 2 and 7 tie (twice each): 2 came in first as the lower id, then 7
     assert ids.tolist() == [2, 5, 7, 9]
     assert draft_vocab(text, 7, 12)[0].tolist() == [0, 1, 2, 3, 5, 7, 9]  # filled up with the lowest unseen ids
-    head = new_head(tiny_llama(0, vocab=12, hidden=32, layers=7, heads=4, kv_heads=2), torch.tensor([2, 5, 9]), init_from_target=False, seed=0)
+    head = new_head(
+        tiny_llama(0, vocab=12, hidden=32, layers=7, heads=4, kv_heads=2),
+        torch.tensor([2, 5, 9]),
+        init_from_target=False,
+        seed=0,
+    )
     used = [2, 5, 9]
     assert head.d2t.tolist() == [used[i] - i for i in range(3)]  # cnets.scandata
     assert head.t2d.tolist() == [i in used for i in range(12)]
@@ -217,11 +259,39 @@ def test_same_seed_gives_bit_identical_weights(target, data):
     heads = []
     for _ in range(2):
         head = new_head(target, torch.arange(12), init_from_target=True, seed=7)
-        train_eagle3(head, data["train"], W, embed, steps=6, batch=3, length=8, ttt_steps=3, lr=1e-3, warmup=2, weight_decay=0.0, seed=7, log_every=0)
+        train_eagle3(
+            head,
+            data["train"],
+            W,
+            embed,
+            steps=6,
+            batch=3,
+            length=8,
+            ttt_steps=3,
+            lr=1e-3,
+            warmup=2,
+            weight_decay=0.0,
+            seed=7,
+            log_every=0,
+        )
         heads.append(head.state_dict())
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
     other = new_head(target, torch.arange(12), init_from_target=True, seed=8)
-    train_eagle3(other, data["train"], W, embed, steps=6, batch=3, length=8, ttt_steps=3, lr=1e-3, warmup=2, weight_decay=0.0, seed=8, log_every=0)
+    train_eagle3(
+        other,
+        data["train"],
+        W,
+        embed,
+        steps=6,
+        batch=3,
+        length=8,
+        ttt_steps=3,
+        lr=1e-3,
+        warmup=2,
+        weight_decay=0.0,
+        seed=8,
+        log_every=0,
+    )
     assert not torch.equal(other.state_dict()["fc.weight"], heads[0]["fc.weight"])
 
 
@@ -239,7 +309,14 @@ def test_training_raises_heldout_alpha(trained, target, data):
     assert curve[-1]["heldout"]["alpha"] > curve[0]["heldout"]["alpha"] + 0.1, curve
     # the figure the curve records is the head's: recompute it from the saved head
     head = load_eagle3_head(trained[0])
-    r = heldout_alpha(head, data["heldout"], target.get_output_embeddings().weight, 16, target.get_input_embeddings(), Warper(1.0, 10, 0.9))
+    r = heldout_alpha(
+        head,
+        data["heldout"],
+        target.get_output_embeddings().weight,
+        16,
+        target.get_input_embeddings(),
+        Warper(1.0, 10, 0.9),
+    )
     assert r["alpha"] == pytest.approx(curve[-1]["heldout"]["alpha"], abs=1e-3)
     assert r["tokens"] == sum(s["ids"].numel() - 1 for s in data["heldout"])
     assert len(windows(data["heldout"], 16)) == 4 * 3
@@ -258,7 +335,9 @@ def test_saved_head_loads_and_drafts_with_the_engine(trained, target):
         got = spd.generate(prompt, max_new_tokens=20)
         assert got.tokens == ar.generate(prompt, max_new_tokens=20).tokens
         assert sum(got.accepted) == 20 and max(got.accepted) >= 2  # the trained head's drafts get accepted
-    sampled = build_decoder("spd", target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, temperature=1.0, top_k=10, top_p=0.9)
+    sampled = build_decoder(
+        "spd", target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, temperature=1.0, top_k=10, top_p=0.9
+    )
     assert len(sampled.generate([1, 5, 9], max_new_tokens=12).tokens) == 12
 
 

@@ -73,7 +73,10 @@ def test_start_run_logs_to_the_work_folder_and_echoes_what_it_is_told(tmp_path, 
 def test_scheduled_steps_set_the_rate_and_stop_as_asked():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     logged = []
-    seen = [(step, rate, opt.param_groups[0]["lr"]) for step, rate in scheduled_steps(opt, lr=0.1, warmup=2, steps=6, stop_after=4, log=logged.append)]
+    seen = [
+        (step, rate, opt.param_groups[0]["lr"])
+        for step, rate in scheduled_steps(opt, lr=0.1, warmup=2, steps=6, stop_after=4, log=logged.append)
+    ]
     assert [s for s, _, _ in seen] == [1, 2, 3, 4]
     assert all(rate == group_lr == warmup_cosine(0.1, s, 2, 6) for s, rate, group_lr in seen)
     assert seen[0][1] == pytest.approx(0.05 * 0.5 * (1 + math.cos(math.pi / 6)))
@@ -85,10 +88,20 @@ def test_scheduled_steps_set_the_rate_and_stop_as_asked():
 
 def test_head_checkpoints_read_safetensors_or_bin_and_name_the_trainer(tmp_path):
     with pytest.raises(ValueError, match=r"no EAGLE head at .*python -m pipeline.train_eagle"):
-        read_checkpoint(tmp_path, config_file="config.json", weights_files=("model.safetensors", "pytorch_model.bin"),
-                        what="EAGLE head", trainer="train_eagle")
+        read_checkpoint(
+            tmp_path,
+            config_file="config.json",
+            weights_files=("model.safetensors", "pytorch_model.bin"),
+            what="EAGLE head",
+            trainer="train_eagle",
+        )
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 4}))
-    kw = dict(config_file="config.json", weights_files=("model.safetensors", "pytorch_model.bin"), what="EAGLE head", trainer="train_eagle")
+    kw = dict(
+        config_file="config.json",
+        weights_files=("model.safetensors", "pytorch_model.bin"),
+        what="EAGLE head",
+        trainer="train_eagle",
+    )
     with pytest.raises(ValueError, match="none of"):
         read_checkpoint(tmp_path, **kw)
     torch.save({"w": torch.ones(2)}, tmp_path / "pytorch_model.bin")

@@ -65,7 +65,9 @@ def default_continuation(sample: Sample, turn: int, answers: Sequence[str]) -> t
     return "".join(parts), ""
 
 
-def chat_messages(sample: Sample, turn: int = 0, answers: Sequence[str] = (), *, user_texts: Sequence[str] | None = None) -> list[dict[str, str]]:
+def chat_messages(
+    sample: Sample, turn: int = 0, answers: Sequence[str] = (), *, user_texts: Sequence[str] | None = None
+) -> list[dict[str, str]]:
     """The chat transcript for answering ``turn`` (0-based) given the previous ``answers``."""
     if turn >= sample.num_turns:
         raise ValueError(f"sample {sample.id!r} has {sample.num_turns} turn(s); turn {turn} asked")
@@ -167,7 +169,9 @@ def load_hub_rows(hub_id: str, split: str, name: str | None = None) -> list[dict
     return [dict(row) for row in ds]
 
 
-def take_slice(samples: list[Sample], start: int = 0, limit: int | None = None, ids: Iterable[str] | None = None) -> list[Sample]:
+def take_slice(
+    samples: list[Sample], start: int = 0, limit: int | None = None, ids: Iterable[str] | None = None
+) -> list[Sample]:
     """Select samples by ids (kept in the dataset's order) or by ``[start, start + limit)``."""
     if ids is not None:
         wanted = {str(i) for i in ids}

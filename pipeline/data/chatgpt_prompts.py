@@ -24,9 +24,7 @@ def load(path: str | Path | None = None, split: str | None = "train", hub_id: st
         field = next((f for f in TEXT_FIELDS if r.get(f)), None)
         if field is None:
             raise ValueError(f"row {index} has none of the fields {TEXT_FIELDS}")
-        samples.append(
-            Sample(id=str(index), dataset=NAME, turns=[str(r[field])], category=r.get("act"))
-        )
+        samples.append(Sample(id=str(index), dataset=NAME, turns=[str(r[field])], category=r.get("act")))
     return samples
 
 

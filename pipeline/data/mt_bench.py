@@ -76,9 +76,9 @@ def load_judge_prompts(path: str | Path | None) -> dict[str, dict]:
     if path is None:
         raise ValueError("the judge prompts file (FastChat's judge_prompts.jsonl) is needed: pass its path")
     path = Path(path)
-    candidates = [path] if path.suffix == ".jsonl" and path.name.startswith("judge") else [
-        _root(path) / "judge_prompts.jsonl"
-    ]
+    candidates = (
+        [path] if path.suffix == ".jsonl" and path.name.startswith("judge") else [_root(path) / "judge_prompts.jsonl"]
+    )
     for c in candidates:
         if c.exists():
             return {d["name"]: d for d in (json.loads(l) for l in c.read_text().splitlines() if l.strip())}

@@ -19,7 +19,9 @@ def load_slice(dataset: Mapping[str, Any], warmup_samples: int = 0) -> tuple[lis
     """(measured samples, ``warmup_samples`` warm-up samples from outside the slice, all samples) of a dataset config."""
     options = dict(dataset.get("options") or {})
     everything = task_of(dataset).load(dataset.get("path"), dataset.get("split"), **options)
-    measured = take_slice(everything, start=int(dataset.get("start") or 0), limit=dataset.get("limit"), ids=dataset.get("ids"))
+    measured = take_slice(
+        everything, start=int(dataset.get("start") or 0), limit=dataset.get("limit"), ids=dataset.get("ids")
+    )
     chosen = {s.id for s in measured}
     n_warm = int(warmup_samples)
     if dataset.get("ids") is None:  # prefer the samples right after the slice

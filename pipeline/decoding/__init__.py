@@ -94,9 +94,31 @@ def build_decoder(name: str, target, draft=None, **params: Any) -> Decoder:
 def capabilities(name: str) -> dict[str, Any]:
     """What method ``name`` declares: draft shape, lossless, batchable, what it requires beside the target."""
     cls = method_class(name)
-    return {"draft_shape": cls.draft_shape, "lossless": cls.lossless, "batchable": cls.batchable, "requires": cls.requires}
+    return {
+        "draft_shape": cls.draft_shape,
+        "lossless": cls.lossless,
+        "batchable": cls.batchable,
+        "requires": cls.requires,
+    }
 
 
-__all__ = ["DRAFTERS", "METHODS", "ChainRule", "Decoder", "Drafter", "DrafterContext", "Generation", "TreeWalk", "Warper",
-           "build_decoder", "capabilities", "check_method", "make_generator", "method_args", "method_class", "register_drafter",
-           "register_method", "warp"]
+__all__ = [
+    "DRAFTERS",
+    "METHODS",
+    "ChainRule",
+    "Decoder",
+    "Drafter",
+    "DrafterContext",
+    "Generation",
+    "TreeWalk",
+    "Warper",
+    "build_decoder",
+    "capabilities",
+    "check_method",
+    "make_generator",
+    "method_args",
+    "method_class",
+    "register_drafter",
+    "register_method",
+    "warp",
+]

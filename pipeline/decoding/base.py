@@ -104,12 +104,20 @@ DRAFT_SHAPES = ("chain", "tree", "none")  # what one target forward of a method 
 
 
 def _drafter_problem(entry: Any) -> str | None:
-    ok = isinstance(entry, type) and callable(getattr(entry, "create", None)) and isinstance(getattr(entry, "shapes", None), frozenset)
+    ok = (
+        isinstance(entry, type)
+        and callable(getattr(entry, "create", None))
+        and isinstance(getattr(entry, "shapes", None), frozenset)
+    )
     return None if ok else "is not a Drafter subclass (pipeline.decoding.drafters.Drafter)"
 
 
 def _method_problem(entry: Any) -> str | None:
-    return None if isinstance(entry, type) and issubclass(entry, Decoder) and entry is not Decoder else "is not a Decoder subclass (pipeline.decoding.base.Decoder)"
+    return (
+        None
+        if isinstance(entry, type) and issubclass(entry, Decoder) and entry is not Decoder
+        else "is not a Decoder subclass (pipeline.decoding.base.Decoder)"
+    )
 
 
 # name -> Decoder class: the one registry of methods (pipeline/decoding/__init__.py registers the built-in ones;
@@ -156,7 +164,9 @@ class DrafterContext:
 
     def offers(self, asset: str | None) -> bool:
         """Whether the pair has ``asset`` (a drafter's or method's declared need: draft, eagle, medusa; None: nothing)."""
-        return asset is None or {"draft": self.has_draft, "eagle": self.has_eagle, "medusa": self.has_medusa}.get(asset, False)
+        return asset is None or {"draft": self.has_draft, "eagle": self.has_eagle, "medusa": self.has_medusa}.get(
+            asset, False
+        )
 
     @classmethod
     def of_pair(cls, pair: Mapping[str, Any]) -> "DrafterContext":
@@ -164,15 +174,25 @@ class DrafterContext:
         default = pair.get("drafter")
         kind = default.get("kind") if isinstance(default, Mapping) else default
         if default is not None and kind not in DRAFTERS and not (isinstance(kind, str) and ":" in kind):
-            raise ValueError(f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {DRAFTERS.names()} "
-                             f"(or {{kind: <one of them>, ...}}, or `module:attr` of a Drafter of your own)")
+            raise ValueError(
+                f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {DRAFTERS.names()} "
+                f"(or {{kind: <one of them>, ...}}, or `module:attr` of a Drafter of your own)"
+            )
         path = pair.get("eagle")
-        ctx = cls(has_draft=bool(pair.get("draft")), has_eagle=bool(path), default=default,
-                  eagle_path=str(path) if path else None, eagle_version=eagle_version(path), has_medusa=bool(pair.get("medusa")))
+        ctx = cls(
+            has_draft=bool(pair.get("draft")),
+            has_eagle=bool(path),
+            default=default,
+            eagle_path=str(path) if path else None,
+            eagle_version=eagle_version(path),
+            has_medusa=bool(pair.get("medusa")),
+        )
         asset = DRAFTERS.get(kind).asset if default is not None else None
         if asset is not None and not ctx.offers(asset) and not (isinstance(default, Mapping) and default.get("path")):
-            raise ValueError(f"pair {pair.get('name')!r}: drafter: {kind} reads the pair's `{asset}:`, which this pair has not: "
-                             f"add `{asset}: <...>` or choose another drafter")
+            raise ValueError(
+                f"pair {pair.get('name')!r}: drafter: {kind} reads the pair's `{asset}:`, which this pair has not: "
+                f"add `{asset}: <...>` or choose another drafter"
+            )
         return ctx
 
     @classmethod
@@ -235,29 +255,46 @@ class Decoder:
         if cls.draft_shape not in DRAFT_SHAPES:
             raise TypeError(f"{cls.__name__}.draft_shape must be one of {DRAFT_SHAPES}, got {cls.draft_shape!r}")
         # the frozen per-method dataclass of resolved parameters (picklable: found as <module>.<Class>.Args)
-        args = make_dataclass("Args", [(k, Any, field(default=None)) for k in cls.all_params()], frozen=True,
-                              namespace={"as_dict": lambda self: {f.name: getattr(self, f.name) for f in fields(self)},
-                                         "__doc__": f"The resolved parameters of method {cls.name!r} (validated once)."})
+        args = make_dataclass(
+            "Args",
+            [(k, Any, field(default=None)) for k in cls.all_params()],
+            frozen=True,
+            namespace={
+                "as_dict": lambda self: {f.name: getattr(self, f.name) for f in fields(self)},
+                "__doc__": f"The resolved parameters of method {cls.name!r} (validated once).",
+            },
+        )
         args.__module__, args.__qualname__ = cls.__module__, f"{cls.__qualname__}.Args"
         cls.Args = args
 
-    def __init__(self, target, draft=None, assets: Mapping[str, Any] | None = None, *, args: Any = None, **params: Any) -> None:
+    def __init__(
+        self, target, draft=None, assets: Mapping[str, Any] | None = None, *, args: Any = None, **params: Any
+    ) -> None:
         """``args``: the method's resolved parameters (``validate_params``, done once in the plan; an ``Args``
         instance is taken as it is); else ``params`` are validated here (the API's ``build_decoder(..., gamma=3)``).
         ``assets``: what the pair loaded beside its models for the drafters (``{"eagle": head}``), passed
         explicitly (``LoadedPair.assets``); a head attached to the target by hand is read too."""
         self.assets = dict(assets or {})
         if args is None:
-            args = validate_params(type(self), params, has_draft=draft is not None, drafters=DrafterContext.of_models(target, draft, self.assets))
+            args = validate_params(
+                type(self),
+                params,
+                has_draft=draft is not None,
+                drafters=DrafterContext.of_models(target, draft, self.assets),
+            )
         elif params:
             raise TypeError(f"method {self.name!r}: pass either args= (validated) or keyword parameters, not both")
         elif not isinstance(args, type(self).Args):
-            raise TypeError(f"method {self.name!r}: args must be {type(self).__qualname__}.Args (validate_params), got {type(args).__name__}")
+            raise TypeError(
+                f"method {self.name!r}: args must be {type(self).__qualname__}.Args (validate_params), got {type(args).__name__}"
+            )
         self.args = args
         self.warper = Warper(args.temperature, args.top_k, args.top_p)
         self.target = CachedModel(target)
         vocab = self.target.vocab_size
-        self.draft = CachedModel(draft, vocab_size=vocab) if (draft is not None and self.draft_needed(args.as_dict())) else None
+        self.draft = (
+            CachedModel(draft, vocab_size=vocab) if (draft is not None and self.draft_needed(args.as_dict())) else None
+        )
 
     @classmethod
     def draft_needed(cls, values: dict[str, Any]) -> bool | str:
@@ -364,9 +401,7 @@ def validate_params(
     params = cls.fold_params(dict(params))
     unknown = sorted(set(params) - set(spec))
     if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {unknown} for method {cls.name!r}; valid parameters: {sorted(spec)}"
-        )
+        raise ValueError(f"unknown parameter(s) {unknown} for method {cls.name!r}; valid parameters: {sorted(spec)}")
     values = {k: params.get(k, p.default) for k, p in spec.items()}
     for key, value in values.items():
         problem = spec[key].check(value)
@@ -403,7 +438,12 @@ def cut_at_eos(tokens: list[int], eos: frozenset[int]) -> tuple[list[int], bool]
 
 
 def emit(
-    emitted: list[int], eos: frozenset[int], max_new_tokens: int, out: list[int], context: list[int], accepted: list[int]
+    emitted: list[int],
+    eos: frozenset[int],
+    max_new_tokens: int,
+    out: list[int],
+    context: list[int],
+    accepted: list[int],
 ) -> bool:
     """Append one iteration's tokens, cut at the first EOS and at ``max_new_tokens``, to ``out`` and
     ``context``, and record how many were emitted; True when decoding must stop."""

@@ -150,14 +150,18 @@ class PackedCache:
                 block = torch.zeros(m, L, dtype=torch.bool)
                 block[:, live] = g.sees
                 allowed[r : r + m, :L] = block
-            allowed[r : r + m, L + r : L + r + m] = torch.ones(m, m, dtype=torch.bool).tril() if g.inner is None else g.inner
+            allowed[r : r + m, L + r : L + r + m] = (
+                torch.ones(m, m, dtype=torch.bool).tril() if g.inner is None else g.inner
+            )
             n0 = self.length(g.slot)
             positions.append(torch.arange(n0, n0 + m) if g.positions is None else g.positions.cpu())
             rows.extend(r + k for k in g.keep)
             self.lengths[g.slot] = n0 + m
             r += m
         tokens = torch.cat([g.tokens.reshape(-1).cpu() for g in groups])
-        raw = self.model.forward_masked_rows(tokens, torch.cat(positions), allowed, torch.tensor(rows, dtype=torch.long))
+        raw = self.model.forward_masked_rows(
+            tokens, torch.cat(positions), allowed, torch.tensor(rows, dtype=torch.long)
+        )
         self.owner = torch.cat([self.owner, slots])
         return list(raw.split([len(g.keep) for g in groups]))
 
@@ -195,7 +199,9 @@ class BatchedDecoder:
         check_batch(type(decoder), decoder.config, batch_size)
         reason = type(decoder).batch_refusal(decoder.config)
         if reason:  # at batch 1 too: this loop is the chain loop (a tree method's batch 1 is its own generate)
-            raise ValueError(f"method {decoder.name!r} has no batched loop: {reason}; call its generate() one request at a time")
+            raise ValueError(
+                f"method {decoder.name!r} has no batched loop: {reason}; call its generate() one request at a time"
+            )
         self.decoder = decoder
         self.batch_size = batch_size
         self.drafter = getattr(decoder, "drafter_impl", None)
@@ -203,7 +209,11 @@ class BatchedDecoder:
         self.beams = bool(getattr(type(decoder), "beam_drafts", False)) and isinstance(self.drafter, ModelDrafter)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_ids: Sequence[int] | int | None = (),
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int] | int | None = (),
         generators: Sequence[torch.Generator | None] | None = None,
     ) -> list[BatchedGeneration]:
         """Decode every prompt (``generators[i]``: prompt i's own), ``batch_size`` at a time; results in prompt order."""
@@ -235,13 +245,20 @@ class BatchedDecoder:
         return prompt
 
     def run(
-        self, queue: deque, *, eos_token_ids: Sequence[int] | int | None = (),
+        self,
+        queue: deque,
+        *,
+        eos_token_ids: Sequence[int] | int | None = (),
         on_finish: Callable[[BatchRequest, BatchedGeneration], None] | None = None,
     ) -> int:
         """Decode the requests of ``queue`` (taken from the left as slots free up; ``on_finish`` may append
         more, e.g. a conversation's next turn) until it is empty and every slot is idle. Returns the number
         of requests decoded."""
-        eos = frozenset([eos_token_ids]) if isinstance(eos_token_ids, int) else frozenset(int(t) for t in (eos_token_ids or ()))
+        eos = (
+            frozenset([eos_token_ids])
+            if isinstance(eos_token_ids, int)
+            else frozenset(int(t) for t in (eos_token_ids or ()))
+        )
         dec = self.decoder
         with torch.inference_mode():
             target = PackedCache(dec.target)
@@ -260,8 +277,17 @@ class BatchedDecoder:
                     for r in [r for r in live if r.slot < 0]:
                         live.remove(r)
                         free.append(-r.slot - 1)
-                        gen = BatchedGeneration(r.out, r.steps, r.draft_steps, r.accepted, r.drafted, admitted_at=r.admitted_at,
-                                                first_token_at=r.first_token_at, finished_at=time.perf_counter(), tag=r.request.tag)
+                        gen = BatchedGeneration(
+                            r.out,
+                            r.steps,
+                            r.draft_steps,
+                            r.accepted,
+                            r.drafted,
+                            admitted_at=r.admitted_at,
+                            first_token_at=r.first_token_at,
+                            finished_at=time.perf_counter(),
+                            tag=r.request.tag,
+                        )
                         if on_finish is not None:
                             on_finish(r.request, gen)
             finally:
@@ -290,8 +316,12 @@ class BatchedDecoder:
             r.gamma = len(r.tokens)
         groups = []
         for r in live:
-            feed = r.context[target.length(r.slot):] + r.tokens
-            groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))))
+            feed = r.context[target.length(r.slot) :] + r.tokens
+            groups.append(
+                PackedRows(
+                    r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))
+                )
+            )
         raws = target.step(groups)
         for r, raw in zip(live, raws):
             logits = dec.target._logits(raw)
@@ -336,7 +366,7 @@ class BatchedDecoder:
             step = [r for r in requests if r.gamma > j]
             groups = []
             for r in step:
-                feed = r.context[draft.length(r.slot):] if j == 0 else r.tokens[-1:]
+                feed = r.context[draft.length(r.slot) :] if j == 0 else r.tokens[-1:]
                 groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
             raws = draft.step(groups)
             for r, raw in zip(step, raws):
@@ -366,7 +396,7 @@ class BatchedDecoder:
             groups = []
             for r in step:
                 if j == 0:
-                    feed = r.context[draft.length(r.slot):]
+                    feed = r.context[draft.length(r.slot) :]
                     groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
                     continue
                 s = state[r.index]
@@ -376,7 +406,9 @@ class BatchedDecoder:
                 ids, positions, mask = s["tree"].feed()
                 m = ids.numel()
                 sees = torch.cat([torch.ones(m, s["start"], dtype=torch.bool), mask[:, :old]], 1)
-                groups.append(PackedRows(r.slot, ids, list(range(m)), positions=positions, sees=sees, inner=mask[:, old:]))
+                groups.append(
+                    PackedRows(r.slot, ids, list(range(m)), positions=positions, sees=sees, inner=mask[:, old:])
+                )
             raws = draft.step(groups)
             for r, raw in zip(step, raws):
                 gen = r.request.generator
@@ -447,20 +479,38 @@ class BatchedDecoder:
             r.proposal = s["log_q"][best]
 
 
-def batch_divergence(decoder: Decoder, prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int,
-                     seeds: Sequence[int], eos_token_ids: Sequence[int] = ()) -> dict[str, float]:
+def batch_divergence(
+    decoder: Decoder,
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    seeds: Sequence[int],
+    eos_token_ids: Sequence[int] = (),
+) -> dict[str, float]:
     """How often a request's output at ``batch_size`` differs from its output at batch 1 (same generator seeds):
     ``{"requests", "differing", "fraction", "first_difference_mean"}`` (0 differing on the bf16 kernels;
     float32 and CUDA rows are not batch-invariant, so this measures what batching changes there)."""
+
     def run(b: int) -> list[BatchedGeneration]:
         gens = [torch.Generator(device=decoder.target.device).manual_seed(int(s)) for s in seeds]
-        return BatchedDecoder(decoder, b).generate(prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, generators=gens)
+        return BatchedDecoder(decoder, b).generate(
+            prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, generators=gens
+        )
 
     alone, together = run(1), run(batch_size)
     firsts = []
     for a, t in zip(alone, together):
         if a.tokens != t.tokens:
-            firsts.append(next((i for i, (x, y) in enumerate(zip(a.tokens, t.tokens)) if x != y), min(len(a.tokens), len(t.tokens))))
+            firsts.append(
+                next(
+                    (i for i, (x, y) in enumerate(zip(a.tokens, t.tokens)) if x != y), min(len(a.tokens), len(t.tokens))
+                )
+            )
     n = len(alone)
-    return {"requests": n, "differing": len(firsts), "fraction": len(firsts) / n if n else float("nan"),
-            "first_difference_mean": sum(firsts) / len(firsts) if firsts else float("nan")}
+    return {
+        "requests": n,
+        "differing": len(firsts),
+        "fraction": len(firsts) / n if n else float("nan"),
+        "first_difference_mean": sum(firsts) / len(firsts) if firsts else float("nan"),
+    }

@@ -78,5 +78,5 @@ class BeamSearchDecoder(Decoder):
         if len(finished) < self.args.num_beams:
             return False
         worst_kept = sorted(f[0] for f in finished)[-self.args.num_beams]
-        best_live = float(max(live_scores)) / (step ** self.args.length_penalty)
+        best_live = float(max(live_scores)) / (step**self.args.length_penalty)
         return worst_kept >= best_live

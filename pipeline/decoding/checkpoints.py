@@ -65,8 +65,16 @@ def shapes_of(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     return dict(state.shapes) if isinstance(state, LazyState) else {k: tuple(v.shape) for k, v in state.items()}
 
 
-def check_against_weights(build: Callable[[], nn.Module], shapes: Mapping[str, Sequence[int]], *, what: str, directory: Path,
-                          config_file: str, ignore: Sequence[str] = ("rotary.",), optional: Sequence[str] = ()) -> None:
+def check_against_weights(
+    build: Callable[[], nn.Module],
+    shapes: Mapping[str, Sequence[int]],
+    *,
+    what: str,
+    directory: Path,
+    config_file: str,
+    ignore: Sequence[str] = ("rotary.",),
+    optional: Sequence[str] = (),
+) -> None:
     """The module a head's config describes, built on the meta device (no memory), against the tensors its weights
     file holds: names and shapes. A config that says ``hidden_size: 20000`` beside 2 MB of weights would otherwise
     build gigabytes of parameters before failing on a wall of size mismatches. ValueError naming the fix."""
@@ -74,24 +82,41 @@ def check_against_weights(build: Callable[[], nn.Module], shapes: Mapping[str, S
         with torch.device("meta"):
             module = build()
     except Exception as err:  # noqa: BLE001 - any constructor error on nonsense config values
-        raise ValueError(f"{what} at {directory}: {config_file} does not describe a module ({type(err).__name__}: {err}); "
-                         f"fix {config_file} or write the checkpoint again") from None
+        raise ValueError(
+            f"{what} at {directory}: {config_file} does not describe a module ({type(err).__name__}: {err}); "
+            f"fix {config_file} or write the checkpoint again"
+        ) from None
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.startswith(tuple(ignore))}
     found = {k: tuple(v) for k, v in shapes.items() if not k.startswith(tuple(ignore))}
     missing = sorted(set(expected) - set(found) - set(optional))
     unexpected = sorted(set(found) - set(expected))
-    wrong = [f"{k}: the config gives {list(expected[k])}, the file holds {list(found[k])}"
-             for k in sorted(set(expected) & set(found)) if expected[k] != found[k]]
+    wrong = [
+        f"{k}: the config gives {list(expected[k])}, the file holds {list(found[k])}"
+        for k in sorted(set(expected) & set(found))
+        if expected[k] != found[k]
+    ]
     if missing or unexpected or wrong:
-        parts = ([f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"] if missing else []) + (
-            [f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"] if unexpected else []) + wrong[:3]
-        raise ValueError(f"{what} at {directory}: {config_file} does not match the weights ({'; '.join(parts)}"
-                         f"{' ...' if len(wrong) > 3 else ''}); fix {config_file} to the shapes the weights were trained with, "
-                         "or write the checkpoint again")
+        parts = (
+            ([f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}"] if missing else [])
+            + ([f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"] if unexpected else [])
+            + wrong[:3]
+        )
+        raise ValueError(
+            f"{what} at {directory}: {config_file} does not match the weights ({'; '.join(parts)}"
+            f"{' ...' if len(wrong) > 3 else ''}); fix {config_file} to the shapes the weights were trained with, "
+            "or write the checkpoint again"
+        )
 
 
-def config_ints(config: Mapping[str, Any], keys: Sequence[str], *, what: str, directory: Path, config_file: str,
-                defaults: Mapping[str, int] | None = None) -> list[int]:
+def config_ints(
+    config: Mapping[str, Any],
+    keys: Sequence[str],
+    *,
+    what: str,
+    directory: Path,
+    config_file: str,
+    defaults: Mapping[str, int] | None = None,
+) -> list[int]:
     """``config[key]`` for each key as a positive integer (a ValueError naming the key and the file otherwise)."""
     out = []
     for key in keys:
@@ -133,8 +158,13 @@ def read_checkpoint(
 
 
 def write_checkpoint(
-    directory: str | Path, state: dict[str, torch.Tensor], config: dict[str, Any], *, dtype: torch.dtype,
-    config_file: str, weights_file: str,
+    directory: str | Path,
+    state: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    *,
+    dtype: torch.dtype,
+    config_file: str,
+    weights_file: str,
 ) -> Path:
     """Write ``state`` (cast to ``dtype``) as safetensors and ``config`` as indented JSON into ``directory``."""
     directory = Path(directory)

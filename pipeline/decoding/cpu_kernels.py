@@ -83,7 +83,9 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
 
 def _capability_reason() -> str | None:
     """Why this machine and its switches rule the kernels out (None: they can run here)."""
-    return _reason_for(os.environ.get("PIPELINE_BF16_KERNELS"), os.environ.get("PIPELINE_CPU_BF16"), "avx512_bf16" in _cpu_flags())
+    return _reason_for(
+        os.environ.get("PIPELINE_BF16_KERNELS"), os.environ.get("PIPELINE_CPU_BF16"), "avx512_bf16" in _cpu_flags()
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -114,7 +116,9 @@ def kernels():
             try:
                 _STATE["module"] = _build()
             except Exception as err:  # noqa: BLE001 - no compiler or a failed build: the engine keeps oneDNN, the reason is recorded
-                _STATE["error"] = f"the bf16 kernels did not build ({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"
+                _STATE["error"] = (
+                    f"the bf16 kernels did not build ({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"
+                )
     return _STATE.get("module")
 
 
@@ -152,7 +156,9 @@ def kernel_path(device: torch.device | str, dtype: torch.dtype | str, build: boo
 
 def fallback_path(device: torch.device, dtype: torch.dtype) -> str:
     """The path of a model that does not run on the bf16 kernels (``bf16-onednn`` for bf16 on a CPU)."""
-    short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype).replace("torch.", ""))
+    short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+        dtype, str(dtype).replace("torch.", "")
+    )
     if device.type != "cpu":
         return f"{device.type}-{short}"
     if dtype == torch.bfloat16:

@@ -67,7 +67,11 @@ from .tree import TokenTree
 from .tree_verify import _draw_children, cartesian_tree, commit_draft, sample_token_tree
 from .warping import Warper, sample
 
-TREE_CHILDREN = ("iid", "distinct", "top")  # how a tree's children are drawn: i.i.d. from q, from q without replacement, the top k
+TREE_CHILDREN = (
+    "iid",
+    "distinct",
+    "top",
+)  # how a tree's children are drawn: i.i.d. from q, from q without replacement, the top k
 
 
 def drafter_class(kind: str) -> type["Drafter"]:
@@ -98,7 +102,11 @@ def check_drafter_value(extra: tuple[str, ...] = ()) -> Callable[[Any], str | No
 def drafter_param(extra: tuple[str, ...] = (), help: str = "") -> Param:
     """The ``drafter`` parameter (any registered kind passes the type check; ``resolve_drafter`` says which
     ones the method accepts and why not the others)."""
-    return Param("pair", check_drafter_value(extra), help or "who drafts: the pair's drafter (pair), a drafter kind, or {kind: ..., <its parameters>}")
+    return Param(
+        "pair",
+        check_drafter_value(extra),
+        help or "who drafts: the pair's drafter (pair), a drafter kind, or {kind: ..., <its parameters>}",
+    )
 
 
 NGRAM_SHORT_FORMS = ("max_ngram", "min_ngram")
@@ -160,7 +168,9 @@ def resolve_drafter(method: Any, values: dict[str, Any], ctx: DrafterContext) ->
         )
     unknown = sorted(set(scope) - set(plugin.params))
     if unknown:
-        raise ValueError(f"method {name!r}: drafter {kind} has no parameter(s) {unknown}; its parameters: {sorted(plugin.params) or 'none'}")
+        raise ValueError(
+            f"method {name!r}: drafter {kind} has no parameter(s) {unknown}; its parameters: {sorted(plugin.params) or 'none'}"
+        )
     resolved = {k: scope.get(k, p.default) for k, p in plugin.params.items()}
     for k, v in resolved.items():
         problem = plugin.params[k].check(v)
@@ -198,7 +208,9 @@ class Drafter:
     asset: ClassVar[str | None] = None  # what the pair must offer: draft, eagle, medusa (None: nothing)
     uses_hidden: ClassVar[bool] = False  # it reads the target's hidden states (start, feedback)
     prompt_hidden: ClassVar[bool] = True  # ... of the prompt too (with uses_hidden)
-    transformers: ClassVar[str | None] = None  # transformers' assisted generation with the same drafter (the bench's peer row)
+    transformers: ClassVar[str | None] = (
+        None  # transformers' assisted generation with the same drafter (the bench's peer row)
+    )
     no_transformers: ClassVar[str] = "transformers' assisted generation takes a draft model or prompt lookup"
     # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a
     # drafter that keeps no per-sequence state (its ``propose`` is called per request)
@@ -218,12 +230,20 @@ class Drafter:
     def propose(self, context: list[int], gamma: int, warper: Warper, generator) -> ChainDraft | None:
         raise NotImplementedError
 
-    def propose_tree(self, context: list[int], k_config: list[int], warper: Warper, generator, children: str = "iid") -> TokenTree | None:
+    def propose_tree(
+        self, context: list[int], k_config: list[int], warper: Warper, generator, children: str = "iid"
+    ) -> TokenTree | None:
         """A tree of ``len(k_config)`` levels at most after ``context`` (drafters with ``tree`` in ``shapes``)."""
         raise NotImplementedError(f"drafter {self.kind!r} makes no tree proposals")
 
-    def feedback(self, length: int, kept: int, hidden: torch.Tensor | None = None, tree: TokenTree | None = None,
-                 path: list[int] | None = None) -> None:
+    def feedback(
+        self,
+        length: int,
+        kept: int,
+        hidden: torch.Tensor | None = None,
+        tree: TokenTree | None = None,
+        path: list[int] | None = None,
+    ) -> None:
         """After a verification: the target kept ``kept`` draft positions after ``length`` context tokens (the
         chain's first ``kept``; for a tree, ``path``); ``hidden``: the target's hidden states of the root and
         the kept positions (``uses_hidden`` drafters). Default: roll back to what was kept."""
@@ -241,8 +261,15 @@ class Drafter:
     def forwards(self) -> int:
         return 0
 
-    def step_cost(self, target: CachedModel, prompt: list[int], gamma: int, warper: Warper, reps: int = 10,
-                  sync: Callable[[], None] = lambda: None) -> float:
+    def step_cost(
+        self,
+        target: CachedModel,
+        prompt: list[int],
+        gamma: int,
+        warper: Warper,
+        reps: int = 10,
+        sync: Callable[[], None] = lambda: None,
+    ) -> float:
         """t_draft: median seconds per draft token of a ``gamma``-token proposal after ``prompt`` (the
         drafter's whole work: forwards, warping, sampling or lookup), over ``reps`` proposals after one
         warm-up. ``target`` is the decoder's cached target (it gives the prompt's features); ``sync``
@@ -285,7 +312,9 @@ class ModelDrafter(Drafter):
     @classmethod
     def create(cls, decoder, scope):
         if decoder.draft is None:
-            raise ValueError(f"method {decoder.name!r} with drafter: model needs a draft model: pass draft=... to build_decoder")
+            raise ValueError(
+                f"method {decoder.name!r} with drafter: model needs a draft model: pass draft=... to build_decoder"
+            )
         return cls(decoder.draft)
 
     def start(self, prompt, hidden=None) -> None:
@@ -378,7 +407,9 @@ class NgramDrafter(Drafter):
     @classmethod
     def check(cls, method, scope, ctx) -> None:
         if scope["min_ngram"] > scope["max_ngram"]:
-            raise ValueError(f"method {method!r}: drafter ngram min_ngram ({scope['min_ngram']}) must be <= max_ngram ({scope['max_ngram']})")
+            raise ValueError(
+                f"method {method!r}: drafter ngram min_ngram ({scope['min_ngram']}) must be <= max_ngram ({scope['max_ngram']})"
+            )
 
     @classmethod
     def create(cls, decoder, scope):
@@ -430,8 +461,14 @@ class EagleDrafter(Drafter):
     no_transformers = "transformers has no EAGLE drafting (assisted generation takes a draft model or prompt lookup)"
     params = {
         "path": Param(None, optional_path, "an EAGLE head folder (null: the pair's `eagle:`)"),
-        "top_nodes": Param(4, int_at_least(0), "trees (specinfer, mcss): nodes expanded per level, by cumulative draft probability (0 = all)"),
-        "max_nodes": Param(0, int_at_least(0), "trees (specinfer, mcss): node budget (0 = the method's k_config decides)"),
+        "top_nodes": Param(
+            4,
+            int_at_least(0),
+            "trees (specinfer, mcss): nodes expanded per level, by cumulative draft probability (0 = all)",
+        ),
+        "max_nodes": Param(
+            0, int_at_least(0), "trees (specinfer, mcss): node budget (0 = the method's k_config decides)"
+        ),
     }
 
     def __init__(self, runner, top_nodes: int = 4, max_nodes: int = 0) -> None:
@@ -444,7 +481,9 @@ class EagleDrafter(Drafter):
         if scope.get("path"):
             version = eagle_version(scope["path"])
             if version is None:
-                raise ValueError(f"method {method!r}: drafter {cls.kind} path {scope['path']!r} has no config.json: point it at an EAGLE head folder")
+                raise ValueError(
+                    f"method {method!r}: drafter {cls.kind} path {scope['path']!r} has no config.json: point it at an EAGLE head folder"
+                )
         elif not ctx.has_eagle:
             raise ValueError(
                 f"method {method!r} with drafter: {cls.kind} needs an EAGLE head: add `eagle: models/<dir>` to the pair "
@@ -455,7 +494,9 @@ class EagleDrafter(Drafter):
             version = ctx.eagle_version
         if version is not None and (version == 3) != (cls.version == 3):
             have = "an EAGLE-3" if version == 3 else "an EAGLE-1/2"
-            raise ValueError(f"method {method!r}: drafter {cls.kind} but the head folder holds {have} head: use drafter: {'eagle3' if version == 3 else 'eagle'}")
+            raise ValueError(
+                f"method {method!r}: drafter {cls.kind} but the head folder holds {have} head: use drafter: {'eagle3' if version == 3 else 'eagle'}"
+            )
 
     @classmethod
     def create(cls, decoder, scope):
@@ -471,10 +512,14 @@ class EagleDrafter(Drafter):
                 )
             place_eagle_head(target, head)
         if isinstance(head, Eagle3Head) != (cls.version == 3):
-            raise ValueError(f"method {decoder.name!r}: drafter {cls.kind} was given an EAGLE-{'3' if isinstance(head, Eagle3Head) else '1/2'} head")
+            raise ValueError(
+                f"method {decoder.name!r}: drafter {cls.kind} was given an EAGLE-{'3' if isinstance(head, Eagle3Head) else '1/2'} head"
+            )
         if isinstance(head, Eagle3Head):
             decoder.target.capture_layers = head.layers_of(target.config.num_hidden_layers)
-        return cls(EagleRunner(target, head, decoder.target.vocab_size), scope.get("top_nodes", 4), scope.get("max_nodes", 0))
+        return cls(
+            EagleRunner(target, head, decoder.target.vocab_size), scope.get("top_nodes", 4), scope.get("max_nodes", 0)
+        )
 
     def start(self, prompt, hidden=None) -> None:
         if hidden is None:
@@ -504,7 +549,9 @@ class EagleDrafter(Drafter):
         self.real = n_feat
         return feature
 
-    def propose_tree(self, context, k_config: list[int], warper: Warper, generator, children: str = "iid") -> TokenTree | None:
+    def propose_tree(
+        self, context, k_config: list[int], warper: Warper, generator, children: str = "iid"
+    ) -> TokenTree | None:
         """An EAGLE-2 dynamic tree after ``context`` (for specinfer / mcss): level d gives ``k_config[d]``
         children to each of the ``top_nodes`` nodes of level d - 1 with the highest cumulative draft
         probability (the root's children: ``k_config[0]``), within a budget of ``max_nodes`` nodes given in

@@ -70,10 +70,20 @@ class EagleHead(nn.Module):
         n = x.shape[1]
         start = cache.get_seq_length() if cache is not None else 0
         if mask is None:
-            mask = (torch.arange(start + n, device=x.device)[None, :] <= torch.arange(start, start + n, device=x.device)[:, None])
+            mask = (
+                torch.arange(start + n, device=x.device)[None, :]
+                <= torch.arange(start, start + n, device=x.device)[:, None]
+            )
             mask = mask[None, None].expand(x.shape[0], 1, n, start + n)
         pos_emb = self.rotary(x, positions)
-        return self.layers[0](x, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=cache is not None, position_embeddings=pos_emb)
+        return self.layers[0](
+            x,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_embeddings=pos_emb,
+        )
 
     def config_dict(self) -> dict[str, Any]:
         return self.config.to_dict()
@@ -83,8 +93,17 @@ def eagle_config(target_config, **overrides):
     """A one-layer Llama config for an EAGLE head of ``target_config``'s width."""
     fields = {
         k: getattr(target_config, k)
-        for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
-                  "vocab_size", "max_position_embeddings", "hidden_act", "head_dim")
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "rms_norm_eps",
+            "vocab_size",
+            "max_position_embeddings",
+            "hidden_act",
+            "head_dim",
+        )
         if getattr(target_config, k, None) is not None
     }
     rope = getattr(target_config, "rope_parameters", None)
@@ -95,8 +114,13 @@ def eagle_config(target_config, **overrides):
     return LlamaConfig(**fields)
 
 
-def save_eagle_head(head: EagleHead, directory: str | Path, token_map: torch.Tensor | None = None,
-                    dtype: torch.dtype = torch.bfloat16, **info) -> Path:
+def save_eagle_head(
+    head: EagleHead,
+    directory: str | Path,
+    token_map: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    **info,
+) -> Path:
     """Write the published layout: ``config.json`` + ``model.safetensors`` (+ the restricted-head map)."""
     config = head.config.to_dict()
     config.pop("_attn_implementation_autoset", None)
@@ -111,7 +135,9 @@ def save_eagle_head(head: EagleHead, directory: str | Path, token_map: torch.Ten
     if info:
         config["pipeline_info"] = info
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    directory = write_checkpoint(directory, state, config, dtype=dtype, config_file=CONFIG_FILE, weights_file=WEIGHTS_FILE)
+    directory = write_checkpoint(
+        directory, state, config, dtype=dtype, config_file=CONFIG_FILE, weights_file=WEIGHTS_FILE
+    )
     save_token_map(token_map, directory)
     return directory
 
@@ -119,17 +145,29 @@ def save_eagle_head(head: EagleHead, directory: str | Path, token_map: torch.Ten
 def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleHead:
     """Load an EAGLE-1/2 head (published layout); with ``target``, check shapes and attach it as
     ``target.eagle_head`` (its token map, if any, as ``eagle_head.token_map``)."""
-    directory, raw, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(WEIGHTS_FILE, "pytorch_model.bin"),
-                                            what="EAGLE head", trainer="train_eagle")
+    directory, raw, state = read_checkpoint(
+        path,
+        config_file=CONFIG_FILE,
+        weights_files=(WEIGHTS_FILE, "pytorch_model.bin"),
+        what="EAGLE head",
+        trainer="train_eagle",
+    )
     if "midlayer.self_attn.q_proj.weight" in state or "d2t" in state:
-        raise ValueError(f"{directory} is an EAGLE-3 head (midlayer / d2t): load it with load_eagle (or eagle3.load_eagle3_head); drafter: eagle3")
+        raise ValueError(
+            f"{directory} is an EAGLE-3 head (midlayer / d2t): load it with load_eagle (or eagle3.load_eagle3_head); drafter: eagle3"
+        )
     bias = bool(raw.pop("bias", "fc.bias" in state))
     raw.pop("pipeline_info", None)
     raw.pop("architectures", None)
     raw["num_hidden_layers"] = 1
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("torch_dtype", "dtype")})
-    check_against_weights(lambda: EagleHead(config, bias=bias, embed_tokens="embed_tokens.weight" in state), shapes_of(state),
-                          what="EAGLE head", directory=directory, config_file=CONFIG_FILE)  # before anything is built
+    check_against_weights(
+        lambda: EagleHead(config, bias=bias, embed_tokens="embed_tokens.weight" in state),
+        shapes_of(state),
+        what="EAGLE head",
+        directory=directory,
+        config_file=CONFIG_FILE,
+    )  # before anything is built
     head = EagleHead(config, bias=bias, embed_tokens="embed_tokens.weight" in state)
     expected = {k for k in head.state_dict() if not k.startswith("rotary.")}
     got = {k for k in state if not k.startswith("rotary.")}
@@ -161,13 +199,19 @@ def place_eagle_head(target: nn.Module, head: nn.Module) -> nn.Module:
         layers = target.config.num_hidden_layers
         head.layers_of(layers)
         if head.target_hidden_size != target.config.hidden_size:
-            raise ValueError(f"EAGLE-3 head reads target features of width {head.target_hidden_size}, the target has {target.config.hidden_size}")
+            raise ValueError(
+                f"EAGLE-3 head reads target features of width {head.target_hidden_size}, the target has {target.config.hidden_size}"
+            )
         if head.config.vocab_size > vocab:
-            raise ValueError(f"EAGLE-3 head's vocabulary ({head.config.vocab_size}) is larger than the target's ({vocab})")
+            raise ValueError(
+                f"EAGLE-3 head's vocabulary ({head.config.vocab_size}) is larger than the target's ({vocab})"
+            )
     elif getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= vocab:
         raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
     if head.embed_tokens is None and head.hidden_size != target.get_input_embeddings().weight.shape[1]:
-        raise ValueError(f"EAGLE head has width {head.hidden_size} and no embed_tokens; the target's embeddings are {target.get_input_embeddings().weight.shape[1]} wide")
+        raise ValueError(
+            f"EAGLE head has width {head.hidden_size} and no embed_tokens; the target's embeddings are {target.get_input_embeddings().weight.shape[1]} wide"
+        )
     head.to(weight.device, weight.dtype)
     return head
 
@@ -195,7 +239,9 @@ class EagleRunner:
         self.device = W.device
         self.bias = None if lm.bias is None else lm.bias.detach()
         if self.eagle3:  # the head's rows are already the draft vocabulary's; token_map places them
-            if self.token_map.numel() == vocab_size and bool((self.token_map == torch.arange(vocab_size, device=self.token_map.device)).all()):
+            if self.token_map.numel() == vocab_size and bool(
+                (self.token_map == torch.arange(vocab_size, device=self.token_map.device)).all()
+            ):
                 self.token_map = None  # the whole vocabulary in order
             else:
                 self.token_map = self.token_map.to(self.device)
@@ -228,7 +274,9 @@ class EagleRunner:
 
     def observe(self, hidden: torch.Tensor, start: int) -> None:
         """The target's features of positions ``start .. start + rows`` (later ones are dropped)."""
-        self.features = torch.cat([self.features[:start], hidden.to(self.features.dtype).reshape(-1, self.features.shape[-1])])
+        self.features = torch.cat(
+            [self.features[:start], hidden.to(self.features.dtype).reshape(-1, self.features.shape[-1])]
+        )
 
     def step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Run rows (f_p, x_{p+1}) for p = start.. after the cache; predicted features ``[n, h]``."""
@@ -238,11 +286,18 @@ class EagleRunner:
         self.forwards += 1
         return out[0]
 
-    def step_tree(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def step_tree(
+        self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Run tree rows after the cache: ``features [n, w]``, ``tokens [n]``, absolute ``positions [n]`` and a
         boolean ``mask [n, cache + n]`` (what each row sees); predicted features ``[n, h]``."""
-        out = self.head(features[None], self.embed(tokens.reshape(1, -1).to(self.device)), positions.reshape(1, -1).to(self.device),
-                        self.cache, mask=mask[None, None].to(self.device))
+        out = self.head(
+            features[None],
+            self.embed(tokens.reshape(1, -1).to(self.device)),
+            positions.reshape(1, -1).to(self.device),
+            self.cache,
+            mask=mask[None, None].to(self.device),
+        )
         self.forwards += 1
         return out[0]
 

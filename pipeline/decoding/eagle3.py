@@ -47,9 +47,25 @@ LAYOUTS = ("eagle", "speculators")
 AUTHORS_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 LLAMA_KEYS = (
-    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "vocab_size",
-    "max_position_embeddings", "hidden_act", "head_dim", "attention_bias", "mlp_bias", "rope_theta", "rope_scaling",
-    "rope_parameters", "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "vocab_size",
+    "max_position_embeddings",
+    "hidden_act",
+    "head_dim",
+    "attention_bias",
+    "mlp_bias",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+    "model_type",
 )
 
 
@@ -86,7 +102,9 @@ class Eagle3Layer(nn.Module):
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], -1)
-        attn, _ = self.self_attn(hidden_states=x, position_embeddings=position_embeddings, attention_mask=mask, past_key_values=cache)
+        attn, _ = self.self_attn(
+            hidden_states=x, position_embeddings=position_embeddings, attention_mask=mask, past_key_values=cache
+        )
         x = residual + attn
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -96,8 +114,15 @@ class Eagle3Head(nn.Module):
 
     eagle_version = 3
 
-    def __init__(self, config: LlamaConfig, draft_vocab_size: int, target_hidden_size: int | None = None,
-                 taps: tuple[int, ...] | None = None, embed_tokens: bool = False, norm_before_residual: bool = False) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        draft_vocab_size: int,
+        target_hidden_size: int | None = None,
+        taps: tuple[int, ...] | None = None,
+        embed_tokens: bool = False,
+        norm_before_residual: bool = False,
+    ) -> None:
         super().__init__()
         config._attn_implementation = "sdpa"
         self.config = config
@@ -130,7 +155,9 @@ class Eagle3Head(nn.Module):
         """The target decoder layers whose inputs are this head's features."""
         taps = self.taps or default_taps(num_layers)
         if len(taps) != 3 or not all(0 <= t < num_layers for t in taps):
-            raise ValueError(f"EAGLE-3 head taps layers {list(taps)}: need three layer indices of a {num_layers}-layer target")
+            raise ValueError(
+                f"EAGLE-3 head taps layers {list(taps)}: need three layer indices of a {num_layers}-layer target"
+            )
         return taps
 
     def draft_to_target(self) -> torch.Tensor:
@@ -146,8 +173,14 @@ class Eagle3Head(nn.Module):
         self.t2d.zero_()
         self.t2d[ids] = True
 
-    def forward(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, cache=None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        features: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache=None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``features [b, n, 3 h_t]`` (the target's) or ``[b, n, h]`` (predicted), ``embeds [b, n, h]`` (emb of
         x_{t+1}), ``positions [b, n]``; ``mask``: None = causal over the cache + these rows, else boolean
         ``[b, 1, n, cache + n]``. Returns the predicted features ``[b, n, h]`` (before ``norm``)."""
@@ -156,7 +189,10 @@ class Eagle3Head(nn.Module):
         n = features.shape[1]
         start = cache.get_seq_length() if cache is not None else 0
         if mask is None:
-            mask = torch.arange(start + n, device=features.device)[None, :] <= torch.arange(start, start + n, device=features.device)[:, None]
+            mask = (
+                torch.arange(start + n, device=features.device)[None, :]
+                <= torch.arange(start, start + n, device=features.device)[:, None]
+            )
             mask = mask[None, None].expand(features.shape[0], 1, n, start + n)
         pos_emb = self.rotary(features, positions)
         return self.midlayer(embeds, features, mask, pos_emb, cache)
@@ -189,13 +225,20 @@ def is_speculators(raw: Mapping[str, Any]) -> bool:
 
 def load_eagle3_head(path: str | Path) -> Eagle3Head:
     """An EAGLE-3 head from a folder in the authors' layout or the ``speculators`` layout (see the module doc)."""
-    directory, raw, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(WEIGHTS_FILE, "pytorch_model.bin"),
-                                            what="EAGLE-3 head", trainer="train_eagle")
+    directory, raw, state = read_checkpoint(
+        path,
+        config_file=CONFIG_FILE,
+        weights_files=(WEIGHTS_FILE, "pytorch_model.bin"),
+        what="EAGLE-3 head",
+        trainer="train_eagle",
+    )
     if is_speculators(raw):
         if raw.get("speculators_model_type", "eagle3") != "eagle3":
-            raise ValueError(f"{directory}: speculators_model_type {raw.get('speculators_model_type')!r}; only eagle3 heads load here")
+            raise ValueError(
+                f"{directory}: speculators_model_type {raw.get('speculators_model_type')!r}; only eagle3 heads load here"
+            )
         layer = dict(raw.get("transformer_layer_config") or {})
-        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
+        state = {("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in state.items()}
         norm_before_residual = bool(raw.get("norm_before_residual", False))
     else:
         layer = dict(raw)
@@ -205,19 +248,41 @@ def load_eagle3_head(path: str | Path) -> Eagle3Head:
     if draft_vocab is None and "lm_head.weight" in shapes:
         draft_vocab = shapes["lm_head.weight"][0]
     if draft_vocab is None:
-        raise ValueError(f"EAGLE-3 head at {directory}: config.json has no draft_vocab_size and there is no lm_head.weight")
+        raise ValueError(
+            f"EAGLE-3 head at {directory}: config.json has no draft_vocab_size and there is no lm_head.weight"
+        )
     config = _llama_config(layer)
     taps = raw.get("eagle_aux_hidden_state_layer_ids") or layer.get("eagle_aux_hidden_state_layer_ids")
     target_hidden = raw.get("target_hidden_size") or layer.get("target_hidden_size")
-    check_against_weights(lambda: Eagle3Head(config, int(draft_vocab), target_hidden, taps, embed_tokens="embed_tokens.weight" in shapes,
-                                             norm_before_residual=norm_before_residual),
-                          shapes, what="EAGLE-3 head", directory=directory, config_file=CONFIG_FILE, optional=("d2t", "t2d"))
-    head = Eagle3Head(config, int(draft_vocab), target_hidden, taps, embed_tokens="embed_tokens.weight" in state,
-                      norm_before_residual=norm_before_residual)
+    check_against_weights(
+        lambda: Eagle3Head(
+            config,
+            int(draft_vocab),
+            target_hidden,
+            taps,
+            embed_tokens="embed_tokens.weight" in shapes,
+            norm_before_residual=norm_before_residual,
+        ),
+        shapes,
+        what="EAGLE-3 head",
+        directory=directory,
+        config_file=CONFIG_FILE,
+        optional=("d2t", "t2d"),
+    )
+    head = Eagle3Head(
+        config,
+        int(draft_vocab),
+        target_hidden,
+        taps,
+        embed_tokens="embed_tokens.weight" in state,
+        norm_before_residual=norm_before_residual,
+    )
     state = dict(state)  # the maps may be added below
     if "d2t" not in state:  # a head over the whole vocabulary may omit the maps
         if int(draft_vocab) != config.vocab_size:
-            raise ValueError(f"EAGLE-3 head at {directory}: a draft vocabulary of {draft_vocab} < {config.vocab_size} needs d2t")
+            raise ValueError(
+                f"EAGLE-3 head at {directory}: a draft vocabulary of {draft_vocab} < {config.vocab_size} needs d2t"
+            )
         state["d2t"] = torch.zeros(int(draft_vocab), dtype=torch.long)
     if "t2d" not in state:
         state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
@@ -227,16 +292,37 @@ def load_eagle3_head(path: str | Path) -> Eagle3Head:
     missing, unexpected = sorted(expected - got), sorted(got - expected)
     if missing or unexpected:
         raise ValueError(f"EAGLE-3 head at {directory}: missing tensors {missing}, unexpected tensors {unexpected}")
-    head.load_state_dict({k: (v.long() if k == "d2t" else v.bool() if k == "t2d" else v.float()) for k, v in state.items() if k in expected}, strict=False)
+    head.load_state_dict(
+        {
+            k: (v.long() if k == "d2t" else v.bool() if k == "t2d" else v.float())
+            for k, v in state.items()
+            if k in expected
+        },
+        strict=False,
+    )
     ids = head.draft_to_target()
-    if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size or not bool(head.t2d[ids].all()) or int(head.t2d.sum()) != ids.numel():
-        raise ValueError(f"EAGLE-3 head at {directory}: d2t and t2d disagree (draft id i -> target id i + d2t[i] must be the ids t2d marks)")
+    if (
+        int(ids.min()) < 0
+        or int(ids.max()) >= config.vocab_size
+        or not bool(head.t2d[ids].all())
+        or int(head.t2d.sum()) != ids.numel()
+    ):
+        raise ValueError(
+            f"EAGLE-3 head at {directory}: d2t and t2d disagree (draft id i -> target id i + d2t[i] must be the ids t2d marks)"
+        )
     head.eval().requires_grad_(False)
     return head
 
 
-def save_eagle3_head(head: Eagle3Head, directory: str | Path, layout: str = "eagle", dtype: torch.dtype = torch.bfloat16,
-                     verifier: str | None = None, speculative_tokens: int = 5, **info) -> Path:
+def save_eagle3_head(
+    head: Eagle3Head,
+    directory: str | Path,
+    layout: str = "eagle",
+    dtype: torch.dtype = torch.bfloat16,
+    verifier: str | None = None,
+    speculative_tokens: int = 5,
+    **info,
+) -> Path:
     """Write ``head`` in the authors' layout (``eagle``) or the ``speculators`` one; ``verifier``: the target's
     name or path (recorded in the speculators config)."""
     if layout not in LAYOUTS:
@@ -250,8 +336,11 @@ def save_eagle3_head(head: Eagle3Head, directory: str | Path, layout: str = "eag
     llama["num_hidden_layers"] = 1
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     weights = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
-    extra = {"draft_vocab_size": head.draft_vocab_size, "target_hidden_size": head.target_hidden_size,
-             "norm_before_residual": head.midlayer.norm_before_residual}
+    extra = {
+        "draft_vocab_size": head.draft_vocab_size,
+        "target_hidden_size": head.target_hidden_size,
+        "norm_before_residual": head.midlayer.norm_before_residual,
+    }
     if head.taps:
         extra["eagle_aux_hidden_state_layer_ids"] = list(head.taps)
     if layout == "eagle":
@@ -268,18 +357,28 @@ def save_eagle3_head(head: Eagle3Head, directory: str | Path, layout: str = "eag
             "speculators_config": {
                 "algorithm": "eagle3",
                 "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
-                                      "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                "proposal_methods": [
+                    {
+                        "proposal_type": "greedy",
+                        "speculative_tokens": int(speculative_tokens),
+                        "verifier_accept_k": 1,
+                        "accept_tolerance": 0.0,
+                    }
+                ],
                 "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
             },
         }
-        names = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in weights.items()}
+        names = {
+            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in weights.items()
+        }
     if info:
         config["pipeline_info"] = info
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in names.items()}
-    tensors.update(d2t=state["d2t"].long().contiguous(), t2d=state["t2d"].bool().contiguous())  # the maps keep their types
+    tensors.update(
+        d2t=state["d2t"].long().contiguous(), t2d=state["t2d"].bool().contiguous()
+    )  # the maps keep their types
     save_file(tensors, directory / WEIGHTS_FILE)
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
     return directory

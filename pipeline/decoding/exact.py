@@ -42,15 +42,26 @@ Law = dict[Prefix, float]
 
 CHAIN_RULES = ("token", "block", "hsd", "hsd_ref", "mtad")
 TREE_RULES = ("specinfer", "mcss", "spectr", "traversal")
-LOSSLESS = {"token": True, "block": True, "hsd": True, "hsd_ref": False, "mtad": False,
-            "specinfer": True, "mcss": True, "spectr": True, "traversal": True}
+LOSSLESS = {
+    "token": True,
+    "block": True,
+    "hsd": True,
+    "hsd_ref": False,
+    "mtad": False,
+    "specinfer": True,
+    "mcss": True,
+    "spectr": True,
+    "traversal": True,
+}
 
 
 class Pair:
     """Target and draft conditionals over ``vocab`` tokens: ``target(prefix)`` and ``draft(prefix)`` are rows
     ``[vocab]`` (float64, summing to 1) after the tokens ``prefix`` of the current iteration; rows are cached."""
 
-    def __init__(self, target: Callable[[Prefix], torch.Tensor], draft: Callable[[Prefix], torch.Tensor], vocab: int) -> None:
+    def __init__(
+        self, target: Callable[[Prefix], torch.Tensor], draft: Callable[[Prefix], torch.Tensor], vocab: int
+    ) -> None:
         self.vocab = vocab
         self._fns = {"target": target, "draft": draft}
         self._cache: dict[tuple[str, Prefix], torch.Tensor] = {}
@@ -60,7 +71,9 @@ class Pair:
         if key not in self._cache:
             row = torch.as_tensor(self._fns[which](prefix), dtype=DT)
             if row.shape != (self.vocab,) or (row < 0).any() or abs(float(row.sum()) - 1.0) > 1e-9:
-                raise ValueError(f"the {which} row after {prefix} must be {self.vocab} non-negative numbers summing to 1, got {row.tolist()}")
+                raise ValueError(
+                    f"the {which} row after {prefix} must be {self.vocab} non-negative numbers summing to 1, got {row.tolist()}"
+                )
             self._cache[key] = row
         return self._cache[key]
 
@@ -92,6 +105,7 @@ class Pair:
                 if w.sum() == 0:
                     w[int(torch.randint(vocab, (1,), generator=gen))] = 1.0
                 return w / w.sum()
+
             return row
 
         return cls(make(0), make(1), vocab)
@@ -102,7 +116,9 @@ def sequence_law(pair: Pair, length: int, which: str = "target") -> Law:
     row = pair.target if which == "target" else pair.draft
     law: Law = {(): 1.0}
     for _ in range(length):
-        law = {s + (v,): pr * float(r[v]) for s, pr in law.items() for r in [row(s)] for v in range(pair.vocab) if r[v] > 0}
+        law = {
+            s + (v,): pr * float(r[v]) for s, pr in law.items() for r in [row(s)] for v in range(pair.vocab) if r[v] > 0
+        }
     return law
 
 
@@ -273,8 +289,11 @@ def draft_trees(pair: Pair, k_config: list[int], replacement: bool) -> list[tupl
             combos = [(nodes, pr, [])]
             for parent in frontier:
                 q = pair.draft(_path_tokens(nodes, parent))
-                combos = [(nd + tuple((t, parent) for t in kids), p0 * pk, fr + list(range(len(nd), len(nd) + len(kids))))
-                          for nd, p0, fr in combos for kids, pk in _draws(q, k, replacement)]
+                combos = [
+                    (nd + tuple((t, parent) for t in kids), p0 * pk, fr + list(range(len(nd), len(nd) + len(kids))))
+                    for nd, p0, fr in combos
+                    for kids, pk in _draws(q, k, replacement)
+                ]
             nxt.extend(combos)
         states = nxt
     out = []
@@ -359,7 +378,9 @@ def walk_cases(rule: str, P: torch.Tensor, tree: TokenTree) -> list[tuple[float,
 # ---------------------------------------------------------------------------------------------------
 
 
-def evaluate(rule: str, pair: Pair, gamma: int | None = None, k_config: list[int] | None = None, tau: float = 1.0) -> Outcome:
+def evaluate(
+    rule: str, pair: Pair, gamma: int | None = None, k_config: list[int] | None = None, tau: float = 1.0
+) -> Outcome:
     """The exact outcome of one iteration of ``rule``: chain rules draft ``gamma`` tokens (MTAD with threshold
     ``tau`` verifies a chain drawn from q, as with a chain drafter); tree rules draft ``k_config`` (SpecTr:
     ``[k, 1, ..., 1]``, k i.i.d. chains)."""
@@ -392,7 +413,13 @@ def evaluate(rule: str, pair: Pair, gamma: int | None = None, k_config: list[int
 def _continuations(pair: Pair, prefix: Prefix, length: int) -> Law:
     law: Law = {(): 1.0}
     for _ in range(length):
-        law = {s + (v,): pr * float(r[v]) for s, pr in law.items() for r in [pair.target(prefix + s)] for v in range(pair.vocab) if r[v] > 0}
+        law = {
+            s + (v,): pr * float(r[v])
+            for s, pr in law.items()
+            for r in [pair.target(prefix + s)]
+            for v in range(pair.vocab)
+            if r[v] > 0
+        }
     return law
 
 
@@ -412,10 +439,14 @@ def as_fraction(x: float, limit: int = 10_000) -> str:
 
 
 def format_table(rows: list[Outcome]) -> str:
-    lines = ["| rule | claimed lossless | E[accepted drafts] | E[tokens] / iteration | TV(output, target) | single-draft bound |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| rule | claimed lossless | E[accepted drafts] | E[tokens] / iteration | TV(output, target) | single-draft bound |",
+        "|---|---|---|---|---|---|",
+    ]
     for o in rows:
         bound = as_fraction(o.bound) if o.bound is not None else "–"
-        lines.append(f"| {o.rule} | {'yes' if o.lossless else 'no'} | {as_fraction(o.accepted)} ({o.accepted:.4f}) | "
-                     f"{as_fraction(o.tokens)} | {as_fraction(o.distance)} | {bound} |")
+        lines.append(
+            f"| {o.rule} | {'yes' if o.lossless else 'no'} | {as_fraction(o.accepted)} ({o.accepted:.4f}) | "
+            f"{as_fraction(o.tokens)} | {as_fraction(o.distance)} | {bound} |"
+        )
     return "\n".join(lines)

@@ -176,8 +176,16 @@ class LeanForward(nn.Module):
         self.fast_matmul = device.type == "cpu" and dtype == torch.float32 and env_flag("PIPELINE_FAST_MATMUL")
         self.kernels = None
         # the kernels cover SiLU MLPs without biases outside q/k/v (Llama, Mistral, Qwen2)
-        plain = all(wo[1] is None and wg[1] is None and wu[1] is None and wd[1] is None for *_, wo, _, _, wg, wu, wd, _ in self._layers)
-        if device.type == "cpu" and dtype == torch.bfloat16 and getattr(config, "hidden_act", "silu") == "silu" and plain:
+        plain = all(
+            wo[1] is None and wg[1] is None and wu[1] is None and wd[1] is None
+            for *_, wo, _, _, wg, wu, wd, _ in self._layers
+        )
+        if (
+            device.type == "cpu"
+            and dtype == torch.bfloat16
+            and getattr(config, "hidden_act", "silu") == "silu"
+            and plain
+        ):
             self.kernels = kernels()
         if self.kernels is not None:
             self._pack(model)
@@ -197,9 +205,16 @@ class LeanForward(nn.Module):
         with torch.no_grad():
             for w_in, _, wq, wk, wv, wo, w_post, _, wg, wu, wd, _ in self._layers:
                 biases = [b for _, b in (wq, wk, wv)]
-                bqkv = empty if all(b is None for b in biases) else torch.cat(
-                    [b if b is not None else torch.zeros(w.shape[0], dtype=torch.bfloat16) for (w, _), b in zip((wq, wk, wv), biases)]
-                ).contiguous()
+                bqkv = (
+                    empty
+                    if all(b is None for b in biases)
+                    else torch.cat(
+                        [
+                            b if b is not None else torch.zeros(w.shape[0], dtype=torch.bfloat16)
+                            for (w, _), b in zip((wq, wk, wv), biases)
+                        ]
+                    ).contiguous()
+                )
                 self._packed.append(
                     [
                         w_in.detach().contiguous(),
@@ -227,7 +242,9 @@ class LeanForward(nn.Module):
         if self.groups == 1:
             return x
         _, _, length, dim = x.shape
-        return x[:, :, None].expand(1, self.num_kv_heads, self.groups, length, dim).reshape(1, self.num_heads, length, dim)
+        return (
+            x[:, :, None].expand(1, self.num_kv_heads, self.groups, length, dim).reshape(1, self.num_heads, length, dim)
+        )
 
     def forward(
         self,
@@ -254,7 +271,10 @@ class LeanForward(nn.Module):
         shape = (1, n, -1, self.head_dim)
         if mask is None and n > 1:
             start = cache.get_seq_length()
-            mask = (torch.arange(start + n, device=x.device)[None, :] <= torch.arange(start, start + n, device=x.device)[:, None])[None, None]
+            mask = (
+                torch.arange(start + n, device=x.device)[None, :]
+                <= torch.arange(start, start + n, device=x.device)[:, None]
+            )[None, None]
         for i, (w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, act) in enumerate(self._layers):
             h = _rms_norm(x, w_in, eps_in)
             q = self._linear(h, wq).view(shape).transpose(1, 2)
@@ -269,7 +289,9 @@ class LeanForward(nn.Module):
                 else:
                     a = F.scaled_dot_product_attention(q, k, v, scale=self.scaling)
             else:  # transformers repeats the KV heads when a mask is given
-                a = F.scaled_dot_product_attention(q, self._repeat_kv(k), self._repeat_kv(v), attn_mask=mask, scale=self.scaling)
+                a = F.scaled_dot_product_attention(
+                    q, self._repeat_kv(k), self._repeat_kv(v), attn_mask=mask, scale=self.scaling
+                )
             a = a.transpose(1, 2).contiguous().reshape(1, n, -1)
             x = x + self._linear(a, wo)
             h = _rms_norm(x, w_post, eps_post)
@@ -284,7 +306,6 @@ class LeanForward(nn.Module):
         head = self._head[0]
         return self._linear(x, (head.weight, head.bias))
 
-
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head over final hidden rows ``h [1, n, hidden]`` (``forward``'s last step, for rows chosen
         after a ``keep < 0`` forward: the batched engine's packed steps, ``decoding/batched.py``)."""
@@ -294,7 +315,9 @@ class LeanForward(nn.Module):
             return logits if self._head_bias is None else logits + self._head_bias
         return self._linear(h, (head.weight, head.bias))
 
-    def _rotary_rows(self, x: torch.Tensor, positions: torch.Tensor | None, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotary_rows(
+        self, x: torch.Tensor, positions: torch.Tensor | None, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[n, head_dim]`` of ``positions [1, n]`` (None: ``start .. start + n``): rows of a table
         the model's own rotary module computed once for positions 0..cap (static rope types; a causal chain
         takes a slice of it, no gather), else the module on the spot."""
@@ -341,11 +364,22 @@ class LeanForward(nn.Module):
 
     def can_fuse_chain(self) -> bool:
         """Whether ``fused_chain`` runs here (the bf16 kernels, static rotary table, a head without bias)."""
-        return (self.kernels is not None and self._head_bias is None
-                and getattr(self._rotary[0], "rope_type", None) in STATIC_ROPE_TYPES)
+        return (
+            self.kernels is not None
+            and self._head_bias is None
+            and getattr(self._rotary[0], "rope_type", None) in STATIC_ROPE_TYPES
+        )
 
-    def fused_chain(self, ids: torch.Tensor, cache, gamma: int, warper, token_map: torch.Tensor | None, vocab: int,
-                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def fused_chain(
+        self,
+        ids: torch.Tensor,
+        cache,
+        gamma: int,
+        warper,
+        token_map: torch.Tensor | None,
+        vocab: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``gamma`` tokens sampled from this model's warped rows after ``ids`` [n0] (the tokens after the cache)
         in one call of the kernels: ``(tokens [gamma], index [gamma, k], probs [gamma, k])``, ids in the target
         vocabulary (``token_map``: own head id -> target id). Bit-identical to ``gamma`` separate steps (forward,
@@ -358,9 +392,29 @@ class LeanForward(nn.Module):
         norm_w, norm_eps = self._norm
         k = min(warper.top_k, self._vocab if token_map is None else token_map.numel(), vocab)
         tokens, index, probs = self.kernels.draft_chain(
-            ids, self._embed[0].weight, cos, sin, tensors, start, norm_w, self.num_heads, self.num_kv_heads, self.head_dim,
-            self.intermediate, float(self._layers[0][1]), float(norm_eps), float(self.scaling), self._head_packed, self._vocab,
-            vocab, _NO_MAP if token_map is None else token_map, gamma, k, float(warper.temperature), float(warper.top_p), generator,
+            ids,
+            self._embed[0].weight,
+            cos,
+            sin,
+            tensors,
+            start,
+            norm_w,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate,
+            float(self._layers[0][1]),
+            float(norm_eps),
+            float(self.scaling),
+            self._head_packed,
+            self._vocab,
+            vocab,
+            _NO_MAP if token_map is None else token_map,
+            gamma,
+            k,
+            float(warper.temperature),
+            float(warper.top_p),
+            generator,
         )
         for layer in cache.layers:
             layer.advance(end)
@@ -368,7 +422,9 @@ class LeanForward(nn.Module):
 
     def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out):
         """``forward`` in one call of the bf16 kernels (``csrc/bf16_decoder.cpp``)."""
-        x = torch.embedding(self._embed[0].weight, input_ids[0])  # [n, hidden]: the module's lookup without its call machinery
+        x = torch.embedding(
+            self._embed[0].weight, input_ids[0]
+        )  # [n, hidden]: the module's lookup without its call machinery
         n = x.shape[0]
         start = cache.get_seq_length()
         cos, sin = self._rotary_rows(x, positions, start)
@@ -383,8 +439,21 @@ class LeanForward(nn.Module):
         norm_w, norm_eps = self._norm
         eps = self._layers[0][1]
         h = self.kernels.decoder_forward(
-            x, cos, sin, tensors, start, allowed, norm_w, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate,
-            float(eps), float(norm_eps), float(self.scaling), max(keep, 0),
+            x,
+            cos,
+            sin,
+            tensors,
+            start,
+            allowed,
+            norm_w,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate,
+            float(eps),
+            float(norm_eps),
+            float(self.scaling),
+            max(keep, 0),
         )
         for layer in cache.layers:
             layer.advance(end)

@@ -74,7 +74,9 @@ def hsd_verify(
     return n, _normalize(rows[n], P[n])
 
 
-def hsd_dense(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, capped: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def hsd_dense(
+    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, capped: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """HSD as a chain rule of the engine's loop (``rules.ChainRule``): g uniforms ``u`` suffice, since position 0 is
     always kept and its keep coin is never read: ``u[0]`` decides the whole draft, ``u[1:]`` the keep coins of
     positions 1..g-1 (independent uniforms, so the same law as ``hsd_verify`` with g + 1 of them).
@@ -82,12 +84,16 @@ def hsd_dense(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor
     return hsd_verify(P, Q, x, u[0], u, capped)
 
 
-def hsd_reference_dense(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def hsd_reference_dense(
+    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The published form (uncapped whole-draft acceptance) as a chain rule; see ``hsd_dense``."""
     return hsd_dense(P, Q, x, u, capped=False)
 
 
-def _rule(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, generator, capped: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _rule(
+    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, generator, capped: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     u = torch.rand(x.shape[0] + 1, generator=generator, device=P.device, dtype=P.dtype)
     n, dist = hsd_verify(P, Q, x, u[0], u[1:], capped)
     return n, sample(dist, generator)
@@ -98,7 +104,9 @@ def hsd_rule(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, generator) -> tu
     return _rule(P, Q, x, generator, capped=True)
 
 
-def hsd_reference_rule(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
+def hsd_reference_rule(
+    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """HSD as the authors' code runs it (the whole draft accepted with the uncapped joint ratio; lossy for
     g >= 2): ``(accepted drafts, next token)``, 0-d tensors."""
     return _rule(P, Q, x, generator, capped=False)

@@ -136,6 +136,7 @@ def capture_layer_inputs(model, layers: Sequence[int]):
     def hook(i):
         def pre(module, args, kwargs):
             box[i] = args[0] if args else kwargs["hidden_states"]
+
         return pre
 
     handles = [blocks[layer].register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
@@ -224,7 +225,9 @@ class CachedModel:
         capture: list[torch.Tensor] | None = [] if self.capture_hidden else None
         if capture is not None and self.capture_layers:
             with capture_layer_inputs(self.model, self.capture_layers) as taps:
-                logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=max(keep, 0), **tree).logits
+                logits = self.model(
+                    input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=max(keep, 0), **tree
+                ).logits
             rows = ids.shape[1] if keep <= 0 else keep
             self.hidden = torch.cat([t[0, -rows:] for t in taps], -1)
             return logits
@@ -232,9 +235,13 @@ class CachedModel:
             logits = self.lean(ids, self.cache, tree.get("position_ids"), tree.get("attention_mask"), keep, capture)
         elif capture is not None:
             with capture_lm_head_input(self.model) as capture:
-                logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree).logits
+                logits = self.model(
+                    input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree
+                ).logits
         else:
-            logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree).logits
+            logits = self.model(
+                input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree
+            ).logits
         if capture is not None:
             self.hidden = capture[-1][0]
         return logits
@@ -285,15 +292,24 @@ class CachedModel:
         self.forwards += 1
         return self.top_k_rows(logits, warper)
 
-    def fused_chain(self, tokens: Sequence[int] | torch.Tensor, gamma: int, warper, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def fused_chain(
+        self, tokens: Sequence[int] | torch.Tensor, gamma: int, warper, generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """``gamma`` tokens sampled after ``tokens`` (a causal chain after the cache) from this model's top-k
         warped rows, as ``gamma`` rounds of ``forward_sparse`` + ``sample_sparse`` would draw them, in one call
         of the bf16 kernels: ``(tokens [gamma], index [gamma, k], probs [gamma, k])``; None where the kernels
         cannot (then take the steps one by one). Counts ``gamma`` forwards; the cache then also holds
         ``tokens`` and the first ``gamma - 1`` drawn tokens."""
-        if self.lean is None or self.capture_hidden or not self.lean.can_fuse_chain() or not warper.sparse(self.vocab_size):
+        if (
+            self.lean is None
+            or self.capture_hidden
+            or not self.lean.can_fuse_chain()
+            or not warper.sparse(self.vocab_size)
+        ):
             return None
-        out = self.lean.fused_chain(self._ids(tokens)[0], self.cache, gamma, warper, self.token_map, self.vocab_size, generator)
+        out = self.lean.fused_chain(
+            self._ids(tokens)[0], self.cache, gamma, warper, self.token_map, self.vocab_size, generator
+        )
         self.forwards += gamma
         return out
 
@@ -305,7 +321,9 @@ class CachedModel:
         index, probs = warper.top_k_rows(logits)
         return (index if self.token_map is None else self.token_map[index]), probs
 
-    def forward_tree(self, tokens: torch.Tensor, positions: torch.Tensor, node_mask: torch.Tensor, tree_start: int, warper=None):
+    def forward_tree(
+        self, tokens: torch.Tensor, positions: torch.Tensor, node_mask: torch.Tensor, tree_start: int, warper=None
+    ):
         """Append tree nodes and return the logits of every one of them (with a top-k ``warper``: their
         warped rows as ``(ids, probs)``, as ``forward_sparse``).
 
@@ -318,7 +336,9 @@ class CachedModel:
         allowed[:, tree_start:] = node_mask.to(self.device)
         return self.forward_masked(tokens, positions, allowed, warper=warper)
 
-    def forward_masked(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: int = 0, warper=None):
+    def forward_masked(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: int = 0, warper=None
+    ):
         """Append ``tokens`` [n] at absolute ``positions`` [n], row i seeing exactly the slots ``allowed[i]``
         (bool ``[n, length + n]`` over the cache and the new rows): a tree after a shared prefix, or
         independent sequences packed into one cache (each row sees only its own sequence's slots). Returns
@@ -342,7 +362,9 @@ class CachedModel:
         self.forwards += 1
         return self._logits(logits[0]) if warper is None else self.top_k_rows(logits[0], warper)
 
-    def forward_masked_rows(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def forward_masked_rows(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
         """``forward_masked`` with the LM head run on the rows ``rows`` [r] alone: their logits ``[r, V_own]`` in
         this model's own head and dtype (``_logits`` or ``top_k_rows`` turns them into the target vocabulary).
         Several sequences packed into one step (a prompt and a few draft tokens each) need one or a few rows
@@ -355,17 +377,25 @@ class CachedModel:
             saved = self.capture_hidden
             self.capture_hidden = True
             try:
-                self._run(self._ids(tokens), keep=-1, attention_mask=allowed[None, None],
-                          position_ids=positions.to(self.device, torch.long).reshape(1, -1))
+                self._run(
+                    self._ids(tokens),
+                    keep=-1,
+                    attention_mask=allowed[None, None],
+                    position_ids=positions.to(self.device, torch.long).reshape(1, -1),
+                )
             finally:
                 self.capture_hidden = saved
             self.forwards += 1
             return self.lean.head(self.hidden[rows][None])[0]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        logits = self._run(self._ids(tokens), keep=0, attention_mask=mask[None, None],
-                           position_ids=positions.to(self.device, torch.long).reshape(1, -1),
-                           cache_position=torch.arange(start, start + n, device=self.device))
+        logits = self._run(
+            self._ids(tokens),
+            keep=0,
+            attention_mask=mask[None, None],
+            position_ids=positions.to(self.device, torch.long).reshape(1, -1),
+            cache_position=torch.arange(start, start + n, device=self.device),
+        )
         self.forwards += 1
         return logits[0][rows]
 

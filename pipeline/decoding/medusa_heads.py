@@ -14,7 +14,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoints import attach, attached, check_against_weights, config_ints, read_checkpoint, shapes_of, write_checkpoint
+from .checkpoints import (
+    attach,
+    attached,
+    check_against_weights,
+    config_ints,
+    read_checkpoint,
+    shapes_of,
+    write_checkpoint,
+)
 from .fast_forward import small_linear
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -66,7 +74,9 @@ class MedusaHeads(nn.Module):
 def save_medusa_heads(heads: MedusaHeads, directory: str | Path, dtype: torch.dtype = torch.bfloat16, **info) -> Path:
     """Write ``medusa_config.json`` (architecture + ``info``) and the heads' weights (safetensors)."""
     config = {**heads.config_dict(), "dtype": str(dtype).replace("torch.", ""), **info}
-    return write_checkpoint(directory, heads.state_dict(), config, dtype=dtype, config_file=CONFIG_FILE, weights_file=HEADS_FILE)
+    return write_checkpoint(
+        directory, heads.state_dict(), config, dtype=dtype, config_file=CONFIG_FILE, weights_file=HEADS_FILE
+    )
 
 
 def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> MedusaHeads:
@@ -74,13 +84,20 @@ def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> Medu
 
     A relative ``path`` is looked up from the current directory, then from the repository root.
     """
-    directory, config, state = read_checkpoint(path, config_file=CONFIG_FILE, weights_files=(HEADS_FILE,), what="Medusa heads",
-                                               trainer="train_medusa")
+    directory, config, state = read_checkpoint(
+        path, config_file=CONFIG_FILE, weights_files=(HEADS_FILE,), what="Medusa heads", trainer="train_medusa"
+    )
     where = {"what": "Medusa heads", "directory": directory, "config_file": CONFIG_FILE}
-    hidden, num_heads, num_layers = config_ints(config, ("hidden_size", "num_heads", "num_layers"), defaults={"num_layers": 1}, **where)
-    if 2 * num_heads * num_layers != len(state):  # before building even on the meta device: K x L blocks of 2 tensors each
-        raise ValueError(f"Medusa heads at {directory}: {CONFIG_FILE} says {num_heads} head(s) x {num_layers} layer(s) "
-                         f"({2 * num_heads * num_layers} tensors), the weights hold {len(state)}; fix {CONFIG_FILE} or retrain")
+    hidden, num_heads, num_layers = config_ints(
+        config, ("hidden_size", "num_heads", "num_layers"), defaults={"num_layers": 1}, **where
+    )
+    if 2 * num_heads * num_layers != len(
+        state
+    ):  # before building even on the meta device: K x L blocks of 2 tensors each
+        raise ValueError(
+            f"Medusa heads at {directory}: {CONFIG_FILE} says {num_heads} head(s) x {num_layers} layer(s) "
+            f"({2 * num_heads * num_layers} tensors), the weights hold {len(state)}; fix {CONFIG_FILE} or retrain"
+        )
     check_against_weights(lambda: MedusaHeads(hidden, num_heads, num_layers), shapes_of(state), **where)
     heads = MedusaHeads(hidden, num_heads, num_layers)
     heads.load_state_dict({k: v.float() for k, v in state.items()})
@@ -97,8 +114,12 @@ def attach_medusa_heads(target: nn.Module, heads: MedusaHeads) -> nn.Module:
 
 def medusa_heads_of(target: nn.Module, method: str) -> MedusaHeads:
     """The heads attached to ``target``, or a clear error saying how to provide them."""
-    return attached(target, "medusa_heads", (
-        f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
-        f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
-        f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
-    ))
+    return attached(
+        target,
+        "medusa_heads",
+        (
+            f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
+            f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
+            f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
+        ),
+    )

@@ -38,10 +38,14 @@ class MTADDecoder(DraftVerifyDecoder):
     prefix_drafts = False
     rule = MTAD_RULE
     batchable = True
-    beam_drafts = True  # with drafter: model the chain is the best of num_beams beams (decoding/batched.py drafts them too)
+    beam_drafts = (
+        True  # with drafter: model the chain is the best of num_beams beams (decoding/batched.py drafts them too)
+    )
     params = {
         **DraftVerifyDecoder.params,
-        "gamma": Param(2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, docs/measurement.md)"),
+        "gamma": Param(
+            2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, docs/measurement.md)"
+        ),
         "num_beams": Param(4, int_at_least(1), "beams W of the draft's beam sampling"),
         "tau": Param(0.5, in_closed(0.0, 1.0), "acceptance threshold on the joint likelihood ratio"),
         "beam_weights": Param("paper", one_of(*BEAM_WEIGHTS), "paper eq. 2, or the released code's softmax"),
@@ -54,5 +58,7 @@ class MTADDecoder(DraftVerifyDecoder):
         if self.drafter_impl.kind != "model":
             return super().propose(context, gamma, generator)
         a = self.args
-        beam = beam_sample(self.draft, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement)
+        beam = beam_sample(
+            self.draft, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement
+        )
         return torch.tensor(beam.tokens, device=self.draft.device), beam.log_q

@@ -30,7 +30,14 @@ class MTJDDecoder(Decoder):
         while len(out) < max_new_tokens:
             k = min(self.args.num_tokens, max_new_tokens - len(out))
             beam = beam_sample(
-                target, context, k, self.args.num_beams, self.warper, generator, self.args.beam_weights, self.args.replacement
+                target,
+                context,
+                k,
+                self.args.num_beams,
+                self.warper,
+                generator,
+                self.args.beam_weights,
+                self.args.replacement,
             )
             if emit(beam.tokens, eos, max_new_tokens, out, context, accepted):
                 break

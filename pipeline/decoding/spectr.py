@@ -41,11 +41,15 @@ class SpecTrDecoder(SpecInferDecoder):
         if "top_nodes" in scope:  # a drafter with a node budget (EAGLE): K-SEQ needs every chain whole
             k, gamma = values["num_drafts"], values["gamma"]
             if scope["top_nodes"] and scope["top_nodes"] < k:
-                raise ValueError(f"method 'spectr' with drafter {scope['kind']}: top_nodes={scope['top_nodes']} would stop "
-                                 f"{k - scope['top_nodes']} of the {k} chains; set top_nodes: 0 (every node) or >= num_drafts")
+                raise ValueError(
+                    f"method 'spectr' with drafter {scope['kind']}: top_nodes={scope['top_nodes']} would stop "
+                    f"{k - scope['top_nodes']} of the {k} chains; set top_nodes: 0 (every node) or >= num_drafts"
+                )
             if scope.get("max_nodes") and scope["max_nodes"] < k * gamma:
-                raise ValueError(f"method 'spectr' with drafter {scope['kind']}: max_nodes={scope['max_nodes']} would cut the "
-                                 f"{k} x {gamma} chain nodes; set max_nodes: 0 (no budget) or >= num_drafts x gamma")
+                raise ValueError(
+                    f"method 'spectr' with drafter {scope['kind']}: max_nodes={scope['max_nodes']} would cut the "
+                    f"{k} x {gamma} chain nodes; set max_nodes: 0 (no budget) or >= num_drafts x gamma"
+                )
 
     @property
     def tree_depth(self) -> int:

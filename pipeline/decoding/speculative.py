@@ -25,13 +25,26 @@ from typing import Any, ClassVar
 import torch
 
 from .base import Decoder, Generation, Param, emit, int_at_least
-from .drafters import DRAFTERS, Drafter, accepted_kinds, build_drafter, drafter_class, drafter_param, fold_drafter_short_forms, resolve_drafter
+from .drafters import (
+    DRAFTERS,
+    Drafter,
+    accepted_kinds,
+    build_drafter,
+    drafter_class,
+    drafter_param,
+    fold_drafter_short_forms,
+    resolve_drafter,
+)
 from .rules import ChainRule, TreeWalk
 from .tree import TokenTree
 from .tree_verify import greedy_tree_walk, tree_verify_forward
 from .warping import sample, sample_sparse
 
-CHILDREN_WHY = {"iid": "i.i.d. from the draft's rows q", "distinct": "from q without replacement", "top": "as the top k"}
+CHILDREN_WHY = {
+    "iid": "i.i.d. from the draft's rows q",
+    "distinct": "from q without replacement",
+    "top": "as the top k",
+}
 
 
 class DraftVerifyDecoder(Decoder):
@@ -174,7 +187,11 @@ class DraftVerifyDecoder(Decoder):
         """One tree iteration after ``context`` with at most ``room`` levels: (emitted tokens, the tree's depth)."""
         target, drafter, length = self.target, self.drafter_impl, len(context)
         depth = min(self.tree_depth, room)
-        tree = drafter.propose_tree(context, self.tree_shape(depth), self.warper, generator, self.tree_walk.children) if depth > 0 else None  # draft
+        tree = (
+            drafter.propose_tree(context, self.tree_shape(depth), self.warper, generator, self.tree_walk.children)
+            if depth > 0
+            else None
+        )  # draft
         if tree is None:
             return self._plain_step(context, generator), 0
         logits = tree_verify_forward(target, context, tree)  # one target forward (tree attention)

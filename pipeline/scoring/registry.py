@@ -52,7 +52,9 @@ class Scorer:
         return "speed_only" if self.uses_judge else "none"
 
 
-def score_humaneval(dataset, samples: Sequence[Sample], predictions: Predictions, *, judge=None, max_turns=None, **params):
+def score_humaneval(
+    dataset, samples: Sequence[Sample], predictions: Predictions, *, judge=None, max_turns=None, **params
+):
     """pass@1 of the completions, executed in the sandbox."""
     problems = {s.id: {"task_id": s.id, **s.reference} for s in samples}
     return humaneval.score_predictions(predictions, problems, **{"workers": 1, "ks": (1,), **params})
@@ -71,15 +73,18 @@ def score_rouge(dataset, samples: Sequence[Sample], predictions: Predictions, *,
     return rouge.score_predictions(predictions, refs, **params)
 
 
-def score_mt_bench(dataset, samples: Sequence[Sample], predictions: Predictions, *, judge=None, max_turns=None, **params):
+def score_mt_bench(
+    dataset, samples: Sequence[Sample], predictions: Predictions, *, judge=None, max_turns=None, **params
+):
     """The MT-Bench judge's single-answer grades; None without ``judge.enabled`` (speed only)."""
     if not (judge and judge.get("enabled")):
         return None
     cfg = {k: v for k, v in judge.items() if k != "enabled"}
     templates = load_judge_prompts(dataset.get("path"))
     turns = tuple(range(1, (max_turns or 2) + 1))
-    return mt_bench.judge_predictions(predictions, {s.id: s for s in samples}, mt_bench.make_judge(cfg), templates, turns=turns,
-                                      **params)
+    return mt_bench.judge_predictions(
+        predictions, {s.id: s for s in samples}, mt_bench.make_judge(cfg), templates, turns=turns, **params
+    )
 
 
 def _scorer_problem(entry: Any) -> str | None:
@@ -91,8 +96,15 @@ for _scorer in (
     Scorer("humaneval", score_humaneval, fields=("passed", "result")),
     Scorer("spider", score_spider, fields=("correct", "sql", "error", "timed_out")),
     Scorer("rouge", score_rouge, fields=rouge.ROUGE_TYPES),
-    Scorer("mt_bench", score_mt_bench, fields=("score", "judgment"), uses_judge=True,
-           check=mt_bench.judge_identity, preflight=mt_bench.preflight, identity=mt_bench.judge_identity),
+    Scorer(
+        "mt_bench",
+        score_mt_bench,
+        fields=("score", "judgment"),
+        uses_judge=True,
+        check=mt_bench.judge_identity,
+        preflight=mt_bench.preflight,
+        identity=mt_bench.judge_identity,
+    ),
 ):
     SCORERS.register(_scorer)
 
@@ -110,8 +122,10 @@ def check_task_scorer(task: Any) -> Scorer | None:
     if scorer is not None:
         undeclared = sorted(set(task.score_fields) - set(scorer.fields))
         if undeclared:
-            raise ValueError(f"task {task.name!r}: score field(s) {undeclared} are not written by scorer {scorer.name!r} "
-                             f"(it writes {list(scorer.fields)}); fix task.scorer.fields in conf/dataset/{task.name}.yaml")
+            raise ValueError(
+                f"task {task.name!r}: score field(s) {undeclared} are not written by scorer {scorer.name!r} "
+                f"(it writes {list(scorer.fields)}); fix task.scorer.fields in conf/dataset/{task.name}.yaml"
+            )
     elif task.score_fields:
         raise ValueError(f"task {task.name!r}: score fields {list(task.score_fields)} without a scorer")
     return scorer

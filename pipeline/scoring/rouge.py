@@ -103,16 +103,21 @@ def _load_references_dataset(name: str | None, path: str | None, split: str | No
             return load_dataset(candidate, path, split)
         except (ValueError, KeyError, OSError) as err:
             errors.append(f"{candidate}: {err}")
-    raise SystemExit(f"error: no reference dataset reads {path} ({'; '.join(errors)}); "
-                     f"pass --dataset {' or --dataset '.join(REFERENCE_DATASETS)}")
+    raise SystemExit(
+        f"error: no reference dataset reads {path} ({'; '.join(errors)}); "
+        f"pass --dataset {' or --dataset '.join(REFERENCE_DATASETS)}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="local dataset path (default: the Hub)")
-    parser.add_argument("--dataset", default=None, choices=REFERENCE_DATASETS,
-                        help="dataset whose references to use; default: the one that reads --data "
-                             "(cnn_dm from the Hub without --data)")
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        choices=REFERENCE_DATASETS,
+        help="dataset whose references to use; default: the one that reads --data (cnn_dm from the Hub without --data)",
+    )
     parser.add_argument("--split", default=None)
     parser.add_argument("--predictions", required=True, help="JSONL of {id, prediction: summary}")
     parser.add_argument("--seed", type=int, default=0)
@@ -120,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     samples = _load_references_dataset(args.dataset, args.data, args.split)
     references = {s.id: s.reference for s in samples if s.reference}
-    result = score_predictions(read_predictions(args.predictions, text=True), references, seed=args.seed, resamples=args.resamples)
+    result = score_predictions(
+        read_predictions(args.predictions, text=True), references, seed=args.seed, resamples=args.resamples
+    )
     print_json(result)
     return 0
 

@@ -77,7 +77,7 @@ def extract_sql(text: str) -> str:
         text = (sql_blocks or [blocks[0][1]])[0]
     match = _START_LINE.search(text) or _START_ANY.search(text)
     if match:
-        text = text[match.start(1):]
+        text = text[match.start(1) :]
     return _first_statement(text).strip().rstrip(";").strip()
 
 
@@ -163,10 +163,20 @@ class QueryRunner:
     and is started again after a kill, so a query never outlives its deadline and the scorer's memory
     holds at most the result it was given (within ``max_bytes``). Use it as a context manager."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS,
-                 max_bytes: int = DEFAULT_MAX_BYTES, max_sql_bytes: int = DEFAULT_MAX_SQL_BYTES):
+    def __init__(
+        self,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_sql_bytes: int = DEFAULT_MAX_SQL_BYTES,
+    ):
         check_limits(timeout_s, max_rows, max_bytes, max_sql_bytes)
-        self.timeout_s, self.max_rows, self.max_bytes, self.max_sql_bytes = float(timeout_s), max_rows, max_bytes, max_sql_bytes
+        self.timeout_s, self.max_rows, self.max_bytes, self.max_sql_bytes = (
+            float(timeout_s),
+            max_rows,
+            max_bytes,
+            max_sql_bytes,
+        )
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "QueryRunner":
@@ -208,8 +218,19 @@ class QueryRunner:
             return self._proc
         self._kill()
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(WORKER), str(heap_limit(self.max_bytes)), str(address_space_limit(self.max_bytes))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-B",
+                str(WORKER),
+                str(heap_limit(self.max_bytes)),
+                str(address_space_limit(self.max_bytes)),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
         )
         self._proc = proc
         if _read_until(proc.stdout.fileno(), 1, time.monotonic() + WORKER_START_S) != b"R":
@@ -235,8 +256,16 @@ class QueryRunner:
         path = Path(db_path).resolve()
         if not path.is_file():
             return failed(f"cannot open database: database not found: {path}")
-        request = json.dumps({"db": str(path), "sql": sql, "timeout_s": self.timeout_s, "max_rows": self.max_rows,
-                              "max_bytes": self.max_bytes, "max_sql_bytes": self.max_sql_bytes}).encode()
+        request = json.dumps(
+            {
+                "db": str(path),
+                "sql": sql,
+                "timeout_s": self.timeout_s,
+                "max_rows": self.max_rows,
+                "max_bytes": self.max_bytes,
+                "max_sql_bytes": self.max_sql_bytes,
+            }
+        ).encode()
         proc = self._start()
         deadline = time.monotonic() + self.timeout_s
         try:
@@ -246,7 +275,9 @@ class QueryRunner:
                 size = struct.unpack(">Q", header)[0]
                 if size > 2 * self.max_bytes + _SLACK_BYTES:
                     code = self._kill()
-                    return failed(f"the query process answered with {size} bytes, more than its result may take (exit status {code})")
+                    return failed(
+                        f"the query process answered with {size} bytes, more than its result may take (exit status {code})"
+                    )
                 body = _read_until(proc.stdout.fileno(), size, deadline)
                 header = header if len(body) == size else b""
         except OSError:  # the process is gone (its pipe closed): reported below
@@ -262,8 +293,13 @@ class QueryRunner:
         if answer.get("exit"):
             self._kill()
         rows = answer["rows"]
-        return QueryResult(None if rows is None else list(rows), answer["error"], bool(answer["timed_out"]),
-                           time.perf_counter() - start, int(answer.get("nbytes") or 0))
+        return QueryResult(
+            None if rows is None else list(rows),
+            answer["error"],
+            bool(answer["timed_out"]),
+            time.perf_counter() - start,
+            int(answer.get("nbytes") or 0),
+        )
 
 
 def _describe_exit(code: int) -> str:
@@ -278,7 +314,7 @@ def _describe_exit(code: int) -> str:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _read_until(fd: int, n: int, deadline: float) -> bytearray:
@@ -341,6 +377,7 @@ def order_matters(gold_sql: str) -> bool:
 
 def _column_permutations(gold: list[tuple], pred: list[tuple], ncols: int, ordered: bool) -> Iterable[list[int]]:
     """Injective maps gold column -> predicted column whose columns agree (as sequences or multisets)."""
+
     def column(rows: list[tuple], j: int):
         values = [r[j] for r in rows]
         return tuple(values) if ordered else Counter(values)
@@ -475,19 +512,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per query")
     parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, help="rows per result")
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="bytes per result")
-    parser.add_argument("--max-sql-bytes", type=int, default=DEFAULT_MAX_SQL_BYTES, help="UTF-8 bytes per SQL statement")
-    parser.add_argument("--strip-distinct", action="store_true",
-                        help="remove DISTINCT from gold and prediction (the official evaluation's default)")
+    parser.add_argument(
+        "--max-sql-bytes", type=int, default=DEFAULT_MAX_SQL_BYTES, help="UTF-8 bytes per SQL statement"
+    )
+    parser.add_argument(
+        "--strip-distinct",
+        action="store_true",
+        help="remove DISTINCT from gold and prediction (the official evaluation's default)",
+    )
     args = parser.parse_args(argv)
-    for flag, value in (("--max-rows", args.max_rows), ("--max-bytes", args.max_bytes), ("--max-sql-bytes", args.max_sql_bytes)):
+    for flag, value in (
+        ("--max-rows", args.max_rows),
+        ("--max-bytes", args.max_bytes),
+        ("--max-sql-bytes", args.max_sql_bytes),
+    ):
         if value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         parser.error(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     samples = load_dataset("spider", args.data, args.split, database_dir=args.database_dir)
     result = score_predictions(
-        read_predictions(args.predictions, text=True), {s.id: s for s in samples}, timeout_s=args.timeout,
-        max_rows=args.max_rows, max_bytes=args.max_bytes, max_sql_bytes=args.max_sql_bytes, keep_distinct=not args.strip_distinct,
+        read_predictions(args.predictions, text=True),
+        {s.id: s for s in samples},
+        timeout_s=args.timeout,
+        max_rows=args.max_rows,
+        max_bytes=args.max_bytes,
+        max_sql_bytes=args.max_sql_bytes,
+        keep_distinct=not args.strip_distinct,
     )
     print_json(result)
     return 0

@@ -174,8 +174,9 @@ def run_query(req: dict[str, Any], heap_bytes: int) -> dict[str, Any]:
         return {"rows": rows, "error": None, "timed_out": False, "nbytes": size, "exit": False}
     except MemoryError:
         rows.clear()
-        return failed(f"out of memory (more than SQLite's {heap_bytes >> 20} MiB or this process's address space)",
-                      exit=True)
+        return failed(
+            f"out of memory (more than SQLite's {heap_bytes >> 20} MiB or this process's address space)", exit=True
+        )
     except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as err:
         if expired[0]:
             return failed(f"timed out after {timeout_s} s", timed_out=True)
@@ -232,8 +233,13 @@ def main(argv: list[str]) -> int:
             answer = run_query(json.loads(body), heap_bytes)
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
         except MemoryError:
-            answer = {"rows": None, "error": "out of memory (the query process's address space)", "timed_out": False,
-                      "nbytes": 0, "exit": True}
+            answer = {
+                "rows": None,
+                "error": "out of memory (the query process's address space)",
+                "timed_out": False,
+                "nbytes": 0,
+                "exit": True,
+            }
             data = pickle.dumps(answer)
         done = answer["exit"]
         del answer  # the rows: not held twice while the next query runs

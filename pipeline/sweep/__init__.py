@@ -17,6 +17,15 @@ from pipeline.sweep.ray_runner import actor_options, run_cells, start_ray
 from pipeline.sweep.summary import summary_tables
 
 __all__ = [
-    "CONF_DIR", "HARNESS_VERSION", "Plan", "SweepConfigError", "actor_options", "compose", "expand", "run",
-    "run_cells", "start_ray", "summary_tables",
+    "CONF_DIR",
+    "HARNESS_VERSION",
+    "Plan",
+    "SweepConfigError",
+    "actor_options",
+    "compose",
+    "expand",
+    "run",
+    "run_cells",
+    "start_ray",
+    "summary_tables",
 ]

@@ -24,11 +24,17 @@ def check_models_available(pair: Mapping[str, Any]) -> None:
     for role, model in (("target", spec.target), ("draft", spec.draft)):
         if model is None:
             continue
-        if not model.package and not model.random_init and _looks_like_a_path(model.id) and not Path(model.location()).exists():
+        if (
+            not model.package
+            and not model.random_init
+            and _looks_like_a_path(model.id)
+            and not Path(model.location()).exists()
+        ):
             raise SweepConfigError(
                 f"pair {pair['name']!r} {role} model folder {model.id!r} does not exist ({Path(model.location()).expanduser()}): "
                 "point the pair's `id` at an existing folder (relative paths are taken from the repository), "
-                "or use a Hugging Face repo id (`org/name`)")
+                "or use a Hugging Face repo id (`org/name`)"
+            )
         try:
             location = model.location()
         except ModelNotAvailableError as err:
@@ -104,7 +110,9 @@ def check_device(pair: Mapping[str, Any], cluster: Mapping[str, Any]) -> None:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as err:
-        raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} is not a torch device ({err}); {fix}") from None
+        raise SweepConfigError(
+            f"pair {pair['name']!r}: device {device!r} is not a torch device ({err}); {fix}"
+        ) from None
     local = (cluster.get("kind") or "local") == "local" and not cluster.get("address")
     if dev.type == "cuda":
         if local and not torch.cuda.is_available():
@@ -115,11 +123,16 @@ def check_device(pair: Mapping[str, Any], cluster: Mapping[str, Any]) -> None:
         if dev.index is not None and dev.index >= visible:
             raise SweepConfigError(
                 f"pair {pair['name']!r}: device {device!r} but a cell sees {visible} GPU(s) (cuda:0..cuda:{visible - 1}: Ray gives "
-                f"each cell its own, cluster.gpus_per_cell={cluster.get('gpus_per_cell') or 1}); {fix} or cuda")
-    elif dev.type == "mps" and local and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+                f"each cell its own, cluster.gpus_per_cell={cluster.get('gpus_per_cell') or 1}); {fix} or cuda"
+            )
+    elif (
+        dev.type == "mps" and local and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    ):
         raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} but MPS is not available here; {fix}")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise SweepConfigError(f"pair {pair['name']!r}: device {device!r} is not supported (cpu, cuda, cuda:N, mps, auto); {fix}")
+        raise SweepConfigError(
+            f"pair {pair['name']!r}: device {device!r} is not supported (cpu, cuda, cuda:N, mps, auto); {fix}"
+        )
 
 
 INT64 = (-(2**63), 2**63 - 1)  # what torch's generators, MLflow's store and pandas' Int64 columns hold
@@ -139,26 +152,46 @@ def check_numbers(node: Any, where: str) -> list[str]:
         for i, value in enumerate(node):
             errors += check_numbers(value, f"{where}[{i}]")
     elif isinstance(node, float) and not math.isfinite(node):
-        errors.append(f"{where}={node!r}: must be a finite number (NaN and infinities are not settings; give a value, or null "
-                      "where the key allows it)")
+        errors.append(
+            f"{where}={node!r}: must be a finite number (NaN and infinities are not settings; give a value, or null "
+            "where the key allows it)"
+        )
     elif isinstance(node, int) and not isinstance(node, bool) and not INT64[0] <= node <= INT64[1]:
         errors.append(f"{where}={node}: out of range (integers must fit in 64 bits, |n| < 2**63)")
     return errors
 
 
-def number_error(section: str, key: str, value: Any, *, integer: bool, low: float, strict: bool = False,
-                 nullable: bool = False, example: Any = 1, note: str = "") -> str | None:
+def number_error(
+    section: str,
+    key: str,
+    value: Any,
+    *,
+    integer: bool,
+    low: float,
+    strict: bool = False,
+    nullable: bool = False,
+    example: Any = 1,
+    note: str = "",
+) -> str | None:
     """The error for ``section.key=value`` (``key=value`` without a section) unless it is a finite number (an
     integer where ``integer``) >= ``low`` (> ``low`` where ``strict``), or null where ``nullable``; None when fine."""
     if value is None and nullable:
         return None
     types = (int,) if integer else (int, float)
-    ok = (not isinstance(value, bool) and isinstance(value, types) and math.isfinite(value)
-          and (value > low if strict else value >= low))
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, types)
+        and math.isfinite(value)
+        and (value > low if strict else value >= low)
+    )
     if ok:
         return None
     name = f"{section}.{key}" if section else key
-    what = ("null or " if nullable else "") + ("an integer" if integer else "a finite number") + (f" > {low:g}" if strict else f" >= {low:g}")
+    what = (
+        ("null or " if nullable else "")
+        + ("an integer" if integer else "a finite number")
+        + (f" > {low:g}" if strict else f" >= {low:g}")
+    )
     return f"{name}={value!r}: must be {what}{note} (e.g. {name}={example})"
 
 
@@ -174,7 +207,9 @@ _MEASURE_RULES = {  # key: (integer, minimum, nullable)
 def check_measure(measure: Mapping[str, Any]) -> list[str]:
     errors = []
     for key, (integer, low, nullable) in _MEASURE_RULES.items():
-        problem = number_error("measure", key, measure.get(key), integer=integer, low=low, nullable=nullable, example=max(low, 1))
+        problem = number_error(
+            "measure", key, measure.get(key), integer=integer, low=low, nullable=nullable, example=max(low, 1)
+        )
         if problem:
             errors.append(problem)
     for key in ("perplexity", "score"):
@@ -206,8 +241,17 @@ def check_cluster(cluster: Mapping[str, Any]) -> list[str]:
             value = cluster[key]
             if key == "cell_timeout_s" and value == 0 and not isinstance(value, bool):
                 continue  # 0, like null, is no limit (ray_runner.run_cells)
-            problem = number_error("cluster", key, value, integer=integer, low=low, strict=strict, nullable=nullable,
-                                   example=example, note=note)
+            problem = number_error(
+                "cluster",
+                key,
+                value,
+                integer=integer,
+                low=low,
+                strict=strict,
+                nullable=nullable,
+                example=example,
+                note=note,
+            )
             if problem:
                 errors.append(problem)
     return errors
@@ -216,9 +260,14 @@ def check_cluster(cluster: Mapping[str, Any]) -> list[str]:
 def check_judge(judge: Mapping[str, Any]) -> list[str]:
     """The judge's numeric settings (checked whether or not it is enabled: a sweep file's judge is switched on later)."""
     errors = []
-    for key, integer, low, nullable, example in (("max_new_tokens", True, 1, False, 256), ("max_retries", True, 0, True, 5)):
+    for key, integer, low, nullable, example in (
+        ("max_new_tokens", True, 1, False, 256),
+        ("max_retries", True, 0, True, 5),
+    ):
         if key in judge:
-            problem = number_error("judge", key, judge[key], integer=integer, low=low, nullable=nullable, example=example)
+            problem = number_error(
+                "judge", key, judge[key], integer=integer, low=low, nullable=nullable, example=example
+            )
             if problem:
                 errors.append(problem)
     return errors
@@ -228,10 +277,14 @@ def check_dataset_numbers(name: str, ds: Mapping[str, Any]) -> list[str]:
     """A dataset slice's numbers in range (``max_new_tokens`` is checked where the slice is built)."""
     errors = []
     for key, integer, low, strict, nullable, example in (
-        ("start", True, 0, False, True, 0), ("limit", True, 0, True, True, 10), ("max_turns", True, 0, True, True, 2),
+        ("start", True, 0, False, True, 0),
+        ("limit", True, 0, True, True, 10),
+        ("max_turns", True, 0, True, True, 2),
         ("time_budget_s", False, 0, True, True, 600),
     ):
-        problem = number_error("dataset", key, ds.get(key), integer=integer, low=low, strict=strict, nullable=nullable, example=example)
+        problem = number_error(
+            "dataset", key, ds.get(key), integer=integer, low=low, strict=strict, nullable=nullable, example=example
+        )
         if problem:
             errors.append(f"dataset {name!r}: {problem}")
     return errors
@@ -242,7 +295,14 @@ def check_seeds(seeds: Any) -> list[str]:
     every later plan of the sweep and every ``load_runs`` of its store)."""
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
-    if not seeds or not isinstance(seeds, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    if (
+        not seeds
+        or not isinstance(seeds, (list, tuple))
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
         return [f"seeds must be a non-empty list of integers, got {seeds!r} (e.g. seeds=[0,1,2])"]
-    return [f"seeds: {s} is out of range: a seed must be an integer in [0, 2**63 - 1] (e.g. seeds=[0,1,2])"
-            for s in seeds if not 0 <= s <= INT64[1]]
+    return [
+        f"seeds: {s} is out of range: a seed must be an integer in [0, 2**63 - 1] (e.g. seeds=[0,1,2])"
+        for s in seeds
+        if not 0 <= s <= INT64[1]
+    ]

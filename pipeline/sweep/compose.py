@@ -44,7 +44,9 @@ def _search_path(folders: Any) -> list[str]:
     folders = [folders] if isinstance(folders, str) else list(folders or [])
     if not folders:
         return []
-    return ["hydra.searchpath=[" + ",".join("file://" + str(Path(str(f)).expanduser().resolve()) for f in folders) + "]"]
+    return [
+        "hydra.searchpath=[" + ",".join("file://" + str(Path(str(f)).expanduser().resolve()) for f in folders) + "]"
+    ]
 
 
 SELECTABLE_GROUPS = ("method", "pair", "dataset", "sweep", "cluster")
@@ -71,8 +73,10 @@ def check_group_file(group: str, name: str, conf_dir: Path | None = None) -> Non
     path = conf / group / f"{name}.yaml"
     if not path.is_file():
         valid = sorted(str(p.relative_to(conf / group))[:-5] for p in (conf / group).rglob("*.yaml"))
-        raise SweepConfigError(f"unknown {group} {name!r} ({group}={name}): there is no {path}; valid {group}s: {valid} "
-                               f"(add conf/{group}/{name}.yaml or pick one of these)")
+        raise SweepConfigError(
+            f"unknown {group} {name!r} ({group}={name}): there is no {path}; valid {group}s: {valid} "
+            f"(add conf/{group}/{name}.yaml or pick one of these)"
+        )
     problem = _yaml_problem(path)
     if problem:
         raise SweepConfigError(f"{group}={name}: {problem}; fix the file or pick another {group}")
@@ -82,7 +86,10 @@ def check_command_line(argv: Sequence[str], conf_dir: Path | None = None) -> Non
     """Group selections on the command line (``method=``, ``pair=``, ``dataset=``, ``sweep=``, ``cluster=``) name
     files that exist and parse, checked before Hydra composes (whose own errors are tracebacks with exit 1)."""
     args = list(argv)
-    if any(a.lstrip("+").startswith(("hydra.searchpath", "conf_path", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
+    if any(
+        a.lstrip("+").startswith(("hydra.searchpath", "conf_path", "--config-dir", "-cd", "--config-path", "-cp"))
+        for a in args
+    ):
         return  # another config tree: Hydra resolves it
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
@@ -118,8 +125,10 @@ def check_conf_path(folders: Any, conf_dir: Path | None = None) -> None:
     for entry in folders:
         folder = Path(str(entry)).expanduser().resolve()
         if not folder.is_dir():
-            errors.append(f"conf_path folder {entry!r} does not exist ({folder}) or is not a folder: create it, fix the path, "
-                          "or leave it out of conf_path")
+            errors.append(
+                f"conf_path folder {entry!r} does not exist ({folder}) or is not a folder: create it, fix the path, "
+                "or leave it out of conf_path"
+            )
             continue
         for group in SELECTABLE_GROUPS:
             if not (folder / group).is_dir():
@@ -128,8 +137,10 @@ def check_conf_path(folders: Any, conf_dir: Path | None = None) -> None:
                 name = str(path.relative_to(folder / group))[:-5]
                 earlier = seen.get((group, name))
                 if earlier is not None:
-                    errors.append(f"{path} reuses the name {group}={name} of {earlier}, which is the one Hydra would use "
-                                  f"(the first of a name wins): rename the file (e.g. {group}/my_{Path(name).name}.yaml)")
+                    errors.append(
+                        f"{path} reuses the name {group}={name} of {earlier}, which is the one Hydra would use "
+                        f"(the first of a name wins): rename the file (e.g. {group}/my_{Path(name).name}.yaml)"
+                    )
                 else:
                     seen[(group, name)] = path
     if errors:
@@ -158,7 +169,9 @@ def group_option(cfg: DictConfig, group: str, name: str) -> dict[str, Any]:
     try:
         node = hydra_compose(config_name="config", overrides=[f"{group}={name}", *search])[group]
     except Exception as err:  # noqa: BLE001 - Hydra/OmegaConf errors on a broken group file
-        raise SweepConfigError(f"conf/{group}/{name}.yaml cannot be composed: {' '.join(str(err).split())[:300]}") from None
+        raise SweepConfigError(
+            f"conf/{group}/{name}.yaml cannot be composed: {' '.join(str(err).split())[:300]}"
+        ) from None
     if not isinstance(node, DictConfig):
         raise SweepConfigError(f"conf/{group}/{name}.yaml is not a mapping of keys (got {type(node).__name__})")
     context = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
@@ -211,4 +224,3 @@ def selected(cfg: DictConfig, group: str) -> list[tuple[str, dict[str, Any]]] | 
     resolved = OmegaConf.to_container(node, resolve=True)
     name = resolved.get("name")
     return [(name, {"__resolved__": resolved})]
-

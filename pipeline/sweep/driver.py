@@ -31,7 +31,14 @@ from pipeline.cell import Cell, CellResult, judge_identity, rescore
 from pipeline.data.slices import task_of
 from pipeline.scoring.registry import scorer_for
 from pipeline.sweep.plan import CONF_DIR, Plan, SweepConfigError, expand
-from pipeline.sweep.ray_runner import actor_options, calibrate_pairs, prepare_pairs, run_cells, start_ray, with_disturbance
+from pipeline.sweep.ray_runner import (
+    actor_options,
+    calibrate_pairs,
+    prepare_pairs,
+    run_cells,
+    start_ray,
+    with_disturbance,
+)
 from pipeline.sweep.summary import summary_tables
 from pipeline.tracking import (
     STATUS_FAILED,
@@ -60,7 +67,6 @@ def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str,
     return Tracker(uri, experiment, art), uri, experiment
 
 
-
 def preflight(cells: Iterable[Cell]) -> None:
     """Each scorer that some cell needs runs its own preflight checks now, before any model loads (e.g. an
     OpenAI-compatible judge must answer ``/models``); once per scorer and judge config."""
@@ -79,11 +85,9 @@ def preflight(cells: Iterable[Cell]) -> None:
             raise SweepConfigError(str(err)) from None
 
 
-
 def _judge_tag(cell: Cell) -> str:
     ident = judge_identity(cell)
     return json.dumps(ident, sort_keys=True) if ident else ""
-
 
 
 def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], list[Cell], list[Cell]]:
@@ -106,19 +110,23 @@ def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], 
     return to_run, to_rescore, done
 
 
-
-def store_failed(tracker: Tracker, err: BaseException, doing: str, outcome: Mapping[str, Any] | None = None) -> StoreWriteError:
+def store_failed(
+    tracker: Tracker, err: BaseException, doing: str, outcome: Mapping[str, Any] | None = None
+) -> StoreWriteError:
     """The one error a sweep ends with when its store fails mid-run: what happened, and that the same command resumes."""
     if isinstance(err, StoreWriteError):
         return err
     done = ""
     if outcome is not None:
-        done = (f" {outcome.get('ran', 0)} cell result(s) had arrived, {outcome.get('logged', 0)} logged; cells in flight were "
-                "stopped and no further cell was started.")
+        done = (
+            f" {outcome.get('ran', 0)} cell result(s) had arrived, {outcome.get('logged', 0)} logged; cells in flight were "
+            "stopped and no further cell was started."
+        )
     return StoreWriteError(
         f"the tracking store {tracker.tracking_uri} failed while {doing} ({type(err).__name__}: {' '.join(str(err).split())[:300]})."
         f"{done} Make the store reachable and writable again (or point tracking.uri at it), then run the same command: "
-        "it resumes, skipping every cell already logged as finished.")
+        "it resumes, skipping every cell already logged as finished."
+    )
 
 
 def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
@@ -150,7 +158,6 @@ def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
     return claim
 
 
-
 def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any], outcome: dict[str, Any]) -> None:
     """Score logged generations again, in this process (no pair loads), each under its cell's lease."""
     for cell in cells:
@@ -176,7 +183,11 @@ def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any]
                 raise store_failed(tracker, err, f"reading the generations of cell {key}") from err
             try:
                 result = rescore(cell, records)
-                tags = {TAG_JUDGE: _judge_tag(cell), TAG_RESCORED_AT: time.strftime("%Y-%m-%d %H:%M:%S"), TAG_SCORE_METRIC: result.score_metric or ""}
+                tags = {
+                    TAG_JUDGE: _judge_tag(cell),
+                    TAG_RESCORED_AT: time.strftime("%Y-%m-%d %H:%M:%S"),
+                    TAG_SCORE_METRIC: result.score_metric or "",
+                }
                 error = None if result.finished else result.error
             except Exception as err:  # noqa: BLE001 - the run keeps its status and generations: tried again next time
                 result, error = None, f"{type(err).__name__}: {err}"
@@ -188,7 +199,11 @@ def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any]
             outcome["rescored"] += 1
             if error:
                 outcome["failed"] += 1
-                print(f"RE-SCORE FAILED {cell.label} {cell.dataset_name} seed={cell.seed} [{key}]: {error}", file=sys.stderr, flush=True)
+                print(
+                    f"RE-SCORE FAILED {cell.label} {cell.dataset_name} seed={cell.seed} [{key}]: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             tracker.release(key)
 
@@ -206,10 +221,11 @@ def run(cfg: DictConfig, root: Path | None = None) -> dict[str, Any]:
         tracker.close()
 
 
-
 def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, t0: float) -> dict[str, Any]:
     if tracker.leases is None:
-        print(f"note: {uri} is a remote store: cells are not leased, so run one driver per experiment on it", flush=True)
+        print(
+            f"note: {uri} is a remote store: cells are not leased, so run one driver per experiment on it", flush=True
+        )
     closed = tracker.close_stale()
     if closed:
         print(f"closed {len(closed)} run(s) left RUNNING by a driver that is gone (status KILLED)", flush=True)
@@ -223,12 +239,24 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
         flush=True,
     )
     n_done = len(plan.cells) - len(todo) - len(to_rescore)
-    print(f"cells: {len(plan.cells)} total, {n_done} finished, {len(todo)} to run"
-          + (f" ({n_retry} failed before)" if n_retry else "")
-          + (f", {len(to_rescore)} to score again from their logged generations" if to_rescore else ""), flush=True)
+    print(
+        f"cells: {len(plan.cells)} total, {n_done} finished, {len(todo)} to run"
+        + (f" ({n_retry} failed before)" if n_retry else "")
+        + (f", {len(to_rescore)} to score again from their logged generations" if to_rescore else ""),
+        flush=True,
+    )
     preflight(todo + to_rescore)  # before any model loads
-    outcome = {"total": len(plan.cells), "skipped": n_done, "ran": 0, "logged": 0, "finished": 0, "failed": 0, "rescored": 0,
-               "elsewhere": 0, "results": []}
+    outcome = {
+        "total": len(plan.cells),
+        "skipped": n_done,
+        "ran": 0,
+        "logged": 0,
+        "finished": 0,
+        "failed": 0,
+        "rescored": 0,
+        "elsewhere": 0,
+        "results": [],
+    }
     if todo or to_rescore:
         tracker.start_parent(
             run_name=f"{plan.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
@@ -261,22 +289,31 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
         if failure is not None:
             raise failure
     try:
-        rows = tracker.rows((c.key for c in plan.cells), warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
+        rows = tracker.rows(
+            (c.key for c in plan.cells), warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True)
+        )
     except Exception as err:  # noqa: BLE001
         raise store_failed(tracker, err, "reading the results for the tables", outcome) from err
     base_label = next((c.label for c in plan.cells if c.baseline), None)
     cell_text, mean_text = summary_tables(rows, base_label)
     print("\nper cell:\n" + cell_text)
-    print(f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, dataset and seed):\n" + mean_text)
+    print(
+        f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, dataset and seed):\n"
+        + mean_text
+    )
     n_failed = sum(1 for r in rows if r.get(TAG_STATUS) != STATUS_FINISHED)
     if n_failed:
-        print(f"\n{n_failed} cell(s) not finished; run the same command again to retry only those (cells whose scoring "
-              "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact traceback.txt).")
+        print(
+            f"\n{n_failed} cell(s) not finished; run the same command again to retry only those (cells whose scoring "
+            "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact traceback.txt)."
+        )
     if outcome["elsewhere"]:
         print(f"{outcome['elsewhere']} cell(s) were run by another driver sharing this store.")
     print(f"\nwall time: {time.perf_counter() - t0:.1f} s")
-    print(f"MLflow: experiment {experiment!r} in {uri}\n  open the UI: mlflow ui --backend-store-uri {uri} --port 5000"
-          f"  (then http://127.0.0.1:5000, experiment {experiment!r}; select runs -> Compare)")
+    print(
+        f"MLflow: experiment {experiment!r} in {uri}\n  open the UI: mlflow ui --backend-store-uri {uri} --port 5000"
+        f"  (then http://127.0.0.1:5000, experiment {experiment!r}; select runs -> Compare)"
+    )
     outcome["rows"] = rows
     outcome["experiment"] = experiment
     outcome["tracking_uri"] = uri
@@ -284,12 +321,16 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     return outcome
 
 
-
-def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], known: set[str], outcome: dict[str, Any]) -> None:
+def _run_on_ray(
+    cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], known: set[str], outcome: dict[str, Any]
+) -> None:
     opts, capacity = actor_options(cluster)
-    print(f"ray: {len([n for n in ray.nodes() if n.get('Alive')])} node(s), {capacity} cell(s) in flight "
-          f"({'GPU' if opts.get('num_gpus') else 'CPU'} actors, isolation {opts['isolation']['mode']}, "
-          f"{opts['isolation']['threads']} thread(s) each)", flush=True)
+    print(
+        f"ray: {len([n for n in ray.nodes() if n.get('Alive')])} node(s), {capacity} cell(s) in flight "
+        f"({'GPU' if opts.get('num_gpus') else 'CPU'} actors, isolation {opts['isolation']['mode']}, "
+        f"{opts['isolation']['threads']} thread(s) each)",
+        flush=True,
+    )
     prepare_pairs(plan, opts)
     # each pair's target step before any cell runs: a cell's probes around its window against it flag the
     # cells measured while the machine was disturbed (docs/measurement.md)
@@ -303,19 +344,33 @@ def _run_on_ray(cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], kn
             tracker.log_cell(cell, result)
             outcome["logged"] += 1
         except Exception as err:  # noqa: BLE001 - the store failed mid-write (log_cell marked the run failed): retried next time
-            result = replace(result, status=STATUS_FAILED, error=f"logging to MLflow failed: {type(err).__name__}: {err}")
+            result = replace(
+                result, status=STATUS_FAILED, error=f"logging to MLflow failed: {type(err).__name__}: {err}"
+            )
             failure = err
         finally:
             tracker.release(cell.key)
         outcome["ran"] += 1
         outcome["finished" if result.finished else "failed"] += 1
-        outcome["results"].append({"cell_key": cell.key, "status": result.status, "node_id": result.node_id, "error": result.error})
+        outcome["results"].append(
+            {"cell_key": cell.key, "status": result.status, "node_id": result.node_id, "error": result.error}
+        )
         if failure is not None:  # the first logging failure stops the sweep: no further cell is started
             raise store_failed(tracker, failure, f"logging cell {cell.key} ({cell.label})", outcome) from failure
         if not result.finished:
-            tqdm.write(f"{'SCORE FAILED' if result.status == STATUS_SCORE_FAILED else 'FAILED'} {cell.describe()}: {result.error}", file=sys.stderr)
+            tqdm.write(
+                f"{'SCORE FAILED' if result.status == STATUS_SCORE_FAILED else 'FAILED'} {cell.describe()}: {result.error}",
+                file=sys.stderr,
+            )
 
     def on_skip(cell: Cell) -> None:
         outcome["elsewhere"] += 1
 
-    run_cells(todo, cluster, on_result, progress=bool(cfg.get("progress", True)), claim=claimer(tracker, known), on_skip=on_skip)
+    run_cells(
+        todo,
+        cluster,
+        on_result,
+        progress=bool(cfg.get("progress", True)),
+        claim=claimer(tracker, known),
+        on_skip=on_skip,
+    )

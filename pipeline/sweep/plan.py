@@ -58,7 +58,16 @@ from pipeline.sweep.compose import (
     selected,
 )
 
-__all__ = ["CONF_DIR", "HARNESS_VERSION", "Plan", "SweepConfigError", "check_command_line", "compose", "expand", "slice_label"]
+__all__ = [
+    "CONF_DIR",
+    "HARNESS_VERSION",
+    "Plan",
+    "SweepConfigError",
+    "check_command_line",
+    "compose",
+    "expand",
+    "slice_label",
+]
 
 # Bump when a change to the harness changes what a cell measures (new cell keys). 2: CPU isolation.
 # 3: (a) per-model precision: dtype `auto` by default (bf16 kernels on CPUs with native bf16, bf16 on CUDA),
@@ -73,7 +82,18 @@ __all__ = ["CONF_DIR", "HARNESS_VERSION", "Plan", "SweepConfigError", "check_com
 # 5: batch size as a measured axis: every cell's identity holds its ``batch_size`` (1 unless the sweep's
 # ``batch_sizes`` asks for more; decoding/batched.py), so every key changes once.
 HARNESS_VERSION = "5"
-DATASET_KEYS = ("name", "path", "split", "start", "limit", "ids", "max_new_tokens", "max_turns", "time_budget_s", "options")
+DATASET_KEYS = (
+    "name",
+    "path",
+    "split",
+    "start",
+    "limit",
+    "ids",
+    "max_new_tokens",
+    "max_turns",
+    "time_budget_s",
+    "options",
+)
 SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
@@ -87,7 +107,6 @@ class Plan:
     name: str
     cells: list[Cell]
     sample_counts: dict[str, int] = field(default_factory=dict)
-
 
 
 # ---------------------------------------------------------------------------------- expansion
@@ -109,7 +128,9 @@ def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common:
     method_name = base.pop("name", name)
     changed = {k: v for k, v in base.items() if default.get(k) != v}
     if not label:
-        label = method_name + (("(" + ",".join(f"{k}={v}" for k, v in sorted(changed.items())) + ")") if changed else "")
+        label = method_name + (
+            ("(" + ",".join(f"{k}={v}" for k, v in sorted(changed.items())) + ")") if changed else ""
+        )
     return {"config_name": name, "name": method_name, "params": base, "label": label}
 
 
@@ -129,12 +150,16 @@ def _task(cfg: DictConfig, name: str, ds: Mapping[str, Any]) -> TaskSpec:
     task = ds.get("task")
     if task is None:
         if ds["name"] not in group_options("dataset", cfg):
-            raise SweepConfigError(f"dataset config {name!r} names dataset {ds['name']!r}, which has no conf/dataset/{ds['name']}.yaml "
-                                   f"with a `task:`; add one (docs/extending.md) or give this file a `task:`")
+            raise SweepConfigError(
+                f"dataset config {name!r} names dataset {ds['name']!r}, which has no conf/dataset/{ds['name']}.yaml "
+                f"with a `task:`; add one (docs/extending.md) or give this file a `task:`"
+            )
         task = group_option(cfg, "dataset", ds["name"]).get("task")
     if task is None:
-        raise SweepConfigError(f"dataset {ds['name']!r} has no `task:` in conf/dataset/{ds['name']}.yaml (loader, stop strings, "
-                               "scorer: docs/extending.md)")
+        raise SweepConfigError(
+            f"dataset {ds['name']!r} has no `task:` in conf/dataset/{ds['name']}.yaml (loader, stop strings, "
+            "scorer: docs/extending.md)"
+        )
     spec = TaskSpec.from_config(str(ds["name"]), task)
     check_task_scorer(spec)
     return spec
@@ -168,7 +193,9 @@ def _dataset_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], root: 
             )
         ds["path"] = str(path.resolve())
     if not isinstance(ds["max_new_tokens"], int) or ds["max_new_tokens"] < 1:
-        raise SweepConfigError(f"dataset {name!r}: max_new_tokens must be an integer >= 1, got {ds['max_new_tokens']!r}")
+        raise SweepConfigError(
+            f"dataset {name!r}: max_new_tokens must be an integer >= 1, got {ds['max_new_tokens']!r}"
+        )
     ds["task"] = task.to_dict()
     return ds
 
@@ -181,7 +208,6 @@ def slice_label(ds: Mapping[str, Any]) -> str:
     if not start and limit is None:
         return str(ds["name"])
     return f"{ds['name']}[{start}:{'' if limit is None else start + int(limit)}]"
-
 
 
 def _declared_keys(section: str, root: Path) -> set[str]:
@@ -216,7 +242,9 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         raise SweepConfigError("no sweep selected: pass sweep=<name>; valid sweeps: " + str(group_options("sweep")))
     unknown = sorted(set(sweep) - set(SWEEP_KEYS))
     if unknown:
-        raise SweepConfigError(f"sweep {sweep.name!r}: unknown key(s) {unknown} under `sweep:`; valid keys: {list(SWEEP_KEYS)}")
+        raise SweepConfigError(
+            f"sweep {sweep.name!r}: unknown key(s) {unknown} under `sweep:`; valid keys: {list(SWEEP_KEYS)}"
+        )
     for section in ("measure", "judge", "cluster", "tracking"):
         _check_section_keys(cfg, section, root)
     check_conf_path(plain(cfg.get("conf_path")))
@@ -234,7 +262,9 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     if isinstance(batch_sizes, int) and not isinstance(batch_sizes, bool):
         batch_sizes = [batch_sizes]
     if not batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
-        raise SweepConfigError(f"sweep.batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r} (e.g. [1, 2, 4, 8])")
+        raise SweepConfigError(
+            f"sweep.batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r} (e.g. [1, 2, 4, 8])"
+        )
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
@@ -258,10 +288,17 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         attempt(check_models_available, pair)
         attempt(check_device, pair, cluster_cfg)
     judge_cfg = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {}
-    ranges = check_measure(OmegaConf.to_container(cfg.measure, resolve=True) or {}) + check_cluster(cluster_cfg) + check_judge(judge_cfg or {})
+    ranges = (
+        check_measure(OmegaConf.to_container(cfg.measure, resolve=True) or {})
+        + check_cluster(cluster_cfg)
+        + check_judge(judge_cfg or {})
+    )
     # every number of every setting a cell or the driver reads, whatever its key: finite and within int64
-    generic = [e for section in sorted(set(cfg) - {"method", "pair", "dataset", "sweep", "seeds", "hydra"})
-               for e in check_numbers(plain(cfg.get(section)), section)]
+    generic = [
+        e
+        for section in sorted(set(cfg) - {"method", "pair", "dataset", "sweep", "seeds", "hydra"})
+        for e in check_numbers(plain(cfg.get(section)), section)
+    ]
     for m in methods + ([baseline] if baseline else []):
         generic += [f"method {m['label']!r}: {e}" for e in check_numbers(m["params"], "method")]
     for pair in pairs:
@@ -277,14 +314,19 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             if context is not None and ds["max_new_tokens"] >= context:
                 errors.append(
                     f"dataset {ds['name']!r}: max_new_tokens={ds['max_new_tokens']} does not fit the context of pair {pair['name']!r}'s "
-                    f"target ({context} positions, prompt included): set dataset.max_new_tokens below {context} minus the prompt length")
+                    f"target ({context} positions, prompt included): set dataset.max_new_tokens below {context} minus the prompt length"
+                )
     resolved_params: dict[tuple[str, str], dict[str, Any]] = {}
     for m in methods + ([baseline] if baseline else []):
         for pair in pairs:
             try:
-                resolved_params[(m["label"], pair["name"])] = check_method(m["name"], m["params"], drafters=DrafterContext.of_pair(pair))
+                resolved_params[(m["label"], pair["name"])] = check_method(
+                    m["name"], m["params"], drafters=DrafterContext.of_pair(pair)
+                )
             except ValueError as err:
-                errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or conf/method/{m['config_name']}.yaml)")
+                errors.append(
+                    f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or conf/method/{m['config_name']}.yaml)"
+                )
                 continue
             for b in batch_sizes:  # before any model loads: a method that decodes one sequence at a time says so
                 try:
@@ -302,10 +344,14 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 raise ValueError("the slice is empty (check start/limit/ids)")
             counts[slice_label(ds)] = len(measured)
         except Exception as err:  # noqa: BLE001 - any loader failure is a configuration error here
-            errors.append(f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}")
+            errors.append(
+                f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}"
+            )
     judge = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {"enabled": False}
     if judge.get("enabled"):
-        for scorer in {s.name: s for s in (check_task_scorer(TaskSpec.from_dict(d["task"])) for d in datasets) if s}.values():
+        for scorer in {
+            s.name: s for s in (check_task_scorer(TaskSpec.from_dict(d["task"])) for d in datasets) if s
+        }.values():
             attempt(scorer.check, judge)  # each scorer checks the judge config it would use
     isolation = (OmegaConf.to_container(cfg.cluster, resolve=True) or {}).get("cpu_isolation") or "exclusive"
     if isolation not in ISOLATION_MODES:
@@ -324,15 +370,38 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         for m in group:
             is_baseline = baseline is not None and m["label"] == baseline["label"]
             entry = dict(m, label=batch_label(m["label"], batch))
-            cell = _make_cell(sweep.name, entry, resolved_params[(m["label"], pair["name"])], pair, ds, seed, measure, judge, cluster, fault,
-                              is_baseline, batch)
+            cell = _make_cell(
+                sweep.name,
+                entry,
+                resolved_params[(m["label"], pair["name"])],
+                pair,
+                ds,
+                seed,
+                measure,
+                judge,
+                cluster,
+                fault,
+                is_baseline,
+                batch,
+            )
             cells.setdefault(cell.key, cell)
     return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts)
 
 
-def _make_cell(sweep_name: str, method: Mapping[str, Any], params: dict[str, Any], pair: dict[str, Any], ds: dict[str, Any], seed: int,
-               measure: dict[str, Any], judge: Mapping[str, Any], cluster: Mapping[str, Any], fault: Any, baseline: bool,
-               batch_size: int = 1) -> Cell:
+def _make_cell(
+    sweep_name: str,
+    method: Mapping[str, Any],
+    params: dict[str, Any],
+    pair: dict[str, Any],
+    ds: dict[str, Any],
+    seed: int,
+    measure: dict[str, Any],
+    judge: Mapping[str, Any],
+    cluster: Mapping[str, Any],
+    fault: Any,
+    baseline: bool,
+    batch_size: int = 1,
+) -> Cell:
     scorer = check_task_scorer(TaskSpec.from_dict(ds["task"]))
     cell = Cell(
         key="",

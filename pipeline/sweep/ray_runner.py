@@ -45,8 +45,11 @@ def start_ray(cluster: Mapping[str, Any]) -> bool:
     if cluster.get("kind") == "local" and not cluster.get("address"):
         # address "local": a new Ray instance of our own, even when this machine runs another (ray.init()
         # without an address joins the newest `ray start` cluster it finds, and then refuses num_cpus)
-        kwargs.update(address="local", num_cpus=cluster.get("num_cpus") or os.cpu_count(),
-                      object_store_memory=cluster.get("object_store_memory"))
+        kwargs.update(
+            address="local",
+            num_cpus=cluster.get("num_cpus") or os.cpu_count(),
+            object_store_memory=cluster.get("object_store_memory"),
+        )
         if cluster.get("num_gpus") is not None:
             kwargs["num_gpus"] = cluster["num_gpus"]
     else:
@@ -84,7 +87,9 @@ def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     if use_gpu:
         gpus = float(cluster.get("gpus_per_cell") or 1)
         opts["num_gpus"] = gpus
-        capacity = sum(min(math.floor(r.get("GPU", 0) / gpus), math.floor(r.get("CPU", 0) / cpus) if cpus else 10**9) for r in pool)
+        capacity = sum(
+            min(math.floor(r.get("GPU", 0) / gpus), math.floor(r.get("CPU", 0) / cpus) if cpus else 10**9) for r in pool
+        )
         isolation = {"mode": "gpu", "threads": int(cpus)}
     elif mode == "exclusive":
         opts["num_gpus"] = 0
@@ -97,8 +102,10 @@ def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
         capacity = sum(math.floor(r.get("CPU", 0) / cpus) for r in pool) if cpus else len(pool)
         isolation = {"mode": mode, "threads": int(cpus)}
         if mode == "pinned" and (cluster.get("kind") != "local" or cluster.get("address")):
-            raise SweepConfigError("cluster.cpu_isolation=pinned binds cells to core sets of this machine: use it with "
-                                   "cluster=local, or cpu_isolation=exclusive on a multi-node cluster")
+            raise SweepConfigError(
+                "cluster.cpu_isolation=pinned binds cells to core sets of this machine: use it with "
+                "cluster=local, or cpu_isolation=exclusive on a multi-node cluster"
+            )
     opts["num_cpus"] = cpus
     if custom:
         opts["resources"] = custom
@@ -110,12 +117,15 @@ def actor_options(cluster: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
         opts["scheduling_strategy"] = strategy
     limit = cluster.get("max_in_flight")
     if limit:  # local: only lowers what the machine holds (more would queue cells in Ray, sharing cores)
-        capacity = min(int(limit), capacity) if cluster.get("kind") == "local" and not cluster.get("address") else int(limit)
+        capacity = (
+            min(int(limit), capacity) if cluster.get("kind") == "local" and not cluster.get("address") else int(limit)
+        )
     if capacity < 1:
         need = f"{opts['num_gpus']} GPU" if use_gpu else f"{cpus} CPU"
         raise SweepConfigError(
             f"no node of the Ray cluster can hold a cell ({need}"
-            + (f", accelerator_type={accel}" if accel else "") + (f", resources={custom}" if custom else "")
+            + (f", accelerator_type={accel}" if accel else "")
+            + (f", resources={custom}" if custom else "")
             + "): lower cluster.cpus_per_cell, fix cluster.accelerator_type/resources, or set cluster.max_in_flight "
             "for an autoscaling cluster"
         )
@@ -130,7 +140,6 @@ def core_sets(threads: int, capacity: int) -> list[list[int]]:
     if not sets:
         raise SweepConfigError(f"cluster.cpus_per_cell={threads} exceeds this machine's {len(cores)} core(s)")
     return sets[:capacity]
-
 
 
 def prepare_pairs(plan: Plan, opts: Mapping[str, Any]) -> None:
@@ -159,17 +168,25 @@ def calibrate_pairs(cells: list[Cell], opts: Mapping[str, Any], capacity: int) -
     isolation = dict(opts.get("isolation") or {})
     if isolation.get("mode") == "pinned":
         isolation["cores"] = core_sets(int(isolation["threads"]), capacity)[0]
-    task = ray.remote(calibrate_pair).options(num_cpus=opts.get("num_cpus", 1), num_gpus=opts.get("num_gpus", 0), max_retries=0)
+    task = ray.remote(calibrate_pair).options(
+        num_cpus=opts.get("num_cpus", 1), num_gpus=opts.get("num_gpus", 0), max_retries=0
+    )
     out = {}
     for name, pair in pairs.items():
         try:
             out[name] = ray.get(task.remote(pair, isolation))
         except RayError as err:
-            print(f"warning: calibrating pair {name!r} failed ({_short(err)}); its cells are not checked for a disturbed machine",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: calibrating pair {name!r} failed ({_short(err)}); its cells are not checked for a disturbed machine",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
-        print(f"calibrated {name}: target step {out[name]['target_step_ms']:.2f} ms on {out[name]['device']} "
-              f"(rounds: {', '.join(f'{v:.2f}' for v in out[name]['rounds_ms'])})", flush=True)
+        print(
+            f"calibrated {name}: target step {out[name]['target_step_ms']:.2f} ms on {out[name]['device']} "
+            f"(rounds: {', '.join(f'{v:.2f}' for v in out[name]['rounds_ms'])})",
+            flush=True,
+        )
     return out
 
 
@@ -182,11 +199,20 @@ def with_disturbance(cell: Cell, result: CellResult, calibration: Mapping[str, M
         return result
     probes = [result.metrics.get("probe_before_ms"), result.metrics.get("probe_after_ms")]
     flags = disturbance([p for p in probes if p is not None], float(cal["target_step_ms"]))
-    return replace(result, metrics={**result.metrics, "calibrated_target_step_ms": float(cal["target_step_ms"]), **flags})
+    return replace(
+        result, metrics={**result.metrics, "calibrated_target_step_ms": float(cal["target_step_ms"]), **flags}
+    )
 
 
-def run_cells(plan_cells: list[Cell], cluster: Mapping[str, Any], on_result: Callable[[Cell, CellResult], None], progress: bool = True,
-              claim: Callable[[Cell], str] | None = None, on_skip: Callable[[Cell], None] | None = None, poll_s: float = 2.0) -> None:
+def run_cells(
+    plan_cells: list[Cell],
+    cluster: Mapping[str, Any],
+    on_result: Callable[[Cell, CellResult], None],
+    progress: bool = True,
+    claim: Callable[[Cell], str] | None = None,
+    on_skip: Callable[[Cell], None] | None = None,
+    poll_s: float = 2.0,
+) -> None:
     """Run cells on Ray, at most ``capacity`` in flight; ``on_result(cell, result)`` for each (driver side).
 
     ``claim(cell)`` (optional) is asked before a cell starts: ``"run"`` (this driver holds its lease),
@@ -230,8 +256,11 @@ def run_cells(plan_cells: list[Cell], cluster: Mapping[str, Any], on_result: Cal
                 in_flight[ref] = (cell, actor, time.monotonic())
             if waiting and not pending:
                 if not told_waiting:
-                    tqdm.write(f"{len(waiting)} cell(s) are being run by another driver on this store; waiting for them "
-                               "(taken over if that driver stops)", file=sys.stderr)
+                    tqdm.write(
+                        f"{len(waiting)} cell(s) are being run by another driver on this store; waiting for them "
+                        "(taken over if that driver stops)",
+                        file=sys.stderr,
+                    )
                     told_waiting = True
                 if time.monotonic() - last_poll >= poll_s:
                     pending, waiting, last_poll = waiting, [], time.monotonic()
@@ -253,7 +282,12 @@ def run_cells(plan_cells: list[Cell], cluster: Mapping[str, Any], on_result: Cal
                 finished_refs.append((ref, result))
             for ref, (cell, actor, t0) in list(in_flight.items()):
                 if timeout and ref not in ready and now - t0 > timeout:
-                    finished_refs.append((ref, _failure(cell, f"timed out after {timeout:.0f} s (cluster.cell_timeout_s)", None, now - t0)))
+                    finished_refs.append(
+                        (
+                            ref,
+                            _failure(cell, f"timed out after {timeout:.0f} s (cluster.cell_timeout_s)", None, now - t0),
+                        )
+                    )
             for ref, result in finished_refs:
                 cell, actor, _ = in_flight.pop(ref)
                 try:
@@ -286,6 +320,13 @@ def _failure(cell: Cell, error: str, err: BaseException | None, elapsed: float) 
     """The result of a cell whose actor died, raised through Ray or timed out."""
     tb = "".join(traceback.format_exception(err)) if err is not None else error
     now = time.time()
-    return CellResult(cell_key=cell.key, status=STATUS_FAILED, stage="actor", error=error, traceback=tb, metrics={"cell_wall_s": elapsed},
-                      started_at=now - elapsed, ended_at=now)
-
+    return CellResult(
+        cell_key=cell.key,
+        status=STATUS_FAILED,
+        stage="actor",
+        error=error,
+        traceback=tb,
+        metrics={"cell_wall_s": elapsed},
+        started_at=now - elapsed,
+        ended_at=now,
+    )

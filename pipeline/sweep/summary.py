@@ -21,7 +21,9 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df = df.drop_duplicates(subset=["cell_key"], keep="first") if "cell_key" in df else df
-    per_cell = df[["label", "pair", "dataset", "seed", TAG_STATUS, "tokens_per_s", "j_per_token", "score", "cell_key"]].copy()
+    per_cell = df[
+        ["label", "pair", "dataset", "seed", TAG_STATUS, "tokens_per_s", "j_per_token", "score", "cell_key"]
+    ].copy()
     per_cell = per_cell.sort_values(["pair", "dataset", "label", "seed"])
     per_cell.columns = ["method", "pair", "dataset", "seed", "status", "tokens/s", "J/token", "score", "cell_key"]
     cell_text = per_cell.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
@@ -42,17 +44,20 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
         speedup = fmt_mean_std(sp.mean(), sp.std()) if len(sp) else "-"
         if 0 < len(sp) < len(g):
             speedup += f" ({len(sp)}/{len(g)} seeds with a baseline)"
-        out.append({
-            "pair": pair, "dataset": dataset, "method": label, "seeds": len(g),
-            "tokens/s": fmt_mean_std(g["tokens_per_s"].mean(), g["tokens_per_s"].std()),
-            "speedup": speedup,
-            # without the prompts' prefill: comparable with the bench's short-prompt rate
-            "decode tok/s": fmt_mean_std(g["tokens_per_s_decode"].mean(), g["tokens_per_s_decode"].std()),
-            "accepted/step": fmt_mean_std(g["accepted_per_step"].mean(), g["accepted_per_step"].std()),
-            "J/token": fmt_mean_std(g["j_per_token"].mean(), g["j_per_token"].std(), 4),
-            "perplexity": fmt_mean_std(g["perplexity"].mean(), g["perplexity"].std()),
-            "score": fmt_mean_std(g["score"].mean(), g["score"].std()),
-        })
+        out.append(
+            {
+                "pair": pair,
+                "dataset": dataset,
+                "method": label,
+                "seeds": len(g),
+                "tokens/s": fmt_mean_std(g["tokens_per_s"].mean(), g["tokens_per_s"].std()),
+                "speedup": speedup,
+                # without the prompts' prefill: comparable with the bench's short-prompt rate
+                "decode tok/s": fmt_mean_std(g["tokens_per_s_decode"].mean(), g["tokens_per_s_decode"].std()),
+                "accepted/step": fmt_mean_std(g["accepted_per_step"].mean(), g["accepted_per_step"].std()),
+                "J/token": fmt_mean_std(g["j_per_token"].mean(), g["j_per_token"].std(), 4),
+                "perplexity": fmt_mean_std(g["perplexity"].mean(), g["perplexity"].std()),
+                "score": fmt_mean_std(g["score"].mean(), g["score"].std()),
+            }
+        )
     return cell_text, pd.DataFrame(out).to_string(index=False)
-
-

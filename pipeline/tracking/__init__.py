@@ -11,7 +11,14 @@ Only the driver writes; actors return a ``CellResult``.
 
 from __future__ import annotations
 
-from pipeline.tracking.layout import STATUS_FAILED, STATUS_FINISHED, STATUS_LOGGING, STATUS_SCORE_FAILED, flatten, numeric_metrics
+from pipeline.tracking.layout import (
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_LOGGING,
+    STATUS_SCORE_FAILED,
+    flatten,
+    numeric_metrics,
+)
 from pipeline.tracking.leases import FileLeases, store_lock
 from pipeline.tracking.store import (
     StoreWriteError,
@@ -23,7 +30,19 @@ from pipeline.tracking.store import (
 from pipeline.tracking.tracker import Tracker, pick_active
 
 __all__ = [
-    "STATUS_FAILED", "STATUS_FINISHED", "STATUS_LOGGING", "STATUS_SCORE_FAILED", "FileLeases", "StoreWriteError", "Tracker",
-    "TrackingError", "check_tracking_uri", "flatten", "local_store_path", "numeric_metrics", "pick_active",
-    "resolve_tracking_uri", "store_lock",
+    "STATUS_FAILED",
+    "STATUS_FINISHED",
+    "STATUS_LOGGING",
+    "STATUS_SCORE_FAILED",
+    "FileLeases",
+    "StoreWriteError",
+    "Tracker",
+    "TrackingError",
+    "check_tracking_uri",
+    "flatten",
+    "local_store_path",
+    "numeric_metrics",
+    "pick_active",
+    "resolve_tracking_uri",
+    "store_lock",
 ]

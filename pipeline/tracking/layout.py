@@ -60,14 +60,30 @@ TAG_SCORE_METRIC = "score_metric"
 TAG_SWEEP = "sweep"  # cell runs and parent runs
 TAG_JUDGE = "judge"  # the judge identity (JSON) that scored the cell; "" without one
 TAG_CPU_ISOLATION = "cpu_isolation"
-TAG_CONFIG_KEY = "config_key"  # Cell.config_key: the hash of the cell's identity without its seed (what seeds pool over)
+TAG_CONFIG_KEY = (
+    "config_key"  # Cell.config_key: the hash of the cell's identity without its seed (what seeds pool over)
+)
 TAG_ERROR = "error"  # cells that did not finish
 TAG_RESCORED_AT = "rescored_at"  # a cell scored again from its logged generations
 TAG_SUPERSEDED_BY = "superseded_by"  # a failed run replaced by a newer run of its key (then deleted)
 TAG_CLOSED_AS_STALE = "closed_as_stale"  # a run left RUNNING by a driver that is gone
 CELL_TAGS = (
-    TAG_CELL_KEY, TAG_METHOD, TAG_LABEL, TAG_PAIR, TAG_DATASET, TAG_SEED, TAG_STATUS, TAG_STAGE, TAG_DEVICE,
-    TAG_GPU_UUID, TAG_NODE, TAG_HOSTNAME, TAG_GIT_COMMIT, TAG_SCORE_METRIC, TAG_SWEEP, TAG_CONFIG_KEY,
+    TAG_CELL_KEY,
+    TAG_METHOD,
+    TAG_LABEL,
+    TAG_PAIR,
+    TAG_DATASET,
+    TAG_SEED,
+    TAG_STATUS,
+    TAG_STAGE,
+    TAG_DEVICE,
+    TAG_GPU_UUID,
+    TAG_NODE,
+    TAG_HOSTNAME,
+    TAG_GIT_COMMIT,
+    TAG_SCORE_METRIC,
+    TAG_SWEEP,
+    TAG_CONFIG_KEY,
 )
 # what the models ran in (pipeline.models.LoadedPair.precision), tags of the same names
 PRECISION_TAGS = ("cpu_bf16", "cpu_bf16_flags", "target_dtype", "target_kernels", "draft_dtype", "draft_kernels")
@@ -86,13 +102,24 @@ TAG_COMMAND = "command"  # the command line of the invocation
 
 def parent_tags(sweep: str, cluster: Mapping[str, Any], command: str) -> dict[str, Any]:
     """A parent run's tags (besides ``TAG_KIND``, the heartbeat and the driver's pid and host, which the tracker adds)."""
-    return {TAG_SWEEP: sweep, TAG_CLUSTER: cluster.get("kind"), TAG_RAY_ADDRESS: cluster.get("address") or "local", TAG_COMMAND: command}
+    return {
+        TAG_SWEEP: sweep,
+        TAG_CLUSTER: cluster.get("kind"),
+        TAG_RAY_ADDRESS: cluster.get("address") or "local",
+        TAG_COMMAND: command,
+    }
 
 
 def parent_params(sweep: str, cluster: Mapping[str, Any], total: int, to_run: int, to_rescore: int) -> dict[str, Any]:
     """A parent run's params: the plan's size and what this invocation set out to do."""
-    return {"sweep.name": sweep, "cells.total": total, "cells.to_run": to_run, "cells.to_rescore": to_rescore,
-            "cluster.kind": cluster.get("kind"), "cluster.cpu_isolation": cluster.get("cpu_isolation")}
+    return {
+        "sweep.name": sweep,
+        "cells.total": total,
+        "cells.to_run": to_run,
+        "cells.to_rescore": to_rescore,
+        "cluster.kind": cluster.get("kind"),
+        "cluster.cpu_isolation": cluster.get("cpu_isolation"),
+    }
 
 
 METRIC_UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")  # characters MLflow refuses in a metric name
@@ -101,11 +128,21 @@ METRIC_UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")  # characters MLflow refuses i
 def parent_metrics(total: int, outcome: Mapping[str, Any], wall_s: float) -> dict[str, float]:
     """A parent run's metrics when it ends: what became of the cells (``outcome`` is the driver's tally) and each
     pair's target step calibrated before any cell ran (``calibration.<pair>.target_step_ms``)."""
-    calibrated = {"calibration." + METRIC_UNSAFE.sub("_", pair) + ".target_step_ms": c["target_step_ms"]
-                  for pair, c in outcome.get("calibration", {}).items()}
-    return {"cells_total": total, "cells_ran": outcome["ran"], "cells_finished": outcome["finished"],
-            "cells_failed": outcome["failed"], "cells_rescored": outcome["rescored"], "cells_elsewhere": outcome["elsewhere"],
-            "wall_s": wall_s, **calibrated}
+    calibrated = {
+        "calibration." + METRIC_UNSAFE.sub("_", pair) + ".target_step_ms": c["target_step_ms"]
+        for pair, c in outcome.get("calibration", {}).items()
+    }
+    return {
+        "cells_total": total,
+        "cells_ran": outcome["ran"],
+        "cells_finished": outcome["finished"],
+        "cells_failed": outcome["failed"],
+        "cells_rescored": outcome["rescored"],
+        "cells_elsewhere": outcome["elsewhere"],
+        "wall_s": wall_s,
+        **calibrated,
+    }
+
 
 # ------------------------------------------------------------------------------- params
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
@@ -127,8 +164,15 @@ METRIC_J_PER_TOKEN = "j_per_token"
 METRIC_DECODE_S = "decode_s"
 # tokens/s over the baseline cell of the same pair, dataset, seed and device; added to finished cells by analysis.report
 METRIC_SPEEDUP = "speedup"
-COMPARED_METRICS = (METRIC_TOKENS_PER_S, METRIC_SPEEDUP, METRIC_ACCEPTED_PER_STEP, METRIC_PERPLEXITY, METRIC_SCORE,
-                    METRIC_J_PER_TOKEN, METRIC_DECODE_S)
+COMPARED_METRICS = (
+    METRIC_TOKENS_PER_S,
+    METRIC_SPEEDUP,
+    METRIC_ACCEPTED_PER_STEP,
+    METRIC_PERPLEXITY,
+    METRIC_SCORE,
+    METRIC_J_PER_TOKEN,
+    METRIC_DECODE_S,
+)
 # parent run metrics written by analysis.report: f"{SPEEDUP_PREFIX}<dataset>.<label>" (mean over seeds)
 SPEEDUP_PREFIX = "speedup."
 
@@ -141,7 +185,20 @@ TRACEBACK_ARTIFACT = "traceback.txt"
 PROFILE_ARTIFACT = "speculation_profile.json"  # NVIDIA specdec_bench's acceptance profile (pipeline.acceptance)
 SCORE_DETAIL_FIELD = "score_detail"  # a SAMPLES_ARTIFACT record's verdicts (its task's `score_fields`)
 # The fields of a CellResult written to RESULT_ARTIFACT.
-RESULT_FIELDS = ("status", "error", "stage", "stages", "summary", "energy", "idle", "warmup", "device", "settings", "node_id", "hostname")
+RESULT_FIELDS = (
+    "status",
+    "error",
+    "stage",
+    "stages",
+    "summary",
+    "energy",
+    "idle",
+    "warmup",
+    "device",
+    "settings",
+    "node_id",
+    "hostname",
+)
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

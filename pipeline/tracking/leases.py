@@ -87,4 +87,3 @@ class FileLeases:
     def release_all(self) -> None:
         for name in list(self._held):
             self.release(name)
-

@@ -21,7 +21,6 @@ class StoreWriteError(TrackingError):
     the message says what happened and that the same command resumes."""
 
 
-
 def _in_memory_sqlite(uri: str) -> bool:
     """``sqlite://``, ``sqlite:///:memory:`` (and SQLAlchemy's ``file::memory:`` forms): a store that lives and dies
     with one connection; resolved as a relative path it becomes a file named ``:memory:`` in the project."""
@@ -37,12 +36,14 @@ def resolve_tracking_uri(uri: str, root: Path) -> str:
     An in-memory sqlite URI is refused here (:class:`TrackingError`), before it could be resolved into a file
     named ``:memory:``: the sweep's runs must outlive the driver (resume, the report, the UI)."""
     if _in_memory_sqlite(uri):
-        raise TrackingError(f"tracking.uri={uri!r}: an in-memory sqlite store is gone when the driver ends (no resume, report "
-                            "or UI), and resolved as a path it would be a file named ':memory:'; set tracking.uri=sqlite:///mlflow.db "
-                            "(a local file), or the address of a running `mlflow server`")
+        raise TrackingError(
+            f"tracking.uri={uri!r}: an in-memory sqlite store is gone when the driver ends (no resume, report "
+            "or UI), and resolved as a path it would be a file named ':memory:'; set tracking.uri=sqlite:///mlflow.db "
+            "(a local file), or the address of a running `mlflow server`"
+        )
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str((root / uri[len(prefix):]).resolve())
+        return prefix + str((root / uri[len(prefix) :]).resolve())
     if "://" not in uri:  # a plain folder: the file store
         return str((root / uri).resolve()) if not Path(uri).is_absolute() else uri
     return uri
@@ -56,10 +57,10 @@ def local_store_path(uri: str) -> Path | None:
     """The file (sqlite) or folder (file store) of a local store; None for remote stores."""
     scheme = _scheme(uri)
     if scheme == "sqlite":
-        rest = uri[len("sqlite://"):]
+        rest = uri[len("sqlite://") :]
         return Path(rest[1:]) if rest.startswith("/") else None  # sqlite:///abs -> /abs ; :memory: -> None
     if scheme == "file":
-        return Path(uri[len("file://"):])
+        return Path(uri[len("file://") :])
     if scheme == "":
         return Path(uri)
     return None
@@ -70,12 +71,16 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
     scheme = _scheme(uri)
     fix = "set tracking.uri=sqlite:///mlflow.db (a local file), or the address of a running `mlflow server`"
     if scheme not in KNOWN_SCHEMES + ("",):
-        raise TrackingError(f"tracking.uri={uri!r}: unknown scheme {scheme!r} (valid: {', '.join(KNOWN_SCHEMES)}); {fix}")
+        raise TrackingError(
+            f"tracking.uri={uri!r}: unknown scheme {scheme!r} (valid: {', '.join(KNOWN_SCHEMES)}); {fix}"
+        )
     if _in_memory_sqlite(uri):
         resolve_tracking_uri(uri, Path("."))  # raises, with the fix
     path = local_store_path(uri)
     if scheme == "sqlite" and path is None:
-        raise TrackingError(f"tracking.uri={uri!r}: an in-memory or relative sqlite store cannot be shared with the UI; {fix}")
+        raise TrackingError(
+            f"tracking.uri={uri!r}: an in-memory or relative sqlite store cannot be shared with the UI; {fix}"
+        )
     if path is not None:
         folder = path.parent if scheme == "sqlite" else path
         while not folder.exists() and folder != folder.parent:
@@ -85,17 +90,27 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
         wanted = path.parent if scheme == "sqlite" else path
         if folder == Path(folder.anchor or "/") and wanted != folder:
             top = Path(folder.anchor or "/") / wanted.relative_to(folder).parts[0]
-            hint = (f" (four slashes: the absolute path {path}; a path relative to the project is "
-                    f"sqlite:///{path.relative_to(folder)})") if scheme == "sqlite" else ""
-            raise TrackingError(f"tracking.uri={uri!r}: the store would create the top-level folder {top}{hint}; "
-                                f"create the folder first if that is meant, or {fix}")
+            hint = (
+                (
+                    f" (four slashes: the absolute path {path}; a path relative to the project is "
+                    f"sqlite:///{path.relative_to(folder)})"
+                )
+                if scheme == "sqlite"
+                else ""
+            )
+            raise TrackingError(
+                f"tracking.uri={uri!r}: the store would create the top-level folder {top}{hint}; "
+                f"create the folder first if that is meant, or {fix}"
+            )
         if not os.access(folder, os.W_OK):
             raise TrackingError(f"tracking.uri={uri!r}: {folder} is not writable; {fix}")
         if scheme == "sqlite" and path.exists() and path.is_dir():
             raise TrackingError(f"tracking.uri={uri!r}: {path} is a folder, not a sqlite file; {fix}")
         if scheme == "sqlite" and path.is_file() and not os.access(path, os.W_OK):
-            raise TrackingError(f"tracking.uri={uri!r}: {path} is read-only (the driver writes every cell to it); "
-                                f"make it writable (chmod u+w) or {fix}")
+            raise TrackingError(
+                f"tracking.uri={uri!r}: {path} is read-only (the driver writes every cell to it); "
+                f"make it writable (chmod u+w) or {fix}"
+            )
         return
     if scheme in ("http", "https"):
         url = uri.rstrip("/") + "/health"
@@ -104,11 +119,17 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
                 response.read()
         except urllib.error.HTTPError as err:
             if err.code in (401, 403):
-                raise TrackingError(f"tracking server {uri} refused the request (HTTP {err.code}): set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN") from None
+                raise TrackingError(
+                    f"tracking server {uri} refused the request (HTTP {err.code}): set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+                ) from None
             if err.code != 404:  # a proxy without /health still answers: the API is checked by MLflow
-                raise TrackingError(f"tracking server {uri} answered HTTP {err.code} {err.reason} on /health; {fix}") from None
+                raise TrackingError(
+                    f"tracking server {uri} answered HTTP {err.code} {err.reason} on /health; {fix}"
+                ) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-            raise TrackingError(f"tracking server {uri} is not reachable within {timeout_s:.0f} s ({getattr(err, 'reason', err)}); start it (`mlflow server --host 0.0.0.0 --port 5000 ...`) or {fix}") from None
+            raise TrackingError(
+                f"tracking server {uri} is not reachable within {timeout_s:.0f} s ({getattr(err, 'reason', err)}); start it (`mlflow server --host 0.0.0.0 --port 5000 ...`) or {fix}"
+            ) from None
         _check_tracking_api(uri, timeout_s, fix)
 
 
@@ -129,12 +150,19 @@ def _check_tracking_api(uri: str, timeout_s: float, fix: str) -> None:
         json.loads(body or b"{}")
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):
-            raise TrackingError(f"tracking server {uri} refused the API call (HTTP {err.code}): set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN") from None
-        raise TrackingError(f"tracking server {uri} answers /health but its API fails (HTTP {err.code} {err.reason} on "
-                            f"/api/2.0/mlflow/experiments/search): check the server's log and its backend store; {fix}") from None
+            raise TrackingError(
+                f"tracking server {uri} refused the API call (HTTP {err.code}): set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+            ) from None
+        raise TrackingError(
+            f"tracking server {uri} answers /health but its API fails (HTTP {err.code} {err.reason} on "
+            f"/api/2.0/mlflow/experiments/search): check the server's log and its backend store; {fix}"
+        ) from None
     except ValueError:
-        raise TrackingError(f"tracking server {uri} answers /health but its API does not answer JSON (is it an MLflow server?); {fix}") from None
+        raise TrackingError(
+            f"tracking server {uri} answers /health but its API does not answer JSON (is it an MLflow server?); {fix}"
+        ) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-        raise TrackingError(f"tracking server {uri} answers /health but its API does not answer within {timeout_s:.0f} s "
-                            f"({getattr(err, 'reason', err)}); {fix}") from None
-
+        raise TrackingError(
+            f"tracking server {uri} answers /health but its API does not answer within {timeout_s:.0f} s "
+            f"({getattr(err, 'reason', err)}); {fix}"
+        ) from None

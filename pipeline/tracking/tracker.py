@@ -134,9 +134,15 @@ class Tracker:
             if found is None:
                 location = None
                 if artifact_root:
-                    location = (Path(artifact_root) / experiment).resolve().as_uri() if "://" not in artifact_root else f"{artifact_root.rstrip('/')}/{experiment}"
+                    location = (
+                        (Path(artifact_root) / experiment).resolve().as_uri()
+                        if "://" not in artifact_root
+                        else f"{artifact_root.rstrip('/')}/{experiment}"
+                    )
                 try:
-                    self.experiment_id = self.client.create_experiment(experiment, artifact_location=location, tags=EXPERIMENT_KIND_TAGS)
+                    self.experiment_id = self.client.create_experiment(
+                        experiment, artifact_location=location, tags=EXPERIMENT_KIND_TAGS
+                    )
                 except Exception:  # noqa: BLE001 - a remote store: another driver created it first
                     found = self.client.get_experiment_by_name(experiment)
                     if found is None:
@@ -164,8 +170,11 @@ class Tracker:
         token: str | None = None
         while True:
             page = self.client.search_runs(
-                [self.experiment_id], filter_string=flt, run_view_type=ViewType.ACTIVE_ONLY,
-                max_results=1000, page_token=token,
+                [self.experiment_id],
+                filter_string=flt,
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=1000,
+                page_token=token,
             )
             runs.extend(page)
             token = page.token
@@ -179,8 +188,14 @@ class Tracker:
 
     def key_runs(self, key: str) -> list[Any]:
         """Active cell runs of one key."""
-        return list(self.client.search_runs([self.experiment_id], filter_string=f"tags.{TAG_KIND} = '{KIND_CELL}' and tags.{TAG_CELL_KEY} = '{key}'",
-                                            run_view_type=ViewType.ACTIVE_ONLY, max_results=1000))
+        return list(
+            self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"tags.{TAG_KIND} = '{KIND_CELL}' and tags.{TAG_CELL_KEY} = '{key}'",
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=1000,
+            )
+        )
 
     def active(self) -> dict[str, Any]:
         """cell_key -> the active run standing for it (see ``pick_active``)."""
@@ -205,14 +220,31 @@ class Tracker:
         chosen, others = pick_active(self.cell_runs())
         dup = {k: v for k, v in others.items() if wanted is None or k in wanted}
         if dup:
-            text = (f"{len(dup)} cell key(s) have more than one active run; each is counted once (its newest finished run): "
-                    + ", ".join(f"{k} (+{len(v)})" for k, v in sorted(dup.items())[:10]) + (" ..." if len(dup) > 10 else ""))
+            text = (
+                f"{len(dup)} cell key(s) have more than one active run; each is counted once (its newest finished run): "
+                + ", ".join(f"{k} (+{len(v)})" for k, v in sorted(dup.items())[:10])
+                + (" ..." if len(dup) > 10 else "")
+            )
             (warn or log.warning)(text)
         for r in chosen.values():
             tags = r.data.tags
             if wanted is not None and tags.get(TAG_CELL_KEY) not in wanted:
                 continue
-            row = {k: tags.get(k) for k in (TAG_CELL_KEY, TAG_METHOD, TAG_LABEL, TAG_PAIR, TAG_DATASET, TAG_SEED, TAG_STATUS, TAG_ERROR, TAG_NODE, TAG_SCORE_METRIC)}
+            row = {
+                k: tags.get(k)
+                for k in (
+                    TAG_CELL_KEY,
+                    TAG_METHOD,
+                    TAG_LABEL,
+                    TAG_PAIR,
+                    TAG_DATASET,
+                    TAG_SEED,
+                    TAG_STATUS,
+                    TAG_ERROR,
+                    TAG_NODE,
+                    TAG_SCORE_METRIC,
+                )
+            }
             row["run_id"] = r.info.run_id
             row.update(r.data.metrics)
             out.append(row)
@@ -221,15 +253,22 @@ class Tracker:
     # ------------------------------------------------------------------ writes
 
     def start_parent(self, run_name: str, tags: Mapping[str, Any], params: Mapping[str, Any]) -> str:
-        tags = {TAG_KIND: KIND_SWEEP, TAG_HEARTBEAT: f"{time.time():.0f}", TAG_DRIVER_PID: os.getpid(), TAG_DRIVER_HOST: os.uname().nodename,
-                **str_tags(tags)}
+        tags = {
+            TAG_KIND: KIND_SWEEP,
+            TAG_HEARTBEAT: f"{time.time():.0f}",
+            TAG_DRIVER_PID: os.getpid(),
+            TAG_DRIVER_HOST: os.uname().nodename,
+            **str_tags(tags),
+        }
         run = self.client.create_run(self.experiment_id, tags=str_tags(tags), run_name=run_name)
         self.parent_run_id = run.info.run_id
         if self.leases is not None:
             self.leases.try_acquire(f"parent-{self.parent_run_id}")
         self._log_params(self.parent_run_id, params)
         self._heartbeat_stop.clear()
-        self._heartbeat = threading.Thread(target=self._beat, args=(self.parent_run_id,), daemon=True, name="mlflow-heartbeat")
+        self._heartbeat = threading.Thread(
+            target=self._beat, args=(self.parent_run_id,), daemon=True, name="mlflow-heartbeat"
+        )
         self._heartbeat.start()
         return self.parent_run_id
 
@@ -260,8 +299,12 @@ class Tracker:
         """
         closed = []
         now = time.time()
-        parents = self.client.search_runs([self.experiment_id], filter_string=f"tags.{TAG_KIND} = '{KIND_SWEEP}' and attributes.status = 'RUNNING'",
-                                          run_view_type=ViewType.ACTIVE_ONLY, max_results=1000)
+        parents = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.{TAG_KIND} = '{KIND_SWEEP}' and attributes.status = 'RUNNING'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000,
+        )
         for r in parents:
             rid = r.info.run_id
             if rid == self.parent_run_id:
@@ -334,8 +377,12 @@ class Tracker:
             tags[MLFLOW_PARENT_RUN_ID] = self.parent_run_id
         # the run spans the cell's own time (the runs table's Created and Duration), not the moment it is logged
         start_ms = int(result.started_at * 1000) if result.started_at else None
-        run = self.client.create_run(self.experiment_id, start_time=start_ms, tags=str_tags(tags),
-                                     run_name=f"{cell.label}|{cell.dataset_name}|s{cell.seed}")
+        run = self.client.create_run(
+            self.experiment_id,
+            start_time=start_ms,
+            tags=str_tags(tags),
+            run_name=f"{cell.label}|{cell.dataset_name}|s{cell.seed}",
+        )
         run_id = run.info.run_id
         try:
             self._write_cell(run_id, cell, result)
@@ -395,7 +442,9 @@ class Tracker:
         self._log_metrics(run_id, result.metrics)
         if result.scores is not None:
             self.client.log_text(run_id, json.dumps(result.scores, indent=1, default=str), SCORES_ARTIFACT)
-        self.client.log_text(run_id, "\n".join(json.dumps(r, default=str) for r in result.records) + "\n", SAMPLES_ARTIFACT)
+        self.client.log_text(
+            run_id, "\n".join(json.dumps(r, default=str) for r in result.records) + "\n", SAMPLES_ARTIFACT
+        )
         for k, v in tags.items():
             self.client.set_tag(run_id, k, str(v))
         if result.error:
@@ -427,4 +476,3 @@ class Tracker:
         items = [Metric(k, v, now, 0) for k, v in numeric_metrics(metrics).items()]
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i : i + 1000])
-

@@ -50,8 +50,14 @@ class TrainingRun:
         return round((time.time() - self.t0) / 60, 1)
 
 
-def start_run(*, threads: int, seed: int | None, work_dir: str | Path, log_name: str = "train.log",
-              echo: Callable[[str], bool] = lambda msg: True) -> TrainingRun:
+def start_run(
+    *,
+    threads: int,
+    seed: int | None,
+    work_dir: str | Path,
+    log_name: str = "train.log",
+    echo: Callable[[str], bool] = lambda msg: True,
+) -> TrainingRun:
     """Torch threads, the global seed (when given), the work folder and the log of a training run."""
     torch.set_num_threads(int(threads))
     if seed is not None:
@@ -73,8 +79,16 @@ def warmup_cosine(lr: float, step: int, warmup: int, steps: int) -> float:
     return lr * min(1.0, step / max(warmup, 1)) * 0.5 * (1 + math.cos(math.pi * step / steps))
 
 
-def scheduled_steps(opt: torch.optim.Optimizer, *, lr: float, warmup: int, steps: int, deadline: float | None = None,
-                    stop_after: int | None = None, log: Callable[[str], None] = print) -> Iterator[tuple[int, float]]:
+def scheduled_steps(
+    opt: torch.optim.Optimizer,
+    *,
+    lr: float,
+    warmup: int,
+    steps: int,
+    deadline: float | None = None,
+    stop_after: int | None = None,
+    log: Callable[[str], None] = print,
+) -> Iterator[tuple[int, float]]:
     """(step, rate) for steps 1..``steps``, the ``warmup_cosine`` rate set on ``opt`` first.
 
     Stops early, saying so in the log, after ``stop_after`` steps (the schedule stays that of ``steps``:
@@ -93,17 +107,35 @@ def scheduled_steps(opt: torch.optim.Optimizer, *, lr: float, warmup: int, steps
         yield step, rate
 
 
-def train_head(head: torch.nn.Module, params: list[torch.Tensor], opt: torch.optim.Optimizer,
-               step_loss: Callable[[], tuple[torch.Tensor, str]], *, lr: float, warmup: int, steps: int, clip: float,
-               desc: str, deadline: float | None = None, stop_after: int | None = None, log: Callable[[str], None] = print,
-               log_every: int = 10, eval_every: int = 0, evaluate: Callable[[int], Any] | None = None) -> int:
+def train_head(
+    head: torch.nn.Module,
+    params: list[torch.Tensor],
+    opt: torch.optim.Optimizer,
+    step_loss: Callable[[], tuple[torch.Tensor, str]],
+    *,
+    lr: float,
+    warmup: int,
+    steps: int,
+    clip: float,
+    desc: str,
+    deadline: float | None = None,
+    stop_after: int | None = None,
+    log: Callable[[str], None] = print,
+    log_every: int = 10,
+    eval_every: int = 0,
+    evaluate: Callable[[int], Any] | None = None,
+) -> int:
     """The heads' training loop: ``scheduled_steps`` of ``step_loss()`` (the batch's loss and a text of its
     parts for the log), gradient clipping at ``clip``, a log line every ``log_every`` steps, ``evaluate(step)``
     every ``eval_every``; ``head`` in eval mode after. Returns the number of steps run."""
     head.train()
     done = 0
-    bar = tqdm(scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, stop_after=stop_after, log=log),
-               total=steps, desc=desc, mininterval=5.0)
+    bar = tqdm(
+        scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, stop_after=stop_after, log=log),
+        total=steps,
+        desc=desc,
+        mininterval=5.0,
+    )
     for step, rate in bar:
         loss, parts = step_loss()
         opt.zero_grad()

@@ -97,4 +97,5 @@ def refuse_evaluation_prompts(prompts: Iterable[str], data_root: str | Path | No
         shown = "; ".join(f"{s}: {t[:80]!r} shares {g!r}" for t, s, g in hits[:3])
         raise ValueError(
             f"{len(hits)} training prompt(s) overlap evaluation prompts ({shown}): remove them from the prompt "
-            "templates (pipeline/training/chat_mix.py, prompt_sets.py); evaluation sets are never trained on")
+            "templates (pipeline/training/chat_mix.py, prompt_sets.py); evaluation sets are never trained on"
+        )

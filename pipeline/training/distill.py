@@ -61,18 +61,37 @@ WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
 # --------------------------------------------------------------------------------------------------
 
 
-def make_student(target, *, hidden_size: int, num_layers: int, intermediate_size: int, num_heads: int,
-                 num_kv_heads: int, head_dim: int, seed: int, init_from_target: bool = True):
+def make_student(
+    target,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    intermediate_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    seed: int,
+    init_from_target: bool = True,
+):
     """A small Llama with the target's vocabulary; embedding = target embedding's top-d SVD projection."""
     tc = target.config
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=tc.vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        head_dim=head_dim, max_position_embeddings=tc.max_position_embeddings,
+        vocab_size=tc.vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=tc.max_position_embeddings,
         rope_theta=getattr(tc, "rope_theta", None) or tc.rope_parameters.get("rope_theta", 10000.0),
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=tc.bos_token_id,
-        eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id, hidden_act="silu",
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id,
+        pad_token_id=tc.pad_token_id,
+        hidden_act="silu",
     )
     student = LlamaForCausalLM(cfg)
     if init_from_target:
@@ -85,7 +104,7 @@ def make_student(target, *, hidden_size: int, num_layers: int, intermediate_size
         # At init the residual stream is mostly the input token's own embedding, so with a unit final
         # norm the student would predict "repeat the input" with logits ~sqrt(d)*|e|. Scale the final
         # norm so that this self-logit is ~4 (unrelated tokens get std ~4/sqrt(d)): a near-uniform start.
-        student.model.norm.weight.data.fill_(4.0 / (hidden_size ** 0.5 * float(proj.norm(dim=1).mean())))
+        student.model.norm.weight.data.fill_(4.0 / (hidden_size**0.5 * float(proj.norm(dim=1).mean())))
     student.tie_weights()
     return student
 
@@ -115,21 +134,39 @@ def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None)
 
 
 @torch.no_grad()
-def build_heldout(target, tokenizer, prompts: list[str] | list[Conversation], *, max_new_tokens: int, seed: int,
-                  batch_size: int = 16, engine: str = "batched") -> dict:
+def build_heldout(
+    target,
+    tokenizer,
+    prompts: list[str] | list[Conversation],
+    *,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int = 16,
+    engine: str = "batched",
+) -> dict:
     """Target-sampled answers (eval warping) and the target's warped top-k rows at every answer position
     (``engine`` as ``teacher_data.generate_teacher_data``'s). ``prompts``: single user turns, or chat-mix
     conversations whose every turn is answered after the target's own earlier answers (all turns' rows count)."""
     gen = torch.Generator().manual_seed(seed)
     pad = padding_id(tokenizer)
     cached = CachedModel(target) if engine == "packed" else None
-    kw = dict(max_new_tokens=max_new_tokens, top_k_store=1, sample_top_k=WARP["top_k"], sample_top_p=WARP["top_p"],
-              eos_id=tokenizer.eos_token_id, gen=gen)
+    kw = dict(
+        max_new_tokens=max_new_tokens,
+        top_k_store=1,
+        sample_top_k=WARP["top_k"],
+        sample_top_p=WARP["top_p"],
+        eos_id=tokenizer.eos_token_id,
+        gen=gen,
+    )
 
     def sample(batch: list[list[int]]) -> list:
         if cached is not None:  # packed: one continuous batch
             return sample_answers_packed(cached, batch, **kw)
-        return [r for i in range(0, len(batch), batch_size) for r in sample_answers(target, batch[i : i + batch_size], pad_id=pad, **kw)]
+        return [
+            r
+            for i in range(0, len(batch), batch_size)
+            for r in sample_answers(target, batch[i : i + batch_size], pad_id=pad, **kw)
+        ]
 
     if prompts and isinstance(prompts[0], Conversation):
         recs = sample_conversations(tokenizer, list(prompts), sample)
@@ -247,8 +284,14 @@ def collate(records: list[dict], idx: list[int], max_len: int, to_map: torch.Ten
     return ids, mask, torch.cat(flat_pos), to_map[t_ids], torch.cat(t_logp)
 
 
-def kd_loss(h: torch.Tensor, emb: torch.Tensor, token_map: torch.Tensor, neg_ids: torch.Tensor,
-            t_map_idx: torch.Tensor, t_logp: torch.Tensor) -> torch.Tensor:
+def kd_loss(
+    h: torch.Tensor,
+    emb: torch.Tensor,
+    token_map: torch.Tensor,
+    neg_ids: torch.Tensor,
+    t_map_idx: torch.Tensor,
+    t_logp: torch.Tensor,
+) -> torch.Tensor:
     """Forward KL(teacher || student) over the teacher's top-k (inside the map) plus one rest bucket.
 
     Student log-probs are over the map plus sampled negatives from outside it (their log-sum-exp scaled
@@ -274,10 +317,27 @@ def kd_loss(h: torch.Tensor, emb: torch.Tensor, token_map: torch.Tensor, neg_ids
     return (kl_top + kl_rest).mean()
 
 
-def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict | None, *, steps: int,
-          tokens_per_batch: int, max_len: int, lr: float, warmup: int, weight_decay: float, negatives: int,
-          eval_every: int, seed: int, pad_id: int, log=print, progress: bool = True,
-          extra_heldout: dict[str, dict] | None = None, tokens_before: int = 0) -> list[dict]:
+def train(
+    student,
+    records: list[dict],
+    token_map: torch.Tensor,
+    heldout: dict | None,
+    *,
+    steps: int,
+    tokens_per_batch: int,
+    max_len: int,
+    lr: float,
+    warmup: int,
+    weight_decay: float,
+    negatives: int,
+    eval_every: int,
+    seed: int,
+    pad_id: int,
+    log=print,
+    progress: bool = True,
+    extra_heldout: dict[str, dict] | None = None,
+    tokens_before: int = 0,
+) -> list[dict]:
     """Train ``student`` in place for ``steps`` optimizer steps; returns the eval curve (time, training
     tokens, alpha, ...). ``extra_heldout`` sets are measured beside ``heldout`` at every eval
     (``alpha_<name>``); ``tokens_before`` counts the answer tokens the student was trained on before
@@ -292,10 +352,15 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
     decay, no_decay = [], []
     for name, p in student.named_parameters():
         (no_decay if p.ndim < 2 or "embed" in name else decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
     gen = torch.Generator().manual_seed(seed)
     student.train()
     curve, epoch, batches, ema = [], 0, [], None
@@ -309,10 +374,14 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
         for name, extra in (extra_heldout or {}).items():
             e = evaluate_alpha(student, extra, token_map)
             m.update({f"alpha_{name}": e["alpha"], f"greedy_agreement_{name}": e["greedy_agreement"]})
-        curve.append({"step": step, "train_s": round(train_time, 1), "tokens": tokens_before + seen_tokens, "loss": ema, **m})
-        log(f"eval step {step} train {train_time / 60:.1f} min tokens {tokens_before + seen_tokens} loss "
+        curve.append(
+            {"step": step, "train_s": round(train_time, 1), "tokens": tokens_before + seen_tokens, "loss": ema, **m}
+        )
+        log(
+            f"eval step {step} train {train_time / 60:.1f} min tokens {tokens_before + seen_tokens} loss "
             f"{ema if ema is None else round(ema, 4)} alpha {m['alpha']:.4f} greedy {m['greedy_agreement']:.4f}"
-            + "".join(f" alpha_{k} {m[f'alpha_{k}']:.4f}" for k in extra_heldout or {}))
+            + "".join(f" alpha_{k} {m[f'alpha_{k}']:.4f}" for k in extra_heldout or {})
+        )
 
     do_eval(0)
     bar = tqdm(range(steps), disable=not progress, mininterval=30, maxinterval=60)
@@ -325,7 +394,11 @@ def train(student, records: list[dict], token_map: torch.Tensor, heldout: dict |
         seen_tokens += int(pos.numel())
         h = student.model(input_ids=ids, attention_mask=mask).last_hidden_state
         h = h.reshape(-1, h.shape[-1])[pos]
-        neg = outside[torch.randint(len(outside), (negatives,), generator=gen)] if negatives and len(outside) else outside[:0]
+        neg = (
+            outside[torch.randint(len(outside), (negatives,), generator=gen)]
+            if negatives and len(outside)
+            else outside[:0]
+        )
         loss = kd_loss(h, student.get_input_embeddings().weight, token_map, neg, t_idx, t_logp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -367,8 +440,14 @@ def cost_figures(target, draft_dir: Path) -> dict[str, float]:
     tgt_ms = step_cost(target)
     full_ms = step_cost(AutoModelForCausalLM.from_pretrained(draft_dir, dtype=target.dtype).eval())
     res_ms = step_cost(restrict_head(AutoModelForCausalLM.from_pretrained(draft_dir, dtype=target.dtype).eval()))
-    return {"target_ms": tgt_ms, "draft_ms_full": full_ms, "draft_ms_restricted": res_ms,
-            "c_full": full_ms / tgt_ms, "c_restricted": res_ms / tgt_ms, "dtype": str(target.dtype).removeprefix("torch.")}
+    return {
+        "target_ms": tgt_ms,
+        "draft_ms_full": full_ms,
+        "draft_ms_restricted": res_ms,
+        "c_full": full_ms / tgt_ms,
+        "c_restricted": res_ms / tgt_ms,
+        "dtype": str(target.dtype).removeprefix("torch."),
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,18 +464,25 @@ def heldout_sets(cfg, target, tok, engine: str, work: Path, train_firsts: set[st
     held_file = work / f"heldout-he{h.n_humaneval}-mt{h.n_mtbench}-n{h.max_new_tokens}-s{h.seed}.pt"
     if not held_file.exists():
         prompts = heldout_prompts(h.n_humaneval, h.n_mtbench, h.get("mt_bench_path"))
-        torch.save(build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine), held_file)
+        torch.save(
+            build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine), held_file
+        )
     out["eval"] = torch.load(held_file)
     n_chat = h.get("n_chat", 0)
     if n_chat:
         chat_file = work / f"heldout-chat{n_chat}-n{h.max_new_tokens}-s{h.seed}-d{cfg.seed}.pt"
         if not chat_file.exists():
             convs = chat_heldout_conversations(n_chat, cfg.seed, train_firsts)
-            torch.save(build_heldout(target, tok, convs, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine), chat_file)
+            torch.save(
+                build_heldout(target, tok, convs, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine),
+                chat_file,
+            )
         out["chat"] = torch.load(chat_file)
     for name, held in out.items():
-        log(f"held-out {name}: {len(held['prompts'])} prompts, {len(held['rows'])} answers, "
-            f"{sum(len(r['p']) for r in held['rows'])} positions")
+        log(
+            f"held-out {name}: {len(held['prompts'])} prompts, {len(held['rows'])} answers, "
+            f"{sum(len(r['p']) for r in held['rows'])} positions"
+        )
     return out
 
 
@@ -424,7 +510,11 @@ def run(cfg) -> dict:
     log(f"teacher: {target.dtype}, data engine {engine}")
 
     # 1. held-out sets (first: small, and fixed before any training data exists)
-    train_firsts = {c.turns[0] for c in chat_conversations(d.n_prompts, cfg.seed, "train", d.get("multi_turn", 0.4))} if kind == "chat" else set()
+    train_firsts = (
+        {c.turns[0] for c in chat_conversations(d.n_prompts, cfg.seed, "train", d.get("multi_turn", 0.4))}
+        if kind == "chat"
+        else set()
+    )
     held = heldout_sets(cfg, target, tok, engine, work, train_firsts, log)
     heldout = held.pop("eval")
     h = cfg.heldout
@@ -432,11 +522,25 @@ def run(cfg) -> dict:
     # 2. teacher data
     t0 = time.time()
     generate_teacher_data(
-        target, tok, data_dir, n_prompts=d.n_prompts, tf_fraction=d.tf_fraction, batch_size=d.batch_size,
-        max_new_tokens=d.max_new_tokens, top_k_store=d.top_k_store, sample_top_k=d.sample_top_k,
-        sample_top_p=d.sample_top_p, seed=cfg.seed, time_budget_s=d.time_budget_s,
-        max_shards=d.get("max_shards"), engine=engine, slots=d.get("slots", 64), prompts=kind,
-        multi_turn=d.get("multi_turn", 0.4), log=log)
+        target,
+        tok,
+        data_dir,
+        n_prompts=d.n_prompts,
+        tf_fraction=d.tf_fraction,
+        batch_size=d.batch_size,
+        max_new_tokens=d.max_new_tokens,
+        top_k_store=d.top_k_store,
+        sample_top_k=d.sample_top_k,
+        sample_top_p=d.sample_top_p,
+        seed=cfg.seed,
+        time_budget_s=d.time_budget_s,
+        max_shards=d.get("max_shards"),
+        engine=engine,
+        slots=d.get("slots", 64),
+        prompts=kind,
+        multi_turn=d.get("multi_turn", 0.4),
+        log=log,
+    )
     new_gen_s = time.time() - t0
     stamp = data_dir / "wall_s.json"
     wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0
@@ -455,8 +559,12 @@ def run(cfg) -> dict:
         if token_map is None:
             token_map = torch.arange(target.config.vocab_size)
     else:
-        token_map = choose_token_map(records, target.config.vocab_size, s.vocab_map_size,
-                                     always=[i for i in {tok.eos_token_id, tok.bos_token_id, pad_id} if i is not None])
+        token_map = choose_token_map(
+            records,
+            target.config.vocab_size,
+            s.vocab_map_size,
+            always=[i for i in {tok.eos_token_id, tok.bos_token_id, pad_id} if i is not None],
+        )
     in_map = torch.zeros(target.config.vocab_size, dtype=torch.bool)
     in_map[token_map] = True
     cov = sum((r["topk_logp"].float().exp() * in_map[r["topk_ids"].long()]).sum().item() for r in records)
@@ -466,15 +574,38 @@ def run(cfg) -> dict:
         student = AutoModelForCausalLM.from_pretrained(repo_path(init_from), dtype=torch.float32)
         log(f"student: continued from {init_from}")
     else:
-        student = make_student(target, hidden_size=s.hidden_size, num_layers=s.num_layers, intermediate_size=s.intermediate_size,
-                               num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, seed=cfg.seed,
-                               init_from_target=s.init_from_target)
+        student = make_student(
+            target,
+            hidden_size=s.hidden_size,
+            num_layers=s.num_layers,
+            intermediate_size=s.intermediate_size,
+            num_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+            seed=cfg.seed,
+            init_from_target=s.init_from_target,
+        )
     tr = cfg.train
     t1 = time.time()
-    curve = train(student, records, token_map, heldout, steps=tr.steps, tokens_per_batch=tr.tokens_per_batch,
-                  max_len=tr.max_len, lr=tr.lr, warmup=tr.warmup, weight_decay=tr.weight_decay, negatives=tr.negatives,
-                  eval_every=tr.eval_every, seed=cfg.seed, pad_id=pad_id, log=log, progress=cfg.progress,
-                  extra_heldout=held)
+    curve = train(
+        student,
+        records,
+        token_map,
+        heldout,
+        steps=tr.steps,
+        tokens_per_batch=tr.tokens_per_batch,
+        max_len=tr.max_len,
+        lr=tr.lr,
+        warmup=tr.warmup,
+        weight_decay=tr.weight_decay,
+        negatives=tr.negatives,
+        eval_every=tr.eval_every,
+        seed=cfg.seed,
+        pad_id=pad_id,
+        log=log,
+        progress=cfg.progress,
+        extra_heldout=held,
+    )
     train_wall = time.time() - t1
     final = curve[-1] if curve else {}
     final_full = evaluate_alpha(student, heldout, None)
@@ -486,26 +617,49 @@ def run(cfg) -> dict:
     figures = {}
     if cfg.measure_cost:
         figures = cost_figures(target, out_dir)
-        log(f"cost: target {figures['target_ms']:.2f} ms, draft {figures['draft_ms_full']:.2f} ms full head / "
-            f"{figures['draft_ms_restricted']:.2f} ms restricted")
+        log(
+            f"cost: target {figures['target_ms']:.2f} ms, draft {figures['draft_ms_full']:.2f} ms full head / "
+            f"{figures['draft_ms_restricted']:.2f} ms restricted"
+        )
     n_params = sum(p.numel() for p in student.parameters())
     size = sum(f.stat().st_size for f in out_dir.glob("*.safetensors"))
     info = {
-        "target": pair.spec.target.id, "seed": cfg.seed, "save_dtype": cfg.save_dtype,
+        "target": pair.spec.target.id,
+        "seed": cfg.seed,
+        "save_dtype": cfg.save_dtype,
         "command": cfg.get("command_line") or "python -m pipeline.distill pair=" + pair.spec.name,
         "config": OmegaConf.to_container(cfg, resolve=True),
-        "student": {**OmegaConf.to_container(s), "vocab_size": target.config.vocab_size, "params": n_params,
-                    "bytes": size, "map_size": int(token_map.numel())},
-        "data": {**OmegaConf.to_container(d), "engine_used": engine, "records": len(records), "tokens": n_tok,
-                 "gen_records": sum(r["kind"] == "gen" for r in records),
-                 "gen2_records": sum(r["kind"] == "gen2" for r in records),
-                 "tf_records": sum(r["kind"] == "tf" for r in records), "wall_s": wall + new_gen_s,
-                 "map_coverage": cov / tot},
+        "student": {
+            **OmegaConf.to_container(s),
+            "vocab_size": target.config.vocab_size,
+            "params": n_params,
+            "bytes": size,
+            "map_size": int(token_map.numel()),
+        },
+        "data": {
+            **OmegaConf.to_container(d),
+            "engine_used": engine,
+            "records": len(records),
+            "tokens": n_tok,
+            "gen_records": sum(r["kind"] == "gen" for r in records),
+            "gen2_records": sum(r["kind"] == "gen2" for r in records),
+            "tf_records": sum(r["kind"] == "tf" for r in records),
+            "wall_s": wall + new_gen_s,
+            "map_coverage": cov / tot,
+        },
         "train": {**OmegaConf.to_container(tr), "wall_s": train_wall},
-        "heldout": {**OmegaConf.to_container(h), "positions": {"eval": sum(len(r["p"]) for r in heldout["rows"]),
-                                                               **{k: sum(len(r["p"]) for r in v["rows"]) for k, v in held.items()}}},
+        "heldout": {
+            **OmegaConf.to_container(h),
+            "positions": {
+                "eval": sum(len(r["p"]) for r in heldout["rows"]),
+                **{k: sum(len(r["p"]) for r in v["rows"]) for k, v in held.items()},
+            },
+        },
         "init_from": init_from,
-        "curve": curve, "final": final, "final_full": final_full, "figures": figures,
+        "curve": curve,
+        "final": final,
+        "final_full": final_full,
+        "figures": figures,
     }
     write_model_card(out_dir, info)
     log(f"wrote {out_dir}")

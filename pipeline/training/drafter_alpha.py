@@ -62,7 +62,9 @@ def head_alphas(target, heldout: dict, *, eagle=None, eagle3=None, medusa=None) 
         sel = torch.arange(start - 2, len(ids) - 2)  # the feature row two before each answer token
         # the heads run over the whole sequence (feature f_t with the embedding of x_{t+1}), causally
         if eagle is not None:
-            pred = eagle(last[None, : len(ids) - 2], embed(ids[None, 1 : len(ids) - 1]), torch.arange(len(ids) - 2)[None])[0][sel]
+            pred = eagle(
+                last[None, : len(ids) - 2], embed(ids[None, 1 : len(ids) - 1]), torch.arange(len(ids) - 2)[None]
+            )[0][sel]
             token_map = getattr(eagle, "token_map", None)
             z = pred @ (lm if token_map is None else lm[token_map]).T
             if token_map is not None:
@@ -70,7 +72,9 @@ def head_alphas(target, heldout: dict, *, eagle=None, eagle3=None, medusa=None) 
             sums["eagle"] += _score(WARPER(z.float()), row)
         if eagle3 is not None:
             feats = torch.cat([out.hidden_states[t][0] for t in taps], -1).float()
-            pred = eagle3(feats[None, : len(ids) - 2], embed(ids[None, 1 : len(ids) - 1]), torch.arange(len(ids) - 2)[None])[0][sel]
+            pred = eagle3(
+                feats[None, : len(ids) - 2], embed(ids[None, 1 : len(ids) - 1]), torch.arange(len(ids) - 2)[None]
+            )[0][sel]
             z = torch.full((len(sel), vocab), float("-inf"))
             z[:, eagle3.draft_to_target()] = eagle3.draft_logits(pred).float()
             sums["eagle3"] += _score(WARPER(z), row)
@@ -81,13 +85,22 @@ def head_alphas(target, heldout: dict, *, eagle=None, eagle3=None, medusa=None) 
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 
-def compare(pair_cfg: dict, heldouts: dict[str, dict], *, draft: str | None = None, eagle: str | None = None,
-            eagle3: str | None = None, medusa: str | None = None) -> dict[str, dict[str, float]]:
+def compare(
+    pair_cfg: dict,
+    heldouts: dict[str, dict],
+    *,
+    draft: str | None = None,
+    eagle: str | None = None,
+    eagle3: str | None = None,
+    medusa: str | None = None,
+) -> dict[str, dict[str, float]]:
     """``{held-out set: {drafter: alpha}}`` for the draft model and every head folder given."""
     _, target, _ = load_frozen_target(pair_cfg)
-    heads = dict(eagle=load_eagle_head(repo_path(eagle)) if eagle else None,
-                 eagle3=load_eagle3_head(repo_path(eagle3)) if eagle3 else None,
-                 medusa=load_medusa_heads(repo_path(medusa), target) if medusa else None)
+    heads = dict(
+        eagle=load_eagle_head(repo_path(eagle)) if eagle else None,
+        eagle3=load_eagle3_head(repo_path(eagle3)) if eagle3 else None,
+        medusa=load_medusa_heads(repo_path(medusa), target) if medusa else None,
+    )
     student = token_map = None
     if draft:
         student = AutoModelForCausalLM.from_pretrained(repo_path(draft), dtype=torch.float32).eval()

@@ -31,7 +31,9 @@ from pipeline.training.common import load_frozen_target, repo_path, start_run, t
 from pipeline.training.teacher_data import feature_data
 
 
-def split_sequences(hidden: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def split_sequences(
+    hidden: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-sequence (features [L, H], token ids [L]) from ``feature_data``'s concatenation."""
     out = []
     for s in torch.unique_consecutive(seq):
@@ -69,7 +71,9 @@ def window_batch(seqs, picks, length: int, embed, noise: float, gen: torch.Gener
 
 
 @torch.no_grad()
-def heldout_alpha(head: EagleHead, seqs, W: torch.Tensor, length: int, embed, warper: Warper, batch: int = 8) -> dict[str, float]:
+def heldout_alpha(
+    head: EagleHead, seqs, W: torch.Tensor, length: int, embed, warper: Warper, batch: int = 8
+) -> dict[str, float]:
     """Teacher-forced first-token acceptance (warped) and top-1 agreement of the head on held-out sequences."""
     head.eval()
     picks = windows(seqs, length)
@@ -85,9 +89,28 @@ def heldout_alpha(head: EagleHead, seqs, W: torch.Tensor, length: int, embed, wa
     return {"alpha": acc_sum / max(total, 1), "top1": top1 / max(total, 1), "tokens": total}
 
 
-def train_eagle(head: EagleHead, seqs, W: torch.Tensor, embed, *, steps: int, batch: int, length: int, lr: float,
-                warmup: int, weight_decay: float, kl_weight: float, noise: float, seed: int,
-                stop_after: int | None = None, deadline: float | None = None, log=print, log_every: int = 10, eval_every: int = 0, evaluate=None) -> int:
+def train_eagle(
+    head: EagleHead,
+    seqs,
+    W: torch.Tensor,
+    embed,
+    *,
+    steps: int,
+    batch: int,
+    length: int,
+    lr: float,
+    warmup: int,
+    weight_decay: float,
+    kl_weight: float,
+    noise: float,
+    seed: int,
+    stop_after: int | None = None,
+    deadline: float | None = None,
+    log=print,
+    log_every: int = 10,
+    eval_every: int = 0,
+    evaluate=None,
+) -> int:
     """Teacher-forced EAGLE training on frozen features; returns the number of steps run.
 
     ``stop_after``: stop after that many steps without changing the schedule (deterministic, unlike
@@ -106,17 +129,38 @@ def train_eagle(head: EagleHead, seqs, W: torch.Tensor, embed, *, steps: int, ba
         with torch.no_grad():
             p = torch.softmax(tgt @ W.T, -1)
         p_loss = -(p * torch.log_softmax(pred @ W.T, -1)).sum(-1).mean()
-        return v_loss + kl_weight * p_loss, f"(feature {float(v_loss.detach()):.4f}, token {float(p_loss.detach()):.4f})"
+        return (
+            v_loss + kl_weight * p_loss,
+            f"(feature {float(v_loss.detach()):.4f}, token {float(p_loss.detach()):.4f})",
+        )
 
-    return train_head(head, params, opt, step_loss, lr=lr, warmup=warmup, steps=steps, clip=0.5, desc="eagle",
-                      deadline=deadline, stop_after=stop_after, log=log, log_every=log_every, eval_every=eval_every,
-                      evaluate=evaluate)
+    return train_head(
+        head,
+        params,
+        opt,
+        step_loss,
+        lr=lr,
+        warmup=warmup,
+        steps=steps,
+        clip=0.5,
+        desc="eagle",
+        deadline=deadline,
+        stop_after=stop_after,
+        log=log,
+        log_every=log_every,
+        eval_every=eval_every,
+        evaluate=evaluate,
+    )
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     # the console shows the progress bar, the held-out figures and the rest; every line goes to train.log
-    job = start_run(threads=cfg["threads"], seed=cfg["seed"], work_dir=cfg["work_dir"],
-                    echo=lambda msg: not msg.startswith("step ") or "held-out" in msg)
+    job = start_run(
+        threads=cfg["threads"],
+        seed=cfg["seed"],
+        work_dir=cfg["work_dir"],
+        echo=lambda msg: not msg.startswith("step ") or "held-out" in msg,
+    )
     log, t0 = job.log, job.t0
     spec, model, tokenizer = load_frozen_target(cfg["pair"])
     data = feature_data(model, tokenizer, cfg["data"], cfg["seed"], job.work / "data.pt", log)
@@ -153,15 +197,32 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             r = heldout_alpha(head, seqs[tag], W, tc["length"], embed, warper)
             point[tag] = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
         curve.append(point)
-        log(f"step {step} held-out alpha (T=1, top-k 10, top-p 0.9): stdlib {point['heldout_stdlib']['alpha']:.3f} "
-            f"answers {point['heldout_answers']['alpha']:.3f}; top-1 {point['heldout_stdlib']['top1']:.3f} / {point['heldout_answers']['top1']:.3f}")
+        log(
+            f"step {step} held-out alpha (T=1, top-k 10, top-p 0.9): stdlib {point['heldout_stdlib']['alpha']:.3f} "
+            f"answers {point['heldout_answers']['alpha']:.3f}; top-1 {point['heldout_stdlib']['top1']:.3f} / {point['heldout_answers']['top1']:.3f}"
+        )
 
     evaluate(0)
     steps = train_eagle(
-        head, seqs["train"], W, embed, steps=tc["steps"], batch=tc["batch"], length=tc["length"], lr=tc["lr"],
-        warmup=tc["warmup"], weight_decay=tc["weight_decay"], kl_weight=tc["kl_weight"], noise=tc["noise"],
-        seed=cfg["seed"], stop_after=tc.get("stop_after_steps"), deadline=t0 + tc["time_budget_s"], log=log, log_every=tc["log_every"],
-        eval_every=tc["eval_every"], evaluate=evaluate,
+        head,
+        seqs["train"],
+        W,
+        embed,
+        steps=tc["steps"],
+        batch=tc["batch"],
+        length=tc["length"],
+        lr=tc["lr"],
+        warmup=tc["warmup"],
+        weight_decay=tc["weight_decay"],
+        kl_weight=tc["kl_weight"],
+        noise=tc["noise"],
+        seed=cfg["seed"],
+        stop_after=tc.get("stop_after_steps"),
+        deadline=t0 + tc["time_budget_s"],
+        log=log,
+        log_every=tc["log_every"],
+        eval_every=tc["eval_every"],
+        evaluate=evaluate,
     )
     if not curve or curve[-1]["step"] != steps:
         evaluate(steps)
@@ -169,7 +230,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     info = {
         "base_model": spec.target.id,
         "base_gguf_file": spec.target.gguf_file,
-        "lm_head": "the target's own (not stored)" + (f", restricted to {token_map.numel()} ids" if token_map is not None else ""),
+        "lm_head": "the target's own (not stored)"
+        + (f", restricted to {token_map.numel()} ids" if token_map is not None else ""),
         "train_tokens": int(data["train"][0].shape[0]),
         "heldout_tokens": {t: int(data[t][0].shape[0]) for t in ("heldout_stdlib", "heldout_answers")},
         "train": {**{k: tc[k] for k in ("steps", "batch", "length", "lr", "kl_weight", "noise")}, "steps_run": steps},
@@ -214,6 +276,12 @@ def write_card(out_dir: Path, info: dict[str, Any], head: EagleHead) -> None:
     ]
     for p in info["heldout_alpha_curve"]:
         a, b = p["heldout_stdlib"], p["heldout_answers"]
-        lines.append(f"| {p['step']} | {p['minutes']} | {a['alpha']:.3f} | {b['alpha']:.3f} | {a['top1']:.3f} | {b['top1']:.3f} |")
-    lines += ["", f"Load: `eagle: models/{out_dir.name}` in a pair config (`pipeline.decoding.eagle.load_eagle`; the head is passed to decoders as `assets={'eagle': head}`).", ""]
+        lines.append(
+            f"| {p['step']} | {p['minutes']} | {a['alpha']:.3f} | {b['alpha']:.3f} | {a['top1']:.3f} | {b['top1']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Load: `eagle: models/{out_dir.name}` in a pair config (`pipeline.decoding.eagle.load_eagle`; the head is passed to decoders as `assets={'eagle': head}`).",
+        "",
+    ]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines))

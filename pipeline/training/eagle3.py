@@ -111,7 +111,12 @@ def ttt_batch(seqs, picks, length: int, steps: int) -> dict[str, torch.Tensor]:
         ids.append(F.pad(x, (0, ext - n)))
         last.append(F.pad(s["last"][start + 1 : start + 1 + ext], (0, 0, 0, ext - n)))
         valid.append(torch.arange(ext) < n)
-    return {"feats": torch.stack(feats), "ids": torch.stack(ids), "last": torch.stack(last), "valid": torch.stack(valid)}
+    return {
+        "feats": torch.stack(feats),
+        "ids": torch.stack(ids),
+        "last": torch.stack(last),
+        "valid": torch.stack(valid),
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +152,9 @@ def ttt_forward(head: Eagle3Head, feats: torch.Tensor, embed_ext: torch.Tensor, 
     return outs
 
 
-def ttt_loss(head: Eagle3Head, batch: dict[str, torch.Tensor], W: torch.Tensor, embed, steps: int) -> tuple[torch.Tensor, list[float], list[float]]:
+def ttt_loss(
+    head: Eagle3Head, batch: dict[str, torch.Tensor], W: torch.Tensor, embed, steps: int
+) -> tuple[torch.Tensor, list[float], list[float]]:
     """The authors' TTT loss: ``sum_j 0.8**j * ploss_j``; also each step's loss and top-1 agreement (on the
     rows it is computed over). ``W``: the target's LM head ``[V, h]``."""
     n = batch["feats"].shape[1]
@@ -165,12 +172,16 @@ def ttt_loss(head: Eagle3Head, batch: dict[str, torch.Tensor], W: torch.Tensor, 
         total = total + LOSS_DECAY**j * loss
         losses.append(float(loss.detach()))
         with torch.no_grad():
-            accs.append(float(((logp.argmax(-1) == p.argmax(-1)) & m).sum()) / max(int(batch["valid"][:, j : j + n].sum()), 1))
+            accs.append(
+                float(((logp.argmax(-1) == p.argmax(-1)) & m).sum()) / max(int(batch["valid"][:, j : j + n].sum()), 1)
+            )
     return total, losses, accs
 
 
 @torch.no_grad()
-def heldout_alpha(head: Eagle3Head, seqs, W: torch.Tensor, length: int, embed, warper: Warper, batch: int = 8) -> dict[str, float]:
+def heldout_alpha(
+    head: Eagle3Head, seqs, W: torch.Tensor, length: int, embed, warper: Warper, batch: int = 8
+) -> dict[str, float]:
     """Teacher-forced first-draft-token acceptance (warped, q = 0 outside the draft vocabulary) and top-1
     agreement of the head (step 0, target features) with the target's next-token row, on held-out sequences."""
     head.eval()
@@ -203,10 +214,29 @@ def new_head(model, draft_ids: torch.Tensor, *, init_from_target: bool, seed: in
     return head
 
 
-def train_eagle3(head: Eagle3Head, seqs, W: torch.Tensor, embed, *, steps: int, batch: int, length: int, ttt_steps: int,
-                 lr: float, warmup: int, weight_decay: float, betas=(0.9, 0.95), clip: float = 0.5, seed: int,
-                 stop_after: int | None = None, deadline: float | None = None, log=print, log_every: int = 10,
-                 eval_every: int = 0, evaluate=None) -> int:
+def train_eagle3(
+    head: Eagle3Head,
+    seqs,
+    W: torch.Tensor,
+    embed,
+    *,
+    steps: int,
+    batch: int,
+    length: int,
+    ttt_steps: int,
+    lr: float,
+    warmup: int,
+    weight_decay: float,
+    betas=(0.9, 0.95),
+    clip: float = 0.5,
+    seed: int,
+    stop_after: int | None = None,
+    deadline: float | None = None,
+    log=print,
+    log_every: int = 10,
+    eval_every: int = 0,
+    evaluate=None,
+) -> int:
     """TTT training of ``head`` on frozen target features; returns the number of steps run."""
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
@@ -215,18 +245,38 @@ def train_eagle3(head: Eagle3Head, seqs, W: torch.Tensor, embed, *, steps: int, 
 
     def step_loss():
         idx = torch.randint(0, len(picks), (batch,), generator=gen).tolist()
-        loss, losses, accs = ttt_loss(head, ttt_batch(seqs, [picks[i] for i in idx], length, ttt_steps), W, embed, ttt_steps)
+        loss, losses, accs = ttt_loss(
+            head, ttt_batch(seqs, [picks[i] for i in idx], length, ttt_steps), W, embed, ttt_steps
+        )
         return loss, f"per step {' '.join(f'{v:.3f}' for v in losses)} acc {' '.join(f'{v:.2f}' for v in accs)}"
 
-    return train_head(head, params, opt, step_loss, lr=lr, warmup=warmup, steps=steps, clip=clip, desc="eagle3",
-                      deadline=deadline, stop_after=stop_after, log=log, log_every=log_every, eval_every=eval_every,
-                      evaluate=evaluate)
+    return train_head(
+        head,
+        params,
+        opt,
+        step_loss,
+        lr=lr,
+        warmup=warmup,
+        steps=steps,
+        clip=clip,
+        desc="eagle3",
+        deadline=deadline,
+        stop_after=stop_after,
+        log=log,
+        log_every=log_every,
+        eval_every=eval_every,
+        evaluate=evaluate,
+    )
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     """The CLI's run: the frozen target, the corpus's tapped states (cached in the work folder), ``fit``."""
-    job = start_run(threads=cfg["threads"], seed=cfg["seed"], work_dir=cfg["work_dir"],
-                    echo=lambda msg: not msg.startswith("step ") or "held-out" in msg)
+    job = start_run(
+        threads=cfg["threads"],
+        seed=cfg["seed"],
+        work_dir=cfg["work_dir"],
+        echo=lambda msg: not msg.startswith("step ") or "held-out" in msg,
+    )
     spec, model, tokenizer = load_frozen_target(cfg["pair"])
     cache = job.work / "data3.pt"
     if cache.exists():
@@ -241,7 +291,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     return fit(cfg, model, data, base_model=spec.target.id, log=job.log, t0=job.t0)
 
 
-def fit(cfg: dict[str, Any], model, data: dict[str, list], *, base_model: str, log=print, t0: float | None = None) -> dict[str, Any]:
+def fit(
+    cfg: dict[str, Any], model, data: dict[str, list], *, base_model: str, log=print, t0: float | None = None
+) -> dict[str, Any]:
     """Draft vocabulary, head, TTT training with the held-out alpha curve, then the head (``save_eagle3_head``),
     ``metrics.json`` and ``MODEL_CARD.md`` in ``cfg["out_dir"]``. ``data``: ``tap_states`` by tag (``train``
     and the held-out tags)."""
@@ -263,15 +315,35 @@ def fit(cfg: dict[str, Any], model, data: dict[str, list], *, base_model: str, l
             r = heldout_alpha(head, data[tag], W, tc["length"], embed, warper)
             point[tag] = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
         curve.append(point)
-        log(f"step {step} held-out alpha (T=1, top-k 10, top-p 0.9): " + ", ".join(f"{t} {point[t]['alpha']:.3f}" for t in heldout)
-            + "; top-1 " + ", ".join(f"{point[t]['top1']:.3f}" for t in heldout))
+        log(
+            f"step {step} held-out alpha (T=1, top-k 10, top-p 0.9): "
+            + ", ".join(f"{t} {point[t]['alpha']:.3f}" for t in heldout)
+            + "; top-1 "
+            + ", ".join(f"{point[t]['top1']:.3f}" for t in heldout)
+        )
 
     evaluate(0)
     steps = train_eagle3(
-        head, data["train"], W, embed, steps=tc["steps"], batch=tc["batch"], length=tc["length"], ttt_steps=tc["ttt_steps"],
-        lr=tc["lr"], warmup=tc["warmup"], weight_decay=tc["weight_decay"], betas=tc.get("betas", (0.9, 0.95)), clip=tc.get("clip", 0.5),
-        seed=cfg["seed"], stop_after=tc.get("stop_after_steps"), deadline=t0 + tc["time_budget_s"] if tc.get("time_budget_s") else None,
-        log=log, log_every=tc["log_every"], eval_every=tc["eval_every"], evaluate=evaluate,
+        head,
+        data["train"],
+        W,
+        embed,
+        steps=tc["steps"],
+        batch=tc["batch"],
+        length=tc["length"],
+        ttt_steps=tc["ttt_steps"],
+        lr=tc["lr"],
+        warmup=tc["warmup"],
+        weight_decay=tc["weight_decay"],
+        betas=tc.get("betas", (0.9, 0.95)),
+        clip=tc.get("clip", 0.5),
+        seed=cfg["seed"],
+        stop_after=tc.get("stop_after_steps"),
+        deadline=t0 + tc["time_budget_s"] if tc.get("time_budget_s") else None,
+        log=log,
+        log_every=tc["log_every"],
+        eval_every=tc["eval_every"],
+        evaluate=evaluate,
     )
     if curve[-1]["step"] != steps:
         evaluate(steps)
@@ -293,8 +365,14 @@ def fit(cfg: dict[str, Any], model, data: dict[str, list], *, base_model: str, l
     }
     save_eagle3_head(head, out_dir, dtype=getattr(torch, hc.get("save_dtype", "bfloat16")), **info)
     if hc.get("speculators_copy"):
-        save_eagle3_head(head, out_dir / "speculators", layout="speculators", dtype=getattr(torch, hc.get("save_dtype", "bfloat16")),
-                         verifier=base_model, **info)
+        save_eagle3_head(
+            head,
+            out_dir / "speculators",
+            layout="speculators",
+            dtype=getattr(torch, hc.get("save_dtype", "bfloat16")),
+            verifier=base_model,
+            **info,
+        )
     (out_dir / "metrics.json").write_text(json.dumps(info, indent=2) + "\n")
     write_card(out_dir, info, head)
     log(f"saved EAGLE-3 head to {out_dir}")
@@ -321,7 +399,9 @@ def write_card(out_dir: Path, info: dict[str, Any], head: Eagle3Head) -> None:
     ]
     seen = info.get("distinct_train_ids")
     if seen is not None and seen < info["draft_vocab_size"]:
-        lines.append(f"  The training text has {seen} distinct ids: the other {info['draft_vocab_size'] - seen} draft ids are the lowest unseen ids.")
+        lines.append(
+            f"  The training text has {seen} distinct ids: the other {info['draft_vocab_size'] - seen} draft ids are the lowest unseen ids."
+        )
     lines += [
         "- Data (offline, never evaluation prompts): `pipeline.training.teacher_data.feature_sequences` - standard-library source",
         "  shown as chat answers and the target's own sampled answers to instruction prompts written there;",
@@ -333,16 +413,32 @@ def write_card(out_dir: Path, info: dict[str, Any], head: Eagle3Head) -> None:
         f"  ({t['steps_run']} run), {t['batch']} windows x {t['length']} rows per step.",
         "- Deviations from the authors (CPU-sized): windows of the offline corpus instead of whole ShareGPT conversations,",
         "  every token trained (no assistant-only loss mask), lr 1e-3 over hundreds of steps instead of 5e-5 over 800k,",
-        "  float32" + (", lm_head/norm started from the target's LM head rows and final norm." if info["init_from_target"] else "."),
+        "  float32"
+        + (
+            ", lm_head/norm started from the target's LM head rows and final norm." if info["init_from_target"] else "."
+        ),
         "",
         "Held-out alpha (teacher-forced first draft token: sum_x min(p, q) of the warped rows, T = 1, top-k 10, top-p 0.9)",
         "and top-1 agreement, against training steps:",
         "",
-        "| step | minutes | " + " | ".join(f"alpha ({t})" for t in heldout) + " | " + " | ".join(f"top-1 ({t})" for t in heldout) + " |",
+        "| step | minutes | "
+        + " | ".join(f"alpha ({t})" for t in heldout)
+        + " | "
+        + " | ".join(f"top-1 ({t})" for t in heldout)
+        + " |",
         "|---|---|" + "---|" * (2 * len(heldout)),
     ]
     for p in info["heldout_alpha_curve"]:
-        lines.append(f"| {p['step']} | {p['minutes']} | " + " | ".join(f"{p[t]['alpha']:.3f}" for t in heldout) + " | "
-                     + " | ".join(f"{p[t]['top1']:.3f}" for t in heldout) + " |")
-    lines += ["", f"Load: `eagle: models/{out_dir.name}` in a pair config, drafter `eagle3` (`pipeline.decoding.eagle3.load_eagle3_head`).", ""]
+        lines.append(
+            f"| {p['step']} | {p['minutes']} | "
+            + " | ".join(f"{p[t]['alpha']:.3f}" for t in heldout)
+            + " | "
+            + " | ".join(f"{p[t]['top1']:.3f}" for t in heldout)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Load: `eagle: models/{out_dir.name}` in a pair config, drafter `eagle3` (`pipeline.decoding.eagle3.load_eagle3_head`).",
+        "",
+    ]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines))

@@ -43,7 +43,9 @@ def head_examples(ids: torch.Tensor, seq: torch.Tensor, num_heads: int) -> torch
 
 
 @torch.no_grad()
-def head_accuracy(heads: MedusaHeads, lm_head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 512) -> list[float]:
+def head_accuracy(
+    heads: MedusaHeads, lm_head, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 512
+) -> list[float]:
     """Top-1 accuracy of LM head (entry 0, next token) and every Medusa head on ``hidden``."""
     k = heads.num_heads
     correct = torch.zeros(k + 1)
@@ -61,9 +63,24 @@ def head_accuracy(heads: MedusaHeads, lm_head, hidden: torch.Tensor, labels: tor
 
 
 def train_heads(
-    heads: MedusaHeads, lm_head, hidden: torch.Tensor, labels: torch.Tensor, *, steps: int, batch_tokens: int,
-    lr: float, warmup: int = 20, weight_decay: float = 0.0, decay: float = 0.8, vocab: torch.Tensor | None = None,
-    seed: int = 0, deadline: float | None = None, log=print, log_every: int = 10, eval_every: int = 0, evaluate=None,
+    heads: MedusaHeads,
+    lm_head,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    steps: int,
+    batch_tokens: int,
+    lr: float,
+    warmup: int = 20,
+    weight_decay: float = 0.0,
+    decay: float = 0.8,
+    vocab: torch.Tensor | None = None,
+    seed: int = 0,
+    deadline: float | None = None,
+    log=print,
+    log_every: int = 10,
+    eval_every: int = 0,
+    evaluate=None,
 ) -> None:
     """Medusa-1 training of ``heads`` on frozen ``hidden [N, H]`` with ``labels [N, K + 1]`` (head_examples).
 
@@ -112,7 +129,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     heads = MedusaHeads(model.config.hidden_size, k, cfg["heads"]["num_layers"])
     h_train, ids_train, seq_train = data["train"]
     y_train = head_examples(ids_train, seq_train, k)
-    held = {tag: (data[tag][0], head_examples(data[tag][1], data[tag][2], k)) for tag in ("heldout_stdlib", "heldout_answers")}
+    held = {
+        tag: (data[tag][0], head_examples(data[tag][1], data[tag][2], k))
+        for tag in ("heldout_stdlib", "heldout_answers")
+    }
 
     tc = cfg["train"]
     vocab = None
@@ -122,13 +142,29 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
     def evaluate(step: int) -> None:
         for tag, (h, lab) in held.items():
-            log(f"step {step} held-out top-1 [{tag}] " + " ".join(f"{a:.3f}" for a in head_accuracy(heads, lm_head, h, lab)))
+            log(
+                f"step {step} held-out top-1 [{tag}] "
+                + " ".join(f"{a:.3f}" for a in head_accuracy(heads, lm_head, h, lab))
+            )
 
     train_heads(
-        heads, lm_head, h_train, y_train, steps=tc["steps"], batch_tokens=tc["batch_tokens"], lr=tc["lr"],
-        warmup=tc["warmup"], weight_decay=tc["weight_decay"], decay=tc["decay"], vocab=vocab, seed=cfg["seed"],
-        deadline=t0 + tc["time_budget_s"], log=log, log_every=tc["log_every"],
-        eval_every=tc["eval_every"], evaluate=evaluate,
+        heads,
+        lm_head,
+        h_train,
+        y_train,
+        steps=tc["steps"],
+        batch_tokens=tc["batch_tokens"],
+        lr=tc["lr"],
+        warmup=tc["warmup"],
+        weight_decay=tc["weight_decay"],
+        decay=tc["decay"],
+        vocab=vocab,
+        seed=cfg["seed"],
+        deadline=t0 + tc["time_budget_s"],
+        log=log,
+        log_every=tc["log_every"],
+        eval_every=tc["eval_every"],
+        evaluate=evaluate,
     )
     n = h_train.shape[0]
 

@@ -22,33 +22,142 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])  # the running interpreter's stan
 # --------------------------------------------------------------------------------------------------
 
 TOPICS = [
-    "photosynthesis", "the French Revolution", "black holes", "machine learning", "climate change",
-    "the human immune system", "blockchain", "the water cycle", "volcanoes", "the stock market",
-    "quantum computing", "the Roman Empire", "renewable energy", "vaccines", "the internet",
-    "electric cars", "coral reefs", "inflation", "the Renaissance", "DNA", "earthquakes",
-    "social media", "meditation", "the solar system", "artificial intelligence", "democracy",
-    "the printing press", "antibiotics", "plate tectonics", "jazz music", "the Great Wall of China",
-    "recycling", "sleep", "coffee", "honeybees", "the moon landing", "cryptography", "gravity",
-    "supply and demand", "the Olympic Games", "rainforests", "nuclear energy", "the Silk Road",
-    "public speaking", "time management", "healthy eating", "remote work", "urban gardening",
-    "the theory of evolution", "ocean currents", "3D printing", "the Industrial Revolution",
-    "volunteering", "learning a new language", "budgeting", "marathon training", "video games",
-    "smartphones", "ancient Egypt", "the periodic table", "tea", "chess", "photography",
-    "bread baking", "dinosaurs", "hurricanes", "the Amazon river", "cloud computing", "robots",
-    "mindfulness", "minimalism", "space exploration", "the history of mathematics", "penguins",
-    "wind turbines", "online privacy", "self-driving cars", "pollination", "the human brain",
-    "composting", "classical music", "the Cold War", "microplastics", "open source software",
+    "photosynthesis",
+    "the French Revolution",
+    "black holes",
+    "machine learning",
+    "climate change",
+    "the human immune system",
+    "blockchain",
+    "the water cycle",
+    "volcanoes",
+    "the stock market",
+    "quantum computing",
+    "the Roman Empire",
+    "renewable energy",
+    "vaccines",
+    "the internet",
+    "electric cars",
+    "coral reefs",
+    "inflation",
+    "the Renaissance",
+    "DNA",
+    "earthquakes",
+    "social media",
+    "meditation",
+    "the solar system",
+    "artificial intelligence",
+    "democracy",
+    "the printing press",
+    "antibiotics",
+    "plate tectonics",
+    "jazz music",
+    "the Great Wall of China",
+    "recycling",
+    "sleep",
+    "coffee",
+    "honeybees",
+    "the moon landing",
+    "cryptography",
+    "gravity",
+    "supply and demand",
+    "the Olympic Games",
+    "rainforests",
+    "nuclear energy",
+    "the Silk Road",
+    "public speaking",
+    "time management",
+    "healthy eating",
+    "remote work",
+    "urban gardening",
+    "the theory of evolution",
+    "ocean currents",
+    "3D printing",
+    "the Industrial Revolution",
+    "volunteering",
+    "learning a new language",
+    "budgeting",
+    "marathon training",
+    "video games",
+    "smartphones",
+    "ancient Egypt",
+    "the periodic table",
+    "tea",
+    "chess",
+    "photography",
+    "bread baking",
+    "dinosaurs",
+    "hurricanes",
+    "the Amazon river",
+    "cloud computing",
+    "robots",
+    "mindfulness",
+    "minimalism",
+    "space exploration",
+    "the history of mathematics",
+    "penguins",
+    "wind turbines",
+    "online privacy",
+    "self-driving cars",
+    "pollination",
+    "the human brain",
+    "composting",
+    "classical music",
+    "the Cold War",
+    "microplastics",
+    "open source software",
 ]
-AUDIENCES = ["a 10-year-old", "a high school student", "a busy professional", "a beginner", "an expert",
-             "my grandmother", "a new employee", "a university student"]
-THINGS = ["a small bakery", "a mobile app", "a local library", "a bicycle shop", "a yoga studio",
-          "a science fair project", "a birthday party", "a team offsite", "a podcast", "a charity run",
-          "a community garden", "an online course", "a board game night", "a hiking trip", "a book club"]
-PEOPLE = ["my manager", "a customer", "a landlord", "a professor", "a colleague", "a friend",
-          "a neighbour", "the city council", "a job recruiter", "my team"]
-REASONS = ["asking for a deadline extension", "thanking them for their help", "declining an invitation",
-           "requesting a meeting", "reporting a problem", "apologizing for a delay", "asking for a reference",
-           "proposing a new idea", "following up on an interview", "announcing a schedule change"]
+AUDIENCES = [
+    "a 10-year-old",
+    "a high school student",
+    "a busy professional",
+    "a beginner",
+    "an expert",
+    "my grandmother",
+    "a new employee",
+    "a university student",
+]
+THINGS = [
+    "a small bakery",
+    "a mobile app",
+    "a local library",
+    "a bicycle shop",
+    "a yoga studio",
+    "a science fair project",
+    "a birthday party",
+    "a team offsite",
+    "a podcast",
+    "a charity run",
+    "a community garden",
+    "an online course",
+    "a board game night",
+    "a hiking trip",
+    "a book club",
+]
+PEOPLE = [
+    "my manager",
+    "a customer",
+    "a landlord",
+    "a professor",
+    "a colleague",
+    "a friend",
+    "a neighbour",
+    "the city council",
+    "a job recruiter",
+    "my team",
+]
+REASONS = [
+    "asking for a deadline extension",
+    "thanking them for their help",
+    "declining an invitation",
+    "requesting a meeting",
+    "reporting a problem",
+    "apologizing for a delay",
+    "asking for a reference",
+    "proposing a new idea",
+    "following up on an interview",
+    "announcing a schedule change",
+]
 
 INSTRUCTION_TEMPLATES = [
     "Explain {topic} to {audience}.",
@@ -87,33 +196,78 @@ NAMES = ["Alice", "Bob", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "In
 ITEMS = ["apples", "books", "pencils", "tickets", "marbles", "cookies", "stamps", "coins", "shirts", "plants"]
 
 CODING_TASKS = [
-    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
-    "returns the n-th Fibonacci number", "counts the vowels in a string", "merges two sorted lists",
-    "removes duplicates from a list while keeping order", "finds the largest element of a list",
-    "checks whether a string is a palindrome", "flattens a nested list", "computes the greatest common divisor",
-    "converts Celsius to Fahrenheit", "sorts a list of dictionaries by a key", "counts word frequencies in a text",
-    "finds the second largest number in a list", "transposes a matrix", "checks whether two strings are anagrams",
-    "returns the sum of the digits of an integer", "implements binary search", "implements bubble sort",
-    "implements quicksort", "implements merge sort", "reads a CSV file and returns the rows as dictionaries",
-    "validates an email address with a regular expression", "computes the average of a list of numbers",
-    "finds all pairs in a list that sum to a target", "rotates a list by k positions",
-    "returns the longest common prefix of a list of strings", "converts a Roman numeral to an integer",
-    "converts an integer to binary without using bin()", "checks whether parentheses are balanced",
-    "computes the median of a list", "finds the most common element in a list", "capitalizes every word",
-    "computes the power set of a list", "generates all permutations of a string", "chunks a list into pieces of size n",
-    "computes running totals of a list", "returns the indices of the minimum values", "counts the lines in a file",
-    "parses a date string and returns the weekday", "implements a stack class", "implements a queue with two stacks",
-    "implements a simple LRU cache", "computes the dot product of two vectors", "multiplies two matrices",
-    "checks whether a year is a leap year", "computes the Levenshtein distance between two strings",
-    "finds the missing number in a list from 1 to n", "returns the prime factors of a number",
-    "converts a string to snake_case", "converts snake_case to camelCase", "computes compound interest",
-    "returns the n largest elements of a list", "groups a list of words by their first letter",
-    "checks whether a list is sorted", "computes the area of a circle", "finds the intersection of two lists",
-    "computes the Collatz sequence of a number", "returns the words of a sentence longer than k characters",
-    "counts the number of islands in a grid", "evaluates a postfix expression", "implements a linked list",
-    "finds the longest increasing subsequence", "computes Pascal's triangle", "encrypts text with a Caesar cipher",
-    "returns the unique characters of a string", "zips two lists into a dictionary", "computes the mode of a list",
-    "checks whether a number is a perfect square", "sums the even numbers in a list", "finds the shortest word",
+    "reverses a string",
+    "checks whether a number is prime",
+    "computes the factorial of n",
+    "returns the n-th Fibonacci number",
+    "counts the vowels in a string",
+    "merges two sorted lists",
+    "removes duplicates from a list while keeping order",
+    "finds the largest element of a list",
+    "checks whether a string is a palindrome",
+    "flattens a nested list",
+    "computes the greatest common divisor",
+    "converts Celsius to Fahrenheit",
+    "sorts a list of dictionaries by a key",
+    "counts word frequencies in a text",
+    "finds the second largest number in a list",
+    "transposes a matrix",
+    "checks whether two strings are anagrams",
+    "returns the sum of the digits of an integer",
+    "implements binary search",
+    "implements bubble sort",
+    "implements quicksort",
+    "implements merge sort",
+    "reads a CSV file and returns the rows as dictionaries",
+    "validates an email address with a regular expression",
+    "computes the average of a list of numbers",
+    "finds all pairs in a list that sum to a target",
+    "rotates a list by k positions",
+    "returns the longest common prefix of a list of strings",
+    "converts a Roman numeral to an integer",
+    "converts an integer to binary without using bin()",
+    "checks whether parentheses are balanced",
+    "computes the median of a list",
+    "finds the most common element in a list",
+    "capitalizes every word",
+    "computes the power set of a list",
+    "generates all permutations of a string",
+    "chunks a list into pieces of size n",
+    "computes running totals of a list",
+    "returns the indices of the minimum values",
+    "counts the lines in a file",
+    "parses a date string and returns the weekday",
+    "implements a stack class",
+    "implements a queue with two stacks",
+    "implements a simple LRU cache",
+    "computes the dot product of two vectors",
+    "multiplies two matrices",
+    "checks whether a year is a leap year",
+    "computes the Levenshtein distance between two strings",
+    "finds the missing number in a list from 1 to n",
+    "returns the prime factors of a number",
+    "converts a string to snake_case",
+    "converts snake_case to camelCase",
+    "computes compound interest",
+    "returns the n largest elements of a list",
+    "groups a list of words by their first letter",
+    "checks whether a list is sorted",
+    "computes the area of a circle",
+    "finds the intersection of two lists",
+    "computes the Collatz sequence of a number",
+    "returns the words of a sentence longer than k characters",
+    "counts the number of islands in a grid",
+    "evaluates a postfix expression",
+    "implements a linked list",
+    "finds the longest increasing subsequence",
+    "computes Pascal's triangle",
+    "encrypts text with a Caesar cipher",
+    "returns the unique characters of a string",
+    "zips two lists into a dictionary",
+    "computes the mode of a list",
+    "checks whether a number is a perfect square",
+    "sums the even numbers in a list",
+    "finds the shortest word",
 ]
 LANGS = ["Python", "Python", "Python", "Python", "JavaScript", "SQL", "C", "Java", "Bash", "Rust"]
 CODE_TEMPLATES = [
@@ -186,9 +340,16 @@ def build_prompts(n: int, seed: int) -> list[str]:
         kind = rng.random()
         if kind < 0.40:
             t1, t2 = rng.sample(TOPICS, 2)
-            prompts.append(rng.choice(INSTRUCTION_TEMPLATES).format(
-                topic=t1, topic2=t2, audience=rng.choice(AUDIENCES), thing=rng.choice(THINGS),
-                person=rng.choice(PEOPLE), reason=rng.choice(REASONS)))
+            prompts.append(
+                rng.choice(INSTRUCTION_TEMPLATES).format(
+                    topic=t1,
+                    topic2=t2,
+                    audience=rng.choice(AUDIENCES),
+                    thing=rng.choice(THINGS),
+                    person=rng.choice(PEOPLE),
+                    reason=rng.choice(REASONS),
+                )
+            )
         elif kind < 0.50:
             prompts.append(_math_prompt(rng))
         elif kind < 0.72:
@@ -204,20 +365,51 @@ def build_prompts(n: int, seed: int) -> list[str]:
                 prompts.append(f"{header}\n")
         else:
             module, name, _, source = rng.choice(funcs)
-            prompts.append(rng.choice([
-                "Explain what this Python code does:\n```python\n{src}\n```",
-                "Find possible bugs or improvements in this code:\n{src}",
-                "Add comments to this function:\n```python\n{src}\n```",
-            ]).format(src=source[:900]))
+            prompts.append(
+                rng.choice(
+                    [
+                        "Explain what this Python code does:\n```python\n{src}\n```",
+                        "Find possible bugs or improvements in this code:\n{src}",
+                        "Add comments to this function:\n```python\n{src}\n```",
+                    ]
+                ).format(src=source[:900])
+            )
     return prompts
 
 
 FEATURE_TOPICS = [
-    "tides", "glaciers", "the printing of books", "solar panels", "bicycles", "typography", "origami",
-    "the immune response", "beekeeping", "lighthouses", "sourdough", "submarines", "compilers",
-    "hash tables", "version control", "unit testing", "regular expressions", "spreadsheets",
-    "bird migration", "rainbows", "thunderstorms", "fermentation", "caves", "deserts", "satellites",
-    "libraries", "maps", "clocks", "trains", "bridges", "recycling paper", "word processors",
+    "tides",
+    "glaciers",
+    "the printing of books",
+    "solar panels",
+    "bicycles",
+    "typography",
+    "origami",
+    "the immune response",
+    "beekeeping",
+    "lighthouses",
+    "sourdough",
+    "submarines",
+    "compilers",
+    "hash tables",
+    "version control",
+    "unit testing",
+    "regular expressions",
+    "spreadsheets",
+    "bird migration",
+    "rainbows",
+    "thunderstorms",
+    "fermentation",
+    "caves",
+    "deserts",
+    "satellites",
+    "libraries",
+    "maps",
+    "clocks",
+    "trains",
+    "bridges",
+    "recycling paper",
+    "word processors",
 ]
 FEATURE_INSTRUCTIONS = [
     "Explain {t} to a curious teenager.",
@@ -228,11 +420,18 @@ FEATURE_INSTRUCTIONS = [
     "Summarize how {t} works in a few sentences.",
 ]
 FEATURE_CODE_TASKS = [
-    "counts the vowels in a string", "merges two sorted lists", "computes a moving average",
-    "parses a date in YYYY-MM-DD format", "flattens a nested list", "checks whether a year is a leap year",
-    "converts Celsius to Fahrenheit for a list of values", "removes duplicate lines from a text file",
-    "finds the most common word in a paragraph", "validates a simple email address",
-    "computes the greatest common divisor of two numbers", "transposes a matrix given as a list of lists",
+    "counts the vowels in a string",
+    "merges two sorted lists",
+    "computes a moving average",
+    "parses a date in YYYY-MM-DD format",
+    "flattens a nested list",
+    "checks whether a year is a leap year",
+    "converts Celsius to Fahrenheit for a list of values",
+    "removes duplicate lines from a text file",
+    "finds the most common word in a paragraph",
+    "validates a simple email address",
+    "computes the greatest common divisor of two numbers",
+    "transposes a matrix given as a list of lists",
 ]
 FEATURE_CODE_TEMPLATES = [
     "Write a Python function that {t}. Add a docstring.",
@@ -253,13 +452,19 @@ def feature_prompts(seed: int) -> tuple[list[str], list[str]]:
     return [p for p in train if p not in held_topics], held
 
 
-def stdlib_chunks(n_files_train: int, n_files_heldout: int, max_chars: int, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def stdlib_chunks(
+    n_files_train: int, n_files_heldout: int, max_chars: int, seed: int
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(train, held-out) lists of (relative path, source chunk) from different stdlib files."""
     root = STDLIB
     files = sorted(
-        p for p in root.rglob("*.py")
-        if "test" not in p.parts and "tests" not in p.parts and "site-packages" not in p.parts
-        and "idlelib" not in p.parts and p.stat().st_size > 2000
+        p
+        for p in root.rglob("*.py")
+        if "test" not in p.parts
+        and "tests" not in p.parts
+        and "site-packages" not in p.parts
+        and "idlelib" not in p.parts
+        and p.stat().st_size > 2000
     )
     rng = random.Random(seed)
     rng.shuffle(files)

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> dict:
         help="MT-Bench question.jsonl for the held-out prompts (default: $PIPELINE_DATA_ROOT or the project's data/, "
         "then mt_bench/question.jsonl, relative to the repository root)",
     )
-    ap.add_argument("--card", default=None, help="a draft directory: append the figures to its MODEL_CARD.md and metrics.json")
+    ap.add_argument(
+        "--card", default=None, help="a draft directory: append the figures to its MODEL_CARD.md and metrics.json"
+    )
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -71,7 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
         "block": {"gamma": args.gamma},
         "mtad": {"gamma": args.gamma},
     }
-    decoders = {m: build_decoder(m, pair.target, None if m == "ar" else draft, **params.get(m, {})) for m in args.methods}
+    decoders = {
+        m: build_decoder(m, pair.target, None if m == "ar" else draft, **params.get(m, {})) for m in args.methods
+    }
     with torch.no_grad():  # warm-up
         for m, dec in decoders.items():
             dec.generate(prompt_ids[0], max_new_tokens=8, eos_token_ids=eos, generator=make_generator(0))
@@ -83,22 +87,39 @@ def main(argv: list[str] | None = None) -> dict:
             t = time.perf_counter()
             with torch.no_grad():
                 for i, ids in enumerate(prompt_ids):
-                    g = dec.generate(ids, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
-                                     generator=make_generator(args.seed * 1000 + i))
+                    g = dec.generate(
+                        ids,
+                        max_new_tokens=args.max_new_tokens,
+                        eos_token_ids=eos,
+                        generator=make_generator(args.seed * 1000 + i),
+                    )
                     n_tok += len(g.tokens)
                     steps += g.steps
                     drafts += g.draft_steps
                     acc += g.accepted
             dt = time.perf_counter() - t
-            runs[m].append({"tokens": n_tok, "seconds": dt, "tokens_per_s": n_tok / dt, "target_steps": steps,
-                            "draft_steps": drafts, "tokens_per_step": n_tok / max(steps, 1)})
-            print(f"repeat {r} {m:6s} {n_tok / dt:7.2f} tok/s  {n_tok} tokens  {n_tok / max(steps, 1):.2f} tokens/target step",
-                  flush=True)
+            runs[m].append(
+                {
+                    "tokens": n_tok,
+                    "seconds": dt,
+                    "tokens_per_s": n_tok / dt,
+                    "target_steps": steps,
+                    "draft_steps": drafts,
+                    "tokens_per_step": n_tok / max(steps, 1),
+                }
+            )
+            print(
+                f"repeat {r} {m:6s} {n_tok / dt:7.2f} tok/s  {n_tok} tokens  {n_tok / max(steps, 1):.2f} tokens/target step",
+                flush=True,
+            )
     summary = {}
     for m in args.methods:
         tps = [x["tokens_per_s"] for x in runs[m]]
-        summary[m] = {"tokens_per_s_median": statistics.median(tps), "tokens_per_s": tps,
-                      "tokens_per_step": statistics.median(x["tokens_per_step"] for x in runs[m])}
+        summary[m] = {
+            "tokens_per_s_median": statistics.median(tps),
+            "tokens_per_s": tps,
+            "tokens_per_step": statistics.median(x["tokens_per_step"] for x in runs[m]),
+        }
         if "ar" in runs and m != "ar":
             ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[m], runs["ar"])]
             summary[m]["speedup_vs_ar_median"] = statistics.median(ratios)

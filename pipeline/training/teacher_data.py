@@ -70,8 +70,8 @@ def left_pad(prompt_ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
     ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
     for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -86,8 +86,16 @@ def _warped_sample(logits: torch.Tensor, top_k: int, top_p: float, gen: torch.Ge
 
 @torch.no_grad()
 def sample_answers(
-    target, prompt_ids: list[list[int]], *, max_new_tokens: int, top_k_store: int, sample_top_k: int,
-    sample_top_p: float, eos_id: int, pad_id: int, gen: torch.Generator,
+    target,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    top_k_store: int,
+    sample_top_k: int,
+    sample_top_p: float,
+    eos_id: int,
+    pad_id: int,
+    gen: torch.Generator,
 ) -> list[Record]:
     """Sample one answer per prompt in one left-padded batch; record the teacher's top-k at each step.
 
@@ -97,7 +105,9 @@ def sample_answers(
     ids, mask = left_pad(prompt_ids, pad_id)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    logits = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+    logits = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits[
+        :, -1
+    ]
     alive = torch.arange(b)
     next_pos = pos[:, -1] + 1
     answers: list[list[int]] = [[] for _ in range(b)]
@@ -121,8 +131,13 @@ def sample_answers(
             cache.batch_select_indices(sel)
             alive, mask, next_pos, tok = alive[sel], mask[sel], next_pos[sel], tok[sel]
         mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
-        logits = target(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                        past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = target(
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=next_pos[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
         next_pos = next_pos + 1
     out = []
     for i, p in enumerate(prompt_ids):
@@ -133,8 +148,17 @@ def sample_answers(
 
 @torch.no_grad()
 def sample_answers_packed(
-    cached, prompt_ids: list[list[int]], *, max_new_tokens: int, top_k_store: int, sample_top_k: int,
-    sample_top_p: float, eos_id: int, gen: torch.Generator, slots: int = 48, max_cache: int = 16384,
+    cached,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    top_k_store: int,
+    sample_top_k: int,
+    sample_top_p: float,
+    eos_id: int,
+    gen: torch.Generator,
+    slots: int = 48,
+    max_cache: int = 16384,
 ) -> list[Record]:
     """``sample_answers`` on the engine's batch-1 forward (``CachedModel``, e.g. the bf16 CPU kernels):
     up to ``slots`` independent sequences share one KV cache, each row of a step seeing only its own
@@ -165,7 +189,9 @@ def sample_answers_packed(
                 keep = torch.isin(owner, live).nonzero().squeeze(-1)
                 cached.compact(0, keep)
                 owner, start = owner[keep], int(keep.numel())
-            allowed = torch.cat([owner[None, :] == live[:, None], torch.eye(len(feeding), dtype=torch.bool, device=device)], 1)
+            allowed = torch.cat(
+                [owner[None, :] == live[:, None], torch.eye(len(feeding), dtype=torch.bool, device=device)], 1
+            )
             tokens = torch.tensor([answers[s][-1] for s in feeding])
             positions = torch.tensor([next_pos[s] for s in feeding])
             rows.append(cached.forward_masked(tokens, positions, allowed))
@@ -210,8 +236,9 @@ def conversation_ids(tokenizer, conv: Conversation, answers: list[list[int]]) ->
     return encode_prompt(tokenizer, messages, chat=True)
 
 
-def sample_conversations(tokenizer, convs: list[Conversation], sample: Callable[[list[list[int]]], list[Record]],
-                         max_prompt: int = 1536) -> list[Record]:
+def sample_conversations(
+    tokenizer, convs: list[Conversation], sample: Callable[[list[list[int]]], list[Record]], max_prompt: int = 1536
+) -> list[Record]:
     """The target's answers to every turn of ``convs``: one ``sample`` call per turn depth (all first turns
     packed together, then all second turns, each after its conversation's own sampled first answer).
     First answers are ``gen`` records, later ones ``gen2``; a later turn whose prompt would pass
@@ -251,7 +278,11 @@ def teacher_force_cached(cached, seqs: list[tuple[list[int], int]], *, top_k_sto
         cached.reset()
         logp = cached.forward(s, keep=0)[start - 1 : len(s) - 1].log_softmax(-1)
         vals, idx = logp.topk(top_k_store, dim=-1)
-        out.append(Record(torch.tensor(s, dtype=torch.int32), start, idx.to(torch.int32).cpu(), vals.to(torch.float16).cpu(), "tf"))
+        out.append(
+            Record(
+                torch.tensor(s, dtype=torch.int32), start, idx.to(torch.int32).cpu(), vals.to(torch.float16).cpu(), "tf"
+            )
+        )
     return out
 
 
@@ -283,11 +314,13 @@ def build_tf_sequences(tokenizer, n: int, seed: int, max_len: int) -> list[tuple
     seqs = []
     for module, name, header, source in funcs[:n]:
         first = header.strip().splitlines()[0]
-        user = rng.choice([
-            f"Write a Python function `{name}` like the one in the `{module}` module.",
-            f"Implement this function:\n{first}",
-            f"Show me how `{module}.{name}` could be implemented in Python.",
-        ])
+        user = rng.choice(
+            [
+                f"Write a Python function `{name}` like the one in the `{module}` module.",
+                f"Implement this function:\n{first}",
+                f"Show me how `{module}.{name}` could be implemented in Python.",
+            ]
+        )
         answer = rng.choice(["", "Here is an implementation:\n\n", "Sure! "]) + f"```python\n{source}\n```"
         start = len(chat_ids(tokenizer, user))
         ids = chat_ids(tokenizer, user, answer)[:max_len]
@@ -297,10 +330,26 @@ def build_tf_sequences(tokenizer, n: int, seed: int, max_len: int) -> list[tuple
 
 
 def generate_teacher_data(
-    target, tokenizer, out_dir: Path, *, n_prompts: int, tf_fraction: float, batch_size: int,
-    max_new_tokens: int, top_k_store: int, sample_top_k: int, sample_top_p: float, seed: int,
-    time_budget_s: float, max_shards: int | None = None, max_tf_len: int = 320, engine: str = "batched",
-    slots: int = 64, prompts: str = "instructions", multi_turn: float = 0.4, log=print,
+    target,
+    tokenizer,
+    out_dir: Path,
+    *,
+    n_prompts: int,
+    tf_fraction: float,
+    batch_size: int,
+    max_new_tokens: int,
+    top_k_store: int,
+    sample_top_k: int,
+    sample_top_p: float,
+    seed: int,
+    time_budget_s: float,
+    max_shards: int | None = None,
+    max_tf_len: int = 320,
+    engine: str = "batched",
+    slots: int = 64,
+    prompts: str = "instructions",
+    multi_turn: float = 0.4,
+    log=print,
 ) -> None:
     """Write teacher shards to ``out_dir`` until ``n_prompts`` are done or the time budget is spent.
 
@@ -334,7 +383,11 @@ def generate_teacher_data(
     # (blocks keep every kind of prompt spread over the whole run).
     block = 8 * batch_size
     lengths = [len(chat_ids(tokenizer, p)) for p in first]
-    order = [i for b in range(0, len(items), block) for i in sorted(range(b, min(b + block, len(items))), key=lengths.__getitem__)]
+    order = [
+        i
+        for b in range(0, len(items), block)
+        for i in sorted(range(b, min(b + block, len(items))), key=lengths.__getitem__)
+    ]
     items = [items[i] for i in order]
     n_tf = int(round(n_prompts * tf_fraction))
     tf_seqs = build_tf_sequences(tokenizer, n_tf, seed, max_tf_len)
@@ -361,8 +414,14 @@ def generate_teacher_data(
         elif use_tf:
             recs = teacher_force(target, batch, top_k_store=top_k_store, pad_id=pad)
         else:
-            kw = dict(max_new_tokens=max_new_tokens, top_k_store=top_k_store, sample_top_k=sample_top_k,
-                      sample_top_p=sample_top_p, eos_id=tokenizer.eos_token_id, gen=g)
+            kw = dict(
+                max_new_tokens=max_new_tokens,
+                top_k_store=top_k_store,
+                sample_top_k=sample_top_k,
+                sample_top_p=sample_top_p,
+                eos_id=tokenizer.eos_token_id,
+                gen=g,
+            )
             if cached is not None:
                 sample = lambda ids: sample_answers_packed(cached, ids, slots=slots, **kw)  # noqa: E731
             else:
@@ -375,8 +434,10 @@ def generate_teacher_data(
         ntok = sum(len(r.topk_ids) for r in recs)
         total += ntok
         el = time.time() - t0
-        log(f"shard {shard} {'tf ' if use_tf else 'gen'} records {len(recs)} tokens {ntok} total {total} "
-            f"elapsed {el:.0f}s rate {total / max(el, 1e-9):.1f} tok/s")
+        log(
+            f"shard {shard} {'tf ' if use_tf else 'gen'} records {len(recs)} tokens {ntok} total {total} "
+            f"elapsed {el:.0f}s rate {total / max(el, 1e-9):.1f} tok/s"
+        )
         shard += 1
         if el > time_budget_s:
             log(f"time budget reached after {el:.0f}s")
@@ -394,7 +455,9 @@ def load_records(data_dir: Path) -> list[dict]:
 # Feature corpus (Medusa and EAGLE heads): stdlib source as chat answers, the target's sampled answers
 # --------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int, log) -> list[list[int]]:
+def generate_answers(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int, log
+) -> list[list[int]]:
     """The target's sampled answers (prompt + answer ids), T=1 top-k 10 top-p 0.9, batched with left padding."""
     torch.manual_seed(seed)
     pad = padding_id(tokenizer)
@@ -404,8 +467,14 @@ def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, 
         ids, mask = left_pad(batch, pad)
         width = ids.shape[1]
         gen = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=10, top_p=0.9,
-            max_new_tokens=max_new_tokens, pad_token_id=pad,
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=10,
+            top_p=0.9,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
         )
         for x, row in zip(batch, gen[:, width:].tolist()):
             eos = tokenizer.eos_token_id
@@ -430,7 +499,9 @@ def hidden_states(model, sequences: list[list[int]], log, tag: str) -> tuple[tor
     return torch.cat(hs), torch.cat(ids), torch.cat(seq)
 
 
-def feature_data(model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: Path, log) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def feature_data(
+    model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: Path, log
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The offline training/held-out text and the frozen target's last hidden states over it (cached in ``cache``).
 
     Tags ``train`` (stdlib source + the target's sampled answers), ``heldout_stdlib``, ``heldout_answers``;
@@ -439,7 +510,10 @@ def feature_data(model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: P
     if cache.exists():
         log(f"loaded cached data {cache}")
         return torch.load(cache)
-    data = {tag: hidden_states(model, seqs, log, tag) for tag, seqs in feature_sequences(model, tokenizer, data_cfg, seed, log).items()}
+    data = {
+        tag: hidden_states(model, seqs, log, tag)
+        for tag, seqs in feature_sequences(model, tokenizer, data_cfg, seed, log).items()
+    }
     torch.save(data, cache)
     log("data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
     return data
@@ -451,10 +525,16 @@ def feature_sequences(model, tokenizer, data_cfg: dict[str, Any], seed: int, log
     train_prompts, held_prompts = feature_prompts(seed)
     train_prompts = train_prompts[: data_cfg["n_prompts"]]
     held_prompts = held_prompts[: data_cfg["n_heldout_prompts"]]
-    src_train, src_held = stdlib_chunks(data_cfg["n_stdlib_files"], data_cfg["n_heldout_stdlib_files"], data_cfg["stdlib_chars"], seed)
+    src_train, src_held = stdlib_chunks(
+        data_cfg["n_stdlib_files"], data_cfg["n_heldout_stdlib_files"], data_cfg["stdlib_chars"], seed
+    )
     limit = data_cfg["max_len"]
     seqs_train = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_train]
     seqs_held = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_held]
-    gen_train = generate_answers(model, tokenizer, train_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed, log)
-    gen_held = generate_answers(model, tokenizer, held_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed + 1, log)
+    gen_train = generate_answers(
+        model, tokenizer, train_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed, log
+    )
+    gen_held = generate_answers(
+        model, tokenizer, held_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed + 1, log
+    )
     return {"train": seqs_train + gen_train, "heldout_stdlib": seqs_held, "heldout_answers": gen_held}

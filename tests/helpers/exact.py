@@ -26,7 +26,9 @@ def exact_law(model, prompt, length, warper, engine: bool = False):
             pr = 1.0
             for i in range(length):
                 ids = prompt + list(seq[:i])
-                logits = CachedModel(model).forward(ids, keep=1)[-1] if engine else model(torch.tensor([ids])).logits[0, -1]
+                logits = (
+                    CachedModel(model).forward(ids, keep=1)[-1] if engine else model(torch.tensor([ids])).logits[0, -1]
+                )
                 pr *= float(warper(logits)[seq[i]])
                 if pr == 0:
                     break
@@ -72,7 +74,9 @@ def count_forwards(model):
         ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
         calls.append(ids.shape[1])
 
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in (model, lean_forward_for(model)) if m is not None]
+    handles = [
+        m.register_forward_pre_hook(hook, with_kwargs=True) for m in (model, lean_forward_for(model)) if m is not None
+    ]
 
     class _Handles:
         def remove(self):

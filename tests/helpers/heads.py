@@ -43,8 +43,9 @@ def _hidden(target, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Ten
     return torch.cat(hs), ids, seq
 
 
-def medusa_heads_folder(target, folder: Path, *, num_heads: int = 2, sequences: list[list[int]] | None = None,
-                        steps: int = 0, seed: int = 0) -> Path:
+def medusa_heads_folder(
+    target, folder: Path, *, num_heads: int = 2, sequences: list[list[int]] | None = None, steps: int = 0, seed: int = 0
+) -> Path:
     """Medusa heads for ``target`` (zero-initialised ResBlocks: each head starts as the LM head), trained for
     ``steps`` by ``pipeline.training.medusa.train_heads`` on the target's own hidden states over ``sequences``,
     saved by ``save_medusa_heads``."""
@@ -53,6 +54,17 @@ def medusa_heads_folder(target, folder: Path, *, num_heads: int = 2, sequences: 
     if steps and sequences:
         hidden, ids, seq = _hidden(target, sequences)
         with torch.enable_grad():
-            train_heads(heads, target.get_output_embeddings(), hidden, head_examples(ids, seq, num_heads), steps=steps,
-                        batch_tokens=64, lr=1e-2, warmup=2, vocab=torch.unique(ids), seed=seed, log_every=0)
+            train_heads(
+                heads,
+                target.get_output_embeddings(),
+                hidden,
+                head_examples(ids, seq, num_heads),
+                steps=steps,
+                batch_tokens=64,
+                lr=1e-2,
+                warmup=2,
+                vocab=torch.unique(ids),
+                seed=seed,
+                log_every=0,
+            )
     return save_medusa_heads(heads, folder, dtype=torch.float32, command="made by a test", seed=seed)

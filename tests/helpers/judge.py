@@ -17,8 +17,16 @@ from typing import Callable
 
 
 class JudgeServer:
-    def __init__(self, reply: Callable[[dict], str] | None = None, *, rating: int = 7, fail_first: int = 0,
-                 models: tuple[str, ...] = ("tiny-judge",), version: str = "", fingerprint: str | None = None):
+    def __init__(
+        self,
+        reply: Callable[[dict], str] | None = None,
+        *,
+        rating: int = 7,
+        fail_first: int = 0,
+        models: tuple[str, ...] = ("tiny-judge",),
+        version: str = "",
+        fingerprint: str | None = None,
+    ):
         self.reply = reply or (lambda body: f"Fine. Rating: [[{rating}]]")
         self.fail_first = fail_first
         self.healthy = True
@@ -57,8 +65,18 @@ class JudgeServer:
                     self.send_error(503, "busy")
                     return
                 outer.requests.append(body)
-                payload = {"id": "x", "object": "chat.completion", "model": body["model"] + version,
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": outer.reply(body)}, "finish_reason": "stop"}]}
+                payload = {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": body["model"] + version,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": outer.reply(body)},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                }
                 if fingerprint:
                     payload["system_fingerprint"] = fingerprint
                 self._send(payload)

@@ -25,6 +25,7 @@ _cgroups = sys.argv[1:]  # on the command line: known even if the scorer dies be
 _t0 = time.monotonic()
 layers = ["bwrap", "seccomp", "rlimits", "separate-checker", "checker-rlimits"]
 
+
 def _release_cgroups():
     # the sandbox is gone: leave the run's cgroups for their parent and remove them (the scorer that
     # started this checker removes them too; whichever of the two outlives the run succeeds)
@@ -43,12 +44,19 @@ def _release_cgroups():
             except OSError:
                 time.sleep(0.02)
 
+
 def verdict(status, detail=""):
     if "proc" in globals() and proc.returncode is not None:
         _release_cgroups()
-    os.write(1, (_json.dumps({"status": status, "detail": detail[:200], "layers": layers,
-                               "seconds": time.monotonic() - _t0}) + "\n").encode())
+    os.write(
+        1,
+        (
+            _json.dumps({"status": status, "detail": detail[:200], "layers": layers, "seconds": time.monotonic() - _t0})
+            + "\n"
+        ).encode(),
+    )
     os._exit(0)
+
 
 try:
     payload = _json.loads(sys.stdin.buffer.read())
@@ -56,17 +64,22 @@ except ValueError:  # the scorer died before it wrote the whole payload: nothing
     _release_cgroups()
     os._exit(1)
 
+
 class _Timeout(BaseException):
     pass
+
 
 class CandidateError(Exception):
     pass
 
+
 class _ServerGone(Exception):  # noqa: N818 - the server process is gone, not an error of ours
     pass
 
+
 def _alarm(signum, frame):
     raise _Timeout()
+
 
 fd = os.memfd_create("seccomp", 0) if hasattr(os, "memfd_create") else None
 os.write(fd, bytes.fromhex(payload["seccomp"]))
@@ -76,6 +89,7 @@ cmd[cmd.index("--seccomp") + 1] = str(fd)
 info_r, info_w = os.pipe()
 cmd[cmd.index("--info-fd") + 1] = str(info_w)
 
+
 def _limits():
     for path in _cgroups:  # join the run's cgroups before bwrap starts
         with open(path + "/cgroup.procs", "w") as f:
@@ -83,16 +97,27 @@ def _limits():
     for kind, value in payload["rlimits"]:
         resource.setrlimit(kind, tuple(value))
 
-proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        pass_fds=(fd, info_w), preexec_fn=_limits, close_fds=True)
+
+proc = subprocess.Popen(
+    cmd,
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    pass_fds=(fd, info_w),
+    preexec_fn=_limits,
+    close_fds=True,
+)
 os.close(fd)
 os.close(info_w)
+
 
 class _CheckerLimit(BaseException):
     pass
 
+
 def _xcpu(signum, frame):
     raise _CheckerLimit()
+
 
 def _own_limits():
     # The checker decodes and checks what the sandboxed program chose to send, outside the sandbox's
@@ -112,11 +137,14 @@ def _own_limits():
     mem = size + int(payload["checker_memory"])
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 
+
 _over = []  # what the watcher stopped the sandbox for
+
 
 def _count_files(tmp_fd):
     st = os.fstatvfs(tmp_fd)
     return st.f_files - st.f_ffree  # inodes in use on the sandbox's /tmp (a hard link takes one too)
+
 
 def _count_tasks():
     # the sandbox's init (bwrap, pid 1 inside) and its children (the server: it cannot create another process)
@@ -127,6 +155,7 @@ def _count_tasks():
         with open("/proc/%s/status" % child) as f:
             total += int(next(line for line in f if line.startswith("Threads:")).split()[1])
     return total
+
 
 def _watch(tmp_fd, base_files, tasks):
     # Kernel memory that no rlimit counts, where no cgroup does: each file of /tmp (the tmpfs caps bytes,
@@ -149,6 +178,7 @@ def _watch(tmp_fd, base_files, tasks):
             return
         time.sleep(payload["watch_interval_s"])
 
+
 def _start_watch():
     try:
         tmp_fd = os.open("/proc/%d/root/tmp" % sandbox_pid, os.O_RDONLY | os.O_DIRECTORY)
@@ -162,7 +192,10 @@ def _start_watch():
     threading.stack_size(256 * 1024)
     threading.Thread(target=_watch, args=(tmp_fd, base_files, tasks), daemon=True).start()
     layers.append("watch-files-and-threads" if tasks else "watch-files")
+
+
 sandbox_pid = None
+
 
 def _sandbox_pid():
     # bwrap reports the pid of the sandbox's init (pid 1 of its pid namespace) on the info pipe
@@ -177,6 +210,7 @@ def _sandbox_pid():
         except ValueError:
             continue
 
+
 def _stop():
     # killing the namespace's init kills every process inside; bwrap returns once they are gone
     if sandbox_pid:
@@ -189,10 +223,13 @@ def _stop():
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
 _to, _from = proc.stdin.fileno(), proc.stdout.fileno()
 MAX = payload["max_message"]
 
 _up = False  # True once the sandboxed interpreter has said hello: from then on, its code may have run
+
 
 def _gone():
     _stop()
@@ -203,6 +240,7 @@ def _gone():
     if not _up and err.startswith("bwrap:"):
         verdict("error", "sandbox failed to start: " + " ".join(err.split())[:150])
     raise _ServerGone("the program ended without an answer (exit status %s)" % code)
+
 
 def _readn(n):
     # linear in n however the program trickles its bytes (``bytes +=`` per chunk would be quadratic)
@@ -215,6 +253,7 @@ def _readn(n):
         got += len(chunk)
     return b"".join(buf)
 
+
 def _recv():
     n = struct.unpack(">I", _readn(4))[0]
     if n > MAX:
@@ -222,14 +261,16 @@ def _recv():
         raise CandidateError("answer larger than %d bytes" % MAX)
     return _json.loads(_readn(n))
 
+
 def _send(obj):
     data = _json.dumps(obj).encode()
     data = struct.pack(">I", len(data)) + data
     try:
         while data:
-            data = data[os.write(_to, data):]
+            data = data[os.write(_to, data) :]
     except BrokenPipeError:
         _gone()
+
 
 def candidate(*args, **kwargs):
     _send({"args": _enc(list(args)), "kwargs": _enc(dict(kwargs))})
@@ -237,6 +278,7 @@ def candidate(*args, **kwargs):
     if "ok" in answer:
         return _dec(answer["ok"])
     raise CandidateError(str(answer.get("raised", "malformed answer"))[:200])
+
 
 signal.signal(signal.SIGALRM, _alarm)
 signal.setitimer(signal.ITIMER_REAL, payload["startup_s"])

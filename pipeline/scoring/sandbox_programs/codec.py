@@ -19,6 +19,7 @@ _MAX_DEPTH = 200
 _MAX_ITEMS = 200_000
 _MAX_SAME_HASH = 32
 
+
 def _enc(x, depth=0, loose=False):
     if depth > _MAX_DEPTH:
         raise ValueError("value nested too deeply")
@@ -45,6 +46,7 @@ def _enc(x, depth=0, loose=False):
     if loose and t.__module__ == "numpy" and hasattr(x, "item") and getattr(x, "ndim", None) == 0:
         return _enc(x.item(), depth, loose)
     raise TypeError("cannot pass a %s value between the sandbox and the checker" % t.__name__)
+
 
 class _Budget:
     """How many more values one message may decode to."""
@@ -76,7 +78,7 @@ def _dec(o, depth=0, budget=None):
     budget.take()
     if depth > _MAX_DEPTH or type(o) is not dict or len(o) != 1:
         raise ValueError("malformed value")
-    (tag, v), = o.items()
+    ((tag, v),) = o.items()
     if tag == "n":
         return None
     if tag == "b" and type(v) is bool:
@@ -104,6 +106,7 @@ def _dec(o, depth=0, budget=None):
         _no_collisions([k for k, _ in pairs])
         return dict(pairs)
     raise ValueError("malformed value")
+
 
 def _describe(err):
     try:

@@ -22,7 +22,8 @@ def _send(obj):
     data = _json.dumps(obj).encode()
     data = struct.pack(">I", len(data)) + data
     while data:
-        data = data[os.write(_OUT, data):]
+        data = data[os.write(_OUT, data) :]
+
 
 def _readn(n):
     buf = b""
@@ -33,8 +34,10 @@ def _readn(n):
         buf += chunk
     return buf
 
+
 def _recv():
     return _json.loads(_readn(struct.unpack(">I", _readn(4))[0]))
+
 
 _send({"hello": 1})
 _msg = _recv()
@@ -43,6 +46,7 @@ if _msg.get("max_tasks"):
     # non-root scorer (the cgroup's pids.max does it where cgroups are writable); a thread costs kernel
     # memory (its kernel stack) that the address-space limit does not see
     import resource as _resource
+
     try:
         _resource.setrlimit(_resource.RLIMIT_NPROC, (_msg["max_tasks"], _msg["max_tasks"]))
     except (OSError, ValueError):

@@ -67,4 +67,6 @@ def speed(jsonl_file, jsonl_file_base, tokenizer, task=None, report=True):
     tokens_per_second_baseline = np.array(speeds0).mean()
     speedup_ratio = np.array(speeds).mean() / np.array(speeds0).mean()
     return tokens_per_second, tokens_per_second_baseline, speedup_ratio, accept_lengths_list
+
+
 # ---- end of Spec-Bench's code
