@@ -1,0 +1,126 @@
+"""The docs as a reference: what they state about the code is checked against the code (issue 35).
+
+- docs/methods.md's method table against the methods' declarations (``pipeline.decoding.METHODS``): every
+  registered method has one row, and its module, draft shape, lossless and batchable flags, parameters with
+  their defaults (beyond the warping parameters) and the drafter kinds it accepts are those the code declares;
+  the warping defaults stated above the table are ``WARP_PARAMS``'.
+- docs/drafters.md's drafter table against ``pipeline.decoding.DRAFTERS``: every kind, its scope's defaults.
+- No docs page is a note "moved without rewriting", and every relative link of the README and docs/ names a
+  file or folder that exists.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from helpers.project import REPO
+from pipeline.decoding import DRAFTERS, METHODS, check_method
+from pipeline.decoding.base import WARP_PARAMS, DrafterContext
+
+DOCS = REPO / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+
+# a pair that offers every asset a drafter can read: what a method accepts is then its own declaration
+EVERYTHING = DrafterContext(has_draft=True, has_eagle=True, default="model", eagle_version=1, has_medusa=True)
+EVERYTHING3 = DrafterContext(has_draft=True, has_eagle=True, default="model", eagle_version=3, has_medusa=True)
+
+
+def table(text: str, first_header: str) -> list[dict[str, str]]:
+    """The rows of the markdown table whose header row starts with ``| <first_header> |``, as header -> cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    header = [c.strip() for c in lines[start].strip().strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        assert len(cells) == len(header), f"a row of the {first_header!r} table has {len(cells)} cells: {line}"
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def code_name(cell: str) -> str:
+    match = re.fullmatch(r"`([^`]+)`", cell)
+    assert match, f"expected one `name`, got {cell!r}"
+    return match.group(1)
+
+
+def parameters(cell: str) -> dict[str, object]:
+    """``\\`gamma\\` 3, \\`k_config\\` [4, 2, 2], \\`drafter\\` pair`` -> {gamma: 3, k_config: [4, 2, 2], drafter: 'pair'}."""
+    if cell in ("–", "-", ""):
+        return {}
+    found = re.findall(r"`(\w+)` (\[[^\]]*\]|[^,]+)", cell)
+    assert found, f"no `name` default pairs in {cell!r}"
+    return {name: yaml.safe_load(value.strip()) for name, value in found}
+
+
+def kinds(cell: str) -> set[str]:
+    return set() if cell in ("–", "-", "") else {k.strip() for k in cell.split(",")}
+
+
+def accepted_drafters(method: str) -> set[str]:
+    """The drafter kinds ``method`` takes, asked of the code with a pair that offers everything."""
+    if "drafter" not in METHODS[method].all_params():
+        return set()
+    taken = set()
+    for kind in DRAFTERS:
+        try:
+            check_method(method, {"drafter": kind}, drafters=EVERYTHING3 if kind == "eagle3" else EVERYTHING)
+        except ValueError:
+            continue
+        taken.add(kind)
+    return taken
+
+
+METHODS_MD = (DOCS / "methods.md").read_text()
+METHOD_ROWS = {code_name(r["method"]): r for r in table(METHODS_MD, "method")}
+
+
+def test_methods_md_has_one_row_per_registered_method():
+    assert sorted(METHOD_ROWS) == sorted(METHODS.names())
+
+
+def test_methods_md_states_the_warping_defaults_every_method_takes():
+    stated = dict(re.findall(r"`(temperature|top_k|top_p)`\s+([0-9.]+) \(", METHODS_MD))
+    assert {k: float(v) for k, v in stated.items()} == {k: float(p.default) for k, p in WARP_PARAMS.items()}
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_methods_md_row_matches_the_declaration(method):
+    row, cls = METHOD_ROWS[method], METHODS[method]
+    module = "pipeline/" + code_name(row["module"]).removesuffix(".py")
+    assert module.replace("/", ".") == cls.__module__, f"{method}: the table names {row['module']}"
+    assert row["shape"] == cls.draft_shape
+    assert row["lossless"] == ("yes" if cls.lossless else "no")
+    assert row["batchable"] == ("yes" if cls.batchable else "no")
+    declared = {name: p.default for name, p in cls.params.items()}
+    assert parameters(row["parameters (default)"]) == declared, f"{method}: the table's parameters or defaults"
+    assert kinds(row["drafters"]) == accepted_drafters(method), f"{method}: the drafters it accepts"
+
+
+def test_drafters_md_table_matches_the_registered_drafters():
+    rows = {code_name(r["drafter"]): r for r in table((DOCS / "drafters.md").read_text(), "drafter")}
+    assert sorted(rows) == sorted(DRAFTERS.names())
+    for kind, cls in DRAFTERS.items():
+        declared = {name: p.default for name, p in cls.params.items()}
+        assert parameters(rows[kind]["scope (default)"]) == declared, f"drafter {kind}: its scope's defaults"
+
+
+def test_no_docs_page_is_a_note_moved_without_rewriting():
+    for page in [REPO / "README.md", *PAGES]:
+        assert "without rewriting" not in page.read_text(), f"{page.name} still says it was moved without rewriting"
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", [REPO / "README.md", *PAGES], ids=lambda p: p.name)
+def test_relative_links_name_files_that_exist(page):
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):  # http(s):, mailto:
+            continue
+        assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
