@@ -3,6 +3,7 @@
 common.py        run setup (threads, seed, work folder, log), the frozen target, the heads' schedule
 prompt_sets.py   the offline training prompts (templates, word lists, standard-library source)
 chat_mix.py      the broad chat prompt mix (MT-Bench's categories, second turns) and its held-out split
+chat_mix_words.py, chat_mix_subjects.py  the chat mix's word lists
 contamination.py the check that refuses evaluation prompts in training data (word 13-grams)
 teacher_data.py  the offline teacher data (one copy): the target's sampled answers and top-k
                  log-probs (draft distillation), and the feature corpus with the target's hidden states (heads)
