@@ -52,7 +52,8 @@ TIMING_STATISTICS = ("tokens_per_s", "speedup_over_bound", "j_per_token")  # dec
 
 @dataclass(frozen=True)
 class Statistic:
-    """How a claim's statistic is computed: the columns of a unit, and the effect from (reference units, method units)."""
+    """How a claim's statistic is computed: the columns of a unit, and the effect from (reference units, method
+    units)."""
 
     columns: tuple[str, ...]
     value: Callable[[np.ndarray, dict], float]  # statistic of one side's units
@@ -571,8 +572,11 @@ def evaluate_claim(
         result["verdict"] = MEASUREMENT_PROBLEM
         notes.insert(
             0,
-            "the measured speedup lies above its own bound, which no method can do: a measurement problem "
-            "(load or phase differences between the cells, a cost ratio c measured in another state), not a verdict on the method",
+            (
+                "the measured speedup lies above its own bound, which no method can do: a measurement problem (load or "
+                "phase differences between the cells, a cost ratio c measured in another state), not a verdict on the "
+                "method"
+            ),
         )
     if se == 0 and np.ptp(new, axis=0).max() == 0 and (ref is None or np.ptp(ref, axis=0).max() == 0):
         result["verdict"] = INCONCLUSIVE

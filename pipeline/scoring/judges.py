@@ -253,14 +253,16 @@ def _judge_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         missing = [k for k in ("base_url", "model") if not cfg.get(k)]
         if missing:
             raise ValueError(
-                f"judge.kind=openai needs {missing}: set judge.base_url=http://host:port/v1 judge.model=<served model name>"
+                f"judge.kind=openai needs {missing}: set judge.base_url=http://host:port/v1 "
+                "judge.model=<served model name>"
             )
         OpenAIJudge(**cfg)  # its settings checked (numbers finite and in range, the URL's scheme); nothing is sent
     return kind, cfg
 
 
 def make_judge(cfg: Mapping[str, Any]) -> Judge:
-    """A judge from its config: ``{kind: openai, base_url, model, api_key_env, max_new_tokens}`` or ``{kind: transformers, model, max_new_tokens}``."""
+    """A judge from its config: ``{kind: openai, base_url, model, api_key_env, max_new_tokens}`` or
+    ``{kind: transformers, model, max_new_tokens}``."""
     kind, kwargs = _judge_kwargs(cfg)
     if kind == "openai":
         return OpenAIJudge(**kwargs)
@@ -293,7 +295,8 @@ def preflight(cfg: Mapping[str, Any] | None) -> str | None:
 def check_endpoint(
     base_url: str, api_key_env: str | None = "OPENAI_API_KEY", model: str | None = None, timeout_s: float = 5.0
 ) -> list[str]:
-    """GET ``{base_url}/models`` once within ``timeout_s`` in all; the served model ids, or ValueError naming the fix."""
+    """GET ``{base_url}/models`` once within ``timeout_s`` in all: the served model ids, or a ValueError naming
+    the fix."""
     url = base_url.rstrip("/") + "/models"
     headers = {}
     key = os.environ.get(api_key_env) if api_key_env else None

@@ -24,7 +24,8 @@ The judge is configured apart from the pair being measured:
 - ``TransformersJudge``: a local causal LM with a chat template, greedy decoding.
 
 (both in ``pipeline.scoring.judges``, the HTTP request with its total time limit in
-``pipeline.scoring.judge_http``). The judge's model name and the versions its endpoint reports are recorded with the scores.
+``pipeline.scoring.judge_http``). The judge's model name and the versions its endpoint reports are recorded with the
+scores.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ teacher_data.py  the offline teacher data (one copy): the target's sampled answe
 distill.py       distil a small draft for a pair's target (``python -m pipeline.distill``)
 medusa.py        train Medusa heads for a target (``python -m pipeline.train_medusa``)
 eagle.py         train an EAGLE-1/2 head for a target (``python -m pipeline.train_eagle``)
-eagle3.py        train an EAGLE-3 head with the authors' training-time test (``... train_eagle --config-name train_eagle3``)
+eagle3.py        train an EAGLE-3 head with the authors' training-time test
+                 (``python -m pipeline.train_eagle --config-name train_eagle3``)
 drafter_alpha.py held-out first-token alpha of the draft and of the heads on the same positions
 speed.py         tokens/s of the methods with a pair's draft on held-out prompts (``python -m pipeline.distill_speed``)
 cards.py         the model cards written next to the checkpoints

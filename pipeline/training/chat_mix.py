@@ -174,19 +174,25 @@ def _reasoning(rng: random.Random, pools: Pools) -> tuple[str, str]:
     kind = rng.randrange(8)
     if kind == 0:
         a, b, c, d = names
-        first = f"{a} is taller than {b}. {c} is shorter than {b} but taller than {d}. Who is the tallest, and who is the shortest?"
+        first = (
+            f"{a} is taller than {b}. {c} is shorter than {b} but taller than {d}. Who is the tallest, and who is "
+            "the shortest?"
+        )
     elif kind == 1:
         day, n = rng.choice(WEEKDAYS), rng.randint(3, 40)
         first = f"If today is {day}, what day of the week will it be in {n} days? Explain how you got it."
     elif kind == 2:
         steps = [(rng.randint(1, 9), rng.choice(DIRECTIONS)) for _ in range(rng.randint(2, 4))]
         path = ", then ".join(f"{k} km {d}" for k, d in steps)
-        first = f"{names[0]} walks {path}. How far is {names[0]} from the starting point in a straight line, and in which direction?"
+        first = (
+            f"{names[0]} walks {path}. How far is {names[0]} from the starting point in a straight line, and in "
+            "which direction?"
+        )
     elif kind == 3:
         objs = pools.sample(rng, OBJECTS, 3)
         first = (
-            f"There are three boxes in a row. The {objs[0]} is not in the first box. The {objs[1]} is to the right of the "
-            f"{objs[0]}. The {objs[2]} is in the first box. Which object is in each box?"
+            f"There are three boxes in a row. The {objs[0]} is not in the first box. The {objs[1]} is to the right of "
+            f"the {objs[0]}. The {objs[2]} is in the first box. Which object is in each box?"
         )
     elif kind == 4:
         start, step = rng.randint(1, 9), rng.randint(2, 5)
@@ -215,20 +221,35 @@ def _math(rng: random.Random, pools: Pools) -> tuple[str, str]:
     n1, n2 = pools.sample(rng, NAMES, 2)
     item = pools.pick(rng, ITEMS)
     forms = [
-        f"{n1} buys {a} {item} at ${c} each and sells them all for ${a * c + b * c}. What is the profit as a percentage of the cost?",
-        f"{n1} had some {item}. After giving {b} to {n2} and buying {c} more, {n1} has {a}. How many did {n1} start with?",
+        (
+            f"{n1} buys {a} {item} at ${c} each and sells them all for ${a * c + b * c}. What is the profit as a "
+            "percentage of the cost?"
+        ),
+        (
+            f"{n1} had some {item}. After giving {b} to {n2} and buying {c} more, {n1} has {a}. How many did {n1} "
+            "start with?"
+        ),
         f"Solve the system of equations: x + y = {a + b}, x - y = {a - b}.",
         f"Solve for x: {c}x - {b} = {c * a - b}. Show each step.",
         f"A rectangle has a perimeter of {2 * (a + b)} cm and one side of {a} cm. What is its area?",
         f"What is {a}% of {b * 50}? And what percentage of {b * 50} is {a * b // 2}?",
-        f"A car uses {c} litres of fuel per 100 km. How much fuel does it need for {a * 10} km, and what does it cost at ${b / 20:.2f} per litre?",
-        f"Find the mean and the median of these numbers: {', '.join(str(rng.randint(1, 99)) for _ in range(rng.randint(5, 9)))}.",
+        (
+            f"A car uses {c} litres of fuel per 100 km. How much fuel does it need for {a * 10} km, and what does it "
+            f"cost at ${b / 20:.2f} per litre?"
+        ),
+        (
+            "Find the mean and the median of these numbers: "
+            f"{', '.join(str(rng.randint(1, 99)) for _ in range(rng.randint(5, 9)))}."
+        ),
         f"Two dice are rolled. What is the probability that the sum is at least {rng.randint(5, 11)}?",
         f"Simplify the fraction {a * c}/{b * c} and write it as a decimal.",
         f"A recipe for {c} people needs {b * 10} g of flour. How much flour is needed for {a} people?",
         f"What is the sum of all integers from 1 to {a * 10}?",
         f"Compute the derivative of f(x) = {c}x^3 - {b}x^2 + {a}x and find f'(1).",
-        f"A savings account pays {c}% interest per year, compounded yearly. How much will ${a * 100} be worth after {rng.randint(2, 6)} years?",
+        (
+            f"A savings account pays {c}% interest per year, compounded yearly. How much will ${a * 100} be worth "
+            f"after {rng.randint(2, 6)} years?"
+        ),
         f"{n1} can paint a fence in {b} hours and {n2} can paint it in {b + c} hours. How long do they take together?",
         f"A triangle has sides {3 * c}, {4 * c} and {5 * c}. Is it a right triangle? What is its area?",
     ]
@@ -285,16 +306,17 @@ def _document(rng: random.Random, pools: Pools, kind: str) -> str:
         )
     if kind == "job posting":
         return (
-            f"{comp} is hiring a {rng.choice(['data analyst', 'junior developer', 'office manager', 'nurse', 'sales lead'])} "
-            f"in {city}. Salary: {rng.randint(30, 90)},000 per year. Start date: {month} {day}. "
-            f"Apply by sending your CV to {n[0].lower()}@{comp.split()[0].lower()}.example. "
-            f"Requirements: {rng.randint(1, 6)} years of experience and fluent English."
+            f"{comp} is hiring a "
+            f"{rng.choice(['data analyst', 'junior developer', 'office manager', 'nurse', 'sales lead'])} in {city}. "
+            f"Salary: {rng.randint(30, 90)},000 per year. Start date: {month} {day}. Apply by sending your CV to "
+            f"{n[0].lower()}@{comp.split()[0].lower()}.example. Requirements: {rng.randint(1, 6)} years of experience "
+            "and fluent English."
         )
     if kind == "event announcement":
         return (
             f"Join us for the {city} {pools.pick(rng, GENERAL_TOPICS)} festival on {month} {day}! Doors open at "
-            f"{rng.randint(9, 19)}:00. Tickets cost {money()} ({money()} for students). Speakers include {n[0]} and {n[1]}. "
-            f"Sponsored by {comp}."
+            f"{rng.randint(9, 19)}:00. Tickets cost {money()} ({money()} for students). Speakers include {n[0]} and "
+            f"{n[1]}. Sponsored by {comp}."
         )
     if kind == "product reviews":
         out = []
@@ -314,18 +336,19 @@ def _document(rng: random.Random, pools: Pools, kind: str) -> str:
     if kind == "travel itinerary":
         c2 = pools.pick(rng, CITIES)
         return (
-            f"Passenger: {n[0]}. Flight from {city} to {c2} on {month} {day}, departing {rng.randint(6, 22)}:{rng.choice(['05', '20', '45'])}. "
-            f"Hotel: {comp} Inn, {rng.randint(2, 7)} nights, {money()} per night. Return flight on {rng.choice(MONTHS)} {rng.randint(1, 28)}."
+            f"Passenger: {n[0]}. Flight from {city} to {c2} on {month} {day}, departing "
+            f"{rng.randint(6, 22)}:{rng.choice(['05', '20', '45'])}. Hotel: {comp} Inn, {rng.randint(2, 7)} nights, "
+            f"{money()} per night. Return flight on {rng.choice(MONTHS)} {rng.randint(1, 28)}."
         )
     if kind == "customer emails":
         return (
-            f"From: {n[0]}\nHi, I ordered {pools.pick(rng, PRODUCTS)} on {month} {day} (order #{rng.randint(10000, 99999)}) "
-            f"and paid {money()}, but it has not arrived in {city} yet.\n\nFrom: {n[1]}\nHello {comp}, I would like to "
-            f"return {pools.pick(rng, PRODUCTS)}; it is the wrong size."
+            f"From: {n[0]}\nHi, I ordered {pools.pick(rng, PRODUCTS)} on {month} {day} (order "
+            f"#{rng.randint(10000, 99999)}) and paid {money()}, but it has not arrived in {city} yet.\n\nFrom: "
+            f"{n[1]}\nHello {comp}, I would like to return {pools.pick(rng, PRODUCTS)}; it is the wrong size."
         )
     return (
-        f"Lab report by {n[0]} and {n[1]}, {month} {day}. Sample A weighed {rng.randint(10, 99)}.{rng.randint(0, 9)} g; "
-        f"sample B {rng.randint(10, 99)}.{rng.randint(0, 9)} g. Heated to {rng.randint(40, 300)} degrees C for "
+        f"Lab report by {n[0]} and {n[1]}, {month} {day}. Sample A weighed {rng.randint(10, 99)}.{rng.randint(0, 9)} "
+        f"g; sample B {rng.randint(10, 99)}.{rng.randint(0, 9)} g. Heated to {rng.randint(40, 300)} degrees C for "
         f"{rng.randint(5, 60)} minutes. Equipment supplied by {comp}."
     )
 

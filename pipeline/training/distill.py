@@ -428,7 +428,8 @@ def save_checkpoint(student, token_map: torch.Tensor | None, out_dir: Path, dtyp
 
 
 def step_cost(model, *, context: int = 128, reps: int = 40) -> float:
-    """Median ms of one batch-1 single-token step with a KV cache after a ``context``-token prompt (the engine's path)."""
+    """Median ms of one batch-1 single-token step with a KV cache after a ``context``-token prompt (the engine's
+    path)."""
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.get_input_embeddings().weight.shape[0], (context,), generator=generator).tolist()
     return 1e3 * step_times(model, prompt, 1, next(model.parameters()).device, reps=reps)[0]

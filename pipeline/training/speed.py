@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> dict:
                 }
             )
             print(
-                f"repeat {r} {m:6s} {n_tok / dt:7.2f} tok/s  {n_tok} tokens  {n_tok / max(steps, 1):.2f} tokens/target step",
+                (
+                    f"repeat {r} {m:6s} {n_tok / dt:7.2f} tok/s  {n_tok} tokens  {n_tok / max(steps, 1):.2f} "
+                    "tokens/target step"
+                ),
                 flush=True,
             )
     summary = {}
