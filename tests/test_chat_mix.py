@@ -16,7 +16,7 @@ from pipeline.prompts import encode_prompt
 from pipeline.training import chat_mix_words, teacher_data
 from pipeline.training.chat_mix import CATEGORY_WEIGHTS, MULTI_TURN, Conversation, Pools, chat_conversations
 from pipeline.training.contamination import contaminated, evaluation_prompts, refuse_evaluation_prompts
-from pipeline.training.distill import build_heldout
+from pipeline.training.distill_heldout import build_heldout
 from pipeline.training.prompt_sets import build_prompts
 from pipeline.training.teacher_data import (
     chat_heldout_conversations,

@@ -25,7 +25,7 @@ from pipeline.models import load_pair, pair_config
 from pipeline.prompts import chat_ids
 from pipeline.training.cards import append_to_card
 from pipeline.training.common import repo_path
-from pipeline.training.distill import heldout_prompts
+from pipeline.training.distill_heldout import heldout_prompts
 
 
 def main(argv: list[str] | None = None) -> dict:
