@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.claims import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, TOO_FEW, Claim, evaluate_claims, load_claims
+from analysis.claims import evaluate_claims
+from analysis.claims_spec import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, TOO_FEW, Claim, load_claims
 from analysis.figures import savefig
 from analysis.runs import label_methods, order_labels
 from analysis.stats import MIN_PROMPTS
