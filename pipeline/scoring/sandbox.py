@@ -16,10 +16,10 @@ Every program runs in ``bwrap`` (Debian package ``bubblewrap``) with
   content, or a byte-for-byte copy of a known dataset file), are covered by an empty read-only tmpfs
   or ``/dev/null``;
 - a seccomp allow-list (x86-64 and aarch64; another architecture's calls kill the program): the calls an
-  interpreter, numpy, threads and /tmp files need (:data:`_ALLOWED`); ``clone`` only with
+  interpreter, numpy, threads and /tmp files need (:data:`sandbox_seccomp._ALLOWED`); ``clone`` only with
   ``CLONE_THREAD``, ``fcntl`` only for descriptor flags and lock queries (no record locks, leases,
   notifications or pipe resizing). Every other call is refused: EPERM for the named ways out
-  (:data:`_DENIED`: sockets, process creation, ``ptrace``, ``process_vm_*``, the pidfd family, ``kcmp``,
+  (:data:`sandbox_seccomp._DENIED`: sockets, process creation, ``ptrace``, ``process_vm_*``, the pidfd family, ``kcmp``,
   namespaces, the mount calls old and new including ``listmount``/``statmount``/``open_tree_attr``, file
   handles, keys, ``bpf``, ``userfaultfd``, ``perf_event_open``, io_uring, SysV shared memory, message
   queues and semaphores, POSIX message queues, ``memfd_create``/``memfd_secret``, ``vmsplice``, POSIX
