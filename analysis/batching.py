@@ -35,7 +35,8 @@ COLUMNS = [
 
 
 def with_batch(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` with ``method_label`` (the label without its batch suffix) and a numeric ``batch_size`` (1 when absent)."""
+    """``runs`` with ``method_label`` (the label without its batch suffix) and a numeric ``batch_size`` (1 when
+    absent)."""
     out = stats.add_ratios(runs) if "speedup" not in runs else runs.copy()
     split = out["label"].astype(str).map(split_batch_label)
     out["method_label"] = split.map(lambda t: t[0])
@@ -120,8 +121,8 @@ def markdown(runs: pd.DataFrame) -> str:
     ]
     for r in table.itertuples():
         lines.append(
-            f"| {r.pair} | {r.dataset} | {r.method} | {r.batch_size} | {r.seeds} | {f(r.speedup)} [{f(r.low)}, {f(r.high)}] | "
-            f"{f(r.tokens_per_s)} | {f(r.accepted_per_step)} |"
+            f"| {r.pair} | {r.dataset} | {r.method} | {r.batch_size} | {r.seeds} | {f(r.speedup)} [{f(r.low)}, "
+            f"{f(r.high)}] | {f(r.tokens_per_s)} | {f(r.accepted_per_step)} |"
         )
     lines += [
         "",

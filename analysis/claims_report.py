@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.claims import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, TOO_FEW, Claim, evaluate_claims, load_claims
+from analysis.claims import evaluate_claims
+from analysis.claims_spec import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, TOO_FEW, Claim, load_claims
 from analysis.figures import savefig
 from analysis.runs import label_methods, order_labels
 from analysis.stats import MIN_PROMPTS
@@ -102,14 +103,22 @@ def acceptance_markdown(per_method: pd.DataFrame) -> str:
         return "No method in this sweep drafts tokens: no acceptance metrics.\n"
     depth = max(int(c.split("pos")[1].split("_")[0]) for c in per_method.columns if c.startswith("acceptance_rate_pos"))
     lines = [
-        "Conventions: *acceptance length* = tokens emitted per target verification step, bonus token included "
-        "(vLLM's mean acceptance length, Spec-Bench's mean accepted tokens); *draft acceptance rate* = accepted drafts / "
-        "drafted tokens (vLLM); *position i* = accepted at draft position i / drafts reaching position i. "
-        f"**pooled** = {CONVENTIONS[POOLED]}; **per-request** = {CONVENTIONS[PER_REQUEST]}.",
+        (
+            "Conventions: *acceptance length* = tokens emitted per target verification step, bonus token included "
+            "(vLLM's mean acceptance length, Spec-Bench's mean accepted tokens); *draft acceptance rate* = accepted "
+            "drafts / drafted tokens (vLLM); *position i* = accepted at draft position i / drafts reaching position "
+            f"i. **pooled** = {CONVENTIONS[POOLED]}; **per-request** = {CONVENTIONS[PER_REQUEST]}."
+        ),
         "",
-        "| pair | dataset | method | acc. length pooled | acc. length per-request | draft acc. rate pooled | draft acc. rate per-request | "
+        (
+            "| pair | dataset | method | acc. length pooled | acc. length per-request | draft acc. rate pooled | draft "
+            "acc. rate per-request | "
+        )
         + " | ".join(f"pos {i} pooled / per-request" for i in range(1, depth + 1))
-        + " | alpha (positions) | alpha (implied by tokens/step) | Leviathan E[tokens/step] | acceptance falls with position? |",
+        + (
+            " | alpha (positions) | alpha (implied by tokens/step) | Leviathan E[tokens/step] | acceptance falls with "
+            "position? |"
+        ),
         "|" + "---|" * (7 + depth + 4),
     ]
     for r in per_method.to_dict("records"):
@@ -134,15 +143,19 @@ def acceptance_markdown(per_method: pd.DataFrame) -> str:
             )
         )
         lines.append(
-            f"| {r['pair']} | {r['dataset']} | {r['label']} | {_fmt(r[f'acceptance_length_{POOLED}'])} | {_fmt(r[f'acceptance_length_{PER_REQUEST}'])} | "
-            f"{_fmt(r[f'draft_acceptance_rate_{POOLED}'])} | {_fmt(r[f'draft_acceptance_rate_{PER_REQUEST}'])} | {' | '.join(pos)} | "
-            f"{_fmt(r['alpha_positions'])} | {_fmt(r['alpha_implied'])} | {_fmt(r['leviathan_tokens_per_step'])} | {falls_text} |"
+            f"| {r['pair']} | {r['dataset']} | {r['label']} | {_fmt(r[f'acceptance_length_{POOLED}'])} | "
+            f"{_fmt(r[f'acceptance_length_{PER_REQUEST}'])} | {_fmt(r[f'draft_acceptance_rate_{POOLED}'])} | "
+            f"{_fmt(r[f'draft_acceptance_rate_{PER_REQUEST}'])} | {' | '.join(pos)} | {_fmt(r['alpha_positions'])} | "
+            f"{_fmt(r['alpha_implied'])} | {_fmt(r['leviathan_tokens_per_step'])} | {falls_text} |"
         )
     lines += [
         "",
-        "Leviathan check: under an i.i.d. acceptance rate the two alphas agree and the per-position rates are flat "
-        "(z: rate at positions >= 2 minus rate at position 1, two-proportion test; below -1.96 acceptance falls with position); "
-        "alpha (implied) uses the method's gamma, and only means something for chain drafts (spd, block, mtad, typical, bild).",
+        (
+            "Leviathan check: under an i.i.d. acceptance rate the two alphas agree and the per-position rates are "
+            "flat (z: rate at positions >= 2 minus rate at position 1, two-proportion test; below -1.96 acceptance "
+            "falls with position); alpha (implied) uses the method's gamma, and only means something for chain drafts "
+            "(spd, block, mtad, typical, bild)."
+        ),
     ]
     return "\n".join(lines) + "\n"
 
@@ -157,16 +170,23 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
     lines = [
         f"# Claims{f' — sweep `{sweep}`' if sweep else ''}",
         "",
-        "The unit is the prompt (generations of one prompt are not independent): per prompt, the statistic of the method's "
-        "generations of every seed and turn against the reference's generations of the same (seed, prompt, turn), as a log ratio "
-        "(relative) or a difference (absolute). Effect = the mean of those prompt-level effects (relative: shown as ratio - 1, in %). "
-        "95% CI: the exact sign-flip interval over prompts (every sign pattern up to 14 prompts, 10,000 random ones above; exact "
-        f"at any size when the effects are symmetric under the null). Below {MIN_PROMPTS} prompts no interval can exclude anything: "
-        "*too few prompts*. Verdict: the CI against the claim's boundary. *Needed* = prompts for a decisive verdict at 80% power if "
-        "the measured effect is the true one; *MDE* = the smallest effect this size detects at 80% power (2.8 standard errors). "
-        "Timing claims use only cells not measured on a disturbed machine; a speedup above its own bound is a *measurement problem*.",
+        (
+            "The unit is the prompt (generations of one prompt are not independent): per prompt, the statistic of the "
+            "method's generations of every seed and turn against the reference's generations of the same (seed, "
+            "prompt, turn), as a log ratio (relative) or a difference (absolute). Effect = the mean of those "
+            "prompt-level effects (relative: shown as ratio - 1, in %). 95% CI: the exact sign-flip interval over "
+            "prompts (every sign pattern up to 14 prompts, 10,000 random ones above; exact at any size when the "
+            f"effects are symmetric under the null). Below {MIN_PROMPTS} prompts no interval can exclude anything: "
+            "*too few prompts*. Verdict: the CI against the claim's boundary. *Needed* = prompts for a decisive "
+            "verdict at 80% power if the measured effect is the true one; *MDE* = the smallest effect this size "
+            "detects at 80% power (2.8 standard errors). Timing claims use only cells not measured on a disturbed "
+            "machine; a speedup above its own bound is a *measurement problem*."
+        ),
         "",
-        "| pair | dataset | claim | method vs reference | statistic | claim | effect | 95% CI | verdict | n prompts (pairs) | needed | MDE | paper's figure (in CI?) |",
+        (
+            "| pair | dataset | claim | method vs reference | statistic | claim | effect | 95% CI | verdict | n "
+            "prompts (pairs) | needed | MDE | paper's figure (in CI?) |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in tested.to_dict("records"):
@@ -176,7 +196,8 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
             "–"
             if r["claimed"] is None or pd.isna(r["claimed"])
             else (
-                f"{_fmt(r['claimed'], pct) if pct else _fmt(r['claimed'])} ({'yes' if r['claimed_in_ci'] else 'no' if r['claimed_in_ci'] is not None else '–'})"
+                f"{_fmt(r['claimed'], pct) if pct else _fmt(r['claimed'])} "
+                f"({'yes' if r['claimed_in_ci'] else 'no' if r['claimed_in_ci'] is not None else '–'})"
             )
         )
         need = float(r["samples_needed"]) if pd.notna(r["samples_needed"]) else math.nan
@@ -193,8 +214,9 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
         )
         verdict = f"**{r['verdict']}**" + (f" ({r['note']})" if r["note"] else "")
         lines.append(
-            f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | {_boundary(pd.Series(r))} | "
-            f"{_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | {r['n']} ({r.get('n_pairs', '–')}) | {needed} | "
+            f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | "
+            f"{_boundary(pd.Series(r))} | {_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | "
+            f"{r['n']} ({r.get('n_pairs', '–')}) | {needed} | "
             f"{_fmt(r['mde'], pct).replace('+', '') if pct else _fmt(r['mde'])} | {claimed} |"
         )
     lines += ["", "## Claims", ""]
@@ -273,7 +295,8 @@ def write_claims(
     n_boot: int = 2000,
     sweep: str = "",
 ) -> dict[str, Any]:
-    """Evaluate the claims and write claims.md|csv, acceptance.md|csv and figures/claims_forest.png|pdf under ``out_dir``."""
+    """Evaluate the claims and write claims.md|csv, acceptance.md|csv and figures/claims_forest.png|pdf under
+    ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     claims = list(claims) if claims is not None else load_claims(claims_file)

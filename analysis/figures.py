@@ -178,10 +178,9 @@ def ablation_curves(
                 groups = g.groupby([g[p].astype(str) for p in others]) if others else [((), g)]
                 for k, (okey, sub) in enumerate(groups):
                     agg = stats.aggregate(sub, [metric], by=(param,)).sort_values(param)
+                    values = okey if isinstance(okey, tuple) else (okey,)
                     name = f"{method} {pair}·{dataset}" + (
-                        f" ({', '.join(f'{p}={v}' for p, v in zip(others, okey if isinstance(okey, tuple) else (okey,)))})"
-                        if others
-                        else ""
+                        f" ({', '.join(f'{p}={v}' for p, v in zip(others, values))})" if others else ""
                     )
                     ax.errorbar(
                         agg[param],

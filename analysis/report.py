@@ -134,8 +134,8 @@ def write_report(
     if runs["disturbed"].any():
         log(
             f"{int(runs['disturbed'].sum())} of {len(runs)} cells were measured on a disturbed machine (target step >= "
-            f"{stats.DISTURBED_SLOWDOWN}x the calibration): their timing is left out of the tables and the timing claims "
-            "(column `disturbed` in runs.csv)"
+            f"{stats.DISTURBED_SLOWDOWN}x the calibration): their timing is left out of the tables and the timing "
+            "claims (column `disturbed` in runs.csv)"
         )
     samples = load_samples(runs, uri)
     tables = build_tables(runs, samples, reference, cost_ratio=cost_ratio, n_boot=n_boot)
@@ -149,7 +149,8 @@ def write_report(
     runs.to_csv(runs_csv, index=False)
     written["runs_csv"] = runs_csv
     log(
-        f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) from {uri}"
+        f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) "
+        f"from {uri}"
     )
     written["figures"] = figures.save_all(
         stats.without_disturbed_timing(runs), out_dir / "figures"
@@ -159,7 +160,8 @@ def write_report(
         path.write_text(batching.markdown(stats.without_disturbed_timing(runs)))
         written["tables"].append(path)
     log(
-        f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in {out_dir / 'figures'}"
+        f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in "
+        f"{out_dir / 'figures'}"
     )
     claims = claims_report.write_claims(
         runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep
@@ -189,7 +191,8 @@ def write_report(
 
 
 def _metric_name(*parts: Any) -> str:
-    """An MLflow-legal metric name (letters, digits, ``_-./ ``) from label parts: ``speedup.humaneval.mtad_tau_0.3_``."""
+    """An MLflow-legal metric name (letters, digits, ``_-./ ``) from label parts:
+    ``speedup.humaneval.mtad_tau_0.3_``."""
     return ".".join(re.sub(r"[^0-9A-Za-z_\-/ ]", "_", str(p)) for p in parts)
 
 

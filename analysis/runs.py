@@ -91,7 +91,8 @@ def load_runs(
     if exp is None:
         known = ", ".join(list_sweeps(uri)) or "none"
         raise LookupError(
-            f"no MLflow experiment {sweep!r} in {uri} (sweeps with cell runs there: {known}); run `make run` or pass the tracking URI"
+            f"no MLflow experiment {sweep!r} in {uri} (sweeps with cell runs there: {known}); run `make run` or pass "
+            "the tracking URI"
         )
     runs, token = [], None
     while True:
@@ -151,8 +152,11 @@ def dedupe_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best[key] = row
     if extra:
         warnings.warn(
-            f"{len(extra)} cell key(s) have more than one active run (e.g. {', '.join(map(str, list(extra)[:5]))}); "
-            "each is counted once, by its newest finished run. Delete the extra runs (mlflow runs delete) to silence this.",
+            (
+                f"{len(extra)} cell key(s) have more than one active run (e.g. "
+                f"{', '.join(map(str, list(extra)[:5]))}); each is counted once, by its newest finished run. Delete "
+                "the extra runs (mlflow runs delete) to silence this."
+            ),
             stacklevel=3,
         )
     return list(best.values())
@@ -186,8 +190,8 @@ def _config_of(row: dict[str, Any]) -> str:
 
 def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[dict[str, Any]]:
     """Per (pair, dataset, label), the runs of its newest run's configuration (``config``: ``_config_of``, every
-    input of the cell key but the seed, and the isolation mode); a warning says what was left out and which params differ. ``keep_all``:
-    every run, the label of each configuration but the newest's written ``<label>@<config>``."""
+    input of the cell key but the seed, and the isolation mode); a warning says what was left out and which params
+    differ. ``keep_all``: every run, the label of each configuration but the newest's written ``<label>@<config>``."""
     groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     configs: dict[str, dict[str, str]] = {}
     for row in rows:
@@ -206,7 +210,10 @@ def _newest_configs(rows: list[dict[str, Any]], keep_all: bool = False) -> list[
         older = [c for c in by_config if c != newest]
         differ = _differing([configs[c] for c in by_config]) or ["precision (the pair's dtypes and kernels as planned)"]
         n_old = sum(len(by_config[c]) for c in older)
-        note = f"{pair} {dataset} {label!r}: {n_old} run(s) of {len(older)} older configuration(s) (differing: {', '.join(differ)})"
+        note = (
+            f"{pair} {dataset} {label!r}: {n_old} run(s) of {len(older)} older configuration(s) (differing: "
+            f"{', '.join(differ)})"
+        )
         if keep_all:
             for c in older:
                 for row in by_config[c]:

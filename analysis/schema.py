@@ -50,7 +50,8 @@ TAGS: dict[str, str] = {
     "pair": TAG_PAIR,
     "dataset": TAG_DATASET,
     "seed": TAG_SEED,
-    "status": TAG_STATUS,  # finished | score_failed | failed; logging while its run is written (pipeline.tracking.layout)
+    # finished | score_failed | failed; logging while its run is written (pipeline.tracking.layout)
+    "status": TAG_STATUS,
     "stage": TAG_STAGE,
     "device": TAG_DEVICE,  # GPU name, or "cpu": ratios only compare cells on the same device model
     "gpu_uuid": TAG_GPU_UUID,
@@ -96,8 +97,8 @@ METRICS: dict[str, str] = {
     # Not logged by the sweep today (pipeline.bench measures it, the cells do not): the draft/target
     # step-time ratio c of Leviathan's bound. Read when present, otherwise the bound is "n/a".
     "cost_ratio": "cost_ratio_c",
-    # the machine's speed (pipeline.measure.probe_step_ms): the target's step on a fixed probe just before and just after
-    # the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived from them
+    # the machine's speed (pipeline.measure.probe_step_ms): the target's step on a fixed probe just before and just
+    # after the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived from them
     "t_target_step_ms": "t_target_step_ms",
     "probe_before_ms": "probe_before_ms",
     "probe_after_ms": "probe_after_ms",

@@ -188,26 +188,59 @@ def paired_bootstrap(
     draws the same unit indices for both, with replacement within each stratum (e.g. seed) so every
     replicate keeps the strata sizes. Percentile interval at ``level``; ``numpy.random.default_rng(seed)``.
     """
-    reference, method = np.asarray(reference, dtype=float), np.asarray(method, dtype=float)
-    if reference.shape != method.shape:
-        raise ValueError(f"paired arrays differ in shape: {reference.shape} vs {method.shape}")
+    reference, method = _paired(reference, method)
     n = reference.shape[0]
-    if n == 0:
-        return BootstrapResult(math.nan, math.nan, math.nan, 0, n_boot, level)
     groups = (
         [np.arange(n)]
         if strata is None
         else [np.flatnonzero(np.asarray(strata) == s) for s in pd.unique(np.asarray(strata))]
     )
+    return _bootstrap(
+        reference,
+        method,
+        statistic,
+        lambda rng: np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups]),
+        n_units=n,
+        n_boot=n_boot,
+        level=level,
+        seed=seed,
+    )
+
+
+def _paired(reference: np.ndarray, method: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays as floats, paired by position: ValueError when their shapes differ."""
+    reference, method = np.asarray(reference, dtype=float), np.asarray(method, dtype=float)
+    if reference.shape != method.shape:
+        raise ValueError(f"paired arrays differ in shape: {reference.shape} vs {method.shape}")
+    return reference, method
+
+
+def _bootstrap(
+    reference: np.ndarray,
+    method: np.ndarray,
+    statistic: Callable[[np.ndarray], float],
+    draw: Callable[[np.random.Generator], np.ndarray],
+    *,
+    n_units: int,
+    n_boot: int,
+    level: float,
+    seed: int,
+) -> BootstrapResult:
+    """``statistic(method) - statistic(reference)`` and its percentile interval at ``level`` over ``n_boot``
+    replicates, each on the unit indices ``draw(rng)`` (``numpy.random.default_rng(seed)``); NaN without units."""
+    if reference.shape[0] == 0:
+        return BootstrapResult(math.nan, math.nan, math.nan, 0, n_boot, level)
     rng = np.random.default_rng(seed)
     point = statistic(method) - statistic(reference)
     diffs = np.empty(n_boot)
     for b in range(n_boot):
-        idx = np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups])
+        idx = draw(rng)
         diffs[b] = statistic(method[idx]) - statistic(reference[idx])
     alpha = (1.0 - level) / 2.0
     low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
-    return BootstrapResult(float(point), float(low), float(high), int(n), n_boot, level, float(statistic(reference)))
+    return BootstrapResult(
+        float(point), float(low), float(high), int(n_units), n_boot, level, float(statistic(reference))
+    )
 
 
 def ratio_of_sums(units: np.ndarray) -> float:
@@ -413,24 +446,18 @@ def cluster_bootstrap(
     the interval reflects how much the answer depends on which prompts were drawn. A descriptive interval
     for the tables; with few clusters it is too narrow (3 prompts have 10 distinct resamples), so verdicts
     use ``sign_flip_interval`` instead."""
-    reference, method = np.asarray(reference, dtype=float), np.asarray(method, dtype=float)
-    if reference.shape != method.shape:
-        raise ValueError(f"paired arrays differ in shape: {reference.shape} vs {method.shape}")
-    n = reference.shape[0]
-    if n == 0:
-        return BootstrapResult(math.nan, math.nan, math.nan, 0, n_boot, level)
+    reference, method = _paired(reference, method)
     labels = pd.unique(np.asarray(clusters))
     members = [np.flatnonzero(np.asarray(clusters) == c) for c in labels]
-    rng = np.random.default_rng(seed)
-    point = statistic(method) - statistic(reference)
-    diffs = np.empty(n_boot)
-    for b in range(n_boot):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
-        diffs[b] = statistic(method[idx]) - statistic(reference[idx])
-    alpha = (1.0 - level) / 2.0
-    low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
-    return BootstrapResult(
-        float(point), float(low), float(high), int(len(labels)), n_boot, level, float(statistic(reference))
+    return _bootstrap(
+        reference,
+        method,
+        statistic,
+        lambda rng: np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))]),
+        n_units=len(labels),
+        n_boot=n_boot,
+        level=level,
+        seed=seed,
     )
 
 

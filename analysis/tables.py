@@ -138,7 +138,8 @@ class Tables:
 
     def table5_latex(self) -> str:
         out = [
-            "% Table 5 layout (mean $\\pm$ std over seeds, ddof=1; best bold, second underlined); needs \\usepackage{booktabs}"
+            "% Table 5 layout (mean $\\pm$ std over seeds, ddof=1; best bold, second underlined); needs "
+            "\\usepackage{booktabs}"
         ]
         for pair, dataset in self._blocks(self.table5):
             block = self.table5[(self.table5["pair"] == pair) & (self.table5["dataset"] == dataset)]
@@ -147,7 +148,8 @@ class Tables:
             out.append("\\begin{tabular}{l" + "c" * len(labels) + "}")
             out.append("\\toprule")
             out.append(
-                f"\\multicolumn{{{len(labels) + 1}}}{{l}}{{\\textit{{{latex_escape(pair)} / {latex_escape(dataset)}}}}} \\\\"
+                f"\\multicolumn{{{len(labels) + 1}}}{{l}}{{\\textit{{{latex_escape(pair)} / "
+                f"{latex_escape(dataset)}}}}} \\\\"
             )
             out.append(" & " + " & ".join(latex_escape(lb) for lb in labels) + " \\\\")
             out.append("\\midrule")
@@ -234,14 +236,16 @@ class Tables:
     def summary_latex(self) -> str:
         header, blocks = self._summary_cells(latex=True)
         out = [
-            "% speed-up, energy ratio and acceptance (mean $\\pm$ std over seeds); bootstrap differences: * = 95% interval excludes 0"
+            "% speed-up, energy ratio and acceptance (mean $\\pm$ std over seeds); bootstrap differences: * = 95% "
+            "interval excludes 0"
         ]
         for pair, dataset, rows in blocks:
             out.append(f"% {pair} / {dataset}")
             out.append("\\begin{tabular}{l" + "c" * (len(header) - 1) + "}")
             out.append("\\toprule")
             out.append(
-                f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{latex_escape(pair)} / {latex_escape(dataset)}}}}} \\\\"
+                f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{latex_escape(pair)} / {latex_escape(dataset)}}}}} "
+                "\\\\"
             )
             out.append(" & ".join(latex_escape(h) for h in header) + " \\\\")
             out.append("\\midrule")
@@ -425,15 +429,30 @@ def build_tables(
             reference = matches[0]
     summary = summary_frame(runs, samples, reference, cost_ratio=cost_ratio, n_boot=n_boot, seed=seed)
     notes = [
-        "speedup, J/token ÷ ar: per seed against the ar cell of the same pair, dataset, seed and device, then mean ± std over seeds.",
-        "tokens/step (block efficiency): new tokens per target forward pass, bonus token included; accepted drafts/step = tokens/step - 1 for methods with a draft.",
-        "alpha: per seed, the acceptance rate whose expected tokens/step (1 - a^(g+1))/(1 - a) equals the measured one (an effective alpha for non-chain verification).",
-        f"Δ vs {reference}: paired bootstrap over generations (seed, sample, turn) that resamples whole prompts (a prompt's generations "
-        f"of every seed move together), {n_boot} replicates, seed {seed}; tokens/s as total tokens / total decode time, score as the "
-        f"mean per-sample score; * = the 95% interval excludes 0 with at least {stats.MIN_PROMPTS} prompts (fewer cannot decide; "
-        "analysis/claims.py decides with an exact test over prompts).",
-        "disturbed cells: cells whose target step, probed just before and after the window, was at least "
-        f"{stats.DISTURBED_SLOWDOWN}x the pair's step calibrated at the sweep's start; their timing is left out of every mean above.",
+        (
+            "speedup, J/token ÷ ar: per seed against the ar cell of the same pair, dataset, seed and device, then "
+            "mean ± std over seeds."
+        ),
+        (
+            "tokens/step (block efficiency): new tokens per target forward pass, bonus token included; accepted "
+            "drafts/step = tokens/step - 1 for methods with a draft."
+        ),
+        (
+            "alpha: per seed, the acceptance rate whose expected tokens/step (1 - a^(g+1))/(1 - a) equals the measured "
+            "one (an effective alpha for non-chain verification)."
+        ),
+        (
+            f"Δ vs {reference}: paired bootstrap over generations (seed, sample, turn) that resamples whole prompts (a "
+            f"prompt's generations of every seed move together), {n_boot} replicates, seed {seed}; tokens/s as total "
+            "tokens / total decode time, score as the mean per-sample score; * = the 95% interval excludes 0 with at "
+            f"least {stats.MIN_PROMPTS} prompts (fewer cannot decide; analysis/claims.py decides with an exact test "
+            "over prompts)."
+        ),
+        (
+            "disturbed cells: cells whose target step, probed just before and after the window, was at least "
+            f"{stats.DISTURBED_SLOWDOWN}x the pair's step calibrated at the sweep's start; their timing is left out of "
+            "every mean above."
+        ),
     ]
     if runs["disturbed"].any():
         flagged = runs[runs["disturbed"]]

@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows.append(evaluate(rule, pair, k_config=k_config))
     print(
-        f"vocabulary {pair.vocab}, gamma {args.gamma}, trees {k_config}, SpecTr {args.num_drafts} x {args.gamma}, MTAD tau {args.tau}"
+        f"vocabulary {pair.vocab}, gamma {args.gamma}, trees {k_config}, SpecTr {args.num_drafts} x {args.gamma}, MTAD "
+        f"tau {args.tau}"
     )
     print(format_table(rows))
     if rows and rows[0].bound is not None:

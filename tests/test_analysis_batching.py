@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from analysis import batching, stats
-from analysis.claims import Claim, evaluate_claim, load_claims
+from analysis.claims import evaluate_claim
+from analysis.claims_spec import Claim, load_claims
 from pipeline.cell_types import batch_label, split_batch_label
 
 matplotlib.use("Agg")

@@ -7,11 +7,12 @@ import statistics
 import time
 from dataclasses import replace
 
+import matplotlib.pyplot as plt
 import pytest
 from _fixtures_analysis import PAIR, SWEEP, TOKENS, TOKENS_PER_S, _cell, _result, store
 from mlflow import MlflowClient
 
-from analysis import figures, report
+from analysis import figures, report, schema
 from analysis.runs import _is_config_param, load_runs, load_samples
 from analysis.tables import build_tables
 from pipeline import bounds
@@ -139,7 +140,24 @@ def test_report_cli_without_notebooks_writes_tables_and_figures(uri, tmp_path):
 
 def test_ablation_figure_only_where_a_param_varies(runs):
     assert figures.ablation_curves(runs, "num_beams") is None  # every mtad cell has 4 beams
-    assert figures.ablation_curves(runs, "tau") is not None
+    fig = figures.ablation_curves(runs, "tau")  # mtad at tau 0.5 and mtad(tau=0.3)
+    try:
+        metrics = ("tokens_per_s", "speedup", "score", "perplexity")
+        assert [ax.get_ylabel() for ax in fig.axes] == [schema.DISPLAY.get(m, m) for m in metrics]
+        assert {ax.get_xlabel() for ax in fig.axes} == {"tau"}
+        # one line per (method, pair, dataset) against tau: mean tokens/s over the seeds of each tau
+        lines = {c.get_label(): c.lines[0] for c in fig.axes[0].containers}
+        assert set(lines) == {f"mtad {PAIR}·humaneval", f"mtad {PAIR}·mt_bench"}
+        for dataset in ("humaneval", "mt_bench"):
+            line = lines[f"mtad {PAIR}·{dataset}"]
+            means = [
+                statistics.mean(v for v in TOKENS_PER_S[(dataset, label)] if v is not None)
+                for label in ("mtad(tau=0.3)", "mtad")
+            ]
+            assert list(line.get_xdata()) == pytest.approx([0.3, 0.5])
+            assert list(line.get_ydata()) == pytest.approx(means)
+    finally:
+        plt.close(fig)
 
 
 def test_a_label_keeps_its_newest_configuration(tmp_path):

@@ -13,10 +13,10 @@ from helpers.models import tiny_llama
 from helpers.tokenizers import word_tokenizer
 from pipeline.decoding.kv import CachedModel
 from pipeline.prompts import encode_prompt
-from pipeline.training import chat_mix, teacher_data
+from pipeline.training import chat_mix_words, teacher_data
 from pipeline.training.chat_mix import CATEGORY_WEIGHTS, MULTI_TURN, Conversation, Pools, chat_conversations
 from pipeline.training.contamination import contaminated, evaluation_prompts, refuse_evaluation_prompts
-from pipeline.training.distill import build_heldout
+from pipeline.training.distill_heldout import build_heldout
 from pipeline.training.prompt_sets import build_prompts
 from pipeline.training.teacher_data import (
     chat_heldout_conversations,
@@ -47,7 +47,7 @@ def test_the_heldout_split_uses_items_training_never_sees():
     assert sorted(pools_train.part(items) + pools_held.part(items)) == items
     assert not set(pools_train.part(items)) & set(pools_held.part(items))
     assert pools_held.part([1, 2, 3]) == [1, 2, 3]  # short lists are shared
-    held_personas = set(pools_held.part(chat_mix.PERSONAS))
+    held_personas = set(pools_held.part(chat_mix_words.PERSONAS))
     train = chat_conversations(3000, 0)
     held = chat_conversations(300, 0, "heldout")
     assert not any(p.format(city="") in c.turns[0] for p in held_personas for c in train if c.category == "roleplay")

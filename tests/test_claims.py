@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import (
+from analysis.claims import evaluate_claims
+from analysis.claims_report import acceptance_tables, write_claims
+from analysis.claims_spec import (
     CLAIMS_FILE,
     CONTRADICTED,
     INCONCLUSIVE,
@@ -23,12 +25,10 @@ from analysis.claims import (
     SUPPORTED,
     TOO_FEW,
     Claim,
-    evaluate_claims,
     load_claims,
     samples_needed,
     verdict,
 )
-from analysis.claims_report import acceptance_tables, write_claims
 from helpers.exact import PROMPT
 from pipeline.acceptance import (
     acceptance_metrics,

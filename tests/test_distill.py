@@ -14,17 +14,9 @@ from pipeline.decoding.cpu_kernels import kernels
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head
 from pipeline.decoding.warping import warp
-from pipeline.training.distill import (
-    choose_token_map,
-    collate,
-    data_engine,
-    evaluate_alpha,
-    kd_loss,
-    make_batches,
-    make_student,
-    save_checkpoint,
-    train,
-)
+from pipeline.training.distill import data_engine, make_student, save_checkpoint
+from pipeline.training.distill_heldout import evaluate_alpha
+from pipeline.training.distill_train import choose_token_map, collate, kd_loss, make_batches, train
 from pipeline.training.teacher_data import sample_answers, sample_answers_packed, teacher_force, teacher_force_cached
 
 REPO = Path(__file__).resolve().parents[1]

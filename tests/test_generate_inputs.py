@@ -51,8 +51,21 @@ def test_bad_inputs_rejected_before_models_load(monkeypatch, overrides, field):
         generate.run(_cfg(**overrides))
 
 
-def test_good_inputs_pass_the_check():
-    generate.check_inputs(_cfg())
+def test_good_inputs_pass_the_check(monkeypatch):
+    # the bounds are inclusive: 1 new token, the largest seed, a prompt with spaces around its text
+    for overrides in ({}, {"max_new_tokens": 1}, {"seed": 2**63 - 1}, {"seed": 0}, {"prompt": "  Hello  "}):
+        assert generate.check_inputs(_cfg(**overrides)) is None
+
+    class PairReachedError(Exception):
+        pass
+
+    def reached(*_a, **_k):
+        raise PairReachedError
+
+    # and run() goes on past the check to the pair's models
+    monkeypatch.setattr(generate.PairSpec, "from_config", reached)
+    with pytest.raises(PairReachedError):
+        generate.run(_cfg())
 
 
 def test_cli_prompt_number_is_a_clear_error_not_a_traceback():

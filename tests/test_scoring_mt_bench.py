@@ -17,6 +17,7 @@ import torch
 from helpers.judge import JudgeServer
 from pipeline.data import load_dataset
 from pipeline.data.mt_bench import load_judge_prompts
+from pipeline.scoring import judges
 from pipeline.scoring import mt_bench as mb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def test_http_judge_end_to_end(monkeypatch, samples, templates):
         {"id": coding[0].id, "prediction": ["??", "??"]},
     ]
     with JudgeServer(_reply_by_category, fail_first=1, version="-0613", fingerprint="fp_test") as server:
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=KEY_ENV, retry_sleep_s=0.01)
+        judge = judges.OpenAIJudge(server.url, "gpt-4", api_key_env=KEY_ENV, retry_sleep_s=0.01)
         result = mb.judge_predictions(preds, samples, judge, templates, workers=2)
     assert all(a == f"Bearer {KEY}" for a in server.auth)
     assert len(server.requests) == 6
@@ -125,7 +126,7 @@ def test_http_judge_end_to_end(monkeypatch, samples, templates):
 def test_http_judge_gives_up_on_client_errors(monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
     with JudgeServer(lambda body: "x") as server:
-        judge = mb.OpenAIJudge(server.url + "/wrong", "gpt-4", api_key_env=KEY_ENV, retry_sleep_s=0.01)
+        judge = judges.OpenAIJudge(server.url + "/wrong", "gpt-4", api_key_env=KEY_ENV, retry_sleep_s=0.01)
         with pytest.raises(RuntimeError, match="HTTP 404"):
             judge.complete("s", "u")
     assert server.auth == [None]  # no key in the environment: no Authorization header
@@ -169,7 +170,7 @@ def test_cli_with_http_judge(tmp_path, monkeypatch, samples):
 def test_local_transformers_judge_on_the_offline_model(samples, templates):
     """End to end with SmolLM2-135M as judge: per-category scores come out (a tiny judge rarely rates)."""
     torch.set_num_threads(1)
-    judge = mb.TransformersJudge.from_spec("smollm2-offline", device="cpu", max_new_tokens=24)
+    judge = judges.TransformersJudge.from_spec("smollm2-offline", device="cpu", max_new_tokens=24)
     chosen = [next(s for s in samples.values() if s.category == c) for c in ("writing", "math")]
     preds = [{"id": s.id, "prediction": ["Here is my answer.", "And the second one."]} for s in chosen]
     result = mb.judge_predictions(preds, samples, judge, templates)
@@ -231,7 +232,7 @@ def test_a_quoted_rating_does_not_score_end_to_end(samples, templates):
         return f"The answer ends with: {quoted.strip()}\nThat does not make it good.\n\nRating: [[2]]"
 
     with JudgeServer(quoting_judge) as server:
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, retry_sleep_s=0.01)
+        judge = judges.OpenAIJudge(server.url, "gpt-4", api_key_env=None, retry_sleep_s=0.01)
         result = mb.judge_predictions(
             [{"id": writing.id, "prediction": [attack]}], samples, judge, templates, turns=(1,)
         )
@@ -255,7 +256,7 @@ def test_malformed_ratings_lose_only_their_judgment(samples, templates):
 
     preds = [{"id": s.id, "prediction": [f"answer A{i}"]} for i, s in enumerate(chosen)]
     with JudgeServer(reply) as server:
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, retry_sleep_s=0.01)
+        judge = judges.OpenAIJudge(server.url, "gpt-4", api_key_env=None, retry_sleep_s=0.01)
         result = mb.judge_predictions(preds, samples, judge, templates, turns=(1,), workers=2)
     assert result["num_judgments"] == 5 and result["num_unparseable"] == 4 and result["num_failed"] == 0
     assert result["score"] == 6.0
@@ -340,9 +341,11 @@ class RawJudge:
 
 def test_a_trickling_judge_is_cut_at_timeout_s_overall():
     with RawJudge("trickle") as server:
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, timeout_s=1.0, max_retries=1, retry_sleep_s=0.01)
+        judge = judges.OpenAIJudge(
+            server.url, "gpt-4", api_key_env=None, timeout_s=1.0, max_retries=1, retry_sleep_s=0.01
+        )
         start = time.perf_counter()
-        with pytest.raises(mb.JudgeUnavailableError, match="within 1.0 s"):
+        with pytest.raises(judges.JudgeUnavailableError, match="within 1.0 s"):
             judge.complete("s", "u")
     assert server.requests == 2 and time.perf_counter() - start < 6  # two attempts of 1 s (old code: 60 s each)
 
@@ -350,7 +353,7 @@ def test_a_trickling_judge_is_cut_at_timeout_s_overall():
 @pytest.mark.parametrize("first", ["incomplete", "trickle", "http503", "bad_json"])
 def test_broken_answers_are_retried(first):
     with RawJudge(first, "ok") as server:
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, timeout_s=1.0, retry_sleep_s=0.01)
+        judge = judges.OpenAIJudge(server.url, "gpt-4", api_key_env=None, timeout_s=1.0, retry_sleep_s=0.01)
         assert judge.complete("s", "u") == "Rating: [[7]]"
     assert server.requests == 2
 
@@ -358,16 +361,18 @@ def test_broken_answers_are_retried(first):
 @pytest.mark.parametrize(
     "behaviour, error",
     [
-        ("http400", mb.JudgmentFailedError),
-        ("list_content", mb.JudgmentFailedError),
-        ("huge", mb.JudgmentFailedError),
-        ("http401", mb.JudgeUnavailableError),
-        ("incomplete", mb.JudgeUnavailableError),
+        ("http400", judges.JudgmentFailedError),
+        ("list_content", judges.JudgmentFailedError),
+        ("huge", judges.JudgmentFailedError),
+        ("http401", judges.JudgeUnavailableError),
+        ("incomplete", judges.JudgeUnavailableError),
     ],
 )
 def test_failures_are_classified(behaviour, error):
     with RawJudge(behaviour) as server:
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, timeout_s=2.0, max_retries=1, retry_sleep_s=0.01)
+        judge = judges.OpenAIJudge(
+            server.url, "gpt-4", api_key_env=None, timeout_s=2.0, max_retries=1, retry_sleep_s=0.01
+        )
         with pytest.raises(error):
             judge.complete("s", "u")
 
@@ -376,12 +381,12 @@ def test_one_failed_judgment_keeps_the_others(samples, templates):
     chosen = [s for s in samples.values() if s.category == "writing"][:3]
     preds = [{"id": s.id, "prediction": ["an answer"]} for s in chosen]
     with RawJudge("ok", "list_content", "ok") as server:  # the second request: content is not text
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, max_retries=0)
+        judge = judges.OpenAIJudge(server.url, "gpt-4", api_key_env=None, max_retries=0)
         result = mb.judge_predictions(preds, samples, judge, templates, turns=(1,))
     assert result["num_judgments"] == 3 and result["num_failed"] == 1 and result["num_unparseable"] == 1
     assert result["score"] == 7.0 and "not text" in result["details"][1]["error"]
-    with RawJudge("http400") as server, pytest.raises(mb.JudgeUnavailableError, match="none of the 3"):
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, max_retries=0)
+    with RawJudge("http400") as server, pytest.raises(judges.JudgeUnavailableError, match="none of the 3"):
+        judge = judges.OpenAIJudge(server.url, "gpt-4", api_key_env=None, max_retries=0)
         mb.judge_predictions(preds, samples, judge, templates, turns=(1,), workers=2)
 
 
@@ -389,8 +394,8 @@ def test_an_unavailable_judge_fails_the_run_and_stops_sending(samples, templates
     chosen = [s for s in samples.values() if s.category == "writing"][:8]
     preds = [{"id": s.id, "prediction": ["an answer"]} for s in chosen]
     with RawJudge("ok", "http401") as server:
-        judge = mb.OpenAIJudge(server.url, "gpt-4", api_key_env=None, max_retries=0)
-        with pytest.raises(mb.JudgeUnavailableError, match="HTTP 401"):
+        judge = judges.OpenAIJudge(server.url, "gpt-4", api_key_env=None, max_retries=0)
+        with pytest.raises(judges.JudgeUnavailableError, match="HTTP 401"):
             mb.judge_predictions(preds, samples, judge, templates, turns=(1,), workers=2)
     assert server.requests < 8
 
@@ -399,10 +404,10 @@ def test_the_preflight_is_bounded_too():
     with RawJudge("trickle") as server:
         start = time.perf_counter()
         with pytest.raises(ValueError, match="not reachable.*within 1.0 s"):
-            mb.check_endpoint(server.url, None, "gpt-4", timeout_s=1.0)
+            judges.check_endpoint(server.url, None, "gpt-4", timeout_s=1.0)
     assert time.perf_counter() - start < 4
     with RawJudge("bad_json") as server, pytest.raises(ValueError, match="did not answer with a model list"):
-        mb.check_endpoint(server.url, None, "gpt-4")
+        judges.check_endpoint(server.url, None, "gpt-4")
 
 
 @pytest.mark.parametrize(
@@ -421,4 +426,4 @@ def test_bad_judge_settings_are_refused_at_plan_time(setting):
     cfg = {"enabled": True, "kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "gpt-4", **setting}
     name = next(iter(setting))
     with pytest.raises(ValueError, match=f"judge.{name}"):
-        mb.judge_identity(cfg)
+        judges.judge_identity(cfg)

@@ -7,7 +7,8 @@ A predictions file has one JSON object per line with the sample ``id`` and its `
 summary). The scorer prints the score and its per-sample details as JSON on stdout.
 
 The scorers a cell runs, by the name a dataset's task spec gives (``task.scorer.name`` in
-``conf/dataset/<name>.yaml``), are registered in ``pipeline.scoring.registry`` (``Scorer``, ``SCORERS``, ``scorer_for``).
+``conf/dataset/<name>.yaml``), are registered in ``pipeline.scoring.registry`` (``Scorer``, ``SCORERS``,
+``scorer_for``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pipeline.data.base import Sample
 from pipeline.data.mt_bench import load_judge_prompts
 from pipeline.registry import Registry
-from pipeline.scoring import humaneval, mt_bench, rouge, spider
+from pipeline.scoring import humaneval, judges, mt_bench, rouge, spider
 
 Predictions = list[dict[str, Any]]
 ScoreFn = Callable[..., "dict[str, Any] | None"]
@@ -83,7 +83,7 @@ def score_mt_bench(
     templates = load_judge_prompts(dataset.get("path"))
     turns = tuple(range(1, (max_turns or 2) + 1))
     return mt_bench.judge_predictions(
-        predictions, {s.id: s for s in samples}, mt_bench.make_judge(cfg), templates, turns=turns, **params
+        predictions, {s.id: s for s in samples}, judges.make_judge(cfg), templates, turns=turns, **params
     )
 
 
@@ -101,9 +101,9 @@ for _scorer in (
         score_mt_bench,
         fields=("score", "judgment"),
         uses_judge=True,
-        check=mt_bench.judge_identity,
-        preflight=mt_bench.preflight,
-        identity=mt_bench.judge_identity,
+        check=judges.judge_identity,
+        preflight=judges.preflight,
+        identity=judges.judge_identity,
     ),
 ):
     SCORERS.register(_scorer)

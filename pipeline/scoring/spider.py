@@ -276,7 +276,8 @@ class QueryRunner:
                 if size > 2 * self.max_bytes + _SLACK_BYTES:
                     code = self._kill()
                     return failed(
-                        f"the query process answered with {size} bytes, more than its result may take (exit status {code})"
+                        f"the query process answered with {size} bytes, more than its result may take (exit status "
+                        f"{code})"
                     )
                 body = _read_until(proc.stdout.fileno(), size, deadline)
                 header = header if len(body) == size else b""

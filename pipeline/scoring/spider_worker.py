@@ -84,7 +84,8 @@ def row_bytes(row: tuple) -> int:
 
 
 def value_limit(budget: int, ncols: int, floor: int = 1) -> int:
-    """SQLite's length limit (the largest string or blob it builds) for a row of ``ncols`` values within ``budget`` bytes.
+    """SQLite's length limit (the largest string or blob it builds) for a row of ``ncols`` values within ``budget``
+    bytes.
 
     Never below ``floor``: the statement's own length, because SQLite builds the result's column names
     (spans of the statement's text) under the same limit; a value longer than the row's share of the

@@ -3,13 +3,19 @@
 common.py        run setup (threads, seed, work folder, log), the frozen target, the heads' schedule
 prompt_sets.py   the offline training prompts (templates, word lists, standard-library source)
 chat_mix.py      the broad chat prompt mix (MT-Bench's categories, second turns) and its held-out split
+chat_mix_words.py, chat_mix_subjects.py
+                 the chat mix's word lists
 contamination.py the check that refuses evaluation prompts in training data (word 13-grams)
 teacher_data.py  the offline teacher data (one copy): the target's sampled answers and top-k
                  log-probs (draft distillation), and the feature corpus with the target's hidden states (heads)
 distill.py       distil a small draft for a pair's target (``python -m pipeline.distill``)
+distill_heldout.py
+                 the held-out sets of a distillation run and the alpha measured on them
+distill_train.py the distillation's training loop (token map, batches, KD loss)
 medusa.py        train Medusa heads for a target (``python -m pipeline.train_medusa``)
 eagle.py         train an EAGLE-1/2 head for a target (``python -m pipeline.train_eagle``)
-eagle3.py        train an EAGLE-3 head with the authors' training-time test (``... train_eagle --config-name train_eagle3``)
+eagle3.py        train an EAGLE-3 head with the authors' training-time test
+                 (``python -m pipeline.train_eagle --config-name train_eagle3``)
 drafter_alpha.py held-out first-token alpha of the draft and of the heads on the same positions
 speed.py         tokens/s of the methods with a pair's draft on held-out prompts (``python -m pipeline.distill_speed``)
 cards.py         the model cards written next to the checkpoints

@@ -3,9 +3,9 @@
 ``start_run`` sets the torch threads and the seed, makes the work folder and opens the run's log (a
 file in the work folder, echoed on stdout); ``load_frozen_target`` loads a pair's target in float32
 on the CPU with its parameters frozen, and its tokenizer; ``warmup_cosine`` is the learning rate of
-the heads' training loops (linear warm-up, cosine decay to zero), ``scheduled_steps`` their schedule with its early stops and ``train_head`` the loop around it. Relative paths of a training
-config (``work_dir``, ``out_dir``) are read from the repository root (``repo_path``), whatever the
-current directory.
+the heads' training loops (linear warm-up, cosine decay to zero), ``scheduled_steps`` their schedule with its early
+stops and ``train_head`` the loop around it. Relative paths of a training config (``work_dir``, ``out_dir``) are read
+from the repository root (``repo_path``), whatever the current directory.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def load_frozen_target(pair_cfg: Mapping[str, Any]) -> tuple[PairSpec, Any, Any]
 
 
 def warmup_cosine(lr: float, step: int, warmup: int, steps: int) -> float:
-    """Learning rate at ``step`` (1-based): linear warm-up over ``warmup`` steps times a cosine decay to 0 at ``steps``."""
+    """Learning rate at ``step`` (1-based): linear warm-up over ``warmup`` steps times a cosine decay to 0 at
+    ``steps``."""
     return lr * min(1.0, step / max(warmup, 1)) * 0.5 * (1 + math.cos(math.pi * step / steps))
 
 

@@ -4,7 +4,7 @@ and EAGLE-3 heads, Medusa's first head. A head is worth shipping only if it beat
     python -m pipeline.training.drafter_alpha --work .cache/distill/<run> --draft models/smollm2-135m-draft \\
         --eagle <folder> --eagle3 <folder> --medusa <folder>
 
-The held-out sets are those a distillation run built (``pipeline.training.distill.heldout_sets``:
+The held-out sets are those a distillation run built (``pipeline.training.distill_heldout.heldout_sets``:
 ``heldout-*.pt`` in its work folder): target-sampled answers with the target's warped rows ``p`` (T = 1,
 top-k 10, top-p 0.9) at every answer position. At the answer position that predicts token ``k`` from
 the true prefix, each drafter's warped row ``q`` is scored by ``sum_v min(p_v, q_v)`` (the acceptance of
@@ -34,7 +34,7 @@ from pipeline.decoding.medusa_heads import load_medusa_heads
 from pipeline.decoding.vocab import read_token_map
 from pipeline.decoding.warping import Warper
 from pipeline.training.common import load_frozen_target, repo_path
-from pipeline.training.distill import evaluate_alpha
+from pipeline.training.distill_heldout import evaluate_alpha
 
 WARPER = Warper(1.0, 10, 0.9)
 

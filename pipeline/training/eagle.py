@@ -199,7 +199,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         curve.append(point)
         log(
             f"step {step} held-out alpha (T=1, top-k 10, top-p 0.9): stdlib {point['heldout_stdlib']['alpha']:.3f} "
-            f"answers {point['heldout_answers']['alpha']:.3f}; top-1 {point['heldout_stdlib']['top1']:.3f} / {point['heldout_answers']['top1']:.3f}"
+            f"answers {point['heldout_answers']['alpha']:.3f}; top-1 {point['heldout_stdlib']['top1']:.3f} / "
+            f"{point['heldout_answers']['top1']:.3f}"
         )
 
     evaluate(0)
@@ -254,21 +255,51 @@ def write_card(out_dir: Path, info: dict[str, Any], head: EagleHead) -> None:
     lines = [
         f"# EAGLE-1/2 head for {info['base_model']}",
         "",
-        f"Made by `{info['command']}` (seed {info['seed']}, one torch thread; {info['minutes']} min on a shared 2-core CPU).",
+        (
+            f"Made by `{info['command']}` (seed {info['seed']}, one torch thread; {info['minutes']} min on a shared "
+            "2-core CPU)."
+        ),
         "",
         "- Architecture (EAGLE-1/2, SafeAILab layout): fc(cat(emb(x_{t+1}), f_t)) 2h -> h with bias, one Llama decoder",
-        f"  layer without input norm (hidden {c.hidden_size}, FFN {c.intermediate_size}, {c.num_attention_heads} heads,",
-        f"  {c.num_key_value_heads} KV heads), the target's own LM head and embedding (not stored); {n_params / 1e6:.2f}M parameters.",
+        (
+            f"  layer without input norm (hidden {c.hidden_size}, FFN {c.intermediate_size}, {c.num_attention_heads} "
+            "heads,"
+        ),
+        (
+            f"  {c.num_key_value_heads} KV heads), the target's own LM head and embedding (not stored); "
+            f"{n_params / 1e6:.2f}M parameters."
+        ),
         f"- LM head: {info['lm_head']}; q = 0 outside it (verification stays exact).",
-        "- Data (offline, never evaluation prompts): `pipeline.training.teacher_data.feature_data` - standard-library source shown",
-        "  as chat answers and the target's own sampled answers (T = 1, top-k 10, top-p 0.9) to instruction prompts written",
-        f"  there; {info['train_tokens']} training tokens; held-out: other stdlib files and other prompts ({info['heldout_tokens']}).",
-        f"- Training: teacher-forced windows, smooth-L1 on the next feature + {info['train']['kl_weight']} x cross-entropy",
-        f"  against the target's next-token row, uniform feature noise {info['train']['noise']}; AdamW lr {info['train']['lr']},",
-        f"  {info['train']['batch']} windows x {info['train']['length']} tokens per step, schedule of {info['train']['steps']} steps,",
+        (
+            "- Data (offline, never evaluation prompts): `pipeline.training.teacher_data.feature_data` - "
+            "standard-library source shown"
+        ),
+        (
+            "  as chat answers and the target's own sampled answers (T = 1, top-k 10, top-p 0.9) to instruction "
+            "prompts written"
+        ),
+        (
+            f"  there; {info['train_tokens']} training tokens; held-out: other stdlib files and other prompts "
+            f"({info['heldout_tokens']})."
+        ),
+        (
+            f"- Training: teacher-forced windows, smooth-L1 on the next feature + {info['train']['kl_weight']} x "
+            "cross-entropy"
+        ),
+        (
+            f"  against the target's next-token row, uniform feature noise {info['train']['noise']}; AdamW lr "
+            f"{info['train']['lr']},"
+        ),
+        (
+            f"  {info['train']['batch']} windows x {info['train']['length']} tokens per step, schedule of "
+            f"{info['train']['steps']} steps,"
+        ),
         f"  {info['train']['steps_run']} run.",
         "",
-        "Held-out alpha (teacher-forced first draft token: sum_x min(p, q) of the warped rows, T = 1, top-k 10, top-p 0.9)",
+        (
+            "Held-out alpha (teacher-forced first draft token: sum_x min(p, q) of the warped rows, T = 1, top-k 10, "
+            "top-p 0.9)"
+        ),
         "and top-1 agreement, against training steps:",
         "",
         "| step | minutes | alpha (stdlib) | alpha (answers) | top-1 (stdlib) | top-1 (answers) |",
@@ -277,11 +308,15 @@ def write_card(out_dir: Path, info: dict[str, Any], head: EagleHead) -> None:
     for p in info["heldout_alpha_curve"]:
         a, b = p["heldout_stdlib"], p["heldout_answers"]
         lines.append(
-            f"| {p['step']} | {p['minutes']} | {a['alpha']:.3f} | {b['alpha']:.3f} | {a['top1']:.3f} | {b['top1']:.3f} |"
+            f"| {p['step']} | {p['minutes']} | {a['alpha']:.3f} | {b['alpha']:.3f} | {a['top1']:.3f} | {b['top1']:.3f} "
+            "|"
         )
     lines += [
         "",
-        f"Load: `eagle: models/{out_dir.name}` in a pair config (`pipeline.decoding.eagle.load_eagle`; the head is passed to decoders as `assets={'eagle': head}`).",
+        (
+            f"Load: `eagle: models/{out_dir.name}` in a pair config (`pipeline.decoding.eagle.load_eagle`; the head is "
+            f"passed to decoders as `assets={'eagle': head}`)."
+        ),
         "",
     ]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines))

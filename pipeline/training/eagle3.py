@@ -387,12 +387,24 @@ def write_card(out_dir: Path, info: dict[str, Any], head: Eagle3Head) -> None:
     lines = [
         f"# EAGLE-3 head for {info['base_model']}",
         "",
-        f"Made by `{info['command']}` (seed {info['seed']}, one torch thread; {info['minutes']} min wall on a shared 2-core CPU,",
+        (
+            f"Made by `{info['command']}` (seed {info['seed']}, one torch thread; {info['minutes']} min wall on a "
+            "shared 2-core CPU,"
+        ),
         "data included)." + (f" {info['note']}" if info.get("note") else ""),
         "",
-        f"- Architecture (EAGLE-3, the authors' layout): fc over the inputs of target layers {info['taps']} (3h -> h), one decoder",
-        f"  layer over cat(norm(emb(x_{{t+1}})), norm(f_t)) (hidden {c.hidden_size}, FFN {c.intermediate_size}, {c.num_attention_heads} heads,",
-        f"  {c.num_key_value_heads} KV heads), norm, LM head over a draft vocabulary of {info['draft_vocab_size']} ids; the target's input",
+        (
+            f"- Architecture (EAGLE-3, the authors' layout): fc over the inputs of target layers {info['taps']} (3h -> "
+            "h), one decoder"
+        ),
+        (
+            f"  layer over cat(norm(emb(x_{{t+1}})), norm(f_t)) (hidden {c.hidden_size}, FFN {c.intermediate_size}, "
+            f"{c.num_attention_heads} heads,"
+        ),
+        (
+            f"  {c.num_key_value_heads} KV heads), norm, LM head over a draft vocabulary of {info['draft_vocab_size']} "
+            "ids; the target's input"
+        ),
         f"  embedding (not stored); {n_params / 1e6:.2f}M parameters.",
         "- Draft vocabulary: the most frequent ids of the training text (d2t/t2d as the authors build them), covering",
         f"  {info['draft_vocab_coverage']:.2%} of the training tokens; q = 0 outside it (verification stays exact).",
@@ -400,25 +412,47 @@ def write_card(out_dir: Path, info: dict[str, Any], head: Eagle3Head) -> None:
     seen = info.get("distinct_train_ids")
     if seen is not None and seen < info["draft_vocab_size"]:
         lines.append(
-            f"  The training text has {seen} distinct ids: the other {info['draft_vocab_size'] - seen} draft ids are the lowest unseen ids."
+            f"  The training text has {seen} distinct ids: the other {info['draft_vocab_size'] - seen} draft ids are "
+            "the lowest unseen ids."
         )
     lines += [
-        "- Data (offline, never evaluation prompts): `pipeline.training.teacher_data.feature_sequences` - standard-library source",
+        (
+            "- Data (offline, never evaluation prompts): `pipeline.training.teacher_data.feature_sequences` - "
+            "standard-library source"
+        ),
         "  shown as chat answers and the target's own sampled answers to instruction prompts written there;",
-        f"  {info['train_tokens']} training tokens; held-out: other stdlib files and other prompts ({info['heldout_tokens']}).",
-        f"- Training (the authors' training-time test): {t['ttt_steps']} unrolled steps, step j >= 1 fed the head's own step j-1",
+        (
+            f"  {info['train_tokens']} training tokens; held-out: other stdlib files and other prompts "
+            f"({info['heldout_tokens']})."
+        ),
+        (
+            f"- Training (the authors' training-time test): {t['ttt_steps']} unrolled steps, step j >= 1 fed the "
+            "head's own step j-1"
+        ),
         "  output, the authors' extended mask, per-step forward KL against the target's row restricted to the draft",
         "  vocabulary (rows whose target argmax is outside it masked), weights 0.8^j.",
-        f"  AdamW (0.9, 0.95), clip 0.5, lr {t['lr']} with {t['warmup']} warm-up steps and cosine decay over {t['steps']} steps",
+        (
+            f"  AdamW (0.9, 0.95), clip 0.5, lr {t['lr']} with {t['warmup']} warm-up steps and cosine decay over "
+            f"{t['steps']} steps"
+        ),
         f"  ({t['steps_run']} run), {t['batch']} windows x {t['length']} rows per step.",
-        "- Deviations from the authors (CPU-sized): windows of the offline corpus instead of whole ShareGPT conversations,",
-        "  every token trained (no assistant-only loss mask), lr 1e-3 over hundreds of steps instead of 5e-5 over 800k,",
+        (
+            "- Deviations from the authors (CPU-sized): windows of the offline corpus instead of whole ShareGPT "
+            "conversations,"
+        ),
+        (
+            "  every token trained (no assistant-only loss mask), lr 1e-3 over hundreds of steps instead of 5e-5 over "
+            "800k,"
+        ),
         "  float32"
         + (
             ", lm_head/norm started from the target's LM head rows and final norm." if info["init_from_target"] else "."
         ),
         "",
-        "Held-out alpha (teacher-forced first draft token: sum_x min(p, q) of the warped rows, T = 1, top-k 10, top-p 0.9)",
+        (
+            "Held-out alpha (teacher-forced first draft token: sum_x min(p, q) of the warped rows, T = 1, top-k 10, "
+            "top-p 0.9)"
+        ),
         "and top-1 agreement, against training steps:",
         "",
         "| step | minutes | "
@@ -438,7 +472,10 @@ def write_card(out_dir: Path, info: dict[str, Any], head: Eagle3Head) -> None:
         )
     lines += [
         "",
-        f"Load: `eagle: models/{out_dir.name}` in a pair config, drafter `eagle3` (`pipeline.decoding.eagle3.load_eagle3_head`).",
+        (
+            f"Load: `eagle: models/{out_dir.name}` in a pair config, drafter `eagle3` "
+            "(`pipeline.decoding.eagle3.load_eagle3_head`)."
+        ),
         "",
     ]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines))

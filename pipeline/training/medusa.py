@@ -2,8 +2,8 @@
 
     python -m pipeline.train_medusa pair=smollm2-offline            # -> models/smollm2-135m-medusa/
 
-Data (``pipeline.training.teacher_data.feature_data``, offline, from nothing that is evaluated: no HumanEval, MT-Bench, Spider or
-Spec-Bench prompt is ever used):
+Data (``pipeline.training.teacher_data.feature_data``, offline, from nothing that is evaluated: no HumanEval, MT-Bench,
+Spider or Spec-Bench prompt is ever used):
 
 - Python standard-library source from the running interpreter, shown as chat answers to a
   "show me the code of <file>" request (teacher-forced text);

@@ -287,12 +287,21 @@ def _math_prompt(rng: random.Random) -> str:
     n1, n2 = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)
     forms = [
-        f"{n1} has {a} {item}. {n2} gives {n1} {b} more, and then {n1} gives away {c}. How many {item} does {n1} have now?",
-        f"A shop sells {item} for ${c} each. {n1} buys {a} of them and pays with ${a * c + b}. How much change does {n1} get?",
+        (
+            f"{n1} has {a} {item}. {n2} gives {n1} {b} more, and then {n1} gives away {c}. How many {item} does {n1} "
+            "have now?"
+        ),
+        (
+            f"A shop sells {item} for ${c} each. {n1} buys {a} of them and pays with ${a * c + b}. How much change "
+            f"does {n1} get?"
+        ),
         f"If {a} workers can build a wall in {b} days, how long would {a + c} workers take? Explain your reasoning.",
         f"Solve for x: {a}x + {b} = {a * c + b}.",
         f"What is {a} multiplied by {b}, plus {c}? Show your work.",
-        f"A train travels at {a} km/h for {c} hours and then at {b} km/h for {c} more hours. What distance does it cover?",
+        (
+            f"A train travels at {a} km/h for {c} hours and then at {b} km/h for {c} more hours. What distance does it "
+            "cover?"
+        ),
         f"{n1} reads {c} pages a day. How many days does {n1} need to finish a book of {a * c + b} pages?",
         f"What is the probability of rolling a sum of {rng.randint(2, 12)} with two fair dice?",
         f"Find the area and the perimeter of a rectangle that is {a} cm long and {b} cm wide.",

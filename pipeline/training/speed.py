@@ -25,7 +25,7 @@ from pipeline.models import load_pair, pair_config
 from pipeline.prompts import chat_ids
 from pipeline.training.cards import append_to_card
 from pipeline.training.common import repo_path
-from pipeline.training.distill import heldout_prompts
+from pipeline.training.distill_heldout import heldout_prompts
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> dict:
                 }
             )
             print(
-                f"repeat {r} {m:6s} {n_tok / dt:7.2f} tok/s  {n_tok} tokens  {n_tok / max(steps, 1):.2f} tokens/target step",
+                (
+                    f"repeat {r} {m:6s} {n_tok / dt:7.2f} tok/s  {n_tok} tokens  {n_tok / max(steps, 1):.2f} "
+                    "tokens/target step"
+                ),
                 flush=True,
             )
     summary = {}

@@ -11,8 +11,8 @@ into training. Two kinds of records are produced, both in the chat format of the
   target pass (cheaper per token than sampling: one parallel forward instead of one step per token).
 
 The prompts themselves (templates, word lists, standard-library functions) are
-``pipeline.training.prompt_sets``. Shards are written as they are produced (``.cache/distill/<name>/shard-XXXX.pt``) so that a run can be
-stopped at any time and training can use what exists.
+``pipeline.training.prompt_sets``. Shards are written as they are produced (``.cache/distill/<name>/shard-XXXX.pt``) so
+that a run can be stopped at any time and training can use what exists.
 
 The heads (Medusa, EAGLE) learn from a second offline corpus, the *feature corpus* (``feature_data``):
 standard-library source shown as chat answers and the target's own sampled answers to the prompts of
@@ -354,8 +354,9 @@ def generate_teacher_data(
     """Write teacher shards to ``out_dir`` until ``n_prompts`` are done or the time budget is spent.
 
     ``max_shards`` stops after that many shards (a run cut by the time budget is reproduced exactly
-    by setting it to the number of shards the run wrote). Shards alternate between sampled answers (``gen``) and teacher-forced stdlib sources (``tf``) so
-    that any prefix of the run holds both, in the proportion ``tf_fraction`` of shards.
+    by setting it to the number of shards the run wrote). Shards alternate between sampled answers (``gen``) and
+    teacher-forced stdlib sources (``tf``) so that any prefix of the run holds both, in the proportion ``tf_fraction``
+    of shards.
 
     ``engine``: ``batched`` runs transformers' forward on left-padded batches (``sample_answers``; right
     on a GPU); ``packed`` runs the engine's batch-1 forward with up to ``slots`` sequences packed into one
