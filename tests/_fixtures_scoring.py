@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"  # the project's own offline copy (data/README.md)

@@ -35,12 +35,11 @@ import pytest
 
 from helpers.heads import medusa_heads_folder
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from pipeline import models, sweep
 from pipeline.decoding.base import DRAFTERS, Param, int_at_least
 from pipeline.decoding.drafters import NgramDrafter, register_drafter
 from pipeline.models import content_fingerprint
-
-REPO = Path(__file__).resolve().parents[1]
 
 PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {
     "smoke": (

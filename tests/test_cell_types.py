@@ -24,13 +24,13 @@ import pytest
 import yaml
 
 from helpers.cells import make_cell
+from helpers.paths import REPO
 from pipeline import sweep
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
 from pipeline.decoding import cpu_kernels
 from pipeline.tracking import Tracker, flatten
 from pipeline.tracking.layout import param_value
 
-REPO = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((REPO / "tests" / "golden" / "cell_configs.json").read_text())
 CASES = {
     # the smoke sweep as it was when the golden file was recorded (2 samples x 64 tokens, every method at its

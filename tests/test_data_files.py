@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from pipeline.data import cnn_dm, load_dataset, mt_bench, spider
 from pipeline.sweep import compose
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from pipeline.decoding.cpu_kernels import kernels
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head
@@ -18,8 +18,6 @@ from pipeline.training.distill import data_engine, make_student, save_checkpoint
 from pipeline.training.distill_heldout import evaluate_alpha
 from pipeline.training.distill_train import choose_token_map, collate, kd_loss, make_batches, train
 from pipeline.training.teacher_data import sample_answers, sample_answers_packed, teacher_force, teacher_force_cached
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_target(vocab: int = 256):

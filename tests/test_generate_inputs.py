@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from helpers.paths import REPO
 from pipeline import generate
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _cfg(**overrides):

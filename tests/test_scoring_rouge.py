@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from pipeline.data import load_dataset
 from pipeline.scoring import rouge
 
-REPO = Path(__file__).resolve().parents[1]
 SPEC_BENCH = REPO / "data" / "spec_bench"
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import REPO
 from pipeline.data import load_dataset
 from pipeline.scoring import spider as sp
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "spider"
 
 

@@ -23,11 +23,11 @@ from transformers import PreTrainedTokenizerFast
 from analysis import specbench
 from analysis.report import write_report
 from helpers.cells import make_cell
+from helpers.paths import REPO
 from helpers.vendor.spec_bench import speed
 from pipeline.cell_types import STATUS_FINISHED, CellResult, cell_key
 from pipeline.tracking import Tracker
 
-REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(40)]
 SEEDS = (0, 1)
 

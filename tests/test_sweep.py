@@ -9,18 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from mlflow import MlflowClient
 
 from analysis import report
+from helpers.paths import REPO
 from helpers.project import make_project, run_sweep
 from pipeline.cell_types import STATUS_FINISHED, CellResult
 from pipeline.sweep.ray_runner import with_disturbance
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_small_sweep_end_to_end_then_nothing_to_do(ray_session, tmp_path, capsys):

@@ -16,10 +16,9 @@ from pathlib import Path
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
+from helpers.paths import REPO
 from helpers.project import make_project
 from pipeline.tracking import Tracker
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict[str, str]:

@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -19,13 +18,12 @@ from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
 
 from helpers.judge import JudgeServer
+from helpers.paths import REPO
 from helpers.project import make_project, run_sweep
 from pipeline import sweep
 from pipeline.sweep import SweepConfigError, driver
 from pipeline.sweep.ray_runner import core_sets
 from pipeline.tracking import StoreWriteError, Tracker, TrackingError
-
-REPO = Path(__file__).resolve().parents[1]
 
 JUDGE_TEMPLATES = [
     {

@@ -6,7 +6,6 @@ vocabulary, a saved head that the engine loads and drafts with, and held-out alp
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from pipeline.decoding import build_decoder
 from pipeline.decoding.eagle3 import default_taps, load_eagle3_head
 from pipeline.decoding.warping import Warper
@@ -35,8 +35,6 @@ from pipeline.training.eagle3 import (
 )
 
 VOCAB, LAYERS = 16, 7  # taps: the inputs of layers 2, 3, 4
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,9 @@ import shutil
 from pathlib import Path
 
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from helpers.tokenizers import word_tokenizer
 from pipeline import sweep
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def make_project(root: Path) -> Path:
