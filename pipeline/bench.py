@@ -44,12 +44,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bench_batched import BatchBench, batch_markdown, check_batch_sizes
-from pipeline.bounds import alpha_from_accepted, leviathan_bound
 from pipeline.decoding import DRAFTERS, build_decoder, check_method, make_generator, method_class
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for, unsupported_reason
 from pipeline.device import machine_info, synchronize
-from pipeline.energy import check_energy_meter, energy_summary, make_energy_meter
-from pipeline.measure import step_times
+from pipeline.measure.bounds import alpha_from_accepted, leviathan_bound
+from pipeline.measure.costs import step_times
+from pipeline.measure.energy import check_energy_meter, energy_summary, make_energy_meter
 from pipeline.models import PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
 from pipeline.sweep.checks import check_numbers, check_seeds, number_error

@@ -16,9 +16,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from pipeline import bench as bench_mod
-from pipeline import energy
 from pipeline.bench import Bench
-from pipeline.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
+from pipeline.measure import energy
+from pipeline.measure.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"

@@ -43,7 +43,7 @@ def test_bench_and_a_sweep_cell_feed_identical_ids(monkeypatch, make_tokenizer):
     tokenizer = make_tokenizer()
     bench_ids = _bench_prompts(monkeypatch, tokenizer, PROMPTS)
     for text, ids in zip(PROMPTS, bench_ids):
-        # a sweep cell formats an MT-Bench sample's first turn (pipeline.measure.run_window -> format_sample)
+        # a sweep cell formats an MT-Bench sample's first turn (pipeline.measure.window.run_window -> format_sample)
         cell_ids = format_sample(Sample(id="1", dataset="mt_bench", turns=[text]), tokenizer, chat=True).input_ids
         assert ids == cell_ids
         assert ids == encode_prompt(tokenizer, text, chat=True)  # pipeline.generate

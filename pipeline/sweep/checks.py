@@ -13,7 +13,7 @@ import gguf
 import torch
 from huggingface_hub import try_to_load_from_cache
 
-from pipeline.energy import check_energy_meter
+from pipeline.measure.energy import check_energy_meter
 from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.sweep.compose import CONF_DIR, SweepConfigError
 

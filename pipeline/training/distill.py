@@ -37,7 +37,7 @@ from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import read_token_map, restrict_head, save_token_map
 from pipeline.decoding.warping import warp
-from pipeline.measure import step_times
+from pipeline.measure.costs import step_times
 from pipeline.models import DTYPES, load_pair
 from pipeline.prompts import chat_ids
 from pipeline.training.cards import write_model_card
