@@ -28,20 +28,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "pipeline.device",
             "pipeline.measure",
-            "pipeline.bench_batched",
             "pipeline.scoring",
         ),
     ),
     ("tracking", ("pipeline.tracking",)),
     ("cells", ("pipeline.cell", "pipeline.faults", "pipeline.isolation")),
-    ("sweep and training", ("pipeline.sweep", "pipeline.training")),
+    ("sweep, training and the bench", ("pipeline.sweep", "pipeline.training", "pipeline.bench")),
     ("analysis", ("analysis",)),
     (
         "commands",
         (
             "pipeline.sweep.__main__",
             "pipeline.generate",
-            "pipeline.bench",
+            "pipeline.bench.__main__",
             "pipeline.distill",
             "pipeline.distill_speed",
             "pipeline.train_medusa",

@@ -233,28 +233,37 @@ _CLUSTER_RULES = {  # key: (integer, minimum, strict, nullable, example, note)
 }
 
 
+def rule_errors(
+    section: str, values: Mapping[str, Any], rules: Mapping[str, tuple], *, present_only: bool = False
+) -> list[str]:
+    """``number_error`` of every key of ``rules`` (``key: (integer, minimum, strict, nullable, example, note)``) in
+    ``values`` (``present_only``: only the keys it has; a missing key is None otherwise)."""
+    errors = []
+    for key, (integer, low, strict, nullable, example, note) in rules.items():
+        if present_only and key not in values:
+            continue
+        problem = number_error(
+            section,
+            key,
+            values.get(key),
+            integer=integer,
+            low=low,
+            strict=strict,
+            nullable=nullable,
+            example=example,
+            note=note,
+        )
+        if problem:
+            errors.append(problem)
+    return errors
+
+
 def check_cluster(cluster: Mapping[str, Any]) -> list[str]:
     """The cluster's numeric settings in range: a negative ``cell_timeout_s`` would fail every cell at once."""
-    errors = []
-    for key, (integer, low, strict, nullable, example, note) in _CLUSTER_RULES.items():
-        if key in cluster:
-            value = cluster[key]
-            if key == "cell_timeout_s" and value == 0 and not isinstance(value, bool):
-                continue  # 0, like null, is no limit (ray_runner.run_cells)
-            problem = number_error(
-                "cluster",
-                key,
-                value,
-                integer=integer,
-                low=low,
-                strict=strict,
-                nullable=nullable,
-                example=example,
-                note=note,
-            )
-            if problem:
-                errors.append(problem)
-    return errors
+    timeout = cluster.get("cell_timeout_s")
+    if timeout == 0 and not isinstance(timeout, bool):  # 0, like null, is no limit (ray_runner.run_cells)
+        cluster = {k: v for k, v in cluster.items() if k != "cell_timeout_s"}
+    return rule_errors("cluster", cluster, _CLUSTER_RULES, present_only=True)
 
 
 def check_judge(judge: Mapping[str, Any]) -> list[str]:
