@@ -110,7 +110,7 @@ class BatchBench:
                 {"tokens": len(g.tokens), "steps": g.steps, "latency": end - start, "first": first - start}
                 for g, start, end, first in outs
             ]
-            return sum(r["tokens"] for r in per), seconds, per
+            return sum(len(g.tokens) for g, *_ in outs), seconds, per
 
         return run
 

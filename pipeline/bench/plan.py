@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -75,10 +75,15 @@ def check_settings(cfg: DictConfig) -> None:
         check_seeds([cfg.get("seed")]) if cfg.get("seed") is not None else ["seed=null: must be an integer (seed=0)"]
     )
     said = {e.split("=", 1)[0] for e in errors}
-    settings = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("hydra", "pair")}
+    settings = {k: v for k, v in _container(cfg).items() if k not in ("hydra", "pair")}
     errors += [e for e in check_numbers(settings, "") if e.split("=", 1)[0] not in said]
     if errors:
         raise ValueError("the bench cannot run: " + "; ".join(e.replace("seeds: ", "seed: ") for e in errors))
+
+
+def _container(node: Any) -> dict[str, Any]:
+    """A config mapping as a plain dict, interpolations resolved."""
+    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
 
 
 def generate_kwargs(cfg: DictConfig, mode: str, pad_token_id: int) -> dict[str, Any]:
@@ -119,15 +124,15 @@ class BenchPlan:
     def __init__(self, cfg: DictConfig):
         check_settings(cfg)  # before any model loads
         self.cfg = cfg
-        spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
+        spec = PairSpec.from_config(_container(cfg.pair))
         ctx = drafter_context(spec)
         self.skipped: dict[tuple[str, str], str] = {}  # (method, drafter) -> why it is not run
         self.drafters: list[str] = []  # row labels: the drafter kinds
         # label -> the method's `drafter` value (a kind, or a scope with a path)
         self.drafter_values: dict[str, Any] = {}
         for entry in cfg.drafters:
-            value = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
-            d = value.get("kind") if isinstance(value, dict) else value
+            value: Any = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
+            d: Any = value.get("kind") if isinstance(value, dict) else value
             if d != "pair" and d not in DRAFTERS:
                 raise ValueError(
                     f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} "
@@ -170,7 +175,7 @@ class BenchPlan:
 
     def runs(self) -> list[tuple[str, str | None]]:
         """(method, drafter) of our rows: ar once, every other method with every drafter it can use."""
-        out = []
+        out: list[tuple[str, str | None]] = []
         for m in self.cfg.methods:
             if "drafter" not in method_class(m).params:
                 out.append((m, None))
@@ -181,7 +186,7 @@ class BenchPlan:
     def _mode_params(self, mode: str) -> dict[str, Any]:
         if mode == "greedy":
             return {"temperature": 0.0}
-        return dict(OmegaConf.to_container(self.cfg.sampling, resolve=True))
+        return dict(_container(self.cfg.sampling))
 
     def gamma_of(self, method: str) -> int | None:
         """The draft length ``method`` runs with: ``gamma`` when set (every method's), else
@@ -204,7 +209,14 @@ class BenchPlan:
 
     def gammas(self) -> list[int]:
         """The distinct draft lengths of the chain rows (each needs its own t_verify)."""
-        return sorted({self.gamma_of(m) for m, d in self.runs() if m != "ar" and self.is_chain(m, "sample", d)})
+        return sorted({self.chain_gamma(m) for m, d in self.runs() if m != "ar" and self.is_chain(m, "sample", d)})
+
+    def chain_gamma(self, method: str) -> int:
+        """``gamma_of`` a method that drafts (spd, a chain row's method): a ValueError for one that takes none."""
+        gamma = self.gamma_of(method)
+        if gamma is None:
+            raise ValueError(f"method {method!r} takes no draft length (gamma)")
+        return gamma
 
     def method_params(self, method: str, mode: str, drafter: str | None = None) -> dict[str, Any]:
         """Warping of ``mode``, ``gamma`` for methods that take it, then ``method_params.<method>``, then
@@ -215,9 +227,7 @@ class BenchPlan:
             params["gamma"] = gamma
         extra = OmegaConf.select(self.cfg, f"method_params.{method}", default=None)
         if extra:
-            params.update(
-                {k: v for k, v in OmegaConf.to_container(extra, resolve=True).items() if k != "gamma"}
-            )  # gamma: gamma_of
+            params.update({k: v for k, v in _container(extra).items() if k != "gamma"})  # gamma: gamma_of
         if drafter is not None:
             params["drafter"] = self.drafter_values.get(drafter, drafter)
         return params
@@ -229,4 +239,4 @@ class BenchPlan:
         if cls.draft_shape != "chain":  # the method's declared capability
             return False
         values = check_method(method, self.method_params(method, mode, drafter), drafters=self.ctx)
-        return cls.shape_for(DRAFTERS.get(values["drafter"]["kind"]), values) == "chain"
+        return cast(Any, cls).shape_for(DRAFTERS.get(values["drafter"]["kind"]), values) == "chain"

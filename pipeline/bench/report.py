@@ -43,7 +43,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 def _gammas(rows: list[Row], cfg: DictConfig) -> str:
     """How the rows' draft lengths were chosen, for the header."""
-    chosen = {}
+    chosen: dict[str, int] = {}
     for r in rows:
         if r.impl == "ours" and r.gamma is not None and not r.note:
             chosen.setdefault(r.method, r.gamma)

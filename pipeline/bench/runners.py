@@ -18,6 +18,7 @@ from pipeline.device import synchronize
 from pipeline.measure.bounds import alpha_from_accepted, leviathan_bound
 from pipeline.measure.costs import step_times
 from pipeline.measure.energy import energy_summary, make_energy_meter
+from pipeline.measure.meters import IdleReading
 from pipeline.models import load_pair
 from pipeline.prompts import encode_prompt, eos_ids
 
@@ -35,7 +36,7 @@ class _ForwardClock:
             self._handles.append(model.register_forward_pre_hook(self._pre))
             self._handles.append(model.register_forward_hook(self._post))
             if isinstance(model, LeanForward):
-                model.fused_chain = self._timed_chain(model.fused_chain)
+                setattr(model, "fused_chain", self._timed_chain(model.fused_chain))
                 self._chains.append(model)
 
     def _timed_chain(self, chain):
@@ -71,7 +72,9 @@ class Bench(BenchPlan):
         spec = self.spec
         self.pair = load_pair(spec)
         self.meter = make_energy_meter(next(self.pair.target.parameters()).device, cfg.get("energy_meter", "none"))
-        self.idle = None  # the idle power, measured once before the first timed pass when a meter is available
+        self.idle: IdleReading | None = (
+            None  # the idle power, measured once before the first timed pass when a meter is available
+        )
         # runner -> energy_summary of each timed pass (the last _timed call)
         self.energy: dict[Any, list[dict[str, Any]]] = {}
         self.draft_full_vocab = (
@@ -187,6 +190,7 @@ class Bench(BenchPlan):
             ngram = OmegaConf.select(self.cfg, "method_params.spd.max_ngram", default=None) or 3
             kwargs.update(prompt_lookup_num_tokens=self.gamma_of("spd"), max_matching_ngram_size=int(ngram))
         elif assisted:
+            assert draft is not None, "assisted generation with the draft model needs one"
             draft.generation_config.num_assistant_tokens = self.gamma_of("spd")
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             draft.generation_config.assistant_confidence_threshold = 0.0
@@ -215,19 +219,20 @@ class Bench(BenchPlan):
         more than the drafter's chain)."""
         target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
         costs: dict[str, float] = {}
-        lengths = self.gammas() or [self.gamma_of("spd")]  # no chain row: spd's, for the roofline line
+        d: str | None
+        lengths = self.gammas() or [self.chain_gamma("spd")]  # no chain row: spd's, for the roofline line
         for g in lengths:
             t_ar, costs[f"t_verify_g{g}"] = step_times(target, prompt, g, self.device, reps=reps)
             costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
         costs["t_verify"] = costs[f"t_verify_g{max(lengths)}"]
         for d in self.drafters:  # each drafter measures its own draft token (Drafter.step_cost), under spd's warping
-            dec = build_decoder(
+            dec: Any = build_decoder(
                 "spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d)
             )
             costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(
                 dec.target,
                 list(prompt),
-                self.gamma_of("spd"),
+                self.chain_gamma("spd"),
                 dec.warper,
                 reps=reps,
                 sync=lambda: synchronize(self.device),
@@ -237,17 +242,17 @@ class Bench(BenchPlan):
                 costs[f"t_propose_{method}_{d}"] = self._proposal_cost(method, d, prompt, reps)
         return costs
 
-    def _proposal_cost(self, method: str, drafter: str, prompt: list[int], reps: int) -> float:
+    def _proposal_cost(self, method: str, drafter: str | None, prompt: list[int], reps: int) -> float:
         """Median seconds per draft token of ``method``'s own ``gamma``-token proposal after ``prompt`` (its
         drafter's chain for spd/block, beam sampling for mtad), sampled mode, over ``reps`` after one warm-up."""
-        dec = build_decoder(
+        dec: Any = build_decoder(
             method,
             self.pair.target,
             self.pair.draft,
             assets=self.pair.assets,
             **self.method_params(method, "sample", drafter),
         )
-        prompt, gamma = list(prompt), self.gamma_of(method)
+        prompt, gamma = list(prompt), self.chain_gamma(method)
         generator = make_generator(0, self.device)
         with torch.inference_mode():
             dec._start(prompt)
@@ -271,13 +276,16 @@ class Bench(BenchPlan):
         med = statistics.median
         self.probes: dict[str, list[dict[str, float]]] = {}  # per mode, the step costs (s) measured in each pass
         hf_drafters = self.transformers_peers()
+        d: str | None
         for mode in cfg.modes:
-            runners = {("transformers", "ar", None): self.transformers(False, mode)}
+            runners: dict[tuple[str, str, str | None], Any] = {
+                ("transformers", "ar", None): self.transformers(False, mode)
+            }
             for d, why in hf_drafters.items():
                 if why is None:
                     runners[("transformers", "spd", d)] = self.transformers(True, mode, d)
             runners.update({("ours", m, d): self.ours(m, mode, d) for m, d in self.runs()})
-            timers = {}
+            timers: dict[tuple[str, str, str | None], list[float]] = {}
             for key in runners:  # time spent inside the models' forwards, per runner
                 runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
             results, probes = self._timed(runners, self._probe_costs)
@@ -314,14 +322,13 @@ class Bench(BenchPlan):
                     speedups = [r / a for r, a in zip(rates, ours_ar[0])]
                     row.speedup = med(speedups)
                 if method != "ar" and self.is_chain(method, mode, d):
-                    key = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
-                    alpha = alpha_from_accepted([a for g in gens for a in g.accepted], gamma)
-                    bounds = [
-                        row.tokens_per_step * p["t_ar"] / (gamma * p[key] + p[f"t_verify_g{gamma}"]) for p in probes
-                    ]
-                    c = med([p[key] / p["t_ar"] for p in probes])
+                    cost = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
+                    g = self.chain_gamma(method)
+                    alpha = alpha_from_accepted([a for gen in gens for a in gen.accepted], g)
+                    bounds = [row.tokens_per_step * p["t_ar"] / (g * p[cost] + p[f"t_verify_g{g}"]) for p in probes]
+                    c = med([p[cost] / p["t_ar"] for p in probes])
                     row.alpha, row.c = alpha, c
-                    row.bound_ideal = leviathan_bound(alpha, gamma, c)
+                    row.bound_ideal = leviathan_bound(alpha, g, c)
                     row.bound = med(bounds)
                     if ours_ar:
                         row.efficiency = med([s / b for s, b in zip(speedups, bounds)])
@@ -331,7 +338,7 @@ class Bench(BenchPlan):
                     _energy_figures(row, self.energy.get((row.impl, row.method, row.drafter), []))  # this mode's passes
             for (method, d), why in self.skipped.items():
                 rows.append(Row("ours", method, mode, None, 0, drafter=d, note=why))
-        costs = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in all_probes[0]}
+        costs: dict[str, Any] = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in all_probes[0]}
         for d in self.drafters:
             costs[f"c_{d}"] = med([p[f"t_draft_{d}"] / p["t_ar"] for p in all_probes])
         # the first drafter's figures under the historical names

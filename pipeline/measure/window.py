@@ -361,6 +361,18 @@ def run_window(
     )
 
 
+@dataclass
+class _Progress:
+    """The batched window's queue as it goes: the next sample to start, requests open, finished samples, whether
+    the budget ended it, the time spent off the decode clock (formatting later turns, topping up)."""
+
+    next: int = 0
+    open: int = 0
+    finished: int = 0
+    exhausted: bool = False
+    off_clock: float = 0.0
+
+
 def run_window_batched(
     decoder: Any,
     samples: Sequence[Sample],
@@ -408,7 +420,7 @@ def run_window_batched(
     records: list[tuple[int, int, GenerationRecord]] = []
     answers: dict[int, list[str]] = {}
     queue: deque = deque()
-    state = {"next": 0, "open": 0, "exhausted": False, "off_clock": 0.0, "finished": 0}
+    state = _Progress()
     ready: dict[int, float] = {}  # request id -> when it joined the queue
 
     def turns(i: int) -> int:
@@ -426,21 +438,21 @@ def run_window_batched(
                 tag=(i, turn, prompt, rid),
             )
         )
-        state["open"] += 1
+        state.open += 1
 
     def top_up() -> None:  # new samples while slots would idle, until the slice or the budget ends
-        while state["open"] < batch_size and state["next"] < len(samples):
+        while state.open < batch_size and state.next < len(samples):
             if w.over_budget():
-                state["exhausted"] = True
+                state.exhausted = True
                 return
-            i = state["next"]
-            state["next"] += 1
+            i = state.next
+            state.next += 1
             enqueue(i, 0, w.first_prompts[i])
 
     def finish(request: BatchRequest, gen: BatchedGeneration) -> None:
         t0 = time.perf_counter()
         i, turn, prompt, rid = request.tag
-        state["open"] -= 1
+        state.open -= 1
         sample = samples[i]
         timing = {
             "decode_s": gen.finished_at - gen.admitted_at,
@@ -452,9 +464,9 @@ def run_window_batched(
             answers.setdefault(i, []).append(tokenizer.decode(gen.tokens, skip_special_tokens=True))
             enqueue(i, turn + 1, w.formatter(sample, turn + 1, answers[i]))
         else:
-            state["finished"] += 1
+            state.finished += 1
         top_up()
-        state["off_clock"] += time.perf_counter() - t0
+        state.off_clock += time.perf_counter() - t0
 
     w.open()
     top_up()
@@ -464,8 +476,8 @@ def run_window_batched(
         decoder,
         [rec for *_, rec in sorted(records, key=lambda r: (r[0], r[1]))],
         samples_total=len(samples),
-        samples_finished=int(state["finished"]),
-        budget_exhausted=bool(state["exhausted"]),
-        off_clock_s=float(state["off_clock"]),
+        samples_finished=state.finished,
+        budget_exhausted=state.exhausted,
+        off_clock_s=state.off_clock,
         batch_size=batch_size,
     )

@@ -31,7 +31,8 @@ def check_models_available(pair: Mapping[str, Any]) -> None:
             and not Path(model.location()).exists()
         ):
             raise SweepConfigError(
-                f"pair {pair['name']!r} {role} model folder {model.id!r} does not exist ({Path(model.location()).expanduser()}): "
+                f"pair {pair['name']!r} {role} model folder {model.id!r} does not exist "
+                f"({Path(model.location()).expanduser()}): "
                 "point the pair's `id` at an existing folder (relative paths are taken from the repository), "
                 "or use a Hugging Face repo id (`org/name`)"
             )
@@ -122,8 +123,9 @@ def check_device(pair: Mapping[str, Any], cluster: Mapping[str, Any]) -> None:
             visible = min(visible, torch.cuda.device_count())
         if dev.index is not None and dev.index >= visible:
             raise SweepConfigError(
-                f"pair {pair['name']!r}: device {device!r} but a cell sees {visible} GPU(s) (cuda:0..cuda:{visible - 1}: Ray gives "
-                f"each cell its own, cluster.gpus_per_cell={cluster.get('gpus_per_cell') or 1}); {fix} or cuda"
+                f"pair {pair['name']!r}: device {device!r} but a cell sees {visible} GPU(s) "
+                f"(cuda:0..cuda:{visible - 1}: Ray gives each cell its own, "
+                f"cluster.gpus_per_cell={cluster.get('gpus_per_cell') or 1}); {fix} or cuda"
             )
     elif (
         dev.type == "mps" and local and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
@@ -267,7 +269,8 @@ def check_cluster(cluster: Mapping[str, Any]) -> list[str]:
 
 
 def check_judge(judge: Mapping[str, Any]) -> list[str]:
-    """The judge's numeric settings (checked whether or not it is enabled: a sweep file's judge is switched on later)."""
+    """The judge's numeric settings (checked whether or not it is enabled: a sweep file's judge is switched on
+    later)."""
     errors = []
     for key, integer, low, nullable, example in (
         ("max_new_tokens", True, 1, False, 256),
