@@ -49,15 +49,15 @@ from analysis.claims_spec import (
     verdict,
 )
 from analysis.stats import MIN_PROMPTS, add_ratios, mark_disturbed, sign_flip_interval
-from pipeline.acceptance import as_list, reconstruct_drafted
-from pipeline.bounds import expected_tokens
+from pipeline.measure.acceptance import as_list, reconstruct_drafted
+from pipeline.measure.bounds import expected_tokens
 
 # ----------------------------------------------------------------------------------- units and the bootstrap
 
 
 def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Per generation: ``iterations`` (len accepted), ``accepted_drafts`` and ``reached`` (draft positions
-    reached, pipeline.acceptance), ``accepted_pos1`` and ``reached_pos1`` (position 1 only), from ``accepted``
+    reached, pipeline.measure.acceptance), ``accepted_pos1`` and ``reached_pos1`` (position 1 only), from ``accepted``
     and ``drafted`` (reconstructed from the cell's gamma and max_new_tokens for records logged without it)."""
     out = samples.copy()
     params = (

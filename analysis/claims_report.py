@@ -8,7 +8,7 @@
   size; then the claims untested here (no data, needs a GPU, only disturbed cells...) with the command that
   tests them; then the acceptance table.
 - ``acceptance.md|csv``: per method (pooled over its cells) and per cell, the acceptance metrics of
-  ``pipeline.acceptance`` (pooled over tokens and per-request means, conventions named) and Leviathan's
+  ``pipeline.measure.acceptance`` (pooled over tokens and per-request means, conventions named) and Leviathan's
   i.i.d. check (alpha from the per-position rates against alpha implied by tokens per step).
 - ``figures/claims_forest.png|pdf``: one line per tested claim, effect and CI, the claim's boundary marked.
 """
@@ -28,7 +28,7 @@ from analysis.claims_spec import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, T
 from analysis.figures import savefig
 from analysis.runs import label_methods, order_labels
 from analysis.stats import MIN_PROMPTS
-from pipeline.acceptance import CONVENTIONS, PER_REQUEST, POOLED, records_metrics
+from pipeline.measure.acceptance import CONVENTIONS, PER_REQUEST, POOLED, records_metrics
 
 COLORS = {
     SUPPORTED: "tab:green",
@@ -66,7 +66,7 @@ def _boundary(row: pd.Series) -> str:
 
 
 def acceptance_tables(runs: pd.DataFrame, samples: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per method pooled over its cells, per cell): the acceptance metrics of ``pipeline.acceptance``."""
+    """(per method pooled over its cells, per cell): the acceptance metrics of ``pipeline.measure.acceptance``."""
 
     def metrics(recs: pd.DataFrame, gamma, mnt) -> dict[str, float]:
         gamma = int(gamma) if isinstance(gamma, (int, float)) and not pd.isna(gamma) else None

@@ -14,7 +14,7 @@ import numpy as np
 import yaml
 
 from analysis.stats import MIN_PROMPTS
-from pipeline.bounds import expected_tokens
+from pipeline.measure.bounds import expected_tokens
 
 CLAIMS_FILE = Path(__file__).resolve().parent / "claims.yaml"
 DIRECTIONS = ("greater", "less", "at_least", "at_most", "equivalent")

@@ -1,8 +1,8 @@
 """Every MLflow name the analysis depends on, in one place (tags, metrics, params, artifacts, records).
 
 The layout is defined by ``pipeline/tracking/layout.py`` (tags, params, artifacts: their names are
-imported from there), ``pipeline/measure.py`` (``WindowResult.summary`` and ``GenerationRecord``),
-``pipeline/energy.py::energy_summary`` and ``pipeline/cell.py`` (perplexity, score). The analysis uses
+imported from there), ``pipeline/measure/records.py`` (``WindowResult.summary`` and ``GenerationRecord``),
+``pipeline/measure/energy.py::energy_summary`` and ``pipeline/cell.py`` (perplexity, score). The analysis uses
 the canonical names on the left; when the pipeline renames something, change the right-hand side here
 and nothing else.
 """
@@ -76,7 +76,7 @@ METRICS: dict[str, str] = {
     "draft_steps": "draft_steps",
     "accepted_per_step": "accepted_per_step",  # new tokens / target steps, pooled (bonus token included)
     "accepted_per_step_mean_of_samples": "accepted_per_step_mean_of_samples",
-    # pipeline.acceptance: vLLM / Spec-Bench conventions, pooled over tokens and per-request means
+    # pipeline.measure.acceptance: vLLM / Spec-Bench conventions, pooled over tokens and per-request means
     "acceptance_length_pooled": "acceptance_length_pooled",
     "acceptance_length_per_request": "acceptance_length_per_request",
     "draft_acceptance_rate_pooled": "draft_acceptance_rate_pooled",
@@ -97,8 +97,9 @@ METRICS: dict[str, str] = {
     # Not logged by the sweep today (pipeline.bench measures it, the cells do not): the draft/target
     # step-time ratio c of Leviathan's bound. Read when present, otherwise the bound is "n/a".
     "cost_ratio": "cost_ratio_c",
-    # the machine's speed (pipeline.measure.probe_step_ms): the target's step on a fixed probe just before and just
-    # after the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived from them
+    # the machine's speed (pipeline.measure.costs.probe_step_ms): the target's step on a fixed probe just before
+    # and just after the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived
+    # from them
     "t_target_step_ms": "t_target_step_ms",
     "probe_before_ms": "probe_before_ms",
     "probe_after_ms": "probe_after_ms",

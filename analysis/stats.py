@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from analysis import schema
-from pipeline.bounds import alpha_from_tokens_per_step, leviathan_bound
 from pipeline.cell_types import split_batch_label
-from pipeline.measure import DISTURBED_SLOWDOWN
+from pipeline.measure.bounds import alpha_from_tokens_per_step, leviathan_bound
+from pipeline.measure.costs import DISTURBED_SLOWDOWN
 
 GROUP = ("pair", "dataset", "label")
 MATCH = (

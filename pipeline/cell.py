@@ -10,7 +10,7 @@ per-generation records, scorer details, device, stage times, error and traceback
 Stages (docs/DESIGN.md section 1), each timed in ``result.stages``:
 
 1. ``load``: the pair and the decoder; the dataset slice plus warm-up samples from outside it.
-2. ``generate``: ``pipeline.measure.run_window`` (warm-up, idle power, one window over the slice).
+2. ``generate``: ``pipeline.measure.window.run_window`` (warm-up, idle power, one window over the slice).
 3. ``perplexity``: teacher-forced pass of the unwarped target over prompt + generated ids.
 4. ``score``: the scorer of the cell's task (``task.scorer`` in ``conf/dataset/<name>.yaml``: HumanEval
    sandbox, Spider execution, ROUGE, the MT-Bench judge...); a scorer that needs the judge scores only
@@ -21,9 +21,8 @@ A failure in ``score`` keeps everything measured before it: the result is ``stat
 with the metrics and the generation records, so the driver logs them and a later invocation re-scores
 the logged generations (``rescore``) instead of generating again.
 
-CPU isolation (``cell.isolation``, set by the driver's scheduler and recorded with the cell):
-``exclusive`` (one cell per node, all its cores, torch threads = cores), ``pinned`` (this process is
-bound to a disjoint core set with ``sched_setaffinity``, torch threads = its size) or ``shared``.
+CPU isolation (``cell.isolation``, set by the driver's scheduler and recorded with the cell) is applied by
+``pipeline.isolation.apply_isolation``; test-only fault injection (``fault_injection``) is ``pipeline.faults``.
 
 Any exception (CUDA out of memory included) is caught and returned as ``status: failed`` with its
 traceback and the stage it happened in; an actor that dies is recorded as failed by the driver.
@@ -44,7 +43,6 @@ from typing import Any, Iterator, Mapping
 import ray
 import torch
 
-from pipeline.acceptance import checkpoint_id, speculation_profile
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
 from pipeline.data.slices import load_slice, task_of
 from pipeline.data.tasks import TaskSpec
@@ -52,9 +50,13 @@ from pipeline.decoding import build_decoder, method_args
 from pipeline.decoding.batched import check_batch
 from pipeline.decoding.kv import CachedModel
 from pipeline.device import environment_info
-from pipeline.energy import make_energy_meter
-from pipeline.measure import Protocol, drafter_costs, predictions_for_scoring, probe_step_ms, run_window, step_times
-from pipeline.measure_batched import request_metrics, run_window_batched
+from pipeline.faults import inject_fault
+from pipeline.isolation import apply_isolation
+from pipeline.measure.acceptance import checkpoint_id, speculation_profile
+from pipeline.measure.costs import drafter_costs, probe_step_ms, step_times
+from pipeline.measure.energy import make_energy_meter
+from pipeline.measure.records import Protocol, predictions, predictions_for_scoring, request_metrics
+from pipeline.measure.window import run_window, run_window_batched
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
@@ -86,38 +88,6 @@ def _node_id() -> str | None:
     return None
 
 
-def inject_fault(cell: Cell, stage: str) -> None:
-    """Test-only: fail this cell as ``cell.fault`` says (``raise``, ``exit`` the process, ``sleep``).
-
-    ``fault`` is a mapping or a list of them: ``{kind, stage (default generate), methods, datasets,
-    seeds, labels, seconds}``; a fault applies to cells matching every list given.
-    """
-    faults = cell.fault or []
-    for fault in [faults] if isinstance(faults, Mapping) else faults:
-        if fault.get("stage", "generate") != stage:
-            continue
-        fields = (
-            ("methods", cell.method),
-            ("datasets", cell.dataset_name),
-            ("seeds", cell.seed),
-            ("labels", cell.label),
-        )
-        if all(fault.get(f) is None or v in fault[f] for f, v in fields):
-            _fail(fault, stage)
-
-
-def _fail(fault: Mapping[str, Any], stage: str) -> None:
-    kind = fault.get("kind", "raise")
-    if kind == "raise":
-        raise RuntimeError(f"injected fault in stage {stage!r} (fault_injection)")
-    if kind == "exit":
-        os._exit(int(fault.get("code", 1)))  # the actor process dies mid-cell
-    if kind == "sleep":
-        time.sleep(float(fault.get("seconds", 3600)))
-        return
-    raise ValueError(f"unknown fault kind {kind!r}; valid: raise, exit, sleep")
-
-
 @contextmanager
 def _stage(result: CellResult, name: str) -> Iterator[None]:
     result.stage = name
@@ -145,16 +115,8 @@ def score_cell(
 
 
 def predictions_from_records(records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``measure.predictions_for_scoring`` from logged record dicts (samples.jsonl) instead of a window."""
-    by_id: dict[str, list[Mapping[str, Any]]] = {}
-    for rec in records:
-        by_id.setdefault(str(rec["id"]), []).append(rec)
-    out = []
-    for sid, recs in by_id.items():
-        recs = sorted(recs, key=lambda r: int(r.get("turn") or 0))
-        prediction: Any = recs[0]["prediction"] if len(recs) == 1 else [r["prediction"] for r in recs]
-        out.append({"id": sid, "prediction": prediction, "format": recs[0].get("prompt_style")})
-    return out
+    """``records.predictions_for_scoring`` from logged record dicts (samples.jsonl) instead of a window."""
+    return predictions(records)
 
 
 def judge_identity(cell: Cell) -> dict[str, Any] | None:
@@ -164,22 +126,6 @@ def judge_identity(cell: Cell) -> dict[str, Any] | None:
     if scorer is None or not (cell.judge or {}).get("enabled"):
         return None
     return scorer.identity(cell.judge)
-
-
-def apply_isolation(isolation: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Bind this process to the cell's cores and set torch's threads to match; what was applied."""
-    iso = dict(isolation or {})
-    cores = iso.get("cores")
-    if cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, set(int(c) for c in cores))
-    threads = iso.get("threads")
-    if threads:
-        torch.set_num_threads(int(threads))
-        os.environ["OMP_NUM_THREADS"] = str(int(threads))  # Ray sets 1 (its num_cpus) for child libraries
-    iso["torch_threads"] = torch.get_num_threads()
-    if hasattr(os, "sched_getaffinity"):
-        iso["affinity"] = sorted(os.sched_getaffinity(0))
-    return iso
 
 
 def _score_stage(
@@ -402,10 +348,10 @@ class CellActor:
 def calibrate_pair(
     pair: Mapping[str, Any], isolation: Mapping[str, Any] | None = None, rounds: int = 3, reps: int = 10
 ) -> dict[str, Any]:
-    """The pair's target step on the machine probe (``measure.probe_step_ms``) at the start of a sweep, with
+    """The pair's target step on the machine probe (``measure.costs.probe_step_ms``) at the start of a sweep, with
     the cells' threads and cores: the fastest of ``rounds`` medians after one warm-up round (the machine's
     quiet speed as well as this moment shows it). Each cell's probes around its window are compared with it
-    (``measure.disturbance``). Returns ``{target_step_ms, rounds_ms, device}``."""
+    (``measure.costs.disturbance``). Returns ``{target_step_ms, rounds_ms, device}``."""
     apply_isolation(isolation)
     loaded = load_pair(pair)
     device = next(loaded.target.parameters()).device

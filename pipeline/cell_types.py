@@ -93,7 +93,7 @@ class Cell:
     baseline: bool = False
     """True for the sweep's baseline cells (the speedup's denominator)."""
     fault: Any = None
-    """Test-only fault injection (``fault_injection``: a mapping or a list, see ``pipeline.cell.inject_fault``)."""
+    """Test-only fault injection (``fault_injection``: a mapping or a list, see ``pipeline.faults.inject_fault``)."""
     isolation: dict[str, Any] | None = None
     """CPU isolation the runner gives the cell (``mode``, ``threads``, ``cores``); None until scheduled."""
     precision: dict[str, Any] = field(default_factory=dict)
@@ -216,7 +216,7 @@ class CellResult:
     ended_at: float | None = None
     """Wall-clock (epoch seconds) when the cell ended: its MLflow run's end time."""
     speculation_profile: dict[str, Any] | None = None
-    """The cell's acceptance as specdec_bench's ``speculation_profile.json`` (``pipeline.acceptance``); None
+    """The cell's acceptance as specdec_bench's ``speculation_profile.json`` (``pipeline.measure.acceptance``); None
     for a method that drafts nothing."""
 
     @property

@@ -1,7 +1,7 @@
 """The device and the machine: synchronisation, peak memory, machine and library info, git commit.
 
-The one implementation used by the measurement window (``pipeline.measure``), the step-cost probe and
-the benchmark (``pipeline.bench``).
+The one implementation used by the measurement window (``pipeline.measure.window``), the step-cost probe
+(``pipeline.measure.costs``) and the benchmark (``pipeline.bench``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import transformers
 
-from pipeline.energy import cuda_uuid
+from pipeline.measure.meters import cuda_uuid
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

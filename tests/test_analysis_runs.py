@@ -15,8 +15,8 @@ from mlflow import MlflowClient
 from analysis import figures, report, schema
 from analysis.runs import _is_config_param, load_runs, load_samples
 from analysis.tables import build_tables
-from pipeline import bounds
 from pipeline.cell_types import cell_key
+from pipeline.measure import bounds
 from pipeline.tracking import Tracker
 from pipeline.tracking.layout import flatten
 

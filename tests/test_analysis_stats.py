@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis import stats
-from pipeline import bounds
+from pipeline.measure import bounds
 
 
 def test_mean_std_uses_ddof_1_and_skips_nan():

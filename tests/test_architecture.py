@@ -21,29 +21,26 @@ PACKAGES = ("pipeline", "analysis")
 
 # Earliest first; a module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("pipeline", "pipeline.prompts", "pipeline.bounds", "pipeline.cell_types", "pipeline.formatting")),
+    ("base", ("pipeline", "pipeline.prompts", "pipeline.cell_types", "pipeline.formatting")),
     ("engine, models and data", ("pipeline.decoding", "pipeline.models", "pipeline.data")),
     (
         "measurement",
         (
-            "pipeline.energy",
             "pipeline.device",
             "pipeline.measure",
-            "pipeline.measure_batched",
-            "pipeline.bench_batched",
             "pipeline.scoring",
         ),
     ),
     ("tracking", ("pipeline.tracking",)),
-    ("cells", ("pipeline.cell",)),
-    ("sweep and training", ("pipeline.sweep", "pipeline.training")),
+    ("cells", ("pipeline.cell", "pipeline.faults", "pipeline.isolation")),
+    ("sweep, training and the bench", ("pipeline.sweep", "pipeline.training", "pipeline.bench")),
     ("analysis", ("analysis",)),
     (
         "commands",
         (
             "pipeline.sweep.__main__",
             "pipeline.generate",
-            "pipeline.bench",
+            "pipeline.bench.__main__",
             "pipeline.distill",
             "pipeline.distill_speed",
             "pipeline.train_medusa",
@@ -160,7 +157,8 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_graph_sees_the_known_edges(graph):
-    assert "pipeline.decoding.kv" in graph["pipeline.measure"]
+    assert "pipeline.decoding.kv" in graph["pipeline.measure.costs"]
+    assert "pipeline.decoding.timing" in graph["pipeline.decoding.drafters"]  # relative import
     assert "pipeline.sweep.plan" in graph["pipeline.sweep.driver"]
     assert "pipeline.tracking" in graph["analysis.runs"]
     assert "pipeline.decoding.base" in graph["pipeline.decoding.spd"]  # relative import

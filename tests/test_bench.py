@@ -15,10 +15,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from pipeline import bench as bench_mod
-from pipeline import energy
-from pipeline.bench import Bench
-from pipeline.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
+from pipeline.bench import plan, report, runners
+from pipeline.bench.runners import Bench
+from pipeline.device import machine_info
+from pipeline.measure import energy
+from pipeline.measure.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -75,7 +76,7 @@ def test_default_pair_as_shipped_with_every_drafter():
     for key in [("ours", "spd", "model"), ("ours", "spd", "ngram"), ("ours", "specinfer", "model")]:
         assert got[key].tokens == 5 and got[key].identical_to_transformers is True
     assert got[("ours", "spd", "ngram")].c < 0.1 and costs["t_draft_ngram_ms"] >= 0
-    md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
+    md = report.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
     assert "Rows not run:" in md and "| ours | spd | ngram | 2 | greedy |" in md
     assert "\nEnergy: " in md  # a table where this machine has a meter (auto: RAPL on a CPU), else why not
 
@@ -106,7 +107,7 @@ def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
     for g in bench.gammas():
         assert costs[f"t_verify_g{g}_ms"] > 0 and costs[f"verify_over_ar_g{g}"] > 0
     assert costs["t_verify_ms"] == costs[f"t_verify_g{conf['spd'] + 1}_ms"]  # the longest verification
-    md = bench_mod.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
+    md = report.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
     assert (
         f"gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): spd {conf['spd']}, mtad {conf['spd'] + 1}"
         in md
@@ -161,8 +162,8 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
             assert len(ratios) == 2 and r.c == pytest.approx(statistics.median(ratios))
     every = [p["t_draft_model"] / p["t_ar"] for mode in ("greedy", "sample") for p in bench.probes[mode]]
     assert costs["c"] == pytest.approx(statistics.median(every))
-    info = bench_mod.machine_info(bench.device)
-    info["engine"] = bench_mod.engine_info(bench.pair)
+    info = machine_info(bench.device)
+    info["engine"] = report.engine_info(bench.pair)
     dtype = bench.pair.precision()["target_dtype"]
     assert (
         f"target {dtype} through the lean forward, kernels {bench.pair.precision()['target_kernels']}" in info["engine"]
@@ -171,8 +172,8 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
     assert costs["bandwidth_gb_s"] > 0 and costs["floor_target_ms"] > 0
     assert costs["ar_over_floor"] == pytest.approx(costs["t_ar_ms"] / costs["floor_target_ms"])
     assert costs["verify_over_ar"] == pytest.approx(costs["t_verify_ms"] / costs["t_ar_ms"])
-    assert costs["target_mb"] == pytest.approx(bench_mod.streamed_bytes(bench.pair.target) / 1e6)
-    md = bench_mod.to_markdown("t", rows, costs, info, "python -m pipeline.bench ...", cfg)
+    assert costs["target_mb"] == pytest.approx(runners.streamed_bytes(bench.pair.target) / 1e6)
+    md = report.to_markdown("t", rows, costs, info, "python -m pipeline.bench ...", cfg)
     assert md.count("\n| ours |") == 6 and f"Our engine: target {dtype} through the lean forward" in md
     assert "Roofline: copy bandwidth" in md and "t_ar / floor" in md
     payload = [dict(vars(r)) for r in rows]
@@ -202,7 +203,7 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
-    monkeypatch.setattr(bench_mod, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(runners, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         Bench(_cfg(override))
 
@@ -256,7 +257,7 @@ def test_the_ngram_drafter_alone_writes_its_rows(tmp_path):
 
 
 def test_eagle_without_a_head_fails_before_any_model_loads(monkeypatch):
-    monkeypatch.setattr(bench_mod, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(runners, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="no `eagle:` head"):
         Bench(_cfg("drafters=[eagle]", "++pair.eagle=null", "++pair.drafter=model"))
 
@@ -353,15 +354,15 @@ def test_every_runners_pass_is_one_metered_window(tmp_path):
             assert p["reference_j_per_token"] == pytest.approx(cost[name] * 0.99 / 1e6)
             assert p["energy_vs_reference"] == pytest.approx(1 / 0.99 - 1)
             assert p["dynamic_j_per_token"] == pytest.approx(p["j_per_token"])  # idle power 0
-    row = bench_mod.Row("ours", "spd", "sample", 1.0, 3)
-    bench_mod._energy_figures(row, bench.energy["b"])
+    row = plan.Row("ours", "spd", "sample", 1.0, 3)
+    runners._energy_figures(row, bench.energy["b"])
     assert row.j_per_token == pytest.approx(0.003) and row.energy_vs_reference == pytest.approx(1 / 0.99 - 1)
     costs = {"energy_meter": bench.meter.info(), "idle_power_w": 0.0, "reference_idle_power_w": 0.0}
-    lines = "\n".join(bench_mod._energy_lines([row], costs))
+    lines = "\n".join(report._energy_lines([row], costs))
     assert (
         "Energy: meter rapl+rapl" in lines and "| ours | spd | – | sample | 0.0030 | 0.0030 | 0.0030 | 1.01% |" in lines
     )
-    unmetered = bench_mod._energy_lines(
+    unmetered = report._energy_lines(
         [row], {"energy_meter": energy.NullMeter("no readable RAPL package counter").info()}
     )
     assert unmetered == ["", "Energy: not measured (no readable RAPL package counter)."]

@@ -1,4 +1,4 @@
-"""Claims as data, their paired bootstrap and verdicts, and the acceptance metrics (pipeline.acceptance).
+"""Claims as data, their paired bootstrap and verdicts, and the acceptance metrics (pipeline.measure.acceptance).
 
 Synthetic runs with a known effect: a true effect is found, a null one is not, at the stated rates; the
 per-position acceptance rates against hand-counted ``accepted`` lists; pooled against per-request means
@@ -30,7 +30,8 @@ from analysis.claims_spec import (
     verdict,
 )
 from helpers.exact import PROMPT
-from pipeline.acceptance import (
+from pipeline.decoding import METHODS, build_decoder, make_generator
+from pipeline.measure.acceptance import (
     acceptance_metrics,
     checkpoint_id,
     position_counts,
@@ -38,8 +39,7 @@ from pipeline.acceptance import (
     records_metrics,
     speculation_profile,
 )
-from pipeline.bounds import expected_tokens
-from pipeline.decoding import METHODS, build_decoder, make_generator
+from pipeline.measure.bounds import expected_tokens
 
 # ----------------------------------------------------------------------------------- synthetic sweeps
 

@@ -26,7 +26,7 @@ from pipeline.decoding.eagle import (
     save_eagle_head,
 )
 from pipeline.decoding.warping import Warper
-from pipeline.measure import drafter_costs
+from pipeline.measure.costs import drafter_costs
 
 PROMPT = [0, 3, 5, 0, 3]  # repeats: the n-gram drafter finds matches from the first step
 
@@ -312,7 +312,7 @@ def test_saved_config_carries_the_top_level_rope_theta(tmp_path):
 
 @pytest.mark.parametrize("drafter", ["model", "eagle", "ngram"])
 def test_each_drafter_measures_its_own_draft_cost(eagle_pair, drafter):
-    """The cell's t_draft (measure.drafter_costs) is the cell's own drafter's work: 1 warm-up + reps proposals."""
+    """The cell's t_draft (measure.costs.drafter_costs) is the cell's own drafter's work: 1 warm-up + reps proposals."""
     decoder = build_decoder("spd", *eagle_pair, drafter=drafter, gamma=3, **WARP)
     costs = drafter_costs(decoder, PROMPT, "cpu", reps=2)
     impl = decoder.drafter_impl

@@ -12,13 +12,13 @@ import torch
 from zeus.monitor import ZeusMonitor
 from zeus.monitor.energy import Measurement
 
-from pipeline import energy
+from pipeline.measure import energy, meters
 
 
 def test_cpu_without_rapl_records_unavailable(monkeypatch, tmp_path):
-    monkeypatch.setattr(energy, "RAPL_ROOT", tmp_path)  # an empty powercap tree
+    monkeypatch.setattr(meters, "RAPL_ROOT", tmp_path)  # an empty powercap tree
     meter = energy.make_energy_meter("cpu")
-    assert isinstance(meter, energy.NullMeter) and not meter.available
+    assert isinstance(meter, meters.NullMeter) and not meter.available
     meter.start()
     time.sleep(0.01)
     reading = meter.stop()
@@ -59,9 +59,9 @@ def _fake_rapl(root, energy_uj: int, max_range: int = 1000):
 
 def test_rapl_counter_and_wraparound(tmp_path):
     zone = _fake_rapl(tmp_path, 900, max_range=1000)
-    zones = energy.rapl_packages(tmp_path)
+    zones = meters.rapl_packages(tmp_path)
     assert zones == [zone]  # the core sub-zone is not double counted
-    meter = energy.RaplMeter(zones)
+    meter = meters.RaplMeter(zones)
     meter.start()
     (zone / "energy_uj").write_text("100\n")  # wrapped: 900 -> 1000 -> 100
     reading = meter.stop()
@@ -71,15 +71,15 @@ def test_rapl_counter_and_wraparound(tmp_path):
 
 def test_integrate_power():
     samples = [(0.1 * i, 100.0) for i in range(1, 20)]
-    e, gap = energy.integrate_power(samples, 0.0, 2.0)
+    e, gap = meters.integrate_power(samples, 0.0, 2.0)
     assert e == pytest.approx(200.0) and gap == pytest.approx(0.1)
     ramp = [(0.0, 0.0), (1.0, 100.0)]
-    assert energy.integrate_power(ramp, 0.0, 1.0)[0] == pytest.approx(50.0)
-    assert energy.integrate_power([], 0.0, 1.0) == (None, None)
+    assert meters.integrate_power(ramp, 0.0, 1.0)[0] == pytest.approx(50.0)
+    assert meters.integrate_power([], 0.0, 1.0) == (None, None)
 
 
 def test_poller_samples_at_about_10_hz():
-    poller = energy._PowerPoller(lambda: 42.0, hz=10.0)
+    poller = meters._PowerPoller(lambda: 42.0, hz=10.0)
     poller.start()
     time.sleep(0.55)
     poller.stop()
@@ -139,7 +139,7 @@ class _FakeNvml(types.SimpleNamespace):
 def test_nvml_meter_logic(monkeypatch, counter, instant, method, field):
     fake = _FakeNvml(counter=counter, instant=instant)
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
-    meter = energy.NvmlMeter("GPU-1234", poll_hz=20)
+    meter = meters.NvmlMeter("GPU-1234", poll_hz=20)
     assert fake.asked_uuid == b"GPU-1234" and meter.power_field == field
     meter.start()
     time.sleep(0.3)
@@ -150,7 +150,7 @@ def test_nvml_meter_logic(monkeypatch, counter, instant, method, field):
     assert reading.poller_samples >= 3 and reading.device["name"] == "Fake GPU"
 
 
-def _busy_window(meter: energy.EnergyMeter, device: torch.device, seconds: float = 3.0) -> energy.EnergyReading:
+def _busy_window(meter: meters.EnergyMeter, device: torch.device, seconds: float = 3.0) -> meters.EnergyReading:
     """One metered window of back-to-back 8192^3 matrix products on ``device``."""
     a = torch.randn(8192, 8192, device=device)
     torch.cuda.synchronize()
@@ -167,7 +167,7 @@ def _busy_window(meter: energy.EnergyMeter, device: torch.device, seconds: float
 def test_nvml_counter_and_poller_agree_on_a_gpu():
     device = torch.device("cuda")
     meter = energy.make_energy_meter(device)
-    assert isinstance(meter, energy.NvmlMeter), meter.reason
+    assert isinstance(meter, meters.NvmlMeter), meter.reason
     reading = _busy_window(meter, device)
     idle = meter.measure_idle(2.0)
     print("NVML window:", reading.to_dict(), "idle:", idle.to_dict())
@@ -177,14 +177,14 @@ def test_nvml_counter_and_poller_agree_on_a_gpu():
     assert idle.available and 0 < idle.power_w < reading.mean_power_w
 
 
-def _nvml_meter(monkeypatch, watts: float) -> energy.NvmlMeter:
+def _nvml_meter(monkeypatch, watts: float) -> meters.NvmlMeter:
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(watts=watts))
-    return energy.NvmlMeter("GPU-1234", poll_hz=20)
+    return meters.NvmlMeter("GPU-1234", poll_hz=20)
 
 
 def test_a_paired_meter_reads_both_meters_on_the_same_windows(monkeypatch):
     """Ours (a board at 250 W) with a reference beside it that reads 245 W: both figures, and ours 2% above it."""
-    meter = energy.PairedMeter(_nvml_meter(monkeypatch, 250.0), _nvml_meter(monkeypatch, 245.0))
+    meter = meters.PairedMeter(_nvml_meter(monkeypatch, 250.0), _nvml_meter(monkeypatch, 245.0))
     assert meter.name == "nvml+nvml" and meter.available and meter.info()["reference"]["meter"] == "nvml"
     meter.start()
     time.sleep(0.4)
@@ -201,7 +201,7 @@ def test_a_paired_meter_reads_both_meters_on_the_same_windows(monkeypatch):
     assert summary["energy_vs_reference"] == pytest.approx(250.0 / 245.0 - 1.0, abs=0.02)
     assert summary["reference_idle_power_w"] == idle.reference_power_w
     plain = energy.energy_summary(
-        energy.EnergyReading(meter="nvml", available=True, energy_j=1.0, duration_s=1.0), None, tokens=10
+        meters.EnergyReading(meter="nvml", available=True, energy_j=1.0, duration_s=1.0), None, tokens=10
     )
     assert "reference_meter" not in plain and plain["j_per_token"] == 0.1  # a single meter's summary is what it was
 
@@ -217,15 +217,15 @@ def test_energy_meter_names():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_zeus_on_a_machine_without_a_gpu_says_why():
     meter = energy.make_energy_meter("cpu", kind="zeus")
-    assert isinstance(meter, energy.NullMeter) and "CUDA" in meter.reason
+    assert isinstance(meter, meters.NullMeter) and "CUDA" in meter.reason
     paired = energy.make_energy_meter("cpu", kind="auto+zeus")  # RAPL (or why not) with Zeus beside it
-    assert isinstance(paired, energy.PairedMeter) and isinstance(paired.reference, energy.NullMeter)
+    assert isinstance(paired, meters.PairedMeter) and isinstance(paired.reference, meters.NullMeter)
     paired.start()
     reading = paired.stop()
     assert reading.reference["available"] is False and "CUDA" in reading.reference["reason"]
     # the real ZeusMonitor here: no GPU to watch, so a ZeusMeter on device 0 is unavailable and says so
     monitor = ZeusMonitor(gpu_indices=[], cpu_indices=[])
-    assert not energy.ZeusMeter(0, monitor).available
+    assert not meters.ZeusMeter(0, monitor).available
 
 
 class _Monitor:
@@ -246,7 +246,7 @@ class _Monitor:
 
 
 def test_zeus_meter_windows():
-    meter = energy.ZeusMeter(1, _Monitor())
+    meter = meters.ZeusMeter(1, _Monitor())
     for _ in range(2):  # a fresh window name each time: Zeus refuses a name still open
         meter.start()
         time.sleep(0.05)
@@ -254,7 +254,7 @@ def test_zeus_meter_windows():
         assert reading.meter == "zeus" and reading.method == "zeus" and reading.available
         assert reading.energy_j == pytest.approx(300.0 * reading.duration_s) and reading.device["index"] == 1
     assert reading.device["zeus"] == "0.16.0"
-    assert not energy.ZeusMeter(0, _Monitor()).available  # a device the monitor does not watch
+    assert not meters.ZeusMeter(0, _Monitor()).available  # a device the monitor does not watch
 
 
 @pytest.mark.gpu
@@ -264,7 +264,7 @@ def test_nvml_and_zeus_agree_on_a_gpu():
     device = torch.device("cuda")
     meter = energy.make_energy_meter(device, "nvml+zeus")
     assert (
-        isinstance(meter, energy.PairedMeter) and meter.available and isinstance(meter.reference, energy.ZeusMeter)
+        isinstance(meter, meters.PairedMeter) and meter.available and isinstance(meter.reference, meters.ZeusMeter)
     ), meter.info()
     reading = _busy_window(meter, device)
     summary = energy.energy_summary(reading, meter.measure_idle(2.0), tokens=1)

@@ -14,11 +14,11 @@ from _fixtures_scoring import DATA
 
 from helpers.models import tiny_llama
 from helpers.tokenizers import offline_tokenizer
-from pipeline import measure
 from pipeline.data import format_sample, load_dataset
 from pipeline.data.base import Sample
 from pipeline.decoding import build_decoder
-from pipeline.energy import RaplMeter
+from pipeline.measure import costs, records, window
+from pipeline.measure.meters import RaplMeter
 from pipeline.sweep import CONF_DIR
 
 torch.set_num_threads(1)
@@ -51,7 +51,7 @@ def _window(decoder, samples, tokenizer, **kw):
     kw.setdefault("warmup_generations", 1)
     kw.setdefault("warmup_seconds", 0.0)
     kw.setdefault("idle_seconds", 0.0)
-    return measure.run_window(
+    return window.run_window(
         decoder,
         samples,
         tokenizer=tokenizer,
@@ -178,11 +178,11 @@ def test_warmup_honours_both_minimums(models, tokenizer):
     target, _ = models
     decoder = build_decoder("ar", target, None, temperature=0.0)
     prompts = [format_sample(s, tokenizer, chat=True).input_ids for s in _samples(2)]
-    out = measure.warm_up(
+    out = window.warm_up(
         decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0, min_generations=3, min_seconds=0.0
     )
     assert out["generations"] == 3
-    out = measure.warm_up(
+    out = window.warm_up(
         decoder, prompts, device="cpu", max_new_tokens=2, eos_token_ids=[2], seed=0, min_generations=1, min_seconds=0.3
     )
     assert out["seconds"] >= 0.3 and out["generations"] >= 1
@@ -190,11 +190,11 @@ def test_warmup_honours_both_minimums(models, tokenizer):
 
 def test_stop_strings_cut_text_and_counted_tokens(tokenizer):
     ids = tokenizer("    return x + 1\n\ndef other():\n    pass", add_special_tokens=False)["input_ids"]
-    text, counted = measure.cut_at_stop(tokenizer, ids, ["\ndef "])
+    text, counted = records.cut_at_stop(tokenizer, ids, ["\ndef "])
     assert text == "    return x + 1\n"
     assert tokenizer.decode(ids[:counted]).find("\ndef ") >= 0
     assert tokenizer.decode(ids[: counted - 1]).find("\ndef ") < 0
-    assert measure.cut_at_stop(tokenizer, ids, ["zzz"]) == (tokenizer.decode(ids), len(ids))
+    assert records.cut_at_stop(tokenizer, ids, ["zzz"]) == (tokenizer.decode(ids), len(ids))
 
 
 def test_energy_record_with_an_available_meter(models, tokenizer, tmp_path):
@@ -216,7 +216,7 @@ def test_predictions_for_scoring_shapes(models, tokenizer):
     target, _ = models
     decoder = build_decoder("ar", target, None, temperature=0.0)
     result = _window(decoder, _samples(1, turns=2) + _samples(2)[1:], tokenizer, max_turns=2)
-    preds = measure.predictions_for_scoring(result)
+    preds = records.predictions_for_scoring(result)
     assert isinstance(preds[0]["prediction"], list) and len(preds[0]["prediction"]) == 2
     assert preds[0]["format"] == "chat" and isinstance(preds[1]["prediction"], str)
 
@@ -226,7 +226,7 @@ def test_continuation_prompt_answer_prefix(models, tokenizer):
     target, _ = models
     decoder = build_decoder("ar", target, None, temperature=0.0)
     samples = load_dataset("spider", DATA / "spider", limit=1)
-    result = measure.run_window(
+    result = window.run_window(
         decoder,
         samples,
         tokenizer=tokenizer,
@@ -245,15 +245,15 @@ def test_continuation_prompt_answer_prefix(models, tokenizer):
 
 
 def test_the_protocol_has_one_default_and_the_config_repeats_it():
-    """pipeline.measure.Protocol holds the protocol's defaults (once); conf/config.yaml's `measure:` repeats them
+    """pipeline.measure.records.Protocol holds the protocol's defaults (once); conf/config.yaml's `measure:` repeats them
     for Hydra's overrides and must not drift; run_window's and warm_up's defaults are the Protocol's."""
     configured = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["measure"]
-    defaults = dataclasses.asdict(measure.Protocol())
+    defaults = dataclasses.asdict(records.Protocol())
     assert configured == {k: v for k, v in defaults.items() if k in configured}
     assert set(defaults) - set(configured) == {"costs"}  # an optional key of a sweep (plan.OPTIONAL_KEYS)
-    window = inspect.signature(measure.run_window).parameters
-    assert [window[k].default for k in ("warmup_generations", "warmup_seconds", "idle_seconds")] == [3, 10.0, 10.0]
-    assert measure.Protocol.from_config({"warmup_seconds": 0.0, "threads": None, "unknown": 1}) == measure.Protocol(
+    params = inspect.signature(window.run_window).parameters
+    assert [params[k].default for k in ("warmup_generations", "warmup_seconds", "idle_seconds")] == [3, 10.0, 10.0]
+    assert records.Protocol.from_config({"warmup_seconds": 0.0, "threads": None, "unknown": 1}) == records.Protocol(
         warmup_seconds=0.0
     )
 
@@ -267,7 +267,7 @@ def test_the_machine_probe_brackets_the_window_and_flags_a_slow_machine(models, 
         calls.append(time.perf_counter())
         return 10.0 if len(calls) == 1 else 25.0
 
-    result = measure.run_window(
+    result = window.run_window(
         dec,
         _samples(2),
         tokenizer=tokenizer,
@@ -282,17 +282,17 @@ def test_the_machine_probe_brackets_the_window_and_flags_a_slow_machine(models, 
     )
     s = result.summary()
     assert (s["probe_before_ms"], s["probe_after_ms"]) == (10.0, 25.0) and len(calls) == 2
-    assert measure.disturbance([s["probe_before_ms"], s["probe_after_ms"]], 10.0) == {
+    assert costs.disturbance([s["probe_before_ms"], s["probe_after_ms"]], 10.0) == {
         "step_slowdown": 2.5,
         "disturbed": 1.0,
     }
-    assert measure.disturbance([10.5, 11.0], 10.0)["disturbed"] == 0.0
+    assert costs.disturbance([10.5, 11.0], 10.0)["disturbed"] == 0.0
     assert (
-        measure.disturbance([], 10.0)["disturbed"] != measure.disturbance([], 10.0)["disturbed"]
+        costs.disturbance([], 10.0)["disturbed"] != costs.disturbance([], 10.0)["disturbed"]
     )  # NaN: nothing to compare
     assert (
         "probe_before_ms"
-        not in measure.run_window(
+        not in window.run_window(
             dec,
             _samples(1),
             tokenizer=tokenizer,
@@ -305,7 +305,5 @@ def test_the_machine_probe_brackets_the_window_and_flags_a_slow_machine(models, 
             idle_seconds=0.0,
         ).summary()
     )
-    assert measure.probe_step_ms(target, "cpu", reps=3) > 0
-    assert (
-        measure.probe_step_ms(tiny_llama(0, vocab=8), "cpu", reps=2) > 0
-    )  # a vocabulary smaller than the probe prompt
+    assert costs.probe_step_ms(target, "cpu", reps=3) > 0
+    assert costs.probe_step_ms(tiny_llama(0, vocab=8), "cpu", reps=2) > 0  # a vocabulary smaller than the probe prompt

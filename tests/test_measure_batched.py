@@ -1,4 +1,4 @@
-"""The batched measurement window (pipeline/measure_batched.py) and the sweep's batch-size axis."""
+"""The batched measurement window (pipeline/measure/window.py, run_window_batched) and the sweep's batch-size axis."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import torch
 
 from helpers.models import tiny_llama
 from helpers.tokenizers import offline_tokenizer
-from pipeline import measure, sweep
+from pipeline import sweep
 from pipeline.data.base import Sample
 from pipeline.decoding import build_decoder
-from pipeline.measure_batched import request_metrics, run_window_batched
+from pipeline.measure.records import request_metrics
+from pipeline.measure.window import run_window, run_window_batched
 from pipeline.sweep import SweepConfigError
 
 torch.set_num_threads(1)
@@ -58,7 +59,7 @@ def test_a_batched_window_gives_every_sample_its_batch_one_tokens(models, tokeni
     """Same seeds per (sample, turn): the batched window's records are the sequential window's (two turns each)."""
     decoder = build_decoder(method, *(models if method != "ar" else (models[0], None)), **WARP)
     samples = _samples(5, turns=2)
-    alone = measure.run_window(decoder, samples, **_kw(tokenizer))
+    alone = run_window(decoder, samples, **_kw(tokenizer))
     together = run_window_batched(decoder, samples, batch_size=3, **_kw(tokenizer))
     assert [(r.id, r.turn, r.tokens, r.steps) for r in together.records] == [
         (r.id, r.turn, r.tokens, r.steps) for r in alone.records

@@ -10,8 +10,8 @@ from hydra.core.global_hydra import GlobalHydra
 
 from helpers.models import tiny_llama
 from helpers.tokenizers import offline_tokenizer, word_tokenizer
-from pipeline import bench as bench_mod
 from pipeline import prompts
+from pipeline.bench import runners
 from pipeline.data import format_sample
 from pipeline.data.base import Sample
 from pipeline.models import LoadedPair
@@ -34,8 +34,8 @@ def _bench_prompts(monkeypatch, tokenizer, prompts) -> list[list[int]]:
         model = tiny_llama(0)
         return LoadedPair(spec=spec, target=model, draft=model, tokenizer=tokenizer)
 
-    monkeypatch.setattr(bench_mod, "load_pair", fake_load_pair)
-    return bench_mod.Bench(cfg).prompts
+    monkeypatch.setattr(runners, "load_pair", fake_load_pair)
+    return runners.Bench(cfg).prompts
 
 
 @pytest.mark.parametrize("make_tokenizer", [offline_tokenizer, word_tokenizer])
@@ -43,7 +43,7 @@ def test_bench_and_a_sweep_cell_feed_identical_ids(monkeypatch, make_tokenizer):
     tokenizer = make_tokenizer()
     bench_ids = _bench_prompts(monkeypatch, tokenizer, PROMPTS)
     for text, ids in zip(PROMPTS, bench_ids):
-        # a sweep cell formats an MT-Bench sample's first turn (pipeline.measure.run_window -> format_sample)
+        # a sweep cell formats an MT-Bench sample's first turn (pipeline.measure.window.run_window -> format_sample)
         cell_ids = format_sample(Sample(id="1", dataset="mt_bench", turns=[text]), tokenizer, chat=True).input_ids
         assert ids == cell_ids
         assert ids == encode_prompt(tokenizer, text, chat=True)  # pipeline.generate

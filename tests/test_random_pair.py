@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from pipeline.bench import Bench
+from pipeline.bench.runners import Bench
 from pipeline.decoding import build_decoder
 from pipeline.models import PairSpec, _random_model, load_pair, pair_config
 

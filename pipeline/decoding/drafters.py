@@ -51,8 +51,6 @@ when the method accepts it, else ``model``.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any, Callable, ClassVar, Mapping
 
 import torch
@@ -63,6 +61,7 @@ from .eagle import EagleRunner, load_eagle, place_eagle_head
 from .eagle3 import Eagle3Head
 from .kv import CachedModel
 from .medusa_heads import medusa_heads_of
+from .timing import median_times
 from .tree import TokenTree
 from .tree_verify import _draw_children, cartesian_tree, commit_draft, sample_token_tree
 from .warping import Warper, sample
@@ -283,17 +282,16 @@ class Drafter:
             target.prefill(prompt[:-1])
         self.start(prompt, hidden)
         generator = torch.Generator(device=target.device).manual_seed(0)
-        times = []
         with torch.inference_mode():
-            for _ in range(reps + 1):
-                sync()
-                t0 = time.perf_counter()
-                self.propose(prompt, gamma, warper, generator)
-                sync()
-                times.append(time.perf_counter() - t0)
-                self.rollback(len(prompt) - 1)
+            (seconds,) = median_times(
+                lambda: self.propose(prompt, gamma, warper, generator),
+                reps=reps,
+                warmup=1,
+                sync=sync,
+                after=lambda: self.rollback(len(prompt) - 1),
+            )
         target.reset()
-        return statistics.median(times[1:]) / gamma
+        return seconds / gamma
 
 
 class ModelDrafter(Drafter):

@@ -6,7 +6,7 @@ temperature, top-k or top-p). The slice's perplexity is ``exp(sum NLL / sum toke
 answers weigh in proportion to their length; the per-sample figures come along.
 
 Re-scoring saved generations: ``python -m pipeline.scoring.perplexity --pair NAME --predictions FILE``
-where each record holds ``prompt_ids`` and ``tokens`` (what ``pipeline.measure`` writes); records with
+where each record holds ``prompt_ids`` and ``tokens`` (what ``pipeline.measure.window`` writes); records with
 only text (``prompt``/``prompt_text`` and ``prediction``) are re-tokenised, which is flagged because
 re-tokenisation need not reproduce the generated ids.
 """

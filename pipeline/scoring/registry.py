@@ -7,7 +7,7 @@ check that judge's config when the sweep is planned (``check``), what to reach b
 (``preflight``, e.g. the judge's HTTP endpoint) and how a run records who scored it (``identity``).
 
 ``score(dataset, samples, predictions, *, judge, max_turns, **params)`` takes the cell's dataset config,
-the measured samples, the predictions (``pipeline.measure.predictions_for_scoring``) and the task's
+the measured samples, the predictions (``pipeline.measure.records.predictions_for_scoring``) and the task's
 ``scorer.params``; it returns the scorer's result (``score``, ``metric``, per-sample ``details``) or None
 where there is nothing to score (no references, no judge). A task names a scorer of ``SCORERS`` (the
 project's one registry type, ``pipeline.registry.Registry``: a taken name is an error) or, for a scorer

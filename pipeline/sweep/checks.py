@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import torch
 from huggingface_hub import try_to_load_from_cache
 
-from pipeline.energy import check_energy_meter
+from pipeline.measure.energy import check_energy_meter
 from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.sweep.compose import CONF_DIR, SweepConfigError
 
@@ -31,7 +31,8 @@ def check_models_available(pair: Mapping[str, Any]) -> None:
             and not Path(model.location()).exists()
         ):
             raise SweepConfigError(
-                f"pair {pair['name']!r} {role} model folder {model.id!r} does not exist ({Path(model.location()).expanduser()}): "
+                f"pair {pair['name']!r} {role} model folder {model.id!r} does not exist "
+                f"({Path(model.location()).expanduser()}): "
                 "point the pair's `id` at an existing folder (relative paths are taken from the repository), "
                 "or use a Hugging Face repo id (`org/name`)"
             )
@@ -163,8 +164,9 @@ def check_device(pair: Mapping[str, Any], cluster: Mapping[str, Any]) -> None:
             visible = min(visible, torch.cuda.device_count())
         if dev.index is not None and dev.index >= visible:
             raise SweepConfigError(
-                f"pair {pair['name']!r}: device {device!r} but a cell sees {visible} GPU(s) (cuda:0..cuda:{visible - 1}: Ray gives "
-                f"each cell its own, cluster.gpus_per_cell={cluster.get('gpus_per_cell') or 1}); {fix} or cuda"
+                f"pair {pair['name']!r}: device {device!r} but a cell sees {visible} GPU(s) "
+                f"(cuda:0..cuda:{visible - 1}: Ray gives each cell its own, "
+                f"cluster.gpus_per_cell={cluster.get('gpus_per_cell') or 1}); {fix} or cuda"
             )
     elif (
         dev.type == "mps" and local and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
@@ -274,32 +276,42 @@ _CLUSTER_RULES = {  # key: (integer, minimum, strict, nullable, example, note)
 }
 
 
-def check_cluster(cluster: Mapping[str, Any]) -> list[str]:
-    """The cluster's numeric settings in range: a negative ``cell_timeout_s`` would fail every cell at once."""
+def rule_errors(
+    section: str, values: Mapping[str, Any], rules: Mapping[str, tuple], *, present_only: bool = False
+) -> list[str]:
+    """``number_error`` of every key of ``rules`` (``key: (integer, minimum, strict, nullable, example, note)``) in
+    ``values`` (``present_only``: only the keys it has; a missing key is None otherwise)."""
     errors = []
-    for key, (integer, low, strict, nullable, example, note) in _CLUSTER_RULES.items():
-        if key in cluster:
-            value = cluster[key]
-            if key == "cell_timeout_s" and value == 0 and not isinstance(value, bool):
-                continue  # 0, like null, is no limit (ray_runner.run_cells)
-            problem = number_error(
-                "cluster",
-                key,
-                value,
-                integer=integer,
-                low=low,
-                strict=strict,
-                nullable=nullable,
-                example=example,
-                note=note,
-            )
-            if problem:
-                errors.append(problem)
+    for key, (integer, low, strict, nullable, example, note) in rules.items():
+        if present_only and key not in values:
+            continue
+        problem = number_error(
+            section,
+            key,
+            values.get(key),
+            integer=integer,
+            low=low,
+            strict=strict,
+            nullable=nullable,
+            example=example,
+            note=note,
+        )
+        if problem:
+            errors.append(problem)
     return errors
 
 
+def check_cluster(cluster: Mapping[str, Any]) -> list[str]:
+    """The cluster's numeric settings in range: a negative ``cell_timeout_s`` would fail every cell at once."""
+    timeout = cluster.get("cell_timeout_s")
+    if timeout == 0 and not isinstance(timeout, bool):  # 0, like null, is no limit (ray_runner.run_cells)
+        cluster = {k: v for k, v in cluster.items() if k != "cell_timeout_s"}
+    return rule_errors("cluster", cluster, _CLUSTER_RULES, present_only=True)
+
+
 def check_judge(judge: Mapping[str, Any]) -> list[str]:
-    """The judge's numeric settings (checked whether or not it is enabled: a sweep file's judge is switched on later)."""
+    """The judge's numeric settings (checked whether or not it is enabled: a sweep file's judge is switched on
+    later)."""
     errors = []
     for key, integer, low, nullable, example in (
         ("max_new_tokens", True, 1, False, 256),

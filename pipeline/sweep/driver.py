@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -110,16 +110,37 @@ def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], 
     return to_run, to_rescore, done
 
 
-def store_failed(
-    tracker: Tracker, err: BaseException, doing: str, outcome: Mapping[str, Any] | None = None
-) -> StoreWriteError:
+@dataclass
+class Outcome:
+    """What became of an invocation's cells, tallied as results arrive (the parent run's metrics;
+    ``run_sweep`` returns it as a dict, ``as_dict``, with the result rows)."""
+
+    total: int
+    skipped: int
+    ran: int = 0
+    logged: int = 0
+    finished: int = 0
+    failed: int = 0
+    rescored: int = 0
+    elsewhere: int = 0
+    results: list[dict[str, Any]] = field(default_factory=list)  # per cell run: key, status, node, error
+    calibration: dict[str, Any] | None = None  # per pair, its target step before any cell ran (run on Ray)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["calibration"] is None:
+            del out["calibration"]
+        return out
+
+
+def store_failed(tracker: Tracker, err: BaseException, doing: str, outcome: Outcome | None = None) -> StoreWriteError:
     """The one error a sweep ends with when its store fails mid-run: what happened, and that the same command resumes."""
     if isinstance(err, StoreWriteError):
         return err
     done = ""
     if outcome is not None:
         done = (
-            f" {outcome.get('ran', 0)} cell result(s) had arrived, {outcome.get('logged', 0)} logged; cells in flight were "
+            f" {outcome.ran} cell result(s) had arrived, {outcome.logged} logged; cells in flight were "
             "stopped and no further cell was started."
         )
     return StoreWriteError(
@@ -158,7 +179,7 @@ def claimer(tracker: Tracker, known: set[str]) -> Callable[[Cell], str]:
     return claim
 
 
-def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any], outcome: dict[str, Any]) -> None:
+def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any], outcome: Outcome) -> None:
     """Score logged generations again, in this process (no pair loads), each under its cell's lease."""
     for cell in cells:
         key = cell.key
@@ -196,9 +217,9 @@ def rescore_cells(tracker: Tracker, cells: list[Cell], active: Mapping[str, Any]
                     tracker.record_scores(run.info.run_id, result, tags)
                 except Exception as err:  # noqa: BLE001 - the store failed: the run keeps its old status, scored next time
                     raise store_failed(tracker, err, f"writing the scores of cell {key}") from err
-            outcome["rescored"] += 1
+            outcome.rescored += 1
             if error:
-                outcome["failed"] += 1
+                outcome.failed += 1
                 print(
                     f"RE-SCORE FAILED {cell.label} {cell.dataset_name} seed={cell.seed} [{key}]: {error}",
                     file=sys.stderr,
@@ -246,17 +267,7 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
         flush=True,
     )
     preflight(todo + to_rescore)  # before any model loads
-    outcome = {
-        "total": len(plan.cells),
-        "skipped": n_done,
-        "ran": 0,
-        "logged": 0,
-        "finished": 0,
-        "failed": 0,
-        "rescored": 0,
-        "elsewhere": 0,
-        "results": [],
-    }
+    outcome = Outcome(total=len(plan.cells), skipped=n_done)
     if todo or to_rescore:
         tracker.start_parent(
             run_name=f"{plan.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
@@ -280,7 +291,9 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
             raise
         finally:
             try:
-                tracker.end_parent(status, layout.parent_metrics(len(plan.cells), outcome, time.perf_counter() - t0))
+                tracker.end_parent(
+                    status, layout.parent_metrics(len(plan.cells), outcome.as_dict(), time.perf_counter() - t0)
+                )
             except Exception as err:  # noqa: BLE001 - the store is gone: said once, below, not as a traceback
                 failure = failure or store_failed(tracker, err, "closing the sweep's parent run", outcome)
             finally:
@@ -307,22 +320,18 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
             f"\n{n_failed} cell(s) not finished; run the same command again to retry only those (cells whose scoring "
             "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact traceback.txt)."
         )
-    if outcome["elsewhere"]:
-        print(f"{outcome['elsewhere']} cell(s) were run by another driver sharing this store.")
+    if outcome.elsewhere:
+        print(f"{outcome.elsewhere} cell(s) were run by another driver sharing this store.")
     print(f"\nwall time: {time.perf_counter() - t0:.1f} s")
     print(
         f"MLflow: experiment {experiment!r} in {uri}\n  open the UI: mlflow ui --backend-store-uri {uri} --port 5000"
         f"  (then http://127.0.0.1:5000, experiment {experiment!r}; select runs -> Compare)"
     )
-    outcome["rows"] = rows
-    outcome["experiment"] = experiment
-    outcome["tracking_uri"] = uri
-    outcome["plan"] = plan
-    return outcome
+    return {**outcome.as_dict(), "rows": rows, "experiment": experiment, "tracking_uri": uri, "plan": plan}
 
 
 def _run_on_ray(
-    cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], known: set[str], outcome: dict[str, Any]
+    cfg, plan: Plan, cluster, tracker: Tracker, todo: list[Cell], known: set[str], outcome: Outcome
 ) -> None:
     opts, capacity = actor_options(cluster)
     print(
@@ -335,14 +344,14 @@ def _run_on_ray(
     # each pair's target step before any cell runs: a cell's probes around its window against it flag the
     # cells measured while the machine was disturbed (docs/measurement.md)
     calibration = calibrate_pairs(todo, opts, capacity)
-    outcome["calibration"] = calibration
+    outcome.calibration = calibration
 
     def on_result(cell: Cell, result: CellResult) -> None:
         result = with_disturbance(cell, result, calibration)
         failure = None
         try:
             tracker.log_cell(cell, result)
-            outcome["logged"] += 1
+            outcome.logged += 1
         except Exception as err:  # noqa: BLE001 - the store failed mid-write (log_cell marked the run failed): retried next time
             result = replace(
                 result, status=STATUS_FAILED, error=f"logging to MLflow failed: {type(err).__name__}: {err}"
@@ -350,9 +359,12 @@ def _run_on_ray(
             failure = err
         finally:
             tracker.release(cell.key)
-        outcome["ran"] += 1
-        outcome["finished" if result.finished else "failed"] += 1
-        outcome["results"].append(
+        outcome.ran += 1
+        if result.finished:
+            outcome.finished += 1
+        else:
+            outcome.failed += 1
+        outcome.results.append(
             {"cell_key": cell.key, "status": result.status, "node_id": result.node_id, "error": result.error}
         )
         if failure is not None:  # the first logging failure stops the sweep: no further cell is started
@@ -364,7 +376,7 @@ def _run_on_ray(
             )
 
     def on_skip(cell: Cell) -> None:
-        outcome["elsewhere"] += 1
+        outcome.elsewhere += 1
 
     run_cells(
         todo,

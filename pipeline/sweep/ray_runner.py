@@ -23,7 +23,8 @@ from tqdm import tqdm
 from pipeline import models
 from pipeline.cell import CellActor, calibrate_pair, prepare_pair
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
-from pipeline.measure import Protocol, disturbance
+from pipeline.measure.costs import disturbance
+from pipeline.measure.records import Protocol
 from pipeline.sweep.plan import Plan, SweepConfigError
 
 

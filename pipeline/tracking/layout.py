@@ -154,7 +154,7 @@ ISOLATION_PARAM = "isolation"  # params isolation.* : the CPU isolation a cell r
 PARAM_PAIR_PREFIX = "pair."
 
 # ------------------------------------------------------------------------------- metrics
-# A cell's metrics are its ``CellResult.metrics`` (pipeline.measure's window summary, step costs, perplexity,
+# A cell's metrics are its ``CellResult.metrics`` (pipeline.measure.records' window summary, step costs, perplexity,
 # score, stage times). The ones a reader compares across cells, in the order the runs table shows them:
 METRIC_TOKENS_PER_S = "tokens_per_s"  # new tokens / decode time (the main speed column)
 METRIC_ACCEPTED_PER_STEP = "accepted_per_step"  # new tokens / target forward passes (bonus included)
@@ -182,7 +182,7 @@ RESULT_ARTIFACT = "result.json"
 SCORES_ARTIFACT = "scores.json"
 CONFIG_ARTIFACT = "cell_config.yaml"
 TRACEBACK_ARTIFACT = "traceback.txt"
-PROFILE_ARTIFACT = "speculation_profile.json"  # NVIDIA specdec_bench's acceptance profile (pipeline.acceptance)
+PROFILE_ARTIFACT = "speculation_profile.json"  # NVIDIA specdec_bench's acceptance profile (pipeline.measure.acceptance)
 SCORE_DETAIL_FIELD = "score_detail"  # a SAMPLES_ARTIFACT record's verdicts (its task's `score_fields`)
 # The fields of a CellResult written to RESULT_ARTIFACT.
 RESULT_FIELDS = (

@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.vocab import read_token_map, restrict_head, save_token_map
-from pipeline.measure import step_times
+from pipeline.measure.costs import step_times
 from pipeline.models import DTYPES, load_pair
 from pipeline.training.cards import write_model_card
 from pipeline.training.chat_mix import chat_conversations

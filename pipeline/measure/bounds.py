@@ -7,7 +7,8 @@
 - ``alpha_from_accepted``: the MLE of alpha from tokens emitted per step (token verification);
 - ``alpha_from_tokens_per_step``: the alpha whose expected tokens per step equals a measured mean.
 
-Used by the benchmark (``pipeline.bench``) and the analysis (``analysis.stats``).
+Used by the benchmark (``pipeline.bench``), the acceptance metrics (``pipeline.measure.acceptance``) and the
+analysis (``analysis.stats``).
 """
 
 from __future__ import annotations

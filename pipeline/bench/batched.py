@@ -26,9 +26,10 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from pipeline.decoding import build_decoder, check_method, method_class
+from pipeline.bench.plan import generate_kwargs
+from pipeline.decoding import build_decoder
 from pipeline.decoding.batched import BatchedDecoder, check_batch
 from pipeline.decoding.warping import make_generator
 from pipeline.device import synchronize
@@ -63,25 +64,8 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def check_batch_sizes(cfg: DictConfig, bench: Any) -> dict[str, str]:
-    """Before any model loads: ``batch_sizes`` valid, and per method of ``methods`` why it cannot batch (its rows
-    above batch 1 then say so); ``bench`` is the ``Bench`` being built (its parameters and the pair's drafters)."""
-    sizes = list(cfg.batch_sizes)
-    if not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
-        raise ValueError(
-            f"batch_sizes must be a non-empty list of integers >= 1, got {sizes} (e.g. batch_sizes=[1,2,4,8,16])"
-        )
-    skipped = {}
-    for method in cfg.methods:
-        values = check_method(method, bench.method_params(method, "sample"), drafters=bench.ctx)
-        reason = method_class(method).batch_refusal(values)
-        if reason and max(sizes) > 1:
-            skipped[method] = reason
-    return skipped
-
-
 class BatchBench:
-    """The batch-size table of one pair (``bench.Bench`` loads the pair and the prompts)."""
+    """The batch-size table of one pair (``runners.Bench`` loads the pair and the prompts)."""
 
     def __init__(self, bench: Any, cfg: DictConfig) -> None:
         self.bench, self.cfg = bench, cfg
@@ -126,7 +110,7 @@ class BatchBench:
                 {"tokens": len(g.tokens), "steps": g.steps, "latency": end - start, "first": first - start}
                 for g, start, end, first in outs
             ]
-            return sum(r["tokens"] for r in per), seconds, per
+            return sum(len(g.tokens) for g, *_ in outs), seconds, per
 
         return run
 
@@ -134,14 +118,7 @@ class BatchBench:
         bench = self.bench
         tok = bench.pair.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        kwargs: dict[str, Any] = dict(max_new_tokens=self.cfg.max_new_tokens, pad_token_id=pad)
-        if self.cfg.ignore_eos:
-            kwargs.update(eos_token_id=None, min_new_tokens=self.cfg.max_new_tokens)
-        if mode == "greedy":
-            kwargs.update(do_sample=False, top_k=None, top_p=None, temperature=None)
-        else:
-            s = self.cfg.sampling
-            kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+        kwargs = generate_kwargs(self.cfg, mode, pad)
 
         def run(p: int) -> Pass:
             torch.manual_seed(self.cfg.seed + p)
@@ -234,39 +211,3 @@ class BatchBench:
                             )
                     rows.append(row)
         return rows
-
-
-def batch_markdown(name: str, rows: list[BatchRow], cfg: DictConfig, command: str, info: dict[str, Any]) -> str:
-    """The batch-size table as benchmarks/<name>-batching.md."""
-    n = int(cfg.get("batch_requests") or 2 * max(int(b) for b in cfg.batch_sizes))
-    lines = [
-        f"# Benchmark `{name}`: batch sizes",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Pair `{cfg.pair.name}`; {n} requests ({len(cfg.prompts)} prompts cycled) x {cfg.max_new_tokens} new tokens"
-        f"{' (EOS ignored)' if cfg.ignore_eos else ''} per pass, {cfg.repeats} timed passes after {cfg.warmup} warm-up; sampling "
-        f"{OmegaConf.to_container(cfg.sampling, resolve=True)}; method parameters {OmegaConf.to_container(cfg.method_params, resolve=True)}. "
-        "Ours: continuous batching (pipeline/decoding/batched.py; batch 1: Decoder.generate per request); transformers: "
-        "batched generate() on left-padded static batches, the same dtype. tokens/s: output tokens over all requests / "
-        "the pass's wall time, median over passes; speedup vs ar: over our ar at the same batch size.",
-        "",
-        "| impl | method | mode | batch | tokens/s | x batch 1 | speedup vs ar | x transformers | TPOT p50 / p90 ms | "
-        "latency p50 / p90 / p99 s | tokens/step per request |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    f = lambda v, d=2: "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{d}f}"  # noqa: E731
-    notes = []
-    for r in rows:
-        if r.note:
-            notes.append(f"- {r.method} at batch {r.batch_size} ({r.mode}) not run: {r.note}")
-            continue
-        lines.append(
-            f"| {r.impl} | {r.method} | {r.mode} | {r.batch_size} | {f(r.tokens_per_s)} | {f(r.x_batch1)} | {f(r.speedup_vs_ar)} | "
-            f"{f(r.x_transformers)} | {f(r.tpot_ms_p50, 1)} / {f(r.tpot_ms_p90, 1)} | {f(r.latency_s_p50)} / {f(r.latency_s_p90)} / "
-            f"{f(r.latency_s_p99)} | {f(r.accepted_per_step)} |"
-        )
-    if notes:
-        lines += ["", "Rows not run:", *sorted(set(notes))]
-    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "engine"), ""]
-    return "\n".join(lines)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from pipeline.bounds import alpha_from_tokens_per_step, expected_tokens
+from pipeline.measure.bounds import alpha_from_tokens_per_step, expected_tokens
 
 POOLED, PER_REQUEST = "pooled", "per_request"
 CONVENTIONS = {

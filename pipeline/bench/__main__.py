@@ -1,0 +1,84 @@
+"""``python -m pipeline.bench ...``: the bench's command line (the package docstring describes the bench)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import asdict
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.bench.batched import BatchBench
+from pipeline.bench.plan import REPO_ROOT, check_settings
+from pipeline.bench.report import batch_markdown, engine_info, to_markdown
+from pipeline.bench.runners import Bench
+from pipeline.device import machine_info
+
+# the engine's switches, recorded in the command line of a result
+ENV_SWITCHES = ("PIPELINE_LEAN_FORWARD", "PIPELINE_FAST_MATMUL", "PIPELINE_CPU_BF16", "PIPELINE_BF16_KERNELS")
+
+
+def _command() -> str:
+    """The command line of a result, with the engine's switches that were set."""
+    env = " ".join(f"{k}={os.environ[k]}" for k in ENV_SWITCHES if k in os.environ)
+    return (env + " " if env else "") + "python -m pipeline.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    try:
+        check_settings(cfg)
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
+        bench = Bench(cfg)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
+    if cfg.get("batch_sizes"):
+        main_batched(cfg, bench, name)
+        return
+    rows, costs = bench.run()
+    bench.meter.close()
+    info = machine_info(bench.device)
+    info.update(bench.pair.precision())
+    info["engine"] = engine_info(bench.pair)
+    command = _command()
+    out = REPO_ROOT / cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    # the measurements first: a table that cannot be drawn must not lose what the passes measured
+    payload = [asdict(r) for r in rows]
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=1))
+    (out / f"{name}.meta.json").write_text(
+        json.dumps(
+            {"command": command, "costs": costs, "machine": info, "config": OmegaConf.to_container(cfg, resolve=True)},
+            indent=1,
+        )
+    )
+    md = to_markdown(name, rows, costs, info, command, cfg)
+    (out / f"{name}.md").write_text(md)
+    print(md)
+
+
+def main_batched(cfg: DictConfig, bench: Bench, name: str) -> None:
+    """``batch_sizes=[...]``: the batch-size table (``pipeline.bench.batched``) to
+    benchmarks/<name>-batching.md|json."""
+    rows = BatchBench(bench, cfg).run()
+    bench.meter.close()
+    info = machine_info(bench.device)
+    info.update(bench.pair.precision())
+    command = _command()
+    md = batch_markdown(name, rows, cfg, command, info)
+    out = REPO_ROOT / cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}-batching.md").write_text(md)
+    (out / f"{name}-batching.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The bench's plan, before any model loads: its settings checked, the rows' drafters, methods and parameters.
+
+``BenchPlan`` is what ``runners.Bench`` runs; the module docstring of ``pipeline.bench`` describes the bench.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.decoding import DRAFTERS, check_method, method_class
+from pipeline.measure.energy import check_energy_meter
+from pipeline.models import PairSpec, drafter_context
+from pipeline.sweep.checks import check_numbers, check_seeds, rule_errors
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Row:
+    impl: str  # ours | transformers
+    method: str
+    mode: str  # greedy | sample
+    tokens_per_s: float | None
+    tokens: int
+    drafter: str | None = None  # model | eagle | ngram (None: ar)
+    gamma: int | None = None  # the draft length this row ran with (None: a method without one)
+    note: str | None = None  # why a row was not run
+    ratio_to_transformers: float | None = None
+    identical_to_transformers: bool | None = None
+    tokens_per_step: float | None = None
+    alpha: float | None = None
+    c: float | None = None
+    bound: float | None = None
+    bound_ideal: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    overhead_per_step: float | None = None
+    j_per_token: float | None = None  # energy meter's J per new token, median over passes
+    dynamic_j_per_token: float | None = None  # the same less idle power x window time
+    reference_j_per_token: float | None = None  # a reference meter's (energy_meter: nvml+zeus) on the same windows
+    energy_vs_reference: float | None = None  # ours / reference - 1, median of per-pass values
+
+
+# bench.yaml's numeric settings: key -> (integer, minimum, strict, nullable, example, what it means)
+_SETTINGS = {
+    "repeats": (True, 1, False, False, 5, " (timed passes; tokens/s is their median)"),
+    "probe_reps": (True, 1, False, False, 10, " (step-cost measurements per pass)"),
+    "warmup": (True, 0, False, False, 1, " (untimed passes first)"),
+    "max_new_tokens": (True, 1, False, False, 64, ""),
+    "threads": (True, 1, False, True, 2, " (null: torch's default)"),
+    "gamma": (True, 1, False, True, 4, " (null: each method's own draft length)"),
+    "idle_seconds": (False, 0, False, False, 5, ""),
+}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The bench's own settings, before any model loads (a ValueError naming the fix; exit 2): zero passes or
+    probes end in a median of nothing, and no prompts in a division by zero, after the pair has loaded."""
+    errors = rule_errors("", cfg, _SETTINGS)
+    prompts = (
+        OmegaConf.to_container(cfg.prompts, resolve=True)
+        if OmegaConf.is_list(cfg.get("prompts"))
+        else cfg.get("prompts")
+    )
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        errors.append(
+            f"prompts={prompts!r}: must be a non-empty list of non-empty texts (e.g. 'prompts=[Name a colour.]')"
+        )
+    errors += (
+        check_seeds([cfg.get("seed")]) if cfg.get("seed") is not None else ["seed=null: must be an integer (seed=0)"]
+    )
+    said = {e.split("=", 1)[0] for e in errors}
+    settings = {k: v for k, v in _container(cfg).items() if k not in ("hydra", "pair")}
+    errors += [e for e in check_numbers(settings, "") if e.split("=", 1)[0] not in said]
+    if errors:
+        raise ValueError("the bench cannot run: " + "; ".join(e.replace("seeds: ", "seed: ") for e in errors))
+
+
+def _container(node: Any) -> dict[str, Any]:
+    """A config mapping as a plain dict, interpolations resolved."""
+    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
+
+
+def generate_kwargs(cfg: DictConfig, mode: str, pad_token_id: int) -> dict[str, Any]:
+    """transformers' ``generate()`` settings of the bench's peers in ``mode`` (batch 1 and batched alike)."""
+    kwargs: dict[str, Any] = dict(max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_token_id)
+    if cfg.ignore_eos:
+        kwargs.update(eos_token_id=None, min_new_tokens=cfg.max_new_tokens)
+    if mode == "greedy":
+        kwargs.update(do_sample=False, top_k=None, top_p=None, temperature=None)
+    else:
+        s = cfg.sampling
+        kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    return kwargs
+
+
+def check_batch_sizes(cfg: DictConfig, bench: Any) -> dict[str, str]:
+    """Before any model loads: ``batch_sizes`` valid, and per method of ``methods`` why it cannot batch (its rows
+    above batch 1 then say so); ``bench`` is the ``BenchPlan`` being built (its parameters and the pair's drafters)."""
+    sizes = list(cfg.batch_sizes)
+    if not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
+        raise ValueError(
+            f"batch_sizes must be a non-empty list of integers >= 1, got {sizes} (e.g. batch_sizes=[1,2,4,8,16])"
+        )
+    skipped = {}
+    for method in cfg.methods:
+        values = check_method(method, bench.method_params(method, "sample"), drafters=bench.ctx)
+        reason = method_class(method).batch_refusal(values)
+        if reason and max(sizes) > 1:
+            skipped[method] = reason
+    return skipped
+
+
+class BenchPlan:
+    """What the bench will run, from its config, before any model loads: the drafters of the rows, the (method,
+    drafter) combinations it skips and why, each method's parameters and draft length (``runners.Bench`` loads
+    the pair and runs it)."""
+
+    def __init__(self, cfg: DictConfig):
+        check_settings(cfg)  # before any model loads
+        self.cfg = cfg
+        spec = PairSpec.from_config(_container(cfg.pair))
+        ctx = drafter_context(spec)
+        self.skipped: dict[tuple[str, str], str] = {}  # (method, drafter) -> why it is not run
+        self.drafters: list[str] = []  # row labels: the drafter kinds
+        # label -> the method's `drafter` value (a kind, or a scope with a path)
+        self.drafter_values: dict[str, Any] = {}
+        for entry in cfg.drafters:
+            value: Any = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
+            d: Any = value.get("kind") if isinstance(value, dict) else value
+            if d != "pair" and d not in DRAFTERS:
+                raise ValueError(
+                    f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} "
+                    "(or {kind: ..., <its parameters>})"
+                )
+            if (
+                d == "pair"
+            ):  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
+                d = value = check_method("spd", {"drafter": "pair"}, drafters=ctx)["drafter"]["kind"]
+            if DRAFTERS.get(d).asset == "draft" and not ctx.has_draft:
+                raise ValueError(f"drafters has model but pair {spec.name!r} has no draft model")
+            if (
+                DRAFTERS.get(d).asset == "eagle"
+                and not ctx.has_eagle
+                and not (isinstance(value, dict) and value.get("path"))
+            ):
+                raise ValueError(
+                    f"drafters has {d} but pair {spec.name!r} has no `eagle:` head (python -m pipeline.train_eagle, "
+                    f"pair.eagle=<folder>, or {{kind: {d}, path: <folder>}})"
+                )
+            if d not in self.drafters:
+                self.drafters.append(d)
+                self.drafter_values[d] = value
+        self.ctx = ctx
+        for mode in cfg.modes:  # bad methods or parameters fail before any model is loaded
+            if mode not in ("greedy", "sample"):
+                raise ValueError(f"unknown mode {mode!r}: modes are greedy and sample")
+            for method in cfg.methods:
+                check_method(method, self.method_params(method, mode), drafters=ctx)
+                for d in self.drafters if "drafter" in method_class(method).params else ():
+                    try:
+                        check_method(method, self.method_params(method, mode, d), drafters=ctx)
+                    except ValueError as err:
+                        self.skipped[(method, d)] = str(err)
+        # batch_sizes=[...]: the batch-size table instead (pipeline/bench/batched.py), its refusals before any
+        # model loads
+        self.batch_skipped = check_batch_sizes(cfg, self) if cfg.get("batch_sizes") else {}
+        check_energy_meter(cfg.get("energy_meter", "none"))  # before any model loads
+        self.spec = spec
+
+    def runs(self) -> list[tuple[str, str | None]]:
+        """(method, drafter) of our rows: ar once, every other method with every drafter it can use."""
+        out: list[tuple[str, str | None]] = []
+        for m in self.cfg.methods:
+            if "drafter" not in method_class(m).params:
+                out.append((m, None))
+            else:
+                out += [(m, d) for d in self.drafters if (m, d) not in self.skipped]
+        return out
+
+    def _mode_params(self, mode: str) -> dict[str, Any]:
+        if mode == "greedy":
+            return {"temperature": 0.0}
+        return dict(_container(self.cfg.sampling))
+
+    def gamma_of(self, method: str) -> int | None:
+        """The draft length ``method`` runs with: ``gamma`` when set (every method's), else
+        ``method_params.<method>.gamma``, else the method's own (``conf/method/<method>.yaml``, as a sweep
+        runs it; the decoder's default without such a file); None for a method that takes none."""
+        params = method_class(method).params
+        if "gamma" not in params:
+            return None
+        if self.cfg.get("gamma") is not None:
+            return int(self.cfg.gamma)
+        extra = OmegaConf.select(self.cfg, f"method_params.{method}.gamma", default=None)
+        if extra is not None:
+            return int(extra)
+        conf = REPO_ROOT / "conf" / "method" / f"{method}.yaml"
+        if conf.exists():
+            value = (yaml.safe_load(conf.read_text()) or {}).get("gamma")
+            if value is not None:
+                return int(value)
+        return int(params["gamma"].default)
+
+    def gammas(self) -> list[int]:
+        """The distinct draft lengths of the chain rows (each needs its own t_verify)."""
+        return sorted({self.chain_gamma(m) for m, d in self.runs() if m != "ar" and self.is_chain(m, "sample", d)})
+
+    def chain_gamma(self, method: str) -> int:
+        """``gamma_of`` a method that drafts (spd, a chain row's method): a ValueError for one that takes none."""
+        gamma = self.gamma_of(method)
+        if gamma is None:
+            raise ValueError(f"method {method!r} takes no draft length (gamma)")
+        return gamma
+
+    def method_params(self, method: str, mode: str, drafter: str | None = None) -> dict[str, Any]:
+        """Warping of ``mode``, ``gamma`` for methods that take it, then ``method_params.<method>``, then
+        ``drafter``."""
+        params = self._mode_params(mode)
+        gamma = self.gamma_of(method)
+        if gamma is not None:
+            params["gamma"] = gamma
+        extra = OmegaConf.select(self.cfg, f"method_params.{method}", default=None)
+        if extra:
+            params.update({k: v for k, v in _container(extra).items() if k != "gamma"})  # gamma: gamma_of
+        if drafter is not None:
+            params["drafter"] = self.drafter_values.get(drafter, drafter)
+        return params
+
+    def is_chain(self, method: str, mode: str, drafter: str | None = None) -> bool:
+        """A chain of gamma draft tokens verified in one target pass: the bound applies (mtad with a
+        draft model drafts beams: it is counted as a chain of its best beam, as before)."""
+        cls = method_class(method)
+        if cls.draft_shape != "chain":  # the method's declared capability
+            return False
+        values = check_method(method, self.method_params(method, mode, drafter), drafters=self.ctx)
+        return cast(Any, cls).shape_for(DRAFTERS.get(values["drafter"]["kind"]), values) == "chain"
