@@ -124,8 +124,8 @@ def _method_problem(entry: Any) -> str | None:
 # a config may name a method of its own as `module:attr`)
 METHODS: Registry[Any] = Registry("method", check=_method_problem)
 
-# kind -> Drafter class: the one registry of drafter kinds (drafters.py registers the built-in ones; a
-# config may name a drafter of its own as `drafter: {kind: mypkg.drafts:MyDrafter}`)
+# kind -> Drafter class: the one registry of drafter kinds (pipeline/decoding/__init__.py registers the built-in
+# ones; a config may name a drafter of its own as `drafter: {kind: mypkg.drafts:MyDrafter}`)
 DRAFTERS: Registry[Any] = Registry("drafter", name_of=lambda cls: cls.kind, check=_drafter_problem)
 
 
