@@ -33,12 +33,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .base import Decoder, Generation, _as_token_list, emit
-from .beam_sampling import _nonzero_by_id, _renormalize, _select
+from .beam_sampling import first_beams, first_beams_sparse, next_beams, next_beams_sparse
 from .drafters import ModelDrafter
 from .drafting import ChainDraft
 from .kv import CachedModel
 from .tree import TokenTree
-from .warping import sample, sample_k, sample_sparse
+from .warping import sample, sample_sparse
 
 
 @dataclass
@@ -388,8 +388,7 @@ class BatchedDecoder:
         dec = self.decoder
         model, warper = dec.draft, dec.warper
         W, weights_kind, replacement = int(dec.args.num_beams), dec.args.beam_weights, bool(dec.args.replacement)
-        greedy = warper.greedy
-        sparse = not greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
+        sparse = not warper.greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
         state: dict[int, dict[str, Any]] = {}
         for j in range(max((r.gamma for r in requests), default=0)):
             step = [r for r in requests if r.gamma > j]
@@ -418,54 +417,26 @@ class BatchedDecoder:
                     s = state[r.index] = {"start": start, "tree": TokenTree(start)}
                     if sparse:
                         ids, probs = model.top_k_rows(raw[0], warper)
-                        _, cand, w = _nonzero_by_id(ids, probs)
-                        sel = sample_k(w, W, replacement, gen)
-                        s["weights"] = _renormalize(w[sel], weights_kind)
-                        s["log_q"] = torch.log(w[sel])[:, None]
-                        s["beams"] = cand[sel][:, None]
+                        first, s["weights"], s["log_q"] = first_beams_sparse(
+                            ids, probs, W, gen, weights_kind, replacement
+                        )
                     else:
                         logits = model._logits(raw)[0]
-                        if greedy:
-                            row = torch.log_softmax(logits, -1)
-                            idx = _select(row, W, False, gen, True)
-                            s["weights"] = row[idx]
-                            s["log_q"] = s["weights"][:, None]
-                        else:
-                            q0 = warper(logits)
-                            idx = _select(q0, W, replacement, gen, False)
-                            s["weights"] = _renormalize(q0[idx], weights_kind)
-                            s["log_q"] = torch.log(q0[idx])[:, None]
-                        s["beams"] = idx[:, None]
+                        first, s["weights"], s["log_q"] = first_beams(logits, W, warper, gen, weights_kind, replacement)
+                    s["beams"] = first[:, None]
                     s["nodes"] = [[] for _ in range(len(s["beams"]))]
                     continue
                 s = state[r.index]
                 weights = s["weights"]
                 if sparse:
                     ids, probs = model.top_k_rows(raw, warper)
-                    k = ids.shape[-1]
-                    keep, cand, q = _nonzero_by_id(ids, probs)
-                    flat = torch.exp(weights)[keep // k] * q
-                    pick = sample_k(flat, W, replacement, gen)
-                    b, v = keep[pick] // k, cand[pick]
-                    s["weights"] = _renormalize(flat[pick], weights_kind)
-                    step_lq = torch.log(q[pick])
+                    b, v, s["weights"], step_lq = next_beams_sparse(
+                        ids, probs, weights, W, gen, weights_kind, replacement
+                    )
                 else:
-                    out = model._logits(raw)
-                    vocab = out.shape[-1]
-                    if greedy:
-                        lp = torch.log_softmax(out, -1)
-                        flat = (weights[:, None] + lp).flatten()
-                        pick = _select(flat, W, False, gen, True)
-                        b, v = pick // vocab, pick % vocab
-                        s["weights"] = flat[pick]
-                        step_lq = lp[b, v]
-                    else:
-                        q = warper(out)
-                        flat = (torch.exp(weights)[:, None] * q).flatten()
-                        pick = _select(flat, W, replacement, gen, False)
-                        b, v = pick // vocab, pick % vocab
-                        s["weights"] = _renormalize(flat[pick], weights_kind)
-                        step_lq = torch.log(q[b, v])
+                    b, v, s["weights"], step_lq = next_beams(
+                        model._logits(raw), weights, W, warper, gen, weights_kind, replacement
+                    )
                 s["log_q"] = torch.cat([s["log_q"][b], step_lq[:, None]], 1)
                 s["beams"] = torch.cat([s["beams"][b], v[:, None]], 1)
                 s["nodes"] = [s["nodes"][i] + [s["fed"][i]] for i in b.tolist()]
