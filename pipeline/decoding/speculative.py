@@ -47,6 +47,11 @@ CHILDREN_WHY = {
 }
 
 
+# the chain draft of spd, block and hsd, gamma included (3: measured on the default pair, docs/measurement.md,
+# *Benchmark against transformers*)
+CHAIN_GAMMA = Param(3, int_at_least(1), "draft tokens per iteration")
+
+
 class DraftVerifyDecoder(Decoder):
     """A speculative method over a drafter: a chain ``rule`` (``draft_shape = "chain"``) or a tree ``walk``."""
 
