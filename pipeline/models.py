@@ -9,7 +9,8 @@ A pair is described by ``conf/pair/<name>.yaml`` (see docs/drafters.md). Each mo
 - ``revision``: optional Hub revision, pinned for the real pairs;
 - ``num_layers``: optionally keep only the first k decoder layers (a self-drafting early-exit draft);
 - ``restrict_head``: for a draft distilled by ``pipeline.distill``, output logits only for the token ids
-  in its ``restricted_head_map.json`` (``pipeline.decoding.vocab``) (q = 0 elsewhere: verification stays exact, the draft step is cheaper);
+  in its ``restricted_head_map.json`` (``pipeline.decoding.vocab``) (q = 0 elsewhere: verification stays exact,
+  the draft step is cheaper);
 - ``random_init`` with ``config`` (transformers config fields, ``model_type`` included) and ``seed``:
   random weights in a real model's shapes, built on the device, to measure the engine at realistic sizes
   without the weights (``conf/pair/random-llama3-8b-1b.yaml``); such a model's text is meaningless;
@@ -91,7 +92,8 @@ class ModelSpec:
             return cls(id=cfg)
         if not isinstance(cfg, Mapping) or not isinstance(cfg.get("id"), str):
             raise ValueError(
-                f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), got {cfg!r}"
+                f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), "
+                f"got {cfg!r}"
             )
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(cfg) - known
@@ -132,8 +134,10 @@ class ModelSpec:
 # Keys of a pair config naming add-ons of the target (kept in ``PairSpec.extra``), with what they hold.
 PAIR_ATTACHMENTS = {
     "medusa": "a folder of Medusa heads for the target (pipeline.train_medusa)",
-    "eagle": "a folder with an EAGLE-1/2 or EAGLE-3 head for the target (pipeline.train_eagle, or a published checkpoint)",
-    "drafter": "the pair's default drafter (model | eagle | eagle3 | ngram, or {kind: ..., <its parameters>}): what `drafter: pair` means",
+    "eagle": "a folder with an EAGLE-1/2 or EAGLE-3 head for the target (pipeline.train_eagle, "
+    "or a published checkpoint)",
+    "drafter": "the pair's default drafter (model | eagle | eagle3 | ngram, or {kind: ..., <its parameters>}): "
+    "what `drafter: pair` means",
 }
 
 
@@ -160,7 +164,8 @@ class PairSpec:
         unknown = sorted(set(cfg) - known - set(PAIR_ATTACHMENTS))
         if unknown:
             raise ValueError(
-                f"unknown pair config key(s) {unknown}; valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
+                f"unknown pair config key(s) {unknown}; "
+                f"valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
             )
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
         kind = extra["drafter"].get("kind") if isinstance(extra.get("drafter"), Mapping) else extra.get("drafter")

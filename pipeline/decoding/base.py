@@ -163,7 +163,8 @@ class DrafterContext:
     has_medusa: bool = False
 
     def offers(self, asset: str | None) -> bool:
-        """Whether the pair has ``asset`` (a drafter's or method's declared need: draft, eagle, medusa; None: nothing)."""
+        """Whether the pair has ``asset`` (a drafter's or method's declared need: draft, eagle, medusa; None:
+        nothing)."""
         return asset is None or {"draft": self.has_draft, "eagle": self.has_eagle, "medusa": self.has_medusa}.get(
             asset, False
         )
@@ -286,7 +287,8 @@ class Decoder:
             raise TypeError(f"method {self.name!r}: pass either args= (validated) or keyword parameters, not both")
         elif not isinstance(args, type(self).Args):
             raise TypeError(
-                f"method {self.name!r}: args must be {type(self).__qualname__}.Args (validate_params), got {type(args).__name__}"
+                f"method {self.name!r}: args must be {type(self).__qualname__}.Args (validate_params), "
+                f"got {type(args).__name__}"
             )
         self.args = args
         self.warper = Warper(args.temperature, args.top_k, args.top_p)
@@ -309,7 +311,8 @@ class Decoder:
 
     @classmethod
     def accepts(cls, drafter: Any, values: dict[str, Any]) -> str | None:
-        """None when this method can use ``drafter`` (a Drafter class), else why not (methods without a drafter: never)."""
+        """None when this method can use ``drafter`` (a Drafter class), else why not (methods without a drafter:
+        never)."""
         return "this method takes no drafter"
 
     @classmethod

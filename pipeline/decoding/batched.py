@@ -216,7 +216,8 @@ class BatchedDecoder:
         eos_token_ids: Sequence[int] | int | None = (),
         generators: Sequence[torch.Generator | None] | None = None,
     ) -> list[BatchedGeneration]:
-        """Decode every prompt (``generators[i]``: prompt i's own), ``batch_size`` at a time; results in prompt order."""
+        """Decode every prompt (``generators[i]``: prompt i's own), ``batch_size`` at a time; results in prompt
+        order."""
         gens = list(generators) if generators is not None else [None] * len(prompts)
         if len(gens) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(gens)} generators: pass one generator per prompt")

@@ -116,9 +116,8 @@ def kernels():
             try:
                 _STATE["module"] = _build()
             except Exception as err:  # noqa: BLE001 - no compiler or a failed build: the engine keeps oneDNN, the reason is recorded
-                _STATE["error"] = (
-                    f"the bf16 kernels did not build ({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"
-                )
+                last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+                _STATE["error"] = f"the bf16 kernels did not build ({type(err).__name__}: {last})"
     return _STATE.get("module")
 
 

@@ -93,7 +93,10 @@ def check_drafter_value(extra: tuple[str, ...] = ()) -> Callable[[Any], str | No
         valid = ["pair", *extra, *DRAFTERS]
         if isinstance(kind, str) and (kind in valid or ":" in kind):
             return None
-        return f"must be one of {valid} (or `module:attr` of a Drafter of your own) or a mapping {{kind: <one of them>, <the drafter's parameters>}}"
+        return (
+            f"must be one of {valid} (or `module:attr` of a Drafter of your own) or a mapping "
+            "{kind: <one of them>, <the drafter's parameters>}"
+        )
 
     return check
 
@@ -162,13 +165,15 @@ def resolve_drafter(method: Any, values: dict[str, Any], ctx: DrafterContext) ->
     if why is not None:
         others = [m for m in methods_taking(kind) if m != name] if kind in DRAFTERS else []
         raise ValueError(
-            f"method {name!r} cannot use drafter: {kind} ({why}); use drafter: {' | '.join(accepted_kinds(method, values))}"
+            f"method {name!r} cannot use drafter: {kind} ({why}); "
+            f"use drafter: {' | '.join(accepted_kinds(method, values))}"
             + (f", or drafter: {kind} with {', '.join(others)}" if others else "")
         )
     unknown = sorted(set(scope) - set(plugin.params))
     if unknown:
         raise ValueError(
-            f"method {name!r}: drafter {kind} has no parameter(s) {unknown}; its parameters: {sorted(plugin.params) or 'none'}"
+            f"method {name!r}: drafter {kind} has no parameter(s) {unknown}; "
+            f"its parameters: {sorted(plugin.params) or 'none'}"
         )
     resolved = {k: scope.get(k, p.default) for k, p in plugin.params.items()}
     for k, v in resolved.items():
@@ -407,7 +412,8 @@ class NgramDrafter(Drafter):
     def check(cls, method, scope, ctx) -> None:
         if scope["min_ngram"] > scope["max_ngram"]:
             raise ValueError(
-                f"method {method!r}: drafter ngram min_ngram ({scope['min_ngram']}) must be <= max_ngram ({scope['max_ngram']})"
+                f"method {method!r}: drafter ngram min_ngram ({scope['min_ngram']}) "
+                f"must be <= max_ngram ({scope['max_ngram']})"
             )
 
     @classmethod

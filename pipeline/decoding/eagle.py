@@ -154,7 +154,8 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
     )
     if "midlayer.self_attn.q_proj.weight" in state or "d2t" in state:
         raise ValueError(
-            f"{directory} is an EAGLE-3 head (midlayer / d2t): load it with load_eagle (or eagle3.load_eagle3_head); drafter: eagle3"
+            f"{directory} is an EAGLE-3 head (midlayer / d2t): load it with load_eagle "
+            "(or eagle3.load_eagle3_head); drafter: eagle3"
         )
     bias = bool(raw.pop("bias", "fc.bias" in state))
     raw.pop("pipeline_info", None)
@@ -200,7 +201,8 @@ def place_eagle_head(target: nn.Module, head: nn.Module) -> nn.Module:
         head.layers_of(layers)
         if head.target_hidden_size != target.config.hidden_size:
             raise ValueError(
-                f"EAGLE-3 head reads target features of width {head.target_hidden_size}, the target has {target.config.hidden_size}"
+                f"EAGLE-3 head reads target features of width {head.target_hidden_size}, "
+                f"the target has {target.config.hidden_size}"
             )
         if head.config.vocab_size > vocab:
             raise ValueError(
@@ -210,7 +212,8 @@ def place_eagle_head(target: nn.Module, head: nn.Module) -> nn.Module:
         raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
     if head.embed_tokens is None and head.hidden_size != target.get_input_embeddings().weight.shape[1]:
         raise ValueError(
-            f"EAGLE head has width {head.hidden_size} and no embed_tokens; the target's embeddings are {target.get_input_embeddings().weight.shape[1]} wide"
+            f"EAGLE head has width {head.hidden_size} and no embed_tokens; "
+            f"the target's embeddings are {target.get_input_embeddings().weight.shape[1]} wide"
         )
     head.to(weight.device, weight.dtype)
     return head
@@ -231,7 +234,8 @@ class EagleRunner:
         self.head = head
         self.embed = head.embed_tokens if head.embed_tokens is not None else target_model.get_input_embeddings()
         self.eagle3 = isinstance(head, Eagle3Head)
-        # EAGLE-1/2: the target's LM head on the predicted feature; EAGLE-3: the head's norm + LM head over its draft vocabulary
+        # EAGLE-1/2: the target's LM head on the predicted feature; EAGLE-3: the head's norm + LM head over its draft
+        # vocabulary
         lm = head.lm_head if self.eagle3 else target_model.get_output_embeddings()
         self.token_map = head.draft_to_target() if self.eagle3 else getattr(head, "token_map", None)
         self.pre = head.norm if self.eagle3 else None

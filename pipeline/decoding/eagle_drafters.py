@@ -56,20 +56,22 @@ class EagleDrafter(Drafter):
             version = eagle_version(scope["path"])
             if version is None:
                 raise ValueError(
-                    f"method {method!r}: drafter {cls.kind} path {scope['path']!r} has no config.json: point it at an EAGLE head folder"
+                    f"method {method!r}: drafter {cls.kind} path {scope['path']!r} has no config.json: "
+                    "point it at an EAGLE head folder"
                 )
         elif not ctx.has_eagle:
             raise ValueError(
-                f"method {method!r} with drafter: {cls.kind} needs an EAGLE head: add `eagle: models/<dir>` to the pair "
-                f"config (or pair.eagle=<folder>, or drafter: {{kind: {cls.kind}, path: <folder>}}; train one with "
-                "`python -m pipeline.train_eagle pair=<pair>`), or choose drafter: model | ngram"
+                f"method {method!r} with drafter: {cls.kind} needs an EAGLE head: add `eagle: models/<dir>` to the "
+                f"pair config (or pair.eagle=<folder>, or drafter: {{kind: {cls.kind}, path: <folder>}}; "
+                "train one with `python -m pipeline.train_eagle pair=<pair>`), or choose drafter: model | ngram"
             )
         else:
             version = ctx.eagle_version
         if version is not None and (version == 3) != (cls.version == 3):
             have = "an EAGLE-3" if version == 3 else "an EAGLE-1/2"
             raise ValueError(
-                f"method {method!r}: drafter {cls.kind} but the head folder holds {have} head: use drafter: {'eagle3' if version == 3 else 'eagle'}"
+                f"method {method!r}: drafter {cls.kind} but the head folder holds {have} head: "
+                f"use drafter: {'eagle3' if version == 3 else 'eagle'}"
             )
 
     @classmethod
@@ -81,13 +83,15 @@ class EagleDrafter(Drafter):
             head = decoder.assets.get("eagle") or getattr(target, "eagle_head", None)
             if head is None:
                 raise ValueError(
-                    f"method {decoder.name!r} with drafter: {cls.kind} needs an EAGLE head: pass assets={{'eagle': head}} "
-                    "(pipeline.decoding.eagle.load_eagle(path, target)), or add `eagle: models/<dir>` to the pair config"
+                    f"method {decoder.name!r} with drafter: {cls.kind} needs an EAGLE head: "
+                    "pass assets={'eagle': head} (pipeline.decoding.eagle.load_eagle(path, target)), "
+                    "or add `eagle: models/<dir>` to the pair config"
                 )
             place_eagle_head(target, head)
         if isinstance(head, Eagle3Head) != (cls.version == 3):
             raise ValueError(
-                f"method {decoder.name!r}: drafter {cls.kind} was given an EAGLE-{'3' if isinstance(head, Eagle3Head) else '1/2'} head"
+                f"method {decoder.name!r}: drafter {cls.kind} was given an "
+                f"EAGLE-{'3' if isinstance(head, Eagle3Head) else '1/2'} head"
             )
         if isinstance(head, Eagle3Head):
             decoder.target.capture_layers = head.layers_of(target.config.num_hidden_layers)

@@ -72,7 +72,8 @@ class Pair:
             row = torch.as_tensor(self._fns[which](prefix), dtype=DT)
             if row.shape != (self.vocab,) or (row < 0).any() or abs(float(row.sum()) - 1.0) > 1e-9:
                 raise ValueError(
-                    f"the {which} row after {prefix} must be {self.vocab} non-negative numbers summing to 1, got {row.tolist()}"
+                    f"the {which} row after {prefix} must be {self.vocab} non-negative numbers summing to 1, "
+                    f"got {row.tolist()}"
                 )
             self._cache[key] = row
         return self._cache[key]
@@ -440,7 +441,8 @@ def as_fraction(x: float, limit: int = 10_000) -> str:
 
 def format_table(rows: list[Outcome]) -> str:
     lines = [
-        "| rule | claimed lossless | E[accepted drafts] | E[tokens] / iteration | TV(output, target) | single-draft bound |",
+        "| rule | claimed lossless | E[accepted drafts] | E[tokens] / iteration | TV(output, target) "
+        "| single-draft bound |",
         "|---|---|---|---|---|---|",
     ]
     for o in rows:

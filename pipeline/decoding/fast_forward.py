@@ -256,9 +256,9 @@ class LeanForward(nn.Module):
         hidden_out: list | None = None,
     ) -> torch.Tensor:
         """``positions``: ``[1, n]`` absolute positions, or None for a causal chain right after the cache
-        (``cache length .. + n``). ``mask``: None for a causal chain after the cache, else an additive float or boolean mask
-        ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none, only ``hidden_out``).
-        ``hidden_out``: if given, the LM head's input rows are appended to it."""
+        (``cache length .. + n``). ``mask``: None for a causal chain after the cache, else an additive float or
+        boolean mask ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none,
+        only ``hidden_out``). ``hidden_out``: if given, the LM head's input rows are appended to it."""
         n = input_ids.shape[1]
         if self.kernels is not None:
             return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out)

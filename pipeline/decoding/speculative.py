@@ -94,11 +94,17 @@ class DraftVerifyDecoder(Decoder):
         """None when this method can verify ``drafter``'s proposals, else why not (its error messages)."""
         shape = cls.shape_for(drafter, values)
         if shape not in drafter.shapes:
-            return f"drafter {drafter.kind} makes {' and '.join(sorted(drafter.shapes))} proposals; this method verifies a {shape}"
+            return (
+                f"drafter {drafter.kind} makes {' and '.join(sorted(drafter.shapes))} proposals; "
+                f"this method verifies a {shape}"
+            )
         if shape == "tree":
             need = cls.walk_for(values).children
             if need not in drafter.tree_children:
-                return f"this method's walk needs a tree whose children are drawn {CHILDREN_WHY[need]}, which drafter {drafter.kind} cannot draw"
+                return (
+                    f"this method's walk needs a tree whose children are drawn {CHILDREN_WHY[need]}, "
+                    f"which drafter {drafter.kind} cannot draw"
+                )
         return None
 
     @classmethod
