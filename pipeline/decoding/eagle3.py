@@ -90,6 +90,7 @@ class Eagle3Layer(nn.Module):
         self.self_attn = LlamaAttention(config, 0)
         d = self.self_attn.head_dim
         bias = bool(getattr(config, "attention_bias", False))
+        assert config.num_key_value_heads is not None  # LlamaConfig fills it (num_attention_heads by default)
         self.self_attn.q_proj = nn.Linear(2 * h, config.num_attention_heads * d, bias=bias)
         self.self_attn.k_proj = nn.Linear(2 * h, config.num_key_value_heads * d, bias=bias)
         self.self_attn.v_proj = nn.Linear(2 * h, config.num_key_value_heads * d, bias=bias)
@@ -115,6 +116,8 @@ class Eagle3Head(nn.Module):
     vocabulary."""
 
     eagle_version = 3
+    d2t: torch.Tensor  # buffer: draft id i -> target id i + d2t[i]
+    t2d: torch.Tensor  # buffer: which target ids the draft vocabulary holds
 
     def __init__(
         self,
@@ -340,7 +343,7 @@ def save_eagle3_head(
     llama["num_hidden_layers"] = 1
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     weights = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
-    extra = {
+    extra: dict[str, Any] = {
         "draft_vocab_size": head.draft_vocab_size,
         "target_hidden_size": head.target_hidden_size,
         "norm_before_residual": head.midlayer.norm_before_residual,

@@ -8,7 +8,7 @@ import torch
 from .base import Param, eagle_version, int_at_least
 from .drafters import TREE_CHILDREN, Drafter, optional_path
 from .drafting import ChainDraft
-from .eagle import EagleRunner, load_eagle, place_eagle_head
+from .eagle import EagleHead, EagleRunner, load_eagle, place_eagle_head
 from .eagle3 import Eagle3Head
 from .tree import TokenTree
 from .tree_verify import _draw_children
@@ -77,6 +77,7 @@ class EagleDrafter(Drafter):
     @classmethod
     def create(cls, decoder, scope):
         target = decoder.target.model
+        head: EagleHead | Eagle3Head | None
         if scope.get("path"):
             head = load_eagle(scope["path"], target)
         else:
