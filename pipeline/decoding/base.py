@@ -188,7 +188,7 @@ class DrafterContext:
             eagle_version=eagle_version(path),
             has_medusa=bool(pair.get("medusa")),
         )
-        asset = DRAFTERS.get(kind).asset if default is not None else None
+        asset = DRAFTERS.get(kind).asset if isinstance(kind, str) else None  # a str whenever default is set
         if asset is not None and not ctx.offers(asset) and not (isinstance(default, Mapping) and default.get("path")):
             raise ValueError(
                 f"pair {pair.get('name')!r}: drafter: {kind} reads the pair's `{asset}:`, which this pair has not: "
@@ -297,6 +297,12 @@ class Decoder:
         self.draft = (
             CachedModel(draft, vocab_size=vocab) if (draft is not None and self.draft_needed(args.as_dict())) else None
         )
+
+    @property
+    def draft_model(self) -> CachedModel:
+        """The draft model of a method that runs one (``draft_needed``, checked before the decoder is built)."""
+        assert self.draft is not None, f"method {self.name!r} runs no draft model here"
+        return self.draft
 
     @classmethod
     def draft_needed(cls, values: dict[str, Any]) -> bool | str:

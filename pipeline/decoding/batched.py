@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
@@ -37,6 +37,7 @@ from .beam_sampling import first_beams, first_beams_sparse, next_beams, next_bea
 from .drafters import ModelDrafter
 from .drafting import ChainDraft
 from .kv import CachedModel
+from .speculative import DraftVerifyDecoder
 from .tree import TokenTree
 from .warping import sample, sample_sparse
 
@@ -143,7 +144,9 @@ class PackedCache:
         slots = torch.cat([torch.full((m,), g.slot, dtype=torch.long) for g, m in zip(groups, sizes)])
         allowed = torch.zeros(N, L + N, dtype=torch.bool)
         allowed[:, :L] = self.owner[None, :] == slots[:, None]
-        positions, rows, r = [], [], 0
+        positions: list[torch.Tensor] = []
+        rows: list[int] = []
+        r = 0
         for g, m in zip(groups, sizes):
             if g.sees is not None:
                 live = self._live(g.slot)
@@ -263,7 +266,7 @@ class BatchedDecoder:
         dec = self.decoder
         with torch.inference_mode():
             target = PackedCache(dec.target)
-            draft = PackedCache(dec.draft) if isinstance(self.drafter, ModelDrafter) else None
+            draft = PackedCache(dec.draft_model) if isinstance(self.drafter, ModelDrafter) else None
             live: list[_Live] = []
             free = list(range(self.batch_size))[::-1]
             count = 0
@@ -333,11 +336,12 @@ class BatchedDecoder:
                 emitted = [int(dec._next_token(logits[-1], gen))]
                 if self.drafter is not None:
                     r.drafted.append(0)
-            else:
+            else:  # drafts came from a drafter: the decoder verifies chains (DraftVerifyDecoder's interface)
+                chains = cast(DraftVerifyDecoder, dec)
                 tokens = torch.tensor(r.tokens, dtype=torch.long, device=logits.device)
-                proposal = r.proposal if self.beams else dec.chain_proposal(tokens, torch.stack(r.rows))
-                n, y = dec.verify(logits, tokens, proposal, gen)
-                n, y = int(n), int(y)
+                proposal = r.proposal if self.beams else chains.chain_proposal(tokens, torch.stack(r.rows))
+                accepted, token = chains.verify(logits, tokens, proposal, gen)
+                n, y = int(accepted), int(token)
                 emitted = r.tokens[:n] + [y]
                 r.drafted.append(r.gamma)
                 target.rollback(r.slot, length + n)
@@ -361,7 +365,7 @@ class BatchedDecoder:
         """``drafting.draft_chain`` for every request at once: one packed draft forward per draft position,
         each request's row warped and sampled with its own generator (the same draws as alone)."""
         dec = self.decoder
-        model, warper = dec.draft, dec.warper
+        model, warper = dec.draft_model, dec.warper
         sparse = warper.sparse(model.vocab_size)
         for j in range(max((r.gamma for r in requests), default=0)):
             step = [r for r in requests if r.gamma > j]
@@ -387,7 +391,7 @@ class BatchedDecoder:
         """``beam_sampling.beam_sample`` (MTAD's draft) for every request at once: each request's W beams are
         tree nodes of its own sequence, one packed draft forward per depth; the chosen beam's nodes stay."""
         dec = self.decoder
-        model, warper = dec.draft, dec.warper
+        model, warper = dec.draft_model, dec.warper
         W, weights_kind, replacement = int(dec.args.num_beams), dec.args.beam_weights, bool(dec.args.replacement)
         sparse = not warper.greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
         state: dict[int, dict[str, Any]] = {}

@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import TypeVar
 
 import torch
 
@@ -183,10 +184,14 @@ def uniform_cases(thresholds: list[float]) -> Iterator[tuple[list[float], float]
         yield [v for v, _ in combo], pr
 
 
-def coin_cases(run: Callable[[Callable[[float], bool]], object]) -> list[tuple[float, object]]:
+R = TypeVar("R")
+
+
+def coin_cases(run: Callable[[Callable[[float], bool]], R]) -> list[tuple[float, R]]:
     """Every sequence of coin outcomes of ``run(coin)`` with its probability (``run`` re-executed per sequence;
     a coin of probability 0 or 1 does not branch)."""
-    out, pending = [], [()]
+    out: list[tuple[float, R]] = []
+    pending: list[tuple[bool, ...]] = [()]
     while pending:
         script = pending.pop()
         taken: list[bool] = []
@@ -287,7 +292,7 @@ def draft_trees(pair: Pair, k_config: list[int], replacement: bool) -> list[tupl
     for k in k_config:
         nxt = []
         for nodes, pr, frontier in states:
-            combos = [(nodes, pr, [])]
+            combos: list[tuple[tuple[tuple[int, int], ...], float, list[int]]] = [(nodes, pr, [])]
             for parent in frontier:
                 q = pair.draft(_path_tokens(nodes, parent))
                 combos = [

@@ -60,6 +60,6 @@ class MTADDecoder(DraftVerifyDecoder):
             return super().propose(context, gamma, generator)
         a = self.args
         beam = beam_sample(
-            self.draft, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement
+            self.draft_model, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement
         )
-        return torch.tensor(beam.tokens, device=self.draft.device), beam.log_q
+        return torch.tensor(beam.tokens, device=self.draft_model.device), beam.log_q
