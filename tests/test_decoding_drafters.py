@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from helpers.exact import WARP, chi_square_pvalue, exact_law
+from helpers.heads import with_eagle
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.base import DrafterContext
@@ -29,17 +30,6 @@ from pipeline.decoding.warping import Warper
 from pipeline.measure.costs import drafter_costs
 
 PROMPT = [0, 3, 5, 0, 3]  # repeats: the n-gram drafter finds matches from the first step
-
-
-def with_eagle(model, seed: int = 7, embed: bool = False):
-    torch.manual_seed(seed)
-    head = EagleHead(eagle_config(model.config), embed_tokens=embed)
-    with torch.no_grad():  # random but not tiny: drafts differ from the target's rows
-        for p in head.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    head.token_map = None
-    attach_eagle_head(model, head)
-    return model
 
 
 @pytest.fixture(scope="module")

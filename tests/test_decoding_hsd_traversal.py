@@ -10,25 +10,13 @@ import pytest
 import torch
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, count_forwards, exact_law, first_tokens
+from helpers.heads import with_eagle
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, make_generator
-from pipeline.decoding.eagle import EagleHead, attach_eagle_head, eagle_config
 from pipeline.decoding.exact import Pair, draft_trees, walk_cases
 from pipeline.decoding.hsd_verify import hsd_reference_rule, hsd_rule
 from pipeline.decoding.traversal_verify import generator_coin, traversal_walk
 from pipeline.decoding.warping import Warper
-
-
-def with_eagle(model, seed: int = 7):
-    """``model`` with a random (untrained) EAGLE head attached, as tests/test_decoding_drafters.py builds it."""
-    torch.manual_seed(seed)
-    head = EagleHead(eagle_config(model.config))
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    head.token_map = None
-    attach_eagle_head(model, head)
-    return model
 
 
 @pytest.fixture(scope="module")

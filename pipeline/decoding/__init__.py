@@ -20,7 +20,8 @@ from .base import DRAFTERS, METHODS, Decoder, DrafterContext, Generation, valida
 from .beam import BeamSearchDecoder
 from .bild import BiLDDecoder
 from .block import BlockVerificationDecoder
-from .drafters import Drafter, register_drafter
+from .drafters import Drafter, MedusaDrafter, ModelDrafter, NgramDrafter, register_drafter
+from .eagle_drafters import Eagle3Drafter, EagleDrafter
 from .hsd import HSDDecoder, HSDReferenceDecoder
 from .mcss import MCSSDecoder
 from .medusa import MedusaDecoder
@@ -53,6 +54,10 @@ for _cls in (
     MTADDecoder,
 ):
     METHODS.register(_cls)
+
+# the built-in drafter kinds, in the order error messages and the bench list them
+for _plugin in (ModelDrafter, EagleDrafter, Eagle3Drafter, NgramDrafter, MedusaDrafter):
+    register_drafter(_plugin)
 
 
 def register_method(cls: type[Decoder]) -> type[Decoder]:

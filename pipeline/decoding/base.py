@@ -124,8 +124,8 @@ def _method_problem(entry: Any) -> str | None:
 # a config may name a method of its own as `module:attr`)
 METHODS: Registry[Any] = Registry("method", check=_method_problem)
 
-# kind -> Drafter class: the one registry of drafter kinds (drafters.py registers the built-in ones; a
-# config may name a drafter of its own as `drafter: {kind: mypkg.drafts:MyDrafter}`)
+# kind -> Drafter class: the one registry of drafter kinds (pipeline/decoding/__init__.py registers the built-in
+# ones; a config may name a drafter of its own as `drafter: {kind: mypkg.drafts:MyDrafter}`)
 DRAFTERS: Registry[Any] = Registry("drafter", name_of=lambda cls: cls.kind, check=_drafter_problem)
 
 
@@ -163,7 +163,8 @@ class DrafterContext:
     has_medusa: bool = False
 
     def offers(self, asset: str | None) -> bool:
-        """Whether the pair has ``asset`` (a drafter's or method's declared need: draft, eagle, medusa; None: nothing)."""
+        """Whether the pair has ``asset`` (a drafter's or method's declared need: draft, eagle, medusa; None:
+        nothing)."""
         return asset is None or {"draft": self.has_draft, "eagle": self.has_eagle, "medusa": self.has_medusa}.get(
             asset, False
         )
@@ -187,7 +188,7 @@ class DrafterContext:
             eagle_version=eagle_version(path),
             has_medusa=bool(pair.get("medusa")),
         )
-        asset = DRAFTERS.get(kind).asset if default is not None else None
+        asset = DRAFTERS.get(kind).asset if isinstance(kind, str) else None  # a str whenever default is set
         if asset is not None and not ctx.offers(asset) and not (isinstance(default, Mapping) and default.get("path")):
             raise ValueError(
                 f"pair {pair.get('name')!r}: drafter: {kind} reads the pair's `{asset}:`, which this pair has not: "
@@ -286,7 +287,8 @@ class Decoder:
             raise TypeError(f"method {self.name!r}: pass either args= (validated) or keyword parameters, not both")
         elif not isinstance(args, type(self).Args):
             raise TypeError(
-                f"method {self.name!r}: args must be {type(self).__qualname__}.Args (validate_params), got {type(args).__name__}"
+                f"method {self.name!r}: args must be {type(self).__qualname__}.Args (validate_params), "
+                f"got {type(args).__name__}"
             )
         self.args = args
         self.warper = Warper(args.temperature, args.top_k, args.top_p)
@@ -295,6 +297,12 @@ class Decoder:
         self.draft = (
             CachedModel(draft, vocab_size=vocab) if (draft is not None and self.draft_needed(args.as_dict())) else None
         )
+
+    @property
+    def draft_model(self) -> CachedModel:
+        """The draft model of a method that runs one (``draft_needed``, checked before the decoder is built)."""
+        assert self.draft is not None, f"method {self.name!r} runs no draft model here"
+        return self.draft
 
     @classmethod
     def draft_needed(cls, values: dict[str, Any]) -> bool | str:
@@ -309,7 +317,8 @@ class Decoder:
 
     @classmethod
     def accepts(cls, drafter: Any, values: dict[str, Any]) -> str | None:
-        """None when this method can use ``drafter`` (a Drafter class), else why not (methods without a drafter: never)."""
+        """None when this method can use ``drafter`` (a Drafter class), else why not (methods without a drafter:
+        never)."""
         return "this method takes no drafter"
 
     @classmethod

@@ -28,17 +28,18 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
 from .base import Decoder, Generation, _as_token_list, emit
-from .beam_sampling import _nonzero_by_id, _renormalize, _select
+from .beam_sampling import first_beams, first_beams_sparse, next_beams, next_beams_sparse
 from .drafters import ModelDrafter
 from .drafting import ChainDraft
 from .kv import CachedModel
+from .speculative import DraftVerifyDecoder
 from .tree import TokenTree
-from .warping import sample, sample_k, sample_sparse
+from .warping import sample, sample_sparse
 
 
 @dataclass
@@ -143,7 +144,9 @@ class PackedCache:
         slots = torch.cat([torch.full((m,), g.slot, dtype=torch.long) for g, m in zip(groups, sizes)])
         allowed = torch.zeros(N, L + N, dtype=torch.bool)
         allowed[:, :L] = self.owner[None, :] == slots[:, None]
-        positions, rows, r = [], [], 0
+        positions: list[torch.Tensor] = []
+        rows: list[int] = []
+        r = 0
         for g, m in zip(groups, sizes):
             if g.sees is not None:
                 live = self._live(g.slot)
@@ -216,7 +219,8 @@ class BatchedDecoder:
         eos_token_ids: Sequence[int] | int | None = (),
         generators: Sequence[torch.Generator | None] | None = None,
     ) -> list[BatchedGeneration]:
-        """Decode every prompt (``generators[i]``: prompt i's own), ``batch_size`` at a time; results in prompt order."""
+        """Decode every prompt (``generators[i]``: prompt i's own), ``batch_size`` at a time; results in prompt
+        order."""
         gens = list(generators) if generators is not None else [None] * len(prompts)
         if len(gens) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(gens)} generators: pass one generator per prompt")
@@ -262,7 +266,7 @@ class BatchedDecoder:
         dec = self.decoder
         with torch.inference_mode():
             target = PackedCache(dec.target)
-            draft = PackedCache(dec.draft) if isinstance(self.drafter, ModelDrafter) else None
+            draft = PackedCache(dec.draft_model) if isinstance(self.drafter, ModelDrafter) else None
             live: list[_Live] = []
             free = list(range(self.batch_size))[::-1]
             count = 0
@@ -332,11 +336,12 @@ class BatchedDecoder:
                 emitted = [int(dec._next_token(logits[-1], gen))]
                 if self.drafter is not None:
                     r.drafted.append(0)
-            else:
+            else:  # drafts came from a drafter: the decoder verifies chains (DraftVerifyDecoder's interface)
+                chains = cast(DraftVerifyDecoder, dec)
                 tokens = torch.tensor(r.tokens, dtype=torch.long, device=logits.device)
-                proposal = r.proposal if self.beams else dec.chain_proposal(tokens, torch.stack(r.rows))
-                n, y = dec.verify(logits, tokens, proposal, gen)
-                n, y = int(n), int(y)
+                proposal = r.proposal if self.beams else chains.chain_proposal(tokens, torch.stack(r.rows))
+                accepted, token = chains.verify(logits, tokens, proposal, gen)
+                n, y = int(accepted), int(token)
                 emitted = r.tokens[:n] + [y]
                 r.drafted.append(r.gamma)
                 target.rollback(r.slot, length + n)
@@ -360,7 +365,7 @@ class BatchedDecoder:
         """``drafting.draft_chain`` for every request at once: one packed draft forward per draft position,
         each request's row warped and sampled with its own generator (the same draws as alone)."""
         dec = self.decoder
-        model, warper = dec.draft, dec.warper
+        model, warper = dec.draft_model, dec.warper
         sparse = warper.sparse(model.vocab_size)
         for j in range(max((r.gamma for r in requests), default=0)):
             step = [r for r in requests if r.gamma > j]
@@ -386,10 +391,9 @@ class BatchedDecoder:
         """``beam_sampling.beam_sample`` (MTAD's draft) for every request at once: each request's W beams are
         tree nodes of its own sequence, one packed draft forward per depth; the chosen beam's nodes stay."""
         dec = self.decoder
-        model, warper = dec.draft, dec.warper
+        model, warper = dec.draft_model, dec.warper
         W, weights_kind, replacement = int(dec.args.num_beams), dec.args.beam_weights, bool(dec.args.replacement)
-        greedy = warper.greedy
-        sparse = not greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
+        sparse = not warper.greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
         state: dict[int, dict[str, Any]] = {}
         for j in range(max((r.gamma for r in requests), default=0)):
             step = [r for r in requests if r.gamma > j]
@@ -418,54 +422,26 @@ class BatchedDecoder:
                     s = state[r.index] = {"start": start, "tree": TokenTree(start)}
                     if sparse:
                         ids, probs = model.top_k_rows(raw[0], warper)
-                        _, cand, w = _nonzero_by_id(ids, probs)
-                        sel = sample_k(w, W, replacement, gen)
-                        s["weights"] = _renormalize(w[sel], weights_kind)
-                        s["log_q"] = torch.log(w[sel])[:, None]
-                        s["beams"] = cand[sel][:, None]
+                        first, s["weights"], s["log_q"] = first_beams_sparse(
+                            ids, probs, W, gen, weights_kind, replacement
+                        )
                     else:
                         logits = model._logits(raw)[0]
-                        if greedy:
-                            row = torch.log_softmax(logits, -1)
-                            idx = _select(row, W, False, gen, True)
-                            s["weights"] = row[idx]
-                            s["log_q"] = s["weights"][:, None]
-                        else:
-                            q0 = warper(logits)
-                            idx = _select(q0, W, replacement, gen, False)
-                            s["weights"] = _renormalize(q0[idx], weights_kind)
-                            s["log_q"] = torch.log(q0[idx])[:, None]
-                        s["beams"] = idx[:, None]
+                        first, s["weights"], s["log_q"] = first_beams(logits, W, warper, gen, weights_kind, replacement)
+                    s["beams"] = first[:, None]
                     s["nodes"] = [[] for _ in range(len(s["beams"]))]
                     continue
                 s = state[r.index]
                 weights = s["weights"]
                 if sparse:
                     ids, probs = model.top_k_rows(raw, warper)
-                    k = ids.shape[-1]
-                    keep, cand, q = _nonzero_by_id(ids, probs)
-                    flat = torch.exp(weights)[keep // k] * q
-                    pick = sample_k(flat, W, replacement, gen)
-                    b, v = keep[pick] // k, cand[pick]
-                    s["weights"] = _renormalize(flat[pick], weights_kind)
-                    step_lq = torch.log(q[pick])
+                    b, v, s["weights"], step_lq = next_beams_sparse(
+                        ids, probs, weights, W, gen, weights_kind, replacement
+                    )
                 else:
-                    out = model._logits(raw)
-                    vocab = out.shape[-1]
-                    if greedy:
-                        lp = torch.log_softmax(out, -1)
-                        flat = (weights[:, None] + lp).flatten()
-                        pick = _select(flat, W, False, gen, True)
-                        b, v = pick // vocab, pick % vocab
-                        s["weights"] = flat[pick]
-                        step_lq = lp[b, v]
-                    else:
-                        q = warper(out)
-                        flat = (torch.exp(weights)[:, None] * q).flatten()
-                        pick = _select(flat, W, replacement, gen, False)
-                        b, v = pick // vocab, pick % vocab
-                        s["weights"] = _renormalize(flat[pick], weights_kind)
-                        step_lq = torch.log(q[b, v])
+                    b, v, s["weights"], step_lq = next_beams(
+                        model._logits(raw), weights, W, warper, gen, weights_kind, replacement
+                    )
                 s["log_q"] = torch.cat([s["log_q"][b], step_lq[:, None]], 1)
                 s["beams"] = torch.cat([s["beams"][b], v[:, None]], 1)
                 s["nodes"] = [s["nodes"][i] + [s["fed"][i]] for i in b.tolist()]

@@ -51,7 +51,10 @@ class BeamSearchDecoder(Decoder):
                 pick = pick[cand[pick].argsort(descending=True)]
             else:
                 pick = cand.topk(k).indices
-            new_scores, new_seqs, new_parents, new_tokens = [], [], [], []
+            new_scores: list[torch.Tensor] = []
+            new_seqs: list[list[int]] = []
+            new_parents: list[int] = []
+            new_tokens: list[int] = []
             for idx in pick.tolist():
                 b, tok = divmod(idx, vocab)
                 seq = seqs[b] + [tok]

@@ -64,7 +64,7 @@ class BiLDDecoder(DraftVerifyDecoder):
         return super()._generate(prompt, max_new_tokens, eos, generator)
 
     def propose(self, context, gamma, generator):
-        draft, warper = self.draft, self.warper
+        draft, warper = self.draft_model, self.warper
         pending: list[int] = []
         feed = context[draft.length :]
         while len(pending) < gamma:

@@ -8,9 +8,8 @@ verification adds nothing for one-hot targets (the argmax prefix).
 
 from __future__ import annotations
 
-from .base import Param, int_at_least
 from .rules import ChainRule
-from .speculative import DraftVerifyDecoder
+from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 from .verification import block_verify, block_verify_sparse
 
 BLOCK_RULE = ChainRule(block_verify, sparse=block_verify_sparse)
@@ -23,5 +22,4 @@ class BlockVerificationDecoder(DraftVerifyDecoder):
     lossless = True
     rule = BLOCK_RULE
     batchable = True
-    # the same draft as spd, gamma included (3: measured on the default pair, docs/measurement.md *Benchmark against transformers*)
-    params = {**DraftVerifyDecoder.params, "gamma": Param(3, int_at_least(1), "draft tokens per iteration")}
+    params = {**DraftVerifyDecoder.params, "gamma": CHAIN_GAMMA}  # the same draft as spd

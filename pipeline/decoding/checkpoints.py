@@ -23,6 +23,10 @@ from torch import nn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+# a transformers model (a target or a draft): its config fields and submodules (``get_output_embeddings()``,
+# ``config.hidden_size``) are read by name, which ``nn.Module``'s types cannot follow
+HFModel = Any
+
 
 def resolve_dir(path: str | Path) -> Path:
     """A checkpoint folder: ``path`` (``~`` expanded) when it exists or is absolute, else from the repository root."""
@@ -174,7 +178,7 @@ def write_checkpoint(
     return directory
 
 
-def attach(target: nn.Module, head: nn.Module, attr: str, what: str) -> nn.Module:
+def attach(target: HFModel, head: nn.Module, attr: str, what: str) -> HFModel:
     """Put ``head`` (with a ``hidden_size``) on ``target`` as ``target.<attr>``, on the target's device and dtype.
 
     A plain attribute, not a registered submodule: the target's state dict and forward stay untouched.
@@ -187,7 +191,7 @@ def attach(target: nn.Module, head: nn.Module, attr: str, what: str) -> nn.Modul
     return target
 
 
-def attached(target: nn.Module, attr: str, missing: str) -> nn.Module:
+def attached(target: HFModel, attr: str, missing: str) -> Any:
     """``target.<attr>``, or a ValueError with ``missing`` (what the method needs and how to provide it)."""
     head = getattr(target, attr, None)
     if head is None:

@@ -116,9 +116,8 @@ def kernels():
             try:
                 _STATE["module"] = _build()
             except Exception as err:  # noqa: BLE001 - no compiler or a failed build: the engine keeps oneDNN, the reason is recorded
-                _STATE["error"] = (
-                    f"the bf16 kernels did not build ({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"
-                )
+                last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+                _STATE["error"] = f"the bf16 kernels did not build ({type(err).__name__}: {last})"
     return _STATE.get("module")
 
 
@@ -146,12 +145,11 @@ def kernel_path(device: torch.device | str, dtype: torch.dtype | str, build: boo
     """The kernels a model of ``dtype`` on ``device`` runs on (``kernels()`` is built if needed; with
     ``build=False`` the path is predicted from the capability without building)."""
     dev = torch.device(device)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, DTYPE_NAMES.get(dtype, dtype))
-    if dev.type == "cpu" and dtype == torch.bfloat16:
+    torch_dtype: torch.dtype = getattr(torch, DTYPE_NAMES.get(dtype, dtype)) if isinstance(dtype, str) else dtype
+    if dev.type == "cpu" and torch_dtype == torch.bfloat16:
         available = kernels() is not None if build else _capability_reason() is None
         return "bf16-avx512" if available else "bf16-onednn"
-    return fallback_path(dev, dtype)
+    return fallback_path(dev, torch_dtype)
 
 
 def fallback_path(device: torch.device, dtype: torch.dtype) -> str:

@@ -25,13 +25,14 @@ def draft_chain(
     one token, two after a fully accepted block). Afterwards the cache holds ``context + x[:-1]``.
     """
     pending: list[int] | torch.Tensor = context[draft.length :]
-    tokens, rows = [], []
+    tokens: list[torch.Tensor] = []
+    rows: list[torch.Tensor] = []
     if warper.sparse(draft.vocab_size):  # top-k sampling: warp and sample on the draft's own (restricted) head
         dense = torch.zeros(gamma, draft.vocab_size, device=draft.device)
         fused = draft.fused_chain(pending, gamma, warper, generator)  # the same draws in one kernel call
         if fused is not None:
-            tokens, ids, probs = fused
-            return ChainDraft(tokens, dense.scatter_(-1, ids, probs))
+            chain, ids, probs = fused
+            return ChainDraft(chain, dense.scatter_(-1, ids, probs))
         for i in range(gamma):
             ids, probs = draft.forward_sparse(pending, warper)
             dense[i].scatter_(-1, ids, probs)

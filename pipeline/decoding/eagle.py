@@ -29,9 +29,9 @@ from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from .base import eagle_version
-from .checkpoints import attach, check_against_weights, read_checkpoint, shapes_of, write_checkpoint
+from .checkpoints import HFModel, attach, check_against_weights, read_checkpoint, shapes_of, write_checkpoint
 from .eagle3 import Eagle3Head, load_eagle3_head
-from .kv import PreallocatedLayer
+from .kv import PreallocatedLayer, preallocated_layers
 from .vocab import read_token_map, save_token_map
 
 CONFIG_FILE = "config.json"
@@ -40,6 +40,8 @@ WEIGHTS_FILE = "model.safetensors"
 
 class EagleHead(nn.Module):
     """fc(cat(emb, feature)) -> one Llama decoder layer -> predicted next feature ``[n, h]``."""
+
+    token_map: torch.Tensor | None  # a restricted head's own id -> target id (set by the loader, or None)
 
     def __init__(self, config, bias: bool = True, embed_tokens: bool = False) -> None:
         super().__init__()
@@ -142,7 +144,7 @@ def save_eagle_head(
     return directory
 
 
-def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleHead:
+def load_eagle_head(path: str | Path, target: HFModel | None = None) -> EagleHead:
     """Load an EAGLE-1/2 head (published layout); with ``target``, check shapes and attach it as
     ``target.eagle_head`` (its token map, if any, as ``eagle_head.token_map``)."""
     directory, raw, state = read_checkpoint(
@@ -154,7 +156,8 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
     )
     if "midlayer.self_attn.q_proj.weight" in state or "d2t" in state:
         raise ValueError(
-            f"{directory} is an EAGLE-3 head (midlayer / d2t): load it with load_eagle (or eagle3.load_eagle3_head); drafter: eagle3"
+            f"{directory} is an EAGLE-3 head (midlayer / d2t): load it with load_eagle "
+            "(or eagle3.load_eagle3_head); drafter: eagle3"
         )
     bias = bool(raw.pop("bias", "fc.bias" in state))
     raw.pop("pipeline_info", None)
@@ -182,7 +185,7 @@ def load_eagle_head(path: str | Path, target: nn.Module | None = None) -> EagleH
     return head
 
 
-def load_eagle(path: str | Path, target: nn.Module | None = None) -> EagleHead | Eagle3Head:
+def load_eagle(path: str | Path, target: HFModel | None = None) -> EagleHead | Eagle3Head:
     """The EAGLE head in the folder ``path``, EAGLE-1/2 or EAGLE-3 (by its config.json); with ``target``,
     moved to the target's device and dtype after checking shapes (not attached to it)."""
     head = load_eagle3_head(path) if eagle_version(path) == 3 else load_eagle_head(path)
@@ -191,7 +194,7 @@ def load_eagle(path: str | Path, target: nn.Module | None = None) -> EagleHead |
     return head
 
 
-def place_eagle_head(target: nn.Module, head: nn.Module) -> nn.Module:
+def place_eagle_head(target: HFModel, head: EagleHead | Eagle3Head) -> EagleHead | Eagle3Head:
     """Check ``head`` against ``target`` and move it to the target's device and dtype."""
     weight = target.get_output_embeddings().weight
     vocab = weight.shape[0]
@@ -200,26 +203,28 @@ def place_eagle_head(target: nn.Module, head: nn.Module) -> nn.Module:
         head.layers_of(layers)
         if head.target_hidden_size != target.config.hidden_size:
             raise ValueError(
-                f"EAGLE-3 head reads target features of width {head.target_hidden_size}, the target has {target.config.hidden_size}"
+                f"EAGLE-3 head reads target features of width {head.target_hidden_size}, "
+                f"the target has {target.config.hidden_size}"
             )
         if head.config.vocab_size > vocab:
             raise ValueError(
                 f"EAGLE-3 head's vocabulary ({head.config.vocab_size}) is larger than the target's ({vocab})"
             )
-    elif getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= vocab:
+    elif (head_map := getattr(head, "token_map", None)) is not None and int(head_map.max()) >= vocab:
         raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
     if head.embed_tokens is None and head.hidden_size != target.get_input_embeddings().weight.shape[1]:
         raise ValueError(
-            f"EAGLE head has width {head.hidden_size} and no embed_tokens; the target's embeddings are {target.get_input_embeddings().weight.shape[1]} wide"
+            f"EAGLE head has width {head.hidden_size} and no embed_tokens; "
+            f"the target's embeddings are {target.get_input_embeddings().weight.shape[1]} wide"
         )
     head.to(weight.device, weight.dtype)
     return head
 
 
-def attach_eagle_head(target: nn.Module, head: EagleHead) -> nn.Module:
+def attach_eagle_head(target: HFModel, head: EagleHead) -> HFModel:
     """Put ``head`` on ``target`` as ``target.eagle_head`` (target device and dtype) after checking shapes."""
     vocab = target.get_output_embeddings().weight.shape[0]
-    if getattr(head, "token_map", None) is not None and int(head.token_map.max()) >= vocab:
+    if (head_map := getattr(head, "token_map", None)) is not None and int(head_map.max()) >= vocab:
         raise ValueError("EAGLE head's restricted_head_map.json names ids outside the target's vocabulary")
     return attach(target, head, "eagle_head", "EAGLE head")
 
@@ -227,40 +232,41 @@ def attach_eagle_head(target: nn.Module, head: EagleHead) -> nn.Module:
 class EagleRunner:
     """An EAGLE head bound to a target: its KV cache, the features it has been given, and draft logits."""
 
-    def __init__(self, target_model: nn.Module, head: EagleHead | Eagle3Head, vocab_size: int) -> None:
+    def __init__(self, target_model: HFModel, head: EagleHead | Eagle3Head, vocab_size: int) -> None:
         self.head = head
         self.embed = head.embed_tokens if head.embed_tokens is not None else target_model.get_input_embeddings()
         self.eagle3 = isinstance(head, Eagle3Head)
-        # EAGLE-1/2: the target's LM head on the predicted feature; EAGLE-3: the head's norm + LM head over its draft vocabulary
-        lm = head.lm_head if self.eagle3 else target_model.get_output_embeddings()
-        self.token_map = head.draft_to_target() if self.eagle3 else getattr(head, "token_map", None)
-        self.pre = head.norm if self.eagle3 else None
+        # EAGLE-1/2: the target's LM head on the predicted feature; EAGLE-3: the head's norm + LM head over its draft
+        # vocabulary
+        lm: nn.Linear = head.lm_head if isinstance(head, Eagle3Head) else target_model.get_output_embeddings()
+        self.pre = head.norm if isinstance(head, Eagle3Head) else None
         W = lm.weight.detach()
         self.device = W.device
         self.bias = None if lm.bias is None else lm.bias.detach()
-        if self.eagle3:  # the head's rows are already the draft vocabulary's; token_map places them
-            if self.token_map.numel() == vocab_size and bool(
-                (self.token_map == torch.arange(vocab_size, device=self.token_map.device)).all()
+        self.token_map: torch.Tensor | None
+        if isinstance(head, Eagle3Head):  # the head's rows are already the draft vocabulary's; token_map places them
+            token_map = head.draft_to_target()
+            if token_map.numel() == vocab_size and bool(
+                (token_map == torch.arange(vocab_size, device=token_map.device)).all()
             ):
                 self.token_map = None  # the whole vocabulary in order
             else:
-                self.token_map = self.token_map.to(self.device)
-        elif self.token_map is not None:
-            self.token_map = self.token_map.to(self.device)
+                self.token_map = token_map.to(self.device)
+        elif (head_map := getattr(head, "token_map", None)) is not None:
+            self.token_map = head_map.to(self.device)
             W = W[self.token_map].contiguous()
             self.bias = None if self.bias is None else self.bias[self.token_map]
+        else:
+            self.token_map = None
         self.W = W
         self.vocab_size = vocab_size
-        self.cache = None
+        self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)  # its buffers kept across generations
         self.reset()
 
     def reset(self) -> None:
         """A new generation: the head's cache emptied (its buffers kept, as ``CachedModel.reset``), no features."""
-        if self.cache is None:
-            self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
-        else:
-            self.cache.reset()
-        width = self.head.feature_size if self.eagle3 else self.head.hidden_size
+        self.cache.reset()
+        width = self.head.feature_size if isinstance(self.head, Eagle3Head) else self.head.hidden_size
         self.features = torch.zeros(0, width, device=self.device, dtype=self.W.dtype)
         self.forwards = 0
 
@@ -269,7 +275,7 @@ class EagleRunner:
         return self.cache.get_seq_length()
 
     def rollback(self, length: int) -> None:
-        for layer in self.cache.layers:
+        for layer in preallocated_layers(self.cache):
             layer.truncate(length)
 
     def observe(self, hidden: torch.Tensor, start: int) -> None:

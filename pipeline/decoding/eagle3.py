@@ -70,7 +70,8 @@ LLAMA_KEYS = (
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
-    """The decoder layers whose inputs EAGLE-3 reads on a target of ``num_layers`` layers (the authors' 2, L//2, L-3)."""
+    """The decoder layers whose inputs EAGLE-3 reads on a target of ``num_layers`` layers (the authors' 2, L//2,
+    L-3)."""
     taps = (2, num_layers // 2, num_layers - 3)
     if num_layers < 7 or len(set(taps)) < 3:
         raise ValueError(
@@ -89,6 +90,7 @@ class Eagle3Layer(nn.Module):
         self.self_attn = LlamaAttention(config, 0)
         d = self.self_attn.head_dim
         bias = bool(getattr(config, "attention_bias", False))
+        assert config.num_key_value_heads is not None  # LlamaConfig fills it (num_attention_heads by default)
         self.self_attn.q_proj = nn.Linear(2 * h, config.num_attention_heads * d, bias=bias)
         self.self_attn.k_proj = nn.Linear(2 * h, config.num_key_value_heads * d, bias=bias)
         self.self_attn.v_proj = nn.Linear(2 * h, config.num_key_value_heads * d, bias=bias)
@@ -110,9 +112,12 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """fc(3 target layers) -> midlayer(emb, feature) -> predicted feature; ``draft_logits`` over the draft vocabulary."""
+    """fc(3 target layers) -> midlayer(emb, feature) -> predicted feature; ``draft_logits`` over the draft
+    vocabulary."""
 
     eagle_version = 3
+    d2t: torch.Tensor  # buffer: draft id i -> target id i + d2t[i]
+    t2d: torch.Tensor  # buffer: which target ids the draft vocabulary holds
 
     def __init__(
         self,
@@ -235,7 +240,8 @@ def load_eagle3_head(path: str | Path) -> Eagle3Head:
     if is_speculators(raw):
         if raw.get("speculators_model_type", "eagle3") != "eagle3":
             raise ValueError(
-                f"{directory}: speculators_model_type {raw.get('speculators_model_type')!r}; only eagle3 heads load here"
+                f"{directory}: speculators_model_type {raw.get('speculators_model_type')!r}; "
+                "only eagle3 heads load here"
             )
         layer = dict(raw.get("transformer_layer_config") or {})
         state = {("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in state.items()}
@@ -308,7 +314,8 @@ def load_eagle3_head(path: str | Path) -> Eagle3Head:
         or int(head.t2d.sum()) != ids.numel()
     ):
         raise ValueError(
-            f"EAGLE-3 head at {directory}: d2t and t2d disagree (draft id i -> target id i + d2t[i] must be the ids t2d marks)"
+            f"EAGLE-3 head at {directory}: d2t and t2d disagree "
+            "(draft id i -> target id i + d2t[i] must be the ids t2d marks)"
         )
     head.eval().requires_grad_(False)
     return head
@@ -336,7 +343,7 @@ def save_eagle3_head(
     llama["num_hidden_layers"] = 1
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     weights = {k: v for k, v in state.items() if k not in ("d2t", "t2d")}
-    extra = {
+    extra: dict[str, Any] = {
         "draft_vocab_size": head.draft_vocab_size,
         "target_hidden_size": head.target_hidden_size,
         "norm_before_residual": head.midlayer.norm_before_residual,

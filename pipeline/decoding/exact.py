@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import TypeVar
 
 import torch
 
@@ -72,7 +73,8 @@ class Pair:
             row = torch.as_tensor(self._fns[which](prefix), dtype=DT)
             if row.shape != (self.vocab,) or (row < 0).any() or abs(float(row.sum()) - 1.0) > 1e-9:
                 raise ValueError(
-                    f"the {which} row after {prefix} must be {self.vocab} non-negative numbers summing to 1, got {row.tolist()}"
+                    f"the {which} row after {prefix} must be {self.vocab} non-negative numbers summing to 1, "
+                    f"got {row.tolist()}"
                 )
             self._cache[key] = row
         return self._cache[key]
@@ -182,10 +184,14 @@ def uniform_cases(thresholds: list[float]) -> Iterator[tuple[list[float], float]
         yield [v for v, _ in combo], pr
 
 
-def coin_cases(run: Callable[[Callable[[float], bool]], object]) -> list[tuple[float, object]]:
+R = TypeVar("R")
+
+
+def coin_cases(run: Callable[[Callable[[float], bool]], R]) -> list[tuple[float, R]]:
     """Every sequence of coin outcomes of ``run(coin)`` with its probability (``run`` re-executed per sequence;
     a coin of probability 0 or 1 does not branch)."""
-    out, pending = [], [()]
+    out: list[tuple[float, R]] = []
+    pending: list[tuple[bool, ...]] = [()]
     while pending:
         script = pending.pop()
         taken: list[bool] = []
@@ -286,7 +292,7 @@ def draft_trees(pair: Pair, k_config: list[int], replacement: bool) -> list[tupl
     for k in k_config:
         nxt = []
         for nodes, pr, frontier in states:
-            combos = [(nodes, pr, [])]
+            combos: list[tuple[tuple[tuple[int, int], ...], float, list[int]]] = [(nodes, pr, [])]
             for parent in frontier:
                 q = pair.draft(_path_tokens(nodes, parent))
                 combos = [
@@ -440,7 +446,8 @@ def as_fraction(x: float, limit: int = 10_000) -> str:
 
 def format_table(rows: list[Outcome]) -> str:
     lines = [
-        "| rule | claimed lossless | E[accepted drafts] | E[tokens] / iteration | TV(output, target) | single-draft bound |",
+        "| rule | claimed lossless | E[accepted drafts] | E[tokens] / iteration | TV(output, target) "
+        "| single-draft bound |",
         "|---|---|---|---|---|---|",
     ]
     for o in rows:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,24 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 
 _NO_MASK = torch.empty(0, dtype=torch.bool)  # the kernels' "causal" mask argument
 _NO_MAP = torch.empty(0, dtype=torch.long)  # the kernels' "full head" token map argument
+
+Linear = tuple[torch.Tensor, torch.Tensor | None]  # (weight, bias)
+# one decoder layer's weights: input norm weight and epsilon, q, k, v, o, post-attention norm weight and epsilon,
+# gate, up, down, the MLP's activation
+LayerWeights = tuple[
+    torch.Tensor,
+    float,
+    Linear,
+    Linear,
+    Linear,
+    Linear,
+    torch.Tensor,
+    float,
+    Linear,
+    Linear,
+    Linear,
+    Callable[[torch.Tensor], torch.Tensor],
+]
 
 _LEAN: "weakref.WeakKeyDictionary[nn.Module, LeanForward | None]" = weakref.WeakKeyDictionary()
 
@@ -138,8 +157,10 @@ class LeanForward(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        config = model.config
-        inner = model.model
+        # transformers' config and decoder: their fields and submodules are read by name, untyped
+        config: Any = model.config
+        inner: Any = model.model
+        lm_head: Any = model.lm_head
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -147,9 +168,9 @@ class LeanForward(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.intermediate = config.intermediate_size
         # plain Python containers: nothing is registered on this module
-        self._embed = [inner.embed_tokens]
-        self._rotary = [inner.rotary_emb]
-        self._layers = []
+        self._embed: list[nn.Embedding] = [inner.embed_tokens]
+        self._rotary: list[nn.Module] = [inner.rotary_emb]
+        self._layers: list[LayerWeights] = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self._layers.append(
@@ -168,9 +189,9 @@ class LeanForward(nn.Module):
                     m.act_fn,
                 )
             )
-        self._norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self._norm: tuple[torch.Tensor, float] = (inner.norm.weight, inner.norm.variance_epsilon)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._head = [model.lm_head]
+        self._head: list[nn.Linear] = [lm_head]
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         self.fast_matmul = device.type == "cpu" and dtype == torch.float32 and env_flag("PIPELINE_FAST_MATMUL")
@@ -199,6 +220,7 @@ class LeanForward(nn.Module):
     def _pack(self, model: nn.Module) -> None:
         """The weights in the kernels' layout: QKV and gate/up fused, every matrix packed (a copy of ~ the
         model's decoder and head weights; the model's own parameters stay for prefills and transformers)."""
+        assert self.kernels is not None  # packed only for the kernels
         pack = self.kernels.pack
         empty = torch.empty(0, dtype=torch.bfloat16)
         self._packed = []
@@ -250,15 +272,15 @@ class LeanForward(nn.Module):
         self,
         input_ids: torch.Tensor,
         cache,
-        positions: torch.Tensor,
+        positions: torch.Tensor | None,
         mask: torch.Tensor | None,
         keep: int,
         hidden_out: list | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """``positions``: ``[1, n]`` absolute positions, or None for a causal chain right after the cache
-        (``cache length .. + n``). ``mask``: None for a causal chain after the cache, else an additive float or boolean mask
-        ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none, only ``hidden_out``).
-        ``hidden_out``: if given, the LM head's input rows are appended to it."""
+        (``cache length .. + n``). ``mask``: None for a causal chain after the cache, else an additive float or
+        boolean mask ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none,
+        only ``hidden_out``). ``hidden_out``: if given, the LM head's input rows are appended to it."""
         n = input_ids.shape[1]
         if self.kernels is not None:
             return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out)
@@ -391,6 +413,7 @@ class LeanForward(nn.Module):
         cos, sin = self._static_rope_table(end)
         norm_w, norm_eps = self._norm
         k = min(warper.top_k, self._vocab if token_map is None else token_map.numel(), vocab)
+        assert self.kernels is not None  # can_fuse_chain
         tokens, index, probs = self.kernels.draft_chain(
             ids,
             self._embed[0].weight,
@@ -422,6 +445,8 @@ class LeanForward(nn.Module):
 
     def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out):
         """``forward`` in one call of the bf16 kernels (``csrc/bf16_decoder.cpp``)."""
+        kernels = self.kernels
+        assert kernels is not None
         x = torch.embedding(
             self._embed[0].weight, input_ids[0]
         )  # [n, hidden]: the module's lookup without its call machinery
@@ -438,7 +463,7 @@ class LeanForward(nn.Module):
             allowed = mask[0, 0] > torch.finfo(mask.dtype).min / 2
         norm_w, norm_eps = self._norm
         eps = self._layers[0][1]
-        h = self.kernels.decoder_forward(
+        h = kernels.decoder_forward(
             x,
             cos,
             sin,
@@ -462,7 +487,7 @@ class LeanForward(nn.Module):
             hidden_out.append(h)
         if keep < 0:
             return None
-        logits = self.kernels.linear(h, self._head_packed, self._vocab)
+        logits = kernels.linear(h, self._head_packed, self._vocab)
         return logits if self._head_bias is None else logits + self._head_bias
 
 

@@ -14,10 +14,9 @@ Temperature 0: greedy acceptance (exactly ``ar`` greedy). Any chain drafter (mod
 
 from __future__ import annotations
 
-from .base import Param, int_at_least
 from .hsd_verify import hsd_dense, hsd_reference_dense
 from .rules import ChainRule
-from .speculative import DraftVerifyDecoder
+from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 
 HSD_RULE = ChainRule(hsd_dense)
 HSD_REFERENCE_RULE = ChainRule(hsd_reference_dense)
@@ -30,8 +29,7 @@ class HSDDecoder(DraftVerifyDecoder):
     batchable = True
     lossless = True
     rule = HSD_RULE
-    # the same draft as spd and block, gamma included
-    params = {**DraftVerifyDecoder.params, "gamma": Param(3, int_at_least(1), "draft tokens per iteration")}
+    params = {**DraftVerifyDecoder.params, "gamma": CHAIN_GAMMA}  # the same draft as spd
 
 
 class HSDReferenceDecoder(HSDDecoder):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Sequence
+from typing import Sequence, cast
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -18,6 +18,11 @@ from .fast_forward import lean_forward_for
 from .vocab import token_map_of
 
 _INITIAL_CAPACITY = 256
+
+
+def preallocated_layers(cache: Cache) -> list["PreallocatedLayer"]:
+    """The layers of a cache made with ``layer_class_to_replicate=PreallocatedLayer`` (all of them are)."""
+    return cast("list[PreallocatedLayer]", cache.layers)
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -179,14 +184,14 @@ class CachedModel:
             self.token_map = self.token_map.to(self.device)
         self.forwards = 0
         self.prefill_s = 0.0
-        self.cache: Cache | None = None
+        self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
         self.reset()
 
     def reset(self) -> None:
         """Empty the cache and the forward counter (start of a new generation). The layers' buffers stay:
         allocated once (and grown by doubling), not again for every generation; but buffers made under
         ``torch.inference_mode`` (e.g. by a cost probe) cannot be written outside it: those are made anew."""
-        if self.cache is None or (not torch.is_inference_mode_enabled() and self._inference_buffers()):
+        if not torch.is_inference_mode_enabled() and self._inference_buffers():
             self.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
         else:
             self.cache.reset()  # PreallocatedLayer.reset: length 0, buffers kept
@@ -275,6 +280,11 @@ class CachedModel:
         finally:
             self.capture_hidden = saved
         self.prefill_s += self._clock() - t0
+        return self.captured()
+
+    def captured(self) -> torch.Tensor:
+        """``hidden``, of the last forward, which ran with ``capture_hidden`` set."""
+        assert self.hidden is not None, "no hidden states captured: set capture_hidden before the forward"
         return self.hidden
 
     def forward(self, tokens: Sequence[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
@@ -386,7 +396,7 @@ class CachedModel:
             finally:
                 self.capture_hidden = saved
             self.forwards += 1
-            return self.lean.head(self.hidden[rows][None])[0]
+            return self.lean.head(self.captured()[rows][None])[0]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         logits = self._run(
@@ -401,11 +411,11 @@ class CachedModel:
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions (no copy)."""
-        for layer in self.cache.layers:
+        for layer in preallocated_layers(self.cache):
             layer.truncate(length)
 
     def compact(self, start: int, keep: torch.Tensor | Sequence[int]) -> None:
         """Keep the cached slots ``start + keep`` (e.g. an accepted tree path) right after ``start``."""
         keep = torch.as_tensor(keep, dtype=torch.long, device=self.device)
-        for layer in self.cache.layers:
+        for layer in preallocated_layers(self.cache):
             layer.compact(start, keep)

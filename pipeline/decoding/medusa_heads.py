@@ -10,11 +10,13 @@ the decoders that use them are ``medusa`` and ``typical`` with ``drafter: medusa
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from .checkpoints import (
+    HFModel,
     attach,
     attached,
     check_against_weights,
@@ -60,9 +62,9 @@ class MedusaHeads(nn.Module):
         """``[..., H]`` -> ``[K, ..., H]``: each head's transformed hidden state."""
         return torch.stack([block(hidden) for block in self.blocks])
 
-    def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
         """``[..., H]`` -> logits ``[K, ..., V]``."""
-        feats = self.features(hidden.to(self.blocks[0][0].linear.weight.dtype)).to(lm_head.weight.dtype)
+        feats = self.features(hidden.to(next(self.parameters()).dtype)).to(lm_head.weight.dtype)
         if type(lm_head) is nn.Linear and not torch.is_grad_enabled():  # decoding: a few rows, the fast form
             return small_linear(feats, lm_head.weight, lm_head.bias)
         return lm_head(feats)
@@ -79,7 +81,7 @@ def save_medusa_heads(heads: MedusaHeads, directory: str | Path, dtype: torch.dt
     )
 
 
-def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> MedusaHeads:
+def load_medusa_heads(path: str | Path, target: HFModel | None = None) -> MedusaHeads:
     """Load heads saved by ``save_medusa_heads``; with ``target``, check the shapes and attach them to it.
 
     A relative ``path`` is looked up from the current directory, then from the repository root.
@@ -87,7 +89,7 @@ def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> Medu
     directory, config, state = read_checkpoint(
         path, config_file=CONFIG_FILE, weights_files=(HEADS_FILE,), what="Medusa heads", trainer="train_medusa"
     )
-    where = {"what": "Medusa heads", "directory": directory, "config_file": CONFIG_FILE}
+    where: dict[str, Any] = {"what": "Medusa heads", "directory": directory, "config_file": CONFIG_FILE}
     hidden, num_heads, num_layers = config_ints(
         config, ("hidden_size", "num_heads", "num_layers"), defaults={"num_layers": 1}, **where
     )
@@ -107,12 +109,12 @@ def load_medusa_heads(path: str | Path, target: nn.Module | None = None) -> Medu
     return heads
 
 
-def attach_medusa_heads(target: nn.Module, heads: MedusaHeads) -> nn.Module:
+def attach_medusa_heads(target: HFModel, heads: MedusaHeads) -> HFModel:
     """Put ``heads`` on ``target`` (as ``target.medusa_heads``, on its device and dtype) after checking shapes."""
     return attach(target, heads, "medusa_heads", "Medusa heads")
 
 
-def medusa_heads_of(target: nn.Module, method: str) -> MedusaHeads:
+def medusa_heads_of(target: HFModel, method: str) -> MedusaHeads:
     """The heads attached to ``target``, or a clear error saying how to provide them."""
     return attached(
         target,

@@ -3,9 +3,10 @@
 The draft proposes gamma tokens by beam sampling (W beams, best beam by weight); the target
 accepts the longest prefix whose joint-likelihood ratio min(1, p(x_1..j) / q(x_1..j)) exceeds
 tau, then draws the next token from its own row (no residual). Lossy by design: tau = 1 is plain
-sampling, tau = 0 accepts every draft token. Temperature 0: beam-search drafts, greedy acceptance. With ``drafter: eagle | ngram`` the draft is
-the drafter's chain (one beam: ``num_beams`` applies to the draft model's beam sampling only) and
-log q is the chain's per-token warped log-probabilities (0 for n-gram's one-hot rows).
+sampling, tau = 0 accepts every draft token. Temperature 0: beam-search drafts, greedy acceptance. With
+``drafter: eagle | ngram`` the draft is the drafter's chain (one beam: ``num_beams`` applies to the draft
+model's beam sampling only) and log q is the chain's per-token warped log-probabilities (0 for n-gram's
+one-hot rows).
 """
 
 from __future__ import annotations
@@ -59,6 +60,6 @@ class MTADDecoder(DraftVerifyDecoder):
             return super().propose(context, gamma, generator)
         a = self.args
         beam = beam_sample(
-            self.draft, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement
+            self.draft_model, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement
         )
-        return torch.tensor(beam.tokens, device=self.draft.device), beam.log_q
+        return torch.tensor(beam.tokens, device=self.draft_model.device), beam.log_q

@@ -45,7 +45,9 @@ class ChainRule:
     coins: bool = True  # it takes uniforms u [g] (False: u is None and no random number is drawn for it)
     sparse: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
     greedy: Callable[..., RuleOut] = argmax_prefix
-    draft: str = "rows"  # what it reads as Q: the draft rows ("rows", [g, V]), their log-probabilities at x ("log_q", [g]) or nothing ("none")
+    # what it reads as Q: the draft rows ("rows", [g, V]), their log-probabilities at x ("log_q", [g]) or nothing
+    # ("none")
+    draft: str = "rows"
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ The chain comes from the ``drafter`` (a draft model, an EAGLE head, or n-gram lo
 
 from __future__ import annotations
 
-from .base import Param, in_half_open, int_at_least
+from .base import Param, in_half_open
 from .rules import ChainRule
-from .speculative import DraftVerifyDecoder
+from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 from .verification import greedy_verify, lenient_greedy_verify, token_verify, token_verify_sparse
 
 
@@ -33,7 +33,6 @@ class SpeculativeDecoder(DraftVerifyDecoder):
     batchable = True
     params = {
         **DraftVerifyDecoder.params,
-        # 3: measured on the default pair (docs/measurement.md, *Benchmark against transformers*); block uses the same
-        "gamma": Param(3, int_at_least(1), "draft tokens per iteration"),
+        "gamma": CHAIN_GAMMA,
         "lenience": Param(1.0, in_half_open(0.0, 1.0), "1 = exact; < 1 accepts more (lossy)"),
     }

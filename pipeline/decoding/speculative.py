@@ -47,6 +47,11 @@ CHILDREN_WHY = {
 }
 
 
+# the chain draft of spd, block and hsd, gamma included (3: measured on the default pair, docs/measurement.md,
+# *Benchmark against transformers*)
+CHAIN_GAMMA = Param(3, int_at_least(1), "draft tokens per iteration")
+
+
 class DraftVerifyDecoder(Decoder):
     """A speculative method over a drafter: a chain ``rule`` (``draft_shape = "chain"``) or a tree ``walk``."""
 
@@ -66,6 +71,18 @@ class DraftVerifyDecoder(Decoder):
         self.tree_walk = type(self).walk_for(values) if self.shape == "tree" else None
         self.rule_params = {k: getattr(self.args, k) for k in (self.rule.params if self.rule else ())}
         self.walk_params = {k: getattr(self.args, k) for k in (self.tree_walk.params if self.tree_walk else ())}
+
+    @property
+    def chain_rule(self) -> ChainRule:
+        """The chain rule of a chain method (``rule``, which the class declares)."""
+        assert self.rule is not None, f"{type(self).__name__} declares no chain rule"
+        return self.rule
+
+    @property
+    def walk_impl(self) -> TreeWalk:
+        """The tree walk of a tree method (``tree_walk``, set when the shape is a tree)."""
+        assert self.tree_walk is not None, f"{type(self).__name__} verifies chains here, not trees"
+        return self.tree_walk
 
     def make_drafter(self) -> Drafter:
         """The drafter the resolved ``drafter`` scope names (a method without that parameter builds its own)."""
@@ -89,11 +106,17 @@ class DraftVerifyDecoder(Decoder):
         """None when this method can verify ``drafter``'s proposals, else why not (its error messages)."""
         shape = cls.shape_for(drafter, values)
         if shape not in drafter.shapes:
-            return f"drafter {drafter.kind} makes {' and '.join(sorted(drafter.shapes))} proposals; this method verifies a {shape}"
+            return (
+                f"drafter {drafter.kind} makes {' and '.join(sorted(drafter.shapes))} proposals; "
+                f"this method verifies a {shape}"
+            )
         if shape == "tree":
             need = cls.walk_for(values).children
             if need not in drafter.tree_children:
-                return f"this method's walk needs a tree whose children are drawn {CHILDREN_WHY[need]}, which drafter {drafter.kind} cannot draw"
+                return (
+                    f"this method's walk needs a tree whose children are drawn {CHILDREN_WHY[need]}, "
+                    f"which drafter {drafter.kind} cannot draw"
+                )
         return None
 
     @classmethod
@@ -131,9 +154,9 @@ class DraftVerifyDecoder(Decoder):
         """What ``verify`` takes beside a chain ``tokens [g]`` drawn from the warped draft rows ``probs [g, V]``
         (the batched engine drafts for many requests, then hands each chain to the method's rule): what the rule
         declares it reads (``ChainRule.draft``): the rows, their log-probabilities at the tokens, or nothing."""
-        if self.rule.draft == "log_q":
+        if self.chain_rule.draft == "log_q":
             return torch.log(probs[torch.arange(tokens.shape[0], device=probs.device), tokens])
-        return probs if self.rule.draft == "rows" else None
+        return probs if self.chain_rule.draft == "rows" else None
 
     def _start(self, prompt: list[int]) -> None:
         """Empty the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the
@@ -180,7 +203,7 @@ class DraftVerifyDecoder(Decoder):
         read = torch.cat([*head, tokens]).tolist()  # the one host read of the iteration
         n = read[0]
         target.rollback(length + n)  # roll back
-        drafter.feedback(length, n, target.hidden[: n + 1] if drafter.uses_hidden else None)
+        drafter.feedback(length, n, target.captured()[: n + 1] if drafter.uses_hidden else None)
         return read[2 : 2 + n] + [read[1]], int(g)
 
     def _tree_step(self, context: list[int], room: int, generator) -> tuple[list[int], int]:
@@ -188,7 +211,7 @@ class DraftVerifyDecoder(Decoder):
         target, drafter, length = self.target, self.drafter_impl, len(context)
         depth = min(self.tree_depth, room)
         tree = (
-            drafter.propose_tree(context, self.tree_shape(depth), self.warper, generator, self.tree_walk.children)
+            drafter.propose_tree(context, self.tree_shape(depth), self.warper, generator, self.walk_impl.children)
             if depth > 0
             else None
         )  # draft
@@ -197,7 +220,7 @@ class DraftVerifyDecoder(Decoder):
         logits = tree_verify_forward(target, context, tree)  # one target forward (tree attention)
         path, y = self.verify_tree(logits, tree, generator)  # the walk
         target.compact(length, path)  # compact the path's KV into place
-        hidden = target.hidden[[0] + [1 + i for i in path]] if drafter.uses_hidden else None
+        hidden = target.captured()[[0] + [1 + i for i in path]] if drafter.uses_hidden else None
         drafter.feedback(length, len(path), hidden, tree, path)
         return [tree.tokens[i] for i in path] + [y], (max(tree.depths) + 1 if tree.depths else 0)
 
@@ -220,21 +243,21 @@ class DraftVerifyDecoder(Decoder):
         draft = self.drafter_impl.propose(context, gamma, self.warper, generator)
         if draft is None:
             return None
-        if self.rule.draft == "log_q":
+        if self.chain_rule.draft == "log_q":
             rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
             return draft.tokens, torch.log(draft.probs[rows, draft.tokens])
-        return draft.tokens, (draft.probs if self.rule.draft == "rows" else None)
+        return draft.tokens, (draft.probs if self.chain_rule.draft == "rows" else None)
 
     def verify(self, logits: torch.Tensor, x: torch.Tensor, q: Any, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain rule on target logits ``[g+1, V]``: (drafts accepted, next token) as 0-d tensors, left on the
         device (the loop reads them with the draft in one transfer). The sparse fast path when the rule has one
         and the warping is top-k on the CPU; the dense rule otherwise."""
-        rule, params = self.rule, self.rule_params
+        rule, params = self.chain_rule, self.rule_params
         if self.warper.greedy:
             return rule.greedy(logits, x, **params)
         u = torch.rand(x.shape[0], generator=generator, device=logits.device) if rule.coins else None
         rows = self.warper.sparse_rows(logits) if rule.sparse is not None else None
-        if rows is not None:
+        if rows is not None and rule.sparse is not None:
             n, index, weights = rule.sparse(*rows, q, x, u, **params)
             return n, sample_sparse(index, weights, generator)
         n, out = rule.dense(self.warper(logits), q, x, u, **params)
@@ -253,7 +276,7 @@ class DraftVerifyDecoder(Decoder):
         """The walk on the tree's target logits ``[1 + n, V]``: (accepted path, next token)."""
         if self.warper.greedy:
             return greedy_tree_walk(logits.argmax(-1), tree)
-        path, out = self.tree_walk.walk(self.warper(logits), tree, generator, **self.walk_params)
+        path, out = self.walk_impl.walk(self.warper(logits), tree, generator, **self.walk_params)
         return path, int(out if out.dim() == 0 else sample(out, generator))
 
     def _next_token(self, logits: torch.Tensor, generator) -> int:

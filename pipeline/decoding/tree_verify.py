@@ -146,8 +146,8 @@ def mss_tree_walk(
             return path, p  # a leaf: its plain row is the bonus row
         cands = torch.tensor([tree.tokens[c] for c in kids], device=P.device)
         u = torch.rand(len(kids), generator=generator, device=P.device)
-        j, residual = multi_candidate_verify(p, tree.q_rows[node + 1], cands, u, replacement)
-        j = int(j)
+        hit, residual = multi_candidate_verify(p, tree.q_rows[node + 1], cands, u, replacement)
+        j = int(hit)
         if j == len(kids):
             return path, residual
         node = kids[j]
@@ -164,8 +164,8 @@ def kseq_chain_walk(P: torch.Tensor, tree: TokenTree, generator) -> tuple[list[i
         p, q = P[parent + 1], tree.q_rows[parent + 1]
         cands = torch.tensor([tree.tokens[c] for c in alive], device=P.device)
         u = torch.rand(len(alive), generator=generator, device=P.device)
-        j, residual = kseq_verify(p, q, cands, u)
-        j = int(j)
+        hit, residual = kseq_verify(p, q, cands, u)
+        j = int(hit)
         if j == len(alive):
             return tree.path(last) if last >= 0 else [], residual
         token = tree.tokens[alive[j]]
@@ -235,12 +235,14 @@ def typical_tree_walk(P: torch.Tensor, tree: TokenTree, epsilon: float, delta: f
     score: list[tuple[int, float] | None] = [None] * n
     for i in range(n):  # BFS: parents come first
         par = tree.parents[i]
-        if not ok[i] or (par >= 0 and score[par] is None):
+        above = (0, 0.0) if par < 0 else score[par]
+        if not ok[i] or above is None:
             continue
-        length, ll = (0, 0.0) if par < 0 else score[par]
-        score[i] = (length + 1, ll + logp[i])
-        if (score[i][0], score[i][1]) > (best[0], best[1]):
-            best = (score[i][0], score[i][1], i)
+        length, ll = above
+        here = (length + 1, ll + logp[i])
+        score[i] = here
+        if here > (best[0], best[1]):
+            best = (here[0], here[1], i)
     if best[2] < 0:
         return [], 0
     return tree.path(best[2]), best[2] + 1

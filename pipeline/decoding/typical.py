@@ -46,7 +46,8 @@ class TypicalDecoder(DraftVerifyDecoder):
         "delta": Param(0.3, nonneg_number, "posterior alpha: the entropy-scaled threshold factor"),
         "drafter": drafter_param(
             extra=("draft",),
-            help="who drafts: the pair's drafter (pair), a drafter kind (draft = model; medusa: the pair's Medusa heads, a tree), or {kind: ..., <its parameters>}",
+            help="who drafts: the pair's drafter (pair), a drafter kind (draft = model; medusa: the pair's Medusa "
+            "heads, a tree), or {kind: ..., <its parameters>}",
         ),
         "recovery": Param("sample", one_of("sample", "argmax"), "next token after the kept prefix"),
         "k_config": Param(

@@ -32,7 +32,8 @@ from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import DrafterContext, check_method, method_class
 from pipeline.decoding.batched import check_batch
-from pipeline.models import PairSpec, weights_identity
+from pipeline.fingerprints import weights_identity
+from pipeline.models import PairSpec
 from pipeline.scoring.registry import check_task_scorer
 from pipeline.sweep.checks import (
     check_cluster,
@@ -77,7 +78,7 @@ __all__ = [
 # method's parameters carry only its drafter's own scope (`drafter: {kind: ngram, max_ngram: 3,
 # min_ngram: 1}`, not max_ngram/min_ngram on every cell) and its cost ratio c is its own drafter's.
 # 4: the content of the local weights a cell reads (target GGUF or folder, draft model, EAGLE or Medusa
-# heads; ``models.weights_identity``) in its identity: retraining a checkpoint in models/ re-measures the
+# heads; ``fingerprints.weights_identity``) in its identity: retraining a checkpoint in models/ re-measures the
 # cells that use it on resume, where before an old store served the old checkpoint's cells.
 # 5: batch size as a measured axis: every cell's identity holds its ``batch_size`` (1 unless the sweep's
 # ``batch_sizes`` asks for more; decoding/batched.py), so every key changes once.

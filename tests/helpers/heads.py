@@ -7,11 +7,24 @@ from pathlib import Path
 
 import torch
 
-from pipeline.decoding.eagle import EagleHead, eagle_config, save_eagle_head
+from pipeline.decoding.eagle import EagleHead, attach_eagle_head, eagle_config, save_eagle_head
 from pipeline.decoding.eagle3 import save_eagle3_head
 from pipeline.decoding.medusa_heads import MedusaHeads, save_medusa_heads
 from pipeline.training.eagle3 import new_head
 from pipeline.training.medusa import head_examples, train_heads
+
+
+def with_eagle(model, seed: int = 7, embed: bool = False):
+    """``model`` with a random (untrained) EAGLE-1/2 head attached, random but not tiny: its drafts differ from
+    the target's rows."""
+    torch.manual_seed(seed)
+    head = EagleHead(eagle_config(model.config), embed_tokens=embed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    head.token_map = None
+    attach_eagle_head(model, head)
+    return model
 
 
 def eagle_head_folder(target, folder: Path, *, token_map: torch.Tensor | None = None, seed: int = 0) -> Path:
