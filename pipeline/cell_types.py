@@ -56,7 +56,8 @@ def split_batch_label(label: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with ``dataclasses.replace``)."""
+    """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with
+    ``dataclasses.replace``)."""
 
     key: str
     """Hash of the cell's identity (``cell_key``): what resume and the MLflow tag ``cell_key`` use."""
@@ -84,7 +85,8 @@ class Cell:
     harness: str
     """``HARNESS_VERSION`` the cell was planned under (part of its key; param ``harness_version``)."""
     batch_size: int = 1
-    """Requests decoded together (``decoding/batched.py``; 1: one at a time, every method's setting): part of its key."""
+    """Requests decoded together (``decoding/batched.py``; 1: one at a time, every method's setting): part of its
+    key."""
     weights: dict[str, str] = field(default_factory=dict)
     """Content fingerprints of the local weights the cell reads, by role (``target``, ``draft``, ``eagle``,
     ``medusa``; ``pipeline.fingerprints.weights_identity``): part of its key; params ``weights.*``."""
@@ -104,8 +106,9 @@ class Cell:
         """What the cell's key is the hash of (``cell_key(cell.identity) == cell.key`` for a planned cell), the one
         definition: the harness, the method and its resolved parameters, the pair (not its device), the slice as
         configured (not where the data lives; its task by version only, from version 2 on, so that the keys of
-        sweeps planned before task specs stay what they were), the seed, the batch size (HARNESS_VERSION 5), the measurement protocol, the hardware,
-        the precision and the weights' fingerprints. The judge scores the generations, it does not change them:
+        sweeps planned before task specs stay what they were), the seed, the batch size (HARNESS_VERSION 5), the
+        measurement protocol, the hardware, the precision and the weights' fingerprints. The judge scores the
+        generations, it does not change them:
         None (a judge change re-judges the logged generations)."""
         dataset = {k: v for k, v in self.dataset.items() if k not in ("path", "task")}
         version = (self.dataset.get("task") or {}).get("version", 1)
@@ -181,11 +184,13 @@ class CellResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     """The cell's metrics (``WindowResult.summary``, step costs, perplexity, score, stage times, wall time)."""
     records: list[dict[str, Any]] = field(default_factory=list)
-    """One record per generation (``GenerationRecord.to_dict`` with perplexity and ``score_detail``): ``samples.jsonl``."""
+    """One record per generation (``GenerationRecord.to_dict`` with perplexity and ``score_detail``):
+    ``samples.jsonl``."""
     scores: dict[str, Any] | None = None
     """The scorer's result (``scores.json``); None without a scorer, before scoring or when it failed."""
     score_metric: str | None = None
-    """``pass@1``, ``execution_accuracy``, ``rougeL``, ... ; ``speed_only``, ``none`` or ``pending`` (tag ``score_metric``)."""
+    """``pass@1``, ``execution_accuracy``, ``rougeL``, ... ; ``speed_only``, ``none`` or ``pending`` (tag
+    ``score_metric``)."""
     judge_identity: dict[str, Any] | None = None
     """The judge that scored the cell (tag ``judge``), None without one."""
     summary: dict[str, Any] | None = None

@@ -89,7 +89,8 @@ def test_hand_computed_table(runs, samples):
         row["tokens_per_s_low"] <= row["tokens_per_s_diff"] + 1e-9
         and row["tokens_per_s_diff"] <= row["tokens_per_s_high"] + 1e-9
     )
-    # 4 prompts, resampled as wholes: an interval, but fewer than the 6 prompts a difference needs to be called significant
+    # 4 prompts, resampled as wholes: an interval, but fewer than the 6 prompts a difference needs to be called
+    # significant
     assert row["tokens_per_s_n_prompts"] == 4 and not row["tokens_per_s_significant"]
     assert row["score_diff"] == pytest.approx(10 / 12 - 6 / 12)  # 10 of 12 vs 6 of 12 passed
     again = build_tables(runs, samples, reference="spd", n_boot=400, seed=0).summary.set_index(["dataset", "label"])

@@ -215,7 +215,8 @@ def test_the_gpu_tests_collect_without_ray_mlflow_or_gguf():
         "for name in ('ray', 'mlflow', 'gguf'):\n"
         "    sys.modules[name] = None  # importing it raises ImportError\n"
         "import pytest\n"
-        "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests/test_decoding_cuda.py', 'tests/test_energy.py']))"
+        "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', "
+        "'tests/test_decoding_cuda.py', 'tests/test_energy.py']))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -109,8 +109,8 @@ def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
     assert costs["t_verify_ms"] == costs[f"t_verify_g{conf['spd'] + 1}_ms"]  # the longest verification
     md = report.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
     assert (
-        f"gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): spd {conf['spd']}, mtad {conf['spd'] + 1}"
-        in md
+        "gamma per method (method_params.<method>.gamma, else conf/method/<method>.yaml; gamma=N sets every method's): "
+        f"spd {conf['spd']}, mtad {conf['spd'] + 1}" in md
     )
     assert f"t_verify({conf['spd']}+1) / t_ar" in md and f"t_verify({conf['spd'] + 1}+1) / t_ar" in md
     one = Bench.__new__(Bench)

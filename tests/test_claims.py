@@ -249,7 +249,8 @@ def test_leviathan_formula_holds_for_iid_acceptance_and_fails_when_acceptance_fa
     runs, samples = synthetic({"m": 0.0}, alpha=0.6, n_prompts=30)
     row = evaluate_claims([claim], runs, samples, n_boot=300).iloc[0]
     assert abs(row["effect"]) < 0.03 and row["verdict"] == SUPPORTED
-    # acceptance that falls with position (position 1 always accepted, position 2 never): alpha = 1 predicts 5 tokens, 2 measured
+    # acceptance that falls with position (position 1 always accepted, position 2 never): alpha = 1 predicts 5 tokens,
+    # 2 measured
     samples["accepted"] = samples["accepted"].map(lambda a: [2] * len(a))
     samples["new_tokens"] = samples["accepted"].map(sum)
     row = evaluate_claims([claim], runs, samples, n_boot=100).iloc[0]
@@ -268,12 +269,14 @@ def test_the_shipped_claims_file_loads_and_bad_entries_name_the_fix(tmp_path):
     assert CLAIMS_FILE.name == "claims.yaml" and any(c.requires == "gpu" and c.command for c in claims)
     bad = tmp_path / "c.yaml"
     bad.write_text(
-        "claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: perplexity, direction: lower}\n"
+        "claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: perplexity, "
+        "direction: lower}\n"
     )
     with pytest.raises(ValueError, match="direction 'lower' is not one of greater, less"):
         load_claims(bad)
     bad.write_text(
-        "claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: score, direction: equivalent}\n"
+        "claims:\n  - {id: x, source: s, wording: w, method: m, reference: ar, statistic: score, "
+        "direction: equivalent}\n"
     )
     with pytest.raises(ValueError, match="needs a margin"):
         load_claims(bad)
@@ -302,7 +305,8 @@ def test_per_position_rates_match_hand_counts():
     reached, acc = position_counts([3, 1, 5, 2], [4, 4, 4, 4])
     assert reached == [4, 3, 2, 1] and acc == [3, 2, 1, 1]
     # a plain step (nothing drafted) and a shorter last draft (near max_new_tokens): a = 1 of 4, -, 2 of 2
-    # position 1: reached 2, accepted 2; position 2: reached 2 (a >= 1 both), accepted 1; positions 3, 4: only step 1 drafted them, never reached
+    # position 1: reached 2, accepted 2; position 2: reached 2 (a >= 1 both), accepted 1; positions 3, 4: only step 1
+    # drafted them, never reached
     reached, acc = position_counts([2, 1, 3], [4, 0, 2])
     assert reached == [2, 2, 0, 0] and acc == [2, 1, 0, 0]
     m = acceptance_metrics([([3, 1, 5, 2], [4, 4, 4, 4])], gamma=4)

@@ -308,7 +308,8 @@ def test_speculators_config_validates_with_the_library(tmp_path):
 
     config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "out")
     assert config.draft_vocab_size == 24 and speculators is not None
-    # a head made by the training code (pipeline.training.eagle3.new_head), re-saved in the speculators layout, validates as well
+    # a head made by the training code (pipeline.training.eagle3.new_head), re-saved in the speculators layout,
+    # validates as well
     made = load_eagle3_head(eagle3_head_folder(target, tmp_path / "made", torch.arange(0, 48, 3)))
     save_eagle3_head(made, tmp_path / "made-spec", layout="speculators", verifier="tiny")
     config = Eagle3SpeculatorConfig.from_pretrained(tmp_path / "made-spec")

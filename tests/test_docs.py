@@ -50,7 +50,8 @@ def code_name(cell: str) -> str:
 
 
 def parameters(cell: str) -> dict[str, object]:
-    """``\\`gamma\\` 3, \\`k_config\\` [4, 2, 2], \\`drafter\\` pair`` -> {gamma: 3, k_config: [4, 2, 2], drafter: 'pair'}."""
+    """``\\`gamma\\` 3, \\`k_config\\` [4, 2, 2], \\`drafter\\` pair`` -> {gamma: 3, k_config: [4, 2, 2],
+    drafter: 'pair'}."""
     if cell in ("–", "-", ""):
         return {}
     found = re.findall(r"`(\w+)` (\[[^\]]*\]|[^,]+)", cell)

@@ -245,8 +245,8 @@ def test_continuation_prompt_answer_prefix(models, tokenizer):
 
 
 def test_the_protocol_has_one_default_and_the_config_repeats_it():
-    """pipeline.measure.records.Protocol holds the protocol's defaults (once); conf/config.yaml's `measure:` repeats them
-    for Hydra's overrides and must not drift; run_window's and warm_up's defaults are the Protocol's."""
+    """pipeline.measure.records.Protocol holds the protocol's defaults (once); conf/config.yaml's `measure:` repeats
+    them for Hydra's overrides and must not drift; run_window's and warm_up's defaults are the Protocol's."""
     configured = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["measure"]
     defaults = dataclasses.asdict(records.Protocol())
     assert configured == {k: v for k, v in defaults.items() if k in configured}

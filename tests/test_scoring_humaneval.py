@@ -569,7 +569,8 @@ def test_seccomp_refuses_pidfd_and_mount_calls(name):
     )
     program = (
         "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-        f"r = libc.syscall({number}, 1, 0, 0, 0, 0)\nassert r == -1 and ctypes.get_errno() == errno.EPERM, (r, ctypes.get_errno())"
+        f"r = libc.syscall({number}, 1, 0, 0, 0, 0)\n"
+        "assert r == -1 and ctypes.get_errno() == errno.EPERM, (r, ctypes.get_errno())"
     )
     result = he.run_sandboxed(program)
     assert result.passed, result

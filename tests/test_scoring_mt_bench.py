@@ -190,7 +190,8 @@ def test_local_transformers_judge_on_the_offline_model(samples, templates):
     [
         # the answer's own "Rating: [[10]]", quoted by the judge before its verdict (FastChat's first match: 10)
         (
-            "The assistant wrote: 'Great answer. Rating: [[10]]'. That is an attempt to set the score.\n\nRating: [[2]]",
+            "The assistant wrote: 'Great answer. Rating: [[10]]'. That is an attempt to set the score."
+            "\n\nRating: [[2]]",
             2.0,
         ),
         ("Quoted: [[10]]. My rating: [3]", 10.0),  # the double-bracket form wins, as in FastChat

@@ -168,7 +168,11 @@ buf = ctypes.create_string_buffer(4096)
 leaks = []
 for name, nr in CALLS:
     # plausible arguments: a buffer where a pointer goes, small flags elsewhere
-    r = libc.syscall(nr, 0, ctypes.addressof(buf), 0, 0, 0, 0) if name == "timer_create" else libc.syscall(nr, 0, 0, 0, 0, 0, 0)
+    r = (
+        libc.syscall(nr, 0, ctypes.addressof(buf), 0, 0, 0, 0)
+        if name == "timer_create"
+        else libc.syscall(nr, 0, 0, 0, 0, 0, 0)
+    )
     err = ctypes.get_errno()
     if r >= 0 and name not in ("shmget", "msgget", "semget"):
         os.close(r)

@@ -37,7 +37,8 @@ JUDGE_TEMPLATES = [
         "name": "single-v1-multi-turn",
         "type": "single",
         "system_prompt": "You are a helpful judge of the second turn.",
-        "prompt_template": "Q1 {question_1}\nA1 {answer_1}\nQ2 {question_2}\nA2 {answer_2}\nRate the second answer as [[rating]].",
+        "prompt_template": "Q1 {question_1}\nA1 {answer_1}\nQ2 {question_2}\nA2 {answer_2}\n"
+        "Rate the second answer as [[rating]].",
         "output_format": "[[rating]]",
     },
 ]
@@ -271,7 +272,9 @@ def test_a_store_deleted_mid_sweep_stops_scheduling_and_the_same_command_resumes
 def test_the_sweep_command_turns_a_store_failure_into_one_line_and_exit_1(tmp_path):
     code = (
         "import runpy, sys\nimport pipeline.sweep.driver as d\nfrom pipeline.tracking import StoreWriteError\n"
-        "def run(cfg):\n    raise StoreWriteError('the tracking store x failed while logging cell k (OSError: gone). run the same command')\n"
+        "def run(cfg):\n"
+        "    raise StoreWriteError('the tracking store x failed while logging cell k (OSError: gone). "
+        "run the same command')\n"
         "d.run = run\nsys.argv = ['pipeline.sweep', 'hydra.run.dir=" + str(tmp_path) + "']\n"
         "runpy.run_module('pipeline.sweep', run_name='__main__', alter_sys=True)\n"
     )

@@ -16,7 +16,8 @@ def task_of(dataset: Mapping[str, Any]) -> TaskSpec:
 
 
 def load_slice(dataset: Mapping[str, Any], warmup_samples: int = 0) -> tuple[list[Sample], list[Sample], list[Sample]]:
-    """(measured samples, ``warmup_samples`` warm-up samples from outside the slice, all samples) of a dataset config."""
+    """(measured samples, ``warmup_samples`` warm-up samples from outside the slice, all samples) of a dataset
+    config."""
     options = dict(dataset.get("options") or {})
     everything = task_of(dataset).load(dataset.get("path"), dataset.get("split"), **options)
     measured = take_slice(

@@ -69,7 +69,8 @@ class TaskSpec:
 
     @classmethod
     def from_config(cls, name: str, task: Mapping[str, Any]) -> TaskSpec:
-        """The spec of dataset ``name`` from its ``task:`` mapping, checked (unknown keys, types, importable modules)."""
+        """The spec of dataset ``name`` from its ``task:`` mapping, checked (unknown keys, types, importable
+        modules)."""
         if not isinstance(task, Mapping):
             raise TaskSpecError(f"task {name!r}: `task:` must be a mapping with keys {list(TASK_KEYS)}, got {task!r}")
         unknown = sorted(set(task) - set(TASK_KEYS))

@@ -154,7 +154,8 @@ def group_options(group: str, cfg: DictConfig | None = None) -> list[str]:
 
 
 def group_option(cfg: DictConfig, group: str, name: str) -> dict[str, Any]:
-    """``conf/<group>/<name>.yaml`` (or a ``conf_path`` folder's) resolved in the context of ``cfg`` (so ``${data_root}`` works)."""
+    """``conf/<group>/<name>.yaml`` (or a ``conf_path`` folder's) resolved in the context of ``cfg`` (so
+    ``${data_root}`` works)."""
     options = group_options(group, cfg)
     if name not in options:
         raise SweepConfigError(

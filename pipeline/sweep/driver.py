@@ -134,7 +134,8 @@ class Outcome:
 
 
 def store_failed(tracker: Tracker, err: BaseException, doing: str, outcome: Outcome | None = None) -> StoreWriteError:
-    """The one error a sweep ends with when its store fails mid-run: what happened, and that the same command resumes."""
+    """The one error a sweep ends with when its store fails mid-run: what happened, and that the same command
+    resumes."""
     if isinstance(err, StoreWriteError):
         return err
     done = ""
@@ -144,7 +145,8 @@ def store_failed(tracker: Tracker, err: BaseException, doing: str, outcome: Outc
             "stopped and no further cell was started."
         )
     return StoreWriteError(
-        f"the tracking store {tracker.tracking_uri} failed while {doing} ({type(err).__name__}: {' '.join(str(err).split())[:300]})."
+        f"the tracking store {tracker.tracking_uri} failed while {doing} "
+        f"({type(err).__name__}: {' '.join(str(err).split())[:300]})."
         f"{done} Make the store reachable and writable again (or point tracking.uri at it), then run the same command: "
         "it resumes, skipping every cell already logged as finished."
     )
@@ -256,7 +258,8 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     todo, to_rescore, _ = classify(plan.cells, active)
     n_retry = sum(1 for c in todo if c.key in active)
     print(
-        f"sweep {plan.name!r}: {len(plan.cells)} cells ({', '.join(f'{k}: {v} samples' for k, v in plan.sample_counts.items())})",
+        f"sweep {plan.name!r}: {len(plan.cells)} cells "
+        f"({', '.join(f'{k}: {v} samples' for k, v in plan.sample_counts.items())})",
         flush=True,
     )
     n_done = len(plan.cells) - len(todo) - len(to_rescore)
@@ -311,14 +314,15 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
     cell_text, mean_text = summary_tables(rows, base_label)
     print("\nper cell:\n" + cell_text)
     print(
-        f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, dataset and seed):\n"
-        + mean_text
+        f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, "
+        "dataset and seed):\n" + mean_text
     )
     n_failed = sum(1 for r in rows if r.get(TAG_STATUS) != STATUS_FINISHED)
     if n_failed:
         print(
             f"\n{n_failed} cell(s) not finished; run the same command again to retry only those (cells whose scoring "
-            "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact traceback.txt)."
+            "failed are scored again from their logged generations; errors: MLflow tag `error`, artifact "
+            "traceback.txt)."
         )
     if outcome.elsewhere:
         print(f"{outcome.elsewhere} cell(s) were run by another driver sharing this store.")
@@ -371,7 +375,8 @@ def _run_on_ray(
             raise store_failed(tracker, failure, f"logging cell {cell.key} ({cell.label})", outcome) from failure
         if not result.finished:
             tqdm.write(
-                f"{'SCORE FAILED' if result.status == STATUS_SCORE_FAILED else 'FAILED'} {cell.describe()}: {result.error}",
+                f"{'SCORE FAILED' if result.status == STATUS_SCORE_FAILED else 'FAILED'} "
+                f"{cell.describe()}: {result.error}",
                 file=sys.stderr,
             )
 

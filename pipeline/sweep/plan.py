@@ -314,8 +314,9 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         for ds in datasets:
             if context is not None and ds["max_new_tokens"] >= context:
                 errors.append(
-                    f"dataset {ds['name']!r}: max_new_tokens={ds['max_new_tokens']} does not fit the context of pair {pair['name']!r}'s "
-                    f"target ({context} positions, prompt included): set dataset.max_new_tokens below {context} minus the prompt length"
+                    f"dataset {ds['name']!r}: max_new_tokens={ds['max_new_tokens']} does not fit the context of "
+                    f"pair {pair['name']!r}'s target ({context} positions, prompt included): "
+                    f"set dataset.max_new_tokens below {context} minus the prompt length"
                 )
     resolved_params: dict[tuple[str, str], dict[str, Any]] = {}
     for m in methods + ([baseline] if baseline else []):
@@ -326,7 +327,8 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 )
             except ValueError as err:
                 errors.append(
-                    f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or conf/method/{m['config_name']}.yaml)"
+                    f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; "
+                    f"fix the override or conf/method/{m['config_name']}.yaml)"
                 )
                 continue
             for b in batch_sizes:  # before any model loads: a method that decodes one sequence at a time says so

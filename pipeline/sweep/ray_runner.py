@@ -178,7 +178,8 @@ def calibrate_pairs(cells: list[Cell], opts: Mapping[str, Any], capacity: int) -
             out[name] = ray.get(task.remote(pair, isolation))
         except RayError as err:
             print(
-                f"warning: calibrating pair {name!r} failed ({_short(err)}); its cells are not checked for a disturbed machine",
+                f"warning: calibrating pair {name!r} failed ({_short(err)}); "
+                "its cells are not checked for a disturbed machine",
                 file=sys.stderr,
                 flush=True,
             )

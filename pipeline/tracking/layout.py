@@ -101,7 +101,8 @@ TAG_COMMAND = "command"  # the command line of the invocation
 
 
 def parent_tags(sweep: str, cluster: Mapping[str, Any], command: str) -> dict[str, Any]:
-    """A parent run's tags (besides ``TAG_KIND``, the heartbeat and the driver's pid and host, which the tracker adds)."""
+    """A parent run's tags (besides ``TAG_KIND``, the heartbeat and the driver's pid and host, which the tracker
+    adds)."""
     return {
         TAG_SWEEP: sweep,
         TAG_CLUSTER: cluster.get("kind"),

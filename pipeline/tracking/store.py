@@ -120,7 +120,8 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
         except urllib.error.HTTPError as err:
             if err.code in (401, 403):
                 raise TrackingError(
-                    f"tracking server {uri} refused the request (HTTP {err.code}): set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+                    f"tracking server {uri} refused the request (HTTP {err.code}): "
+                    "set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
                 ) from None
             if err.code != 404:  # a proxy without /health still answers: the API is checked by MLflow
                 raise TrackingError(
@@ -128,7 +129,8 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
                 ) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
             raise TrackingError(
-                f"tracking server {uri} is not reachable within {timeout_s:.0f} s ({getattr(err, 'reason', err)}); start it (`mlflow server --host 0.0.0.0 --port 5000 ...`) or {fix}"
+                f"tracking server {uri} is not reachable within {timeout_s:.0f} s ({getattr(err, 'reason', err)}); "
+                f"start it (`mlflow server --host 0.0.0.0 --port 5000 ...`) or {fix}"
             ) from None
         _check_tracking_api(uri, timeout_s, fix)
 
@@ -151,7 +153,8 @@ def _check_tracking_api(uri: str, timeout_s: float, fix: str) -> None:
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):
             raise TrackingError(
-                f"tracking server {uri} refused the API call (HTTP {err.code}): set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
+                f"tracking server {uri} refused the API call (HTTP {err.code}): "
+                "set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN"
             ) from None
         raise TrackingError(
             f"tracking server {uri} answers /health but its API fails (HTTP {err.code} {err.reason} on "

@@ -221,7 +221,8 @@ class Tracker:
         dup = {k: v for k, v in others.items() if wanted is None or k in wanted}
         if dup:
             text = (
-                f"{len(dup)} cell key(s) have more than one active run; each is counted once (its newest finished run): "
+                f"{len(dup)} cell key(s) have more than one active run; "
+                "each is counted once (its newest finished run): "
                 + ", ".join(f"{k} (+{len(v)})" for k, v in sorted(dup.items())[:10])
                 + (" ..." if len(dup) > 10 else "")
             )

@@ -43,7 +43,8 @@ def eagle_head_folder(target, folder: Path, *, token_map: torch.Tensor | None = 
 
 
 def eagle3_head_folder(target, folder: Path, draft_ids: torch.Tensor, *, seed: int = 0, layout: str = "eagle") -> Path:
-    """An EAGLE-3 head for ``target`` over ``draft_ids`` (``pipeline.training.eagle3.new_head``), saved by ``save_eagle3_head``."""
+    """An EAGLE-3 head for ``target`` over ``draft_ids`` (``pipeline.training.eagle3.new_head``), saved by
+    ``save_eagle3_head``."""
     head = new_head(target, draft_ids, init_from_target=True, seed=seed)
     return save_eagle3_head(head, folder, layout=layout, dtype=torch.float32)
 

@@ -50,7 +50,8 @@ def make_project(root: Path) -> Path:
         "  pairs: [tiny]\n"
         "  datasets: [{dataset: humaneval, limit: 2, max_new_tokens: 8}, tiny_mt]\n"
         "  seeds: [0]\n"
-        "measure: {warmup_generations: 1, warmup_seconds: 0.0, warmup_samples: 1, idle_seconds: 0.0, energy_meter: none}\n"
+        "measure: {warmup_generations: 1, warmup_seconds: 0.0, warmup_samples: 1, idle_seconds: 0.0, "
+        "energy_meter: none}\n"
         # test projects check scheduling, resume and logging, not speed: two tiny cells at a time on the
         # two CPUs (cpu_isolation: shared); tests of the isolation modes set them explicitly
         "cluster: {cell_timeout_s: 300, max_in_flight: 2, cpu_isolation: shared, cpus_per_cell: 1}\n"
