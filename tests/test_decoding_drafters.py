@@ -48,7 +48,8 @@ def samples_of(decoder, n, length=2, max_new=4, seed=99):
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "ngram"])  # drafter: model: test_decoding_engine.py
-@pytest.mark.parametrize("method", ["spd", "block"])
+# block over the same drafters: opt-in (make test-slow); block's rule is checked by default in test_decoding_engine.py
+@pytest.mark.parametrize("method", ["spd", pytest.param("block", marks=pytest.mark.slow)])
 def test_lossless_with_every_drafter(eagle_pair, law, method, drafter):
     decoder = build_decoder(method, *eagle_pair, drafter=drafter, gamma=3, **WARP)
     out = samples_of(decoder, 2500)
@@ -57,7 +58,9 @@ def test_lossless_with_every_drafter(eagle_pair, law, method, drafter):
         assert decoder.draft is None  # no draft model cache is built for other drafters
 
 
-@pytest.mark.parametrize("drafter", ["eagle", "ngram"])
+@pytest.mark.parametrize(
+    "drafter", [pytest.param("eagle", marks=pytest.mark.slow), "ngram"]
+)  # eagle: opt-in (make test-slow)
 def test_mtad_tau_one_samples_like_ar(eagle_pair, law, drafter):
     decoder = build_decoder("mtad", *eagle_pair, drafter=drafter, tau=1.0, gamma=3, **WARP)
     assert chi_square_pvalue(samples_of(decoder, 2000), law) > 1e-3
@@ -85,7 +88,11 @@ def test_greedy_identity_with_every_drafter(greedy_eagle_pair, method, drafter):
 TREE_SHAPES = {"specinfer": {"k_config": [3, 2]}, "mcss": {"k_config": [3, 2]}, "spectr": {"num_drafts": 3, "gamma": 2}}
 
 
-@pytest.mark.parametrize("method", ["specinfer", "mcss", "spectr"])
+# one walk over the EAGLE tree by default; the others opt-in (make test-slow)
+@pytest.mark.parametrize(
+    "method",
+    [pytest.param("specinfer", marks=pytest.mark.slow), "mcss", pytest.param("spectr", marks=pytest.mark.slow)],
+)
 def test_lossless_with_eagle_trees(eagle_pair, law, method):
     """EAGLE-2 dynamic trees (2 of the 3 root children expanded by cumulative draft probability) under the
     multi-candidate walks, and the head's 3 i.i.d. chains under SpecTr's K-SEQ: children drawn from the

@@ -52,7 +52,8 @@ def samples_of(decoder, n, length=2, max_new=4, seed=99):
     return [tuple(decoder.generate(PROMPT, max_new_tokens=max_new, generator=gen).tokens[:length]) for _ in range(n)]
 
 
-@pytest.mark.parametrize("method", ["spd", "block"])
+# block through the same loop and drafter: opt-in (make test-slow; ~2 min each on this CPU)
+@pytest.mark.parametrize("method", ["spd", pytest.param("block", marks=pytest.mark.slow)])
 def test_lossless_with_an_eagle3_drafter(pair, law, method):
     target, head = pair
     decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, **WARP)
@@ -69,7 +70,11 @@ def test_lossless_with_an_eagle3_drafter(pair, law, method):
     assert float(chain.probs[:, [4, 7]].sum()) == 0.0 and torch.allclose(chain.probs.sum(-1), torch.ones(3))
 
 
-@pytest.mark.parametrize("method", ["specinfer", "mcss", "spectr"])
+# one tree walk over the EAGLE-3 tree by default; the others opt-in (make test-slow; ~2-3 min each on this CPU)
+@pytest.mark.parametrize(
+    "method",
+    ["specinfer", pytest.param("mcss", marks=pytest.mark.slow), pytest.param("spectr", marks=pytest.mark.slow)],
+)
 def test_lossless_with_eagle3_trees(pair, law, method):
     target, head = pair
     shape = {"num_drafts": 3, "gamma": 2} if method == "spectr" else {"k_config": [3, 2]}

@@ -32,7 +32,13 @@ class WrongResidual(SpeculativeDecoder):
 
 
 @pytest.mark.parametrize(
-    "method,params", [("ar", {}), ("spd", {"gamma": 2}), ("block", {"gamma": 2}), ("block", {"gamma": 4})]
+    "method,params",
+    [
+        ("ar", {}),
+        ("spd", {"gamma": 2}),
+        ("block", {"gamma": 2}),
+        pytest.param("block", {"gamma": 4}, marks=pytest.mark.slow),
+    ],
 )
 def test_lossless_methods_match_the_target_distribution(tiny_pair, law2, method, params):
     decoder = build_decoder(method, *tiny_pair, **WARP, **params)
