@@ -75,7 +75,7 @@ def test_default_pair_as_shipped_with_every_drafter():
     assert "cannot use drafter: ngram" in got[("ours", "specinfer", "ngram")].note
     for key in [("ours", "spd", "model"), ("ours", "spd", "ngram"), ("ours", "specinfer", "model")]:
         assert got[key].tokens == 5 and got[key].identical_to_transformers is True
-    assert got[("ours", "spd", "ngram")].c < 0.1 and costs["t_draft_ngram_ms"] >= 0
+    assert got[("ours", "spd", "ngram")].c < 0.1 and costs["t_draft_ngram_ms"] > 0
     md = report.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
     assert "Rows not run:" in md and "| ours | spd | ngram | 2 | greedy |" in md
     assert "\nEnergy: " in md  # a table where this machine has a meter (auto: RAPL on a CPU), else why not

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.paths import CONF
 from pipeline import sweep
 from pipeline.data import task_names, task_spec
 from pipeline.data.tasks import TaskSpec, TaskSpecError
@@ -24,8 +25,6 @@ from pipeline.scoring.registry import SCORERS, check_task_scorer, scorer_for
 from pipeline.sweep import driver
 from pipeline.sweep.plan import check_command_line
 from pipeline.tracking import TrackingError
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

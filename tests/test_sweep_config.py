@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import ray
-import yaml
 
 from helpers.project import make_project, overrides
 from pipeline import sweep
@@ -115,13 +114,3 @@ def test_two_slices_of_one_dataset_are_counted_apart():
     plan = sweep.expand(cfg)
     assert plan.sample_counts == {"humaneval[0:2]": 2, "humaneval[2:5]": 3}
     assert sorted(c.dataset["limit"] for c in plan.cells) == [2, 3]
-
-
-def test_every_method_config_repeats_its_class_defaults():
-    """conf/method/<name>.yaml lists a method's parameters for Hydra's overrides (method.tau=0.3 needs the key);
-    the defaults themselves are the method class's Params: the two must agree (cell keys are computed from
-    the resolved parameters, labels from what differs from the YAML)."""
-    for path in sorted((sweep.CONF_DIR / "method").glob("*.yaml")):
-        values = yaml.safe_load(path.read_text())
-        spec = METHODS[values.pop("name")].all_params()
-        assert {k: v for k, v in values.items() if k not in spec or spec[k].default != v} == {}, path.name
