@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers.paths import REPO
+
 PACKAGES = ("pipeline", "analysis")
 
 # Earliest first; a module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("pipeline", "pipeline.prompts", "pipeline.cell_types", "pipeline.formatting")),
-    ("engine, models and data", ("pipeline.decoding", "pipeline.models", "pipeline.data")),
+    ("engine, models and data", ("pipeline.decoding", "pipeline.models", "pipeline.fingerprints", "pipeline.data")),
     (
         "measurement",
         (
