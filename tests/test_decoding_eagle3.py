@@ -52,8 +52,9 @@ def samples_of(decoder, n, length=2, max_new=4, seed=99):
     return [tuple(decoder.generate(PROMPT, max_new_tokens=max_new, generator=gen).tokens[:length]) for _ in range(n)]
 
 
-# block through the same loop and drafter: opt-in (make test-slow; ~2 min each on this CPU)
-@pytest.mark.parametrize("method", ["spd", pytest.param("block", marks=pytest.mark.slow)])
+# EAGLE-3 chains: opt-in (make test-slow; ~2 min each on this CPU without bf16 kernels); by default the EAGLE-3
+# tree below, the EAGLE chain (test_decoding_drafters.py) and greedy identity for every method check the path
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) for m in ("spd", "block")])
 def test_lossless_with_an_eagle3_drafter(pair, law, method):
     target, head = pair
     decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter="eagle3", gamma=3, **WARP)

@@ -165,8 +165,10 @@ class _SlowDecoder:
 
 def test_time_budget_records_how_many_finished(models, tokenizer):
     target, _ = models
-    decoder = _SlowDecoder(build_decoder("ar", target, None, temperature=0.0), 0.25)
-    result = _window(decoder, _samples(5), tokenizer, time_budget_s=0.4, warmup_generations=0)
+    # each generation waits 1 s and decodes in well under 0.5 s even on a loaded machine: the budget of 1.5 s is
+    # left after the first generation and spent after the second
+    decoder = _SlowDecoder(build_decoder("ar", target, None, temperature=0.0), 1.0)
+    result = _window(decoder, _samples(5), tokenizer, time_budget_s=1.5, warmup_generations=0)
     s = result.summary()
     assert s["budget_exhausted"] is True and s["samples_total"] == 5
     assert s["samples_finished"] == 2 and len(result.records) == 2

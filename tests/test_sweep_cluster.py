@@ -25,6 +25,7 @@ def two_nodes():
     cluster.shutdown()
 
 
+@pytest.mark.slow  # a two-node Ray cluster on this machine: ~100 s here, opt-in (make test-slow)
 def test_cells_spread_across_nodes(two_nodes, tmp_path):
     root = make_project(tmp_path)
     out = run_sweep(

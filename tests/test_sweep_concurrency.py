@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
@@ -47,6 +48,7 @@ def _driver(root: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow  # two sweep processes racing on one store: ~110 s here, opt-in (make test-slow)
 def test_two_drivers_on_one_new_store_run_each_cell_once(tmp_path):
     root = make_project(tmp_path)
     drivers = [_driver(root), _driver(root)]  # same moment, fresh store: both create/migrate it

@@ -236,6 +236,7 @@ def test_pinned_isolation_binds_each_cell_to_its_own_cores(ray_session, tmp_path
         assert len(json.loads(p["isolation.affinity"])) == 1 and p["isolation.affinity"] == p["isolation.cores"]
 
 
+@pytest.mark.slow  # ~65-80 s here, opt-in (make test-slow)
 def test_a_store_deleted_mid_sweep_stops_scheduling_and_the_same_command_resumes(ray_session, tmp_path, monkeypatch):
     root = make_project(tmp_path)
     args = ["sweep.datasets=[{dataset: humaneval, limit: 1, max_new_tokens: 4}]", "cluster.max_in_flight=1"]
