@@ -5,8 +5,8 @@ from ``/proc/cpuinfo``); ``PIPELINE_CPU_BF16=0`` forces it off (a CPU without th
 today's kernels), ``=1`` forces it on. ``resolve_dtype("auto", device)`` is bf16 on CUDA and on
 such CPUs, float32 elsewhere.
 
-``kernels()`` builds the C++ extension once per machine (``torch.utils.cpp_extension``: g++ and ninja,
-about a minute on 2 cores; cached under ``$PIPELINE_CACHE/torch_extensions``) and returns it, or None
+``kernels()`` builds the C++ extension once per machine (``torch.utils.cpp_extension``: g++ and ninja, before
+any cell is timed: ``prepare_pair``; cached under ``$PIPELINE_CACHE/torch_extensions``) and returns it, or None
 where it cannot be used (no native bf16, no compiler, ``PIPELINE_BF16_KERNELS=0``); the reason is
 ``kernels_unavailable_reason()``. ``kernel_path(device, dtype)`` names the path a model's steps take,
 recorded with every cell and bench row:
