@@ -14,7 +14,7 @@ interval can exclude anything: the verdict is "too few prompts", with the prompt
 verdict is supported / contradicted / inconclusive at this size (``verdict``); for an inconclusive claim, the
 prompts a decisive answer would need at 80% power if the measured effect is the true one (``samples_needed``),
 and the minimum detectable effect at this size. Timing claims use only cells not flagged ``disturbed``
-(their probes around the window against the sweep's calibration, docs/measurement.md), or say that none were
+(their probes around the window against the sweep's calibration, docs/sweeps.md), or say that none were
 left; a speedup measured above its own bound is a "measurement problem", not a verdict on the method. Claims
 needing a GPU (absolute speed, energy) or a cost ratio are listed as untested off those, with the command
 that tests them; claims on methods without cells in the sweep say "no data".

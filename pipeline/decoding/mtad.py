@@ -45,7 +45,9 @@ class MTADDecoder(DraftVerifyDecoder):
     params = {
         **DraftVerifyDecoder.params,
         "gamma": Param(
-            2, int_at_least(1), "draft tokens per iteration (2: measured on the default pair, docs/measurement.md)"
+            2,
+            int_at_least(1),
+            "draft tokens per iteration (2: measured on the default pair, benchmarks/notes-cpu-bench-history.md)",
         ),
         "num_beams": Param(4, int_at_least(1), "beams W of the draft's beam sampling"),
         "tau": Param(0.5, in_closed(0.0, 1.0), "acceptance threshold on the joint likelihood ratio"),

@@ -47,8 +47,8 @@ CHILDREN_WHY = {
 }
 
 
-# the chain draft of spd, block and hsd, gamma included (3: measured on the default pair, docs/measurement.md,
-# *Benchmark against transformers*)
+# the chain draft of spd, block and hsd, gamma included (3: measured on the default pair,
+# benchmarks/notes-cpu-bench-history.md)
 CHAIN_GAMMA = Param(3, int_at_least(1), "draft tokens per iteration")
 
 

@@ -346,7 +346,7 @@ def _run_on_ray(
     )
     prepare_pairs(plan, opts)
     # each pair's target step before any cell runs: a cell's probes around its window against it flag the
-    # cells measured while the machine was disturbed (docs/measurement.md)
+    # cells measured while the machine was disturbed (docs/sweeps.md, disturbed cells)
     calibration = calibrate_pairs(todo, opts, capacity)
     outcome.calibration = calibration
 
