@@ -118,6 +118,7 @@ def test_each_method_runs_its_own_gamma_unless_one_is_given(monkeypatch):
     assert one.gamma_of("spd") == 5 and one.gamma_of("mtad") == 5 and one.gamma_of("ar") is None
 
 
+@pytest.mark.slow  # the real model in fp32 where the CPU has no bf16 kernels: ~30 s here, opt-in (make test-slow)
 def test_bench_rows_on_the_offline_pair(tmp_path):
     cfg = _cfg(
         "pair.draft.restrict_head=false",

@@ -118,6 +118,7 @@ def test_greedy_identity_with_trees(greedy_eagle_pair, method, drafter):
         assert sum(got.accepted) == 40 and len(got.accepted) == got.steps
 
 
+@pytest.mark.slow  # ~30 s here, opt-in (make test-slow)
 def test_typical_over_eagle_trees(eagle_pair, law, greedy_eagle_pair):
     """typical with tree: true: EAGLE-2's tree (top-k children) under the typical tree walk; greedy is ar's
     greedy, and a threshold nothing passes (epsilon 1, delta huge) samples the target's law."""

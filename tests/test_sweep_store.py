@@ -70,6 +70,7 @@ def _client(out):
     return client, client.get_experiment_by_name("tiny").experiment_id
 
 
+@pytest.mark.slow  # three sweeps against a judge that goes down and comes back: 25 s alone, ~160 s beside another Ray test, opt-in (make test-slow)
 def test_openai_judge_scores_then_keeps_generations_when_down_and_rejudges_them(ray_session, tmp_path):
     root = _judged_project(tmp_path)
     with JudgeServer() as server:
@@ -149,6 +150,7 @@ def test_judge_settings_are_not_part_of_the_cell_key(tmp_path):
         sweep.expand(cfg, root)
 
 
+@pytest.mark.slow  # ~65 s here, opt-in (make test-slow)
 def test_logging_that_dies_halfway_leaves_the_cell_unfinished_and_it_runs_again(ray_session, tmp_path, monkeypatch):
     root = make_project(tmp_path)
     args = [
@@ -216,6 +218,7 @@ def test_an_unreachable_tracking_server_fails_in_seconds_before_ray(tmp_path, mo
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.slow  # ~30 s here, opt-in (make test-slow)
 def test_pinned_isolation_binds_each_cell_to_its_own_cores(ray_session, tmp_path):
     sets = core_sets(1, 8)
     assert all(len(s) == 1 for s in sets) and len({c for s in sets for c in s}) == len(sets)  # disjoint
