@@ -70,7 +70,8 @@ def _client(out):
     return client, client.get_experiment_by_name("tiny").experiment_id
 
 
-@pytest.mark.slow  # three sweeps against a judge that goes down and comes back: 25 s alone, ~160 s beside another Ray test, opt-in (make test-slow)
+# three sweeps against a judge that goes down and comes back: 25 s alone, ~160 s beside another Ray test
+@pytest.mark.slow  # opt-in (make test-slow)
 def test_openai_judge_scores_then_keeps_generations_when_down_and_rejudges_them(ray_session, tmp_path):
     root = _judged_project(tmp_path)
     with JudgeServer() as server:
