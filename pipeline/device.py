@@ -16,9 +16,17 @@ from typing import Any
 import torch
 import transformers
 
-from pipeline.measure.meters import cuda_uuid
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cuda_uuid(device: Any) -> str | None:
+    """The NVML-style UUID (``GPU-...`` / ``MIG-...``) of a torch CUDA device, or None."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 def synchronize(device: torch.device | str) -> None:

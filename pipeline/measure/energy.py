@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from pipeline.device import cuda_uuid
 from pipeline.measure.meters import (
     POLL_HZ,
     ZEUS_FIX,
@@ -37,7 +38,6 @@ from pipeline.measure.meters import (
     PairedMeter,
     RaplMeter,
     ZeusMeter,
-    cuda_uuid,
     rapl_packages,
 )
 

@@ -13,8 +13,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
 POLL_HZ = 10.0
 IDLE_SECONDS = 10.0
 
@@ -158,16 +156,6 @@ def integrate_power(samples: Sequence[tuple[float, float]], t0: float, t1: float
     energy = sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in zip(pts, pts[1:]))
     gap = max(b[0] - a[0] for a, b in zip(pts, pts[1:]))
     return energy, gap
-
-
-def cuda_uuid(device: Any) -> str | None:
-    """The NVML-style UUID (``GPU-...`` / ``MIG-...``) of a torch CUDA device, or None."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or not torch.cuda.is_available():
-        return None
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    uuid = str(torch.cuda.get_device_properties(index).uuid)
-    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 class NvmlMeter(EnergyMeter):
