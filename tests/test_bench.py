@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from pipeline.bench import plan, report, runners
+from pipeline.bench.batched import BatchBench
 from pipeline.bench.runners import Bench
 from pipeline.device import machine_info
 from pipeline.measure import energy
@@ -367,3 +369,44 @@ def test_every_runners_pass_is_one_metered_window(tmp_path):
         [row], {"energy_meter": energy.NullMeter("no readable RAPL package counter").info()}
     )
     assert unmetered == ["", "Energy: not measured (no readable RAPL package counter)."]
+
+
+def test_every_batched_pass_is_one_metered_window(tmp_path, monkeypatch):
+    """The batch-size table meters each runner's pass as one window: J/token per batch size (ours, idle-subtracted,
+    the reference meter's), idle power once before the passes; the Markdown shows the columns."""
+    ours, ref = _zone(tmp_path, "intel-rapl:0"), _zone(tmp_path, "intel-rapl:1")
+    meter = energy.PairedMeter(energy.RaplMeter([ours]), energy.RaplMeter([ref]))
+    bench = SimpleNamespace(meter=meter, idle=None, device=torch.device("cpu"), prompts=[[1, 2], [3]], batch_skipped={})
+    cfg = OmegaConf.create(
+        {"batch_sizes": [1, 2], "batch_requests": 2, "modes": ["greedy"], "methods": ["ar"], "warmup": 1}
+        | {"repeats": 2, "idle_seconds": 0.2, "seed": 0, "max_new_tokens": 2, "ignore_eos": True}
+        | {"pair": {"name": "p"}, "prompts": ["a", "b"], "sampling": {}, "method_params": {}}
+    )
+    batched = BatchBench(bench, cfg)
+    uj_per_token = {"ours": 1000, "transformers": 4000}
+
+    def runner(impl, b):
+        def run(p):
+            tokens = 2 * b  # a larger batch spends the same per token here; the meter must see each pass alone
+            _spend(ours, uj_per_token[impl] * tokens)
+            _spend(ref, uj_per_token[impl] * tokens * 98 // 100)
+            return tokens, 0.01, [{"tokens": 2, "steps": 2, "latency": 0.01, "first": 0.001}] * 2
+
+        return run
+
+    monkeypatch.setattr(batched, "_ours", lambda method, mode, b: runner("ours", b))
+    monkeypatch.setattr(batched, "_transformers", lambda mode, b: runner("transformers", b))
+    rows = batched.run()
+    assert bench.idle is not None and bench.idle.available and bench.idle.power_w == 0.0
+    assert {(r.impl, r.batch_size) for r in rows} == {
+        ("ours", 1),
+        ("ours", 2),
+        ("transformers", 1),
+        ("transformers", 2),
+    }
+    for r in rows:
+        assert r.j_per_token == pytest.approx(uj_per_token[r.impl] / 1e6)
+        assert r.dynamic_j_per_token == pytest.approx(r.j_per_token)  # idle power 0
+        assert r.reference_j_per_token == pytest.approx(uj_per_token[r.impl] * 0.98 / 1e6)
+    md = report.batch_markdown("t", rows, cfg, "python -m pipeline.bench", {"energy_meter": "rapl+rapl"})
+    assert "J/token (dynamic) | reference J/token |" in md and "| 0.001 (0.001) | 0.001 |" in md

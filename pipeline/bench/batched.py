@@ -33,6 +33,7 @@ from pipeline.decoding import build_decoder
 from pipeline.decoding.batched import BatchedDecoder, check_batch
 from pipeline.decoding.warping import make_generator
 from pipeline.device import synchronize
+from pipeline.measure.energy import energy_summary
 
 
 @dataclass
@@ -53,6 +54,9 @@ class BatchRow:
     latency_s_p90: float | None = None
     latency_s_p99: float | None = None
     accepted_per_step: float | None = None
+    j_per_token: float | None = None  # the bench's energy meter over each pass, median over passes
+    dynamic_j_per_token: float | None = None  # the same less idle power x pass time
+    reference_j_per_token: float | None = None  # the reference meter's (energy_meter: nvml+zeus), same windows
     note: str | None = None
 
 
@@ -62,6 +66,11 @@ Pass = tuple[int, float, list[dict[str, float]]]  # tokens, seconds, per-request
 def _pct(values: list[float], q: float) -> float | None:
     values = [v for v in values if math.isfinite(v)]
     return float(np.percentile(values, q)) if values else None
+
+
+def _median_of(summaries: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(s[key]) for s in summaries if s.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 class BatchBench:
@@ -152,8 +161,24 @@ class BatchBench:
 
         return run
 
+    def _metered(self, run: Callable[[int], Pass], p: int, energy: list[dict[str, Any]]) -> Pass:
+        """One pass of ``run``; with an energy meter, the pass is one metered window (its summary appended)."""
+        meter = self.bench.meter
+        if not meter.available:
+            return run(p)
+        synchronize(self.bench.device)
+        meter.start()
+        out = run(p)
+        synchronize(self.bench.device)
+        energy.append(energy_summary(meter.stop(), self.bench.idle, out[0]))
+        return out
+
     def run(self) -> list[BatchRow]:
         rows: list[BatchRow] = []
+        bench = self.bench
+        if bench.meter.available and bench.idle is None and float(self.cfg.get("idle_seconds", 0)) > 0:
+            synchronize(bench.device)
+            bench.idle = bench.meter.measure_idle(float(self.cfg.idle_seconds))
         for mode in self.cfg.modes:
             batch1: dict[str, float] = {}
             for b in self.batch_sizes:
@@ -169,9 +194,10 @@ class BatchBench:
                     for _ in range(int(self.cfg.warmup)):
                         run(0)
                 passes: dict[tuple[str, str], list[Pass]] = {k: [] for k in runners}
+                energy: dict[tuple[str, str], list[dict[str, Any]]] = {k: [] for k in runners}
                 for p in range(int(self.cfg.repeats)):
                     for key, run in runners.items():
-                        passes[key].append(run(p + 1))
+                        passes[key].append(self._metered(run, p + 1, energy[key]))
                 rate = {k: [t / s for t, s, _ in v] for k, v in passes.items()}
                 for (impl, method), ps in passes.items():
                     per = [r for _, _, reqs in ps for r in reqs]
@@ -197,6 +223,9 @@ class BatchBench:
                         accepted_per_step=statistics.mean(r["tokens"] / r["steps"] for r in per if r["steps"])
                         if impl == "ours"
                         else None,
+                        j_per_token=_median_of(energy[(impl, method)], "j_per_token"),
+                        dynamic_j_per_token=_median_of(energy[(impl, method)], "dynamic_j_per_token"),
+                        reference_j_per_token=_median_of(energy[(impl, method)], "reference_j_per_token"),
                     )
                     if impl == "ours":
                         batch1.setdefault(method, tps if b == 1 else math.nan)

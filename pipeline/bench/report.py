@@ -182,8 +182,8 @@ def batch_markdown(name: str, rows: list[BatchRow], cfg: DictConfig, command: st
         "speedup vs ar: over our ar at the same batch size.",
         "",
         "| impl | method | mode | batch | tokens/s | x batch 1 | speedup vs ar | x transformers | TPOT p50 / p90 ms | "
-        "latency p50 / p90 / p99 s | tokens/step per request |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "latency p50 / p90 / p99 s | tokens/step per request | J/token (dynamic) | reference J/token |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     f = lambda v, d=2: "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{d}f}"  # noqa: E731
     notes = []
@@ -194,7 +194,8 @@ def batch_markdown(name: str, rows: list[BatchRow], cfg: DictConfig, command: st
         lines.append(
             f"| {r.impl} | {r.method} | {r.mode} | {r.batch_size} | {f(r.tokens_per_s)} | {f(r.x_batch1)} | "
             f"{f(r.speedup_vs_ar)} | {f(r.x_transformers)} | {f(r.tpot_ms_p50, 1)} / {f(r.tpot_ms_p90, 1)} | "
-            f"{f(r.latency_s_p50)} / {f(r.latency_s_p90)} / {f(r.latency_s_p99)} | {f(r.accepted_per_step)} |"
+            f"{f(r.latency_s_p50)} / {f(r.latency_s_p90)} / {f(r.latency_s_p99)} | {f(r.accepted_per_step)} | "
+            f"{f(r.j_per_token, 3)} ({f(r.dynamic_j_per_token, 3)}) | {f(r.reference_j_per_token, 3)} |"
         )
     if notes:
         lines += ["", "Rows not run:", *sorted(set(notes))]

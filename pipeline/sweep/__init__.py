@@ -11,10 +11,31 @@
 The names below are the package's API (tests, notebooks).
 """
 
-from pipeline.sweep.driver import run
-from pipeline.sweep.plan import CONF_DIR, HARNESS_VERSION, Plan, SweepConfigError, compose, expand
-from pipeline.sweep.ray_runner import actor_options, run_cells, start_ray
-from pipeline.sweep.summary import summary_tables
+import importlib
+from typing import Any
+
+# name -> the submodule that defines it; imported on first use (PEP 562), so that a light user of one submodule
+# (the bench reads checks.py) needs neither Ray nor MLflow, which the driver and the runner import
+_HOME = {
+    "run": "driver",
+    "CONF_DIR": "plan",
+    "HARNESS_VERSION": "plan",
+    "Plan": "plan",
+    "SweepConfigError": "plan",
+    "compose": "plan",
+    "expand": "plan",
+    "actor_options": "ray_runner",
+    "run_cells": "ray_runner",
+    "start_ray": "ray_runner",
+    "summary_tables": "summary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(f"pipeline.sweep.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'pipeline.sweep' has no attribute {name!r}")
+
 
 __all__ = [
     "CONF_DIR",
