@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device session's checks, in the order that matters if time runs out (each step bounded, each result written
-# as it comes): the step profile, the bench against transformers with our energy meter against Zeus's, the
-# batch-size table, then the engine's CUDA tests. Prepared here with `bash jobs/offline_gpu_kit.sh .kit`; run on the
+# as it comes): the step profile, the bench against transformers with our energy meter against Zeus's, the same
+# rows with CUDA graphs (PIPELINE_CUDA_GRAPHS=1), the batch-size table, then the engine's CUDA tests. Prepared here with `bash jobs/offline_gpu_kit.sh .kit`; run on the
 # GPU machine from the project folder with .kit carried in:
 #   OUT=/tmp/out bash jobs/gpu_session.sh [PAIR] [extra overrides...]      (PAIR default random-llama3-8b-1b)
-# Rehearse on a CPU with a small random pair (the overrides shrink its shapes, SMALL=1 below).
+# Rehearse on a CPU with a small random pair: PY=.venv/bin/python METER=none and the pair's shapes shrunk by
+# overrides (pair.target.config.num_hidden_layers=2 ..., the same for the draft).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 PAIR=${1:-random-llama3-8b-1b}; shift || true
@@ -22,9 +23,11 @@ TOK=()
 done
 ARGS=(pair="$PAIR" "${TOK[@]}" "$@")
 METER=${METER:-nvml+zeus}
-STEPS=${STEPS:-profile bench batched cuda_tests}
-# three of conf/bench.yaml's prompts, 32 new tokens: the rows of an 8B target fit a few minutes of device time
-PROMPTS=${PROMPTS:-'prompts=["Write a Python function that checks whether a string is a palindrome.","Explain in two sentences why the sky is blue.","List three tips for writing clear documentation."]'}
+STEPS=${STEPS:-profile bench bench_graphs batched cuda_tests}
+# two of conf/bench.yaml's prompts, 32 new tokens, greedy: sized from the H200's step costs of 2026-11-26 (8B target
+# 16 ms, 1B draft 7.5 ms per step, both bound by the host's kernel launches; benchmarks/gpu-random-llama3-8b-1b.md),
+# where three prompts in both modes did not finish in 220 s
+PROMPTS=${PROMPTS:-'prompts=["Write a Python function that checks whether a string is a palindrome.","Explain in two sentences why the sky is blue."]'}
 step() {  # step NAME SECONDS CMD...: bounded, logged to $OUT/NAME.log, never stops the script; only those in $STEPS
   local name=$1 secs=$2; shift 2
   case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
@@ -36,12 +39,16 @@ step() {  # step NAME SECONDS CMD...: bounded, logged to $OUT/NAME.log, never st
   "$PY" -c "import torch, transformers, sys; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.is_available())"
   "$PY" -c "import hydra, zeus.monitor, pydantic; print('hydra', hydra.__version__, 'zeus ok, pydantic', pydantic.VERSION)"
 } >"$OUT/env.log" 2>&1; cat "$OUT/env.log"
-step profile "${T_PROFILE:-60}" "$PY" -m pipeline.bench.profile "${ARGS[@]}" "$PROMPTS" gamma=4 probe_reps=20 name="$NAME" out_dir="$OUT"
-step bench "${T_BENCH:-220}" "$PY" -m pipeline.bench "${ARGS[@]}" "$PROMPTS" max_new_tokens="${TOKENS:-32}" gamma=4 energy_meter="$METER" name="$NAME" out_dir="$OUT" \
-  "methods=${METHODS:-[ar,spd,block,mtad,typical,specinfer,hsd]}" "modes=${MODES:-[greedy,sample]}" \
+step profile "${T_PROFILE:-120}" "$PY" -m pipeline.bench.profile "${ARGS[@]}" "$PROMPTS" gamma=4 probe_reps=5 name="$NAME" out_dir="$OUT"
+step bench "${T_BENCH:-300}" "$PY" -m pipeline.bench "${ARGS[@]}" "$PROMPTS" max_new_tokens="${TOKENS:-32}" gamma=4 energy_meter="$METER" name="$NAME" out_dir="$OUT" \
+  "methods=${METHODS:-[ar,spd,block,mtad,typical,specinfer,hsd]}" "modes=${MODES:-[greedy]}" \
   repeats="${REPEATS:-2}" warmup=1 probe_reps=5 idle_seconds=5
-step batched "${T_BATCHED:-110}" "$PY" -m pipeline.bench "${ARGS[@]}" "$PROMPTS" max_new_tokens="${TOKENS:-32}" gamma=4 \
+# the same rows with the short steps replayed as CUDA graphs (decoding/cuda_graphs.py), beside the eager table
+step bench_graphs "${T_GRAPHS:-150}" env PIPELINE_CUDA_GRAPHS=1 "$PY" -m pipeline.bench "${ARGS[@]}" "$PROMPTS" \
+  max_new_tokens="${TOKENS:-32}" gamma=4 energy_meter="$METER" name="$NAME-cuda-graphs" out_dir="$OUT" \
+  "methods=${GRAPH_METHODS:-[ar,spd,block]}" "modes=[greedy]" repeats="${REPEATS:-2}" warmup=1 probe_reps=5 idle_seconds=5
+step batched "${T_BATCHED:-150}" "$PY" -m pipeline.bench "${ARGS[@]}" "$PROMPTS" max_new_tokens="${TOKENS:-32}" gamma=4 \
   energy_meter="$METER" idle_seconds=5 name="$NAME" out_dir="$OUT" "methods=${BATCH_METHODS:-[ar,spd]}" "modes=[greedy]" \
-  "batch_sizes=${BATCHES:-[1,4,16]}" batch_requests="${BATCH_REQUESTS:-16}" repeats=1 warmup=1
-step cuda_tests "${T_TESTS:-75}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_decoding_cuda.py tests/test_energy.py
+  "batch_sizes=${BATCHES:-[1,4,8]}" batch_requests="${BATCH_REQUESTS:-8}" repeats=1 warmup=1
+step cuda_tests "${T_TESTS:-150}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_decoding_cuda.py tests/test_energy.py
 ls -la "$OUT"

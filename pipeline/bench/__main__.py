@@ -19,7 +19,13 @@ from pipeline.bench.runners import Bench
 from pipeline.device import machine_info
 
 # the engine's switches, recorded in the command line of a result
-ENV_SWITCHES = ("PIPELINE_LEAN_FORWARD", "PIPELINE_FAST_MATMUL", "PIPELINE_CPU_BF16", "PIPELINE_BF16_KERNELS")
+ENV_SWITCHES = (
+    "PIPELINE_LEAN_FORWARD",
+    "PIPELINE_FAST_MATMUL",
+    "PIPELINE_CPU_BF16",
+    "PIPELINE_BF16_KERNELS",
+    "PIPELINE_CUDA_GRAPHS",
+)
 
 
 def _command() -> str:

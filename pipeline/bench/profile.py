@@ -6,11 +6,12 @@ Takes the bench's configuration (``conf/bench.yaml``: pair, gamma, probe_reps, n
 the first prompt, the steps behind the bench's costs: the target's one-token step (t_ar), its (gamma + 1)-token
 verification forward (t_verify) and the draft's one-token step (t_draft), each through the engine's forward
 (``CachedModel``: the lean forward where the model allows) and, for the target's step, through transformers' own
-forward too. Per step it reports the synchronised wall time (median), the device's kernel time and the host's
-time per step as the profiler saw them, the kernel launches per step, and the device's busy fraction (kernel time
-over wall time): a fraction well under 1 says the step is bound by the host's launches (the levers: CUDA graphs,
-``torch.compile``), not by the weights' bytes. The ten ops with the most device (else host) time follow. On a CPU
-the device columns are empty and the host's time is the step.
+forward too, and on a GPU each engine step again replayed as a CUDA graph (``PIPELINE_CUDA_GRAPHS``). Per step it
+reports the synchronised wall time (median), the device's kernel time and the host's time per step as the profiler
+saw them (the kernels' own rows, as the profiler's table totals them), the kernel launches per step, and the device's
+busy fraction (kernel time over wall time): a fraction well under 1 says the step is bound by the host's launches
+(the levers: CUDA graphs, ``torch.compile``), not by the weights' bytes. The ten ops with the most device (else host)
+time follow. On a CPU the device columns are empty and the host's time is the step.
 
 Writes ``<out_dir>/<name>-profile.md`` and ``.json`` (name default: ``<pair>-<device>``).
 """
@@ -25,9 +26,12 @@ from typing import Any, Callable
 import hydra
 import torch
 from omegaconf import DictConfig
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from pipeline.bench.plan import REPO_ROOT
+from pipeline.decoding.cuda_graphs import GraphedSteps
+from pipeline.decoding.fast_forward import lean_forward_for
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.timing import median_times
 from pipeline.device import machine_info, synchronize
@@ -60,11 +64,14 @@ def profile_step(
             sync()
             after()
     averages = prof.key_averages()
-    device_us = sum(_device_us(e) for e in averages)
-    host_us = sum(float(e.self_cpu_time_total) for e in averages)
-    launches = sum(int(e.count) for e in averages if e.key.startswith(LAUNCH_PREFIXES))
+    # the kernels' own rows (as the profiler's table totals them): a host op's row repeats its kernels' device time
+    kernels = [e for e in averages if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)]
+    ops = [e for e in averages if e.device_type == DeviceType.CPU]
+    device_us = sum(_device_us(e) for e in kernels)
+    host_us = sum(float(e.self_cpu_time_total) for e in ops)
+    launches = sum(int(e.count) for e in ops if e.key.startswith(LAUNCH_PREFIXES))
     by = _device_us if device_us > 0 else (lambda e: float(e.self_cpu_time_total))
-    top = sorted(averages, key=by, reverse=True)[:10]
+    top = sorted(ops, key=by, reverse=True)[:10]
     return {
         "wall_ms": 1e3 * wall,
         "device_ms": device_us / 1e3 / reps if device_us > 0 else None,
@@ -96,9 +103,15 @@ def run(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     cases.append(("target 1 token, transformers forward", pair.target, 1, False))
     if pair.draft is not None:
         cases.append(("draft 1 token", pair.draft, 1, True))
+    if device.type == "cuda":  # the same steps replayed as CUDA graphs (decoding/cuda_graphs.py)
+        cases += [(label + ", CUDA graph", model, n, "graph") for label, model, n, lean in cases if lean is True]
     with torch.inference_mode():
         for label, model, n, lean in cases:
-            cm = CachedModel(model, lean=lean)
+            forward = lean_forward_for(model)
+            eager = forward.graphs if forward is not None else None
+            if forward is not None:
+                forward.graphs = GraphedSteps(forward) if lean == "graph" else None
+            cm = CachedModel(model, lean=bool(lean))
             cm.prefill(prompt)
             length = cm.length
             tokens = prompt[-n:]
@@ -108,7 +121,9 @@ def run(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
                 device,
                 reps,
             )
-            steps[label]["path"] = "lean" if cm.lean is not None else "transformers"
+            steps[label]["path"] = "transformers" if cm.lean is None else "CUDA graph" if lean == "graph" else "lean"
+            if forward is not None:
+                forward.graphs = eager
             del cm
     info = machine_info(device)
     info.update(pair.precision())

@@ -15,7 +15,8 @@ comparison on the machine at hand). Results differ from ``F.linear`` by float32 
 Supported: ``llama``, ``mistral`` and ``qwen2`` checkpoints with full (not sliding-window) attention,
 SDPA, ``pretraining_tp == 1``. Anything else goes through transformers' own forward. Set
 ``PIPELINE_LEAN_FORWARD=0`` to always use transformers' forward, ``PIPELINE_FAST_MATMUL=0`` to keep
-``F.linear`` inside the lean forward.
+``F.linear`` inside the lean forward, ``PIPELINE_CUDA_GRAPHS=1`` to replay the short causal steps on a GPU as
+CUDA graphs (``cuda_graphs.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_kernels import env_flag, fallback_path, kernels
+from .cuda_graphs import GraphedSteps
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 FAST_MATMUL_MAX_ROWS = 8  # above this (prefill), F.linear's gemm is as fast
@@ -210,6 +212,11 @@ class LeanForward(nn.Module):
             self.kernels = kernels()
         if self.kernels is not None:
             self._pack(model)
+        # CUDA graphs of the short causal steps (decoding/cuda_graphs.py), opt-in: PIPELINE_CUDA_GRAPHS=1
+        self.graphs: GraphedSteps | None = None
+        rope_type = getattr(inner.rotary_emb, "rope_type", None)
+        if device.type == "cuda" and env_flag("PIPELINE_CUDA_GRAPHS", False) and rope_type in STATIC_ROPE_TYPES:
+            self.graphs = GraphedSteps(self)
 
     @property
     def kernel_path(self) -> str:
@@ -282,6 +289,8 @@ class LeanForward(nn.Module):
         boolean mask ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none,
         only ``hidden_out``). ``hidden_out``: if given, the LM head's input rows are appended to it."""
         n = input_ids.shape[1]
+        if self.graphs is not None and self.graphs.serves(n, positions, mask, keep, hidden_out):
+            return self.graphs(input_ids, cache, keep)
         if self.kernels is not None:
             return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out)
         x = self._embed[0](input_ids)

@@ -58,8 +58,10 @@ class PreallocatedLayer(DynamicLayer):
 
     @staticmethod
     def _alloc(like: torch.Tensor, capacity: int) -> torch.Tensor:
+        """Zeroed: slots never written hold finite values (a CUDA graph's step attends to the whole buffer under
+        a mask, and a masked slot's weight 0 times a NaN left in fresh memory would be NaN)."""
         b, h, _, d = like.shape
-        return like.new_empty(b, h, capacity, d)
+        return like.new_zeros(b, h, capacity, d)
 
     def _reserve(self, end: int) -> None:
         capacity = self._k.shape[-2]

@@ -133,5 +133,15 @@ def energy_summary(reading: EnergyReading, idle: IdleReading | None, tokens: int
         out["reference_energy_j"] = ref_j
         out["reference_j_per_token"] = ref_j / tokens if ref_j is not None and tokens > 0 else None
         out["energy_vs_reference"] = reading.energy_j / ref_j - 1.0 if reading.energy_j is not None and ref_j else None
+        # the reference's window holds ours (it starts first and stops last), so its energy includes those extra
+        # milliseconds; mean power over each meter's own window compares the two meters without them
+        ref_s = ref.get("duration_s")
+        out["reference_duration_s"] = ref_s
+        out["duration_s"] = reading.duration_s
+        out["power_vs_reference"] = (
+            (reading.energy_j / reading.duration_s) / (ref_j / ref_s) - 1.0
+            if reading.energy_j is not None and ref_j and ref_s and reading.duration_s > 0
+            else None
+        )
         out["reference_idle_power_w"] = idle.reference_power_w if idle is not None else None
     return out

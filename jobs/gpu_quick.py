@@ -1,0 +1,166 @@
+"""A short, printed-as-it-goes check of the engine's step costs and decode speed on one pair (the first thing to run
+on a device whose bench steps ran out of time): load times, t_ar / t_verify of the lean and transformers forwards,
+the draft's step, our ar / spd against transformers generate(), and NVML against Zeus over one decode window.
+    python jobs/gpu_quick.py [PAIR] [TOKENIZER_DIR] [model overrides, e.g. target.config.num_hidden_layers=2]
+(on the GPU machine: PYTHONPATH=$PWD HF_HUB_OFFLINE=1, the tokenizer unpacked from .kit/tokenizer.tgz; the kit's wheels
+installed for the Zeus reading, see jobs/gpu_session.sh)
+"""
+
+import sys
+import time
+
+import torch
+
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
+
+
+from pipeline.decoding import build_decoder  # noqa: E402
+from pipeline.decoding.kv import CachedModel  # noqa: E402
+from pipeline.decoding.timing import median_times  # noqa: E402
+from pipeline.decoding.warping import make_generator  # noqa: E402
+from pipeline.device import synchronize  # noqa: E402
+from pipeline.models import load_pair, pair_config  # noqa: E402
+
+name = sys.argv[1] if len(sys.argv) > 1 else "random-llama3-8b-1b"
+cfg = pair_config(name)
+if len(sys.argv) > 2:
+    for role in ("target", "draft"):
+        cfg[role]["tokenizer"] = {"id": sys.argv[2]}
+for kv in sys.argv[3:]:
+    key, value = kv.split("=")
+    *path, last = key.split(".")
+    d = cfg
+    for p in path:
+        d = d[p]
+    d[last] = int(value)
+log("loading", name)
+pair = load_pair(cfg)
+dev = next(pair.target.parameters()).device
+synchronize(dev)
+log("loaded on", dev, f"{torch.cuda.memory_allocated() / 1e9:.1f} GB" if dev.type == "cuda" else "")
+sync = lambda: synchronize(dev)  # noqa: E731
+prompt = list(range(1, 40))
+with torch.inference_mode():
+    for label, model, lean in (
+        ("target lean", pair.target, True),
+        ("target transformers", pair.target, False),
+        ("draft lean", pair.draft, True),
+    ):
+        cm = CachedModel(model, lean=lean)
+        cm.prefill(prompt)
+        n0 = cm.length
+        one, five = median_times(
+            lambda: cm.forward(prompt[-1:], keep=1),
+            lambda: cm.forward(prompt[-5:], keep=5),
+            reps=10,
+            warmup=2,
+            sync=sync,
+            after=lambda: cm.rollback(n0),
+        )
+        log(f"{label}: 1 token {one * 1e3:.2f} ms, 5 tokens {five * 1e3:.2f} ms")
+        del cm
+N = 32
+
+
+def timed(fn, reps=2):
+    out = []
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+ids = torch.tensor([prompt], device=dev)
+kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
+with torch.inference_mode():
+    s = timed(lambda: pair.target.generate(ids, **kw))
+log(f"transformers generate greedy: {N / s:.1f} tokens/s ({1e3 * s / N:.2f} ms/token)")
+with torch.inference_mode():
+    s = timed(lambda: pair.target.generate(ids, assistant_model=pair.draft, **kw))
+log(f"transformers assisted greedy: {N / s:.1f} tokens/s")
+for method, params in (("ar", {}), ("spd", {"gamma": 4}), ("block", {"gamma": 4})):
+    dec = build_decoder(
+        method, pair.target, pair.draft if method != "ar" else None, assets=pair.assets, temperature=0.0, **params
+    )
+    gens = []
+    s = timed(
+        lambda: gens.append(dec.generate(prompt, max_new_tokens=N, eos_token_ids=[], generator=make_generator(0, dev)))
+    )
+    g = gens[-1]
+    log(f"ours {method} greedy: {N / s:.1f} tokens/s, {len(g.tokens)} tokens in {g.steps} target steps")
+if dev.type == "cuda":  # the same steps and decoders with the short steps replayed as CUDA graphs
+    from pipeline.decoding.cuda_graphs import GraphedSteps
+    from pipeline.decoding.fast_forward import lean_forward_for
+
+    for model in (pair.target, pair.draft):
+        lean_forward_for(model).graphs = GraphedSteps(lean_forward_for(model))
+    with torch.inference_mode():
+        for label, model in (("target graphed", pair.target), ("draft graphed", pair.draft)):
+            cm = CachedModel(model)
+            cm.prefill(prompt)
+            n0 = cm.length
+            one, five = median_times(
+                lambda: cm.forward(prompt[-1:], keep=1),
+                lambda: cm.forward(prompt[-5:], keep=5),
+                reps=10,
+                warmup=2,
+                sync=sync,
+                after=lambda: cm.rollback(n0),
+            )
+            log(f"{label}: 1 token {one * 1e3:.2f} ms, 5 tokens {five * 1e3:.2f} ms")
+            del cm
+    for method, params in (("ar", {}), ("spd", {"gamma": 4})):
+        dec = build_decoder(
+            method, pair.target, pair.draft if method != "ar" else None, assets=pair.assets, temperature=0.0, **params
+        )
+        gens = []
+        s = timed(
+            lambda: gens.append(
+                dec.generate(prompt, max_new_tokens=N, eos_token_ids=[], generator=make_generator(0, dev))
+            )
+        )
+        log(f"ours {method} greedy, CUDA graphs: {N / s:.1f} tokens/s, {len(gens[-1].tokens)} tokens")
+    for model in (pair.target, pair.draft):
+        lean_forward_for(model).graphs = None
+
+if dev.type == "cuda":
+    from pipeline.measure.energy import energy_summary, make_energy_meter
+
+    meter = make_energy_meter(dev, "nvml+zeus")
+    log("meter", meter.info())
+    idle = meter.measure_idle(3.0)
+    log("idle", idle.to_dict())
+    dec = build_decoder("ar", pair.target, None, temperature=0.0)
+    for rep in range(2):
+        sync()
+        meter.start()
+        g = dec.generate(prompt, max_new_tokens=4 * N, eos_token_ids=[], generator=make_generator(0, dev))
+        sync()
+        log("ar window", energy_summary(meter.stop(), idle, len(g.tokens)))
+    from torch.profiler import ProfilerActivity, profile
+
+    cm = CachedModel(pair.target)
+    with torch.inference_mode():
+        cm.prefill(prompt)
+        n0 = cm.length
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                cm.forward(prompt[-1:], keep=1)
+                sync()
+                cm.rollback(n0)
+    av = prof.key_averages()
+    from torch.autograd import DeviceType
+
+    # the kernels' own rows, as the profiler's table totals them (a host op's row repeats its kernels' time)
+    dev_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in av if e.device_type != DeviceType.CPU) / 5
+    launches = sum(e.count for e in av if e.key.startswith(("cudaLaunchKernel", "cuLaunchKernel"))) / 5
+    log(f"profiled target step: kernels {dev_us / 1e3:.2f} ms/step, {launches:.0f} launches/step")
+    print(av.table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+log("done")
