@@ -14,26 +14,22 @@ The names below are the package's API (tests, notebooks).
 import importlib
 from typing import Any
 
-# name -> the submodule that defines it; imported on first use (PEP 562), so that a light user of one submodule
-# (the bench reads checks.py) needs neither Ray nor MLflow, which the driver and the runner import
-_HOME = {
+from pipeline.sweep.plan import CONF_DIR, HARNESS_VERSION, Plan, SweepConfigError, compose, expand
+
+# imported on first use (PEP 562): the driver and the runner import Ray and MLflow, which a light user of the
+# package (the bench reads checks.py) does without, e.g. on a GPU machine that has neither
+_LAZY = {
     "run": "driver",
-    "CONF_DIR": "plan",
-    "HARNESS_VERSION": "plan",
-    "Plan": "plan",
-    "SweepConfigError": "plan",
-    "compose": "plan",
-    "expand": "plan",
+    "summary_tables": "summary",
     "actor_options": "ray_runner",
     "run_cells": "ray_runner",
     "start_ray": "ray_runner",
-    "summary_tables": "summary",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"pipeline.sweep.{_HOME[name]}"), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"pipeline.sweep.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'pipeline.sweep' has no attribute {name!r}")
 
 
