@@ -18,19 +18,30 @@ from pipeline.decoding.fast_forward import lean_forward_for
 from pipeline.decoding.kv import CachedModel
 
 
-def _model(kind: str = "llama", kv_heads: int = 2, device: str = "cpu", dtype=torch.float32):
+def _model(kind: str = "llama", kv_heads: int = 2, device: str = "cpu", dtype=torch.float32, **extra):
     model = tiny_llama(
-        3, vocab=40, hidden=32, layers=2, max_positions=512, heads=4, kv_heads=kv_heads, intermediate=48, kind=kind
+        3,
+        vocab=40,
+        hidden=32,
+        layers=2,
+        max_positions=512,
+        heads=4,
+        kv_heads=kv_heads,
+        intermediate=48,
+        kind=kind,
+        **extra,
     )
     return model.to(device=device, dtype=dtype)
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 1), ("llama", 2), ("llama", 4), ("qwen2", 2), ("mistral", 2)])
 @pytest.mark.parametrize("n,keep", [(1, 1), (5, 5), (4, 1)])
-def test_the_static_step_equals_the_eager_step(kv_heads, n, keep):
+def test_the_static_step_equals_the_eager_step(kind, kv_heads, n, keep):
     """After a 20-token prefill and a rollback of 6 (stale slots stay in the buffers), the static step's logits and
-    cache equal the eager lean step's, for grouped-query (1, 2 kv heads) and plain multi-head attention."""
-    model = _model(kv_heads=kv_heads)
+    cache equal the eager lean step's, for grouped-query (1, 2 kv heads) and plain multi-head attention, and for
+    Qwen2 (biases on q, k, v) and Mistral."""
+    extra = {"qwen2": {"use_sliding_window": False}, "mistral": {"sliding_window": None}}.get(kind, {})
+    model = _model(kind=kind, kv_heads=kv_heads, **extra)
     lean = lean_forward_for(model)
     assert lean is not None
     prompt = [int(t) for t in torch.randint(0, 40, (20,), generator=torch.Generator().manual_seed(1))]
