@@ -1,15 +1,21 @@
 """Batch > 1: B requests decode together through one packed KV cache per model (continuous batching).
 
-The chain methods (``batchable`` on the method class: ar, spd, block, mtad, typical over a chain) run here
-when a cell or the bench asks for ``batch_size > 1``. One iteration of the loop, over every live request:
+The chain methods (``batchable`` on the method class: ar, spd, block, hsd, hsd_ref, mtad, typical over a chain) run
+when a cell or the bench asks for ``batch_size > 1``, with a ``batchable`` drafter (the draft model, n-gram, EAGLE,
+EAGLE-3). One iteration of the loop, over every live request:
 
 1. draft: one batched draft-model step per draft position (each request's rows in one forward; MTAD's
-   beams are tree nodes of their request), or the drafter's own lookup (n-gram) per request;
+   beams are tree nodes of their request); any other drafter proposes per request on its slot's own copy
+   (``Drafter.fork``: n-gram lookup; an EAGLE head's own KV cache and the target features it has seen);
 2. one target forward over all requests' rows (a newly admitted request's prompt included: its prefill
-   rides in its first step), the LM head on the verification rows only;
+   rides in its first step), the LM head on the verification rows only; a drafter that reads the target's
+   hidden states (``uses_hidden``: EAGLE, EAGLE-3) gets each request's hidden rows from it
+   (``PackedCache.step_hidden``), and its admitted requests' prompts are prefilled in one packed forward
+   before they draft, as ``DraftVerifyDecoder._start`` prefills at batch 1 (their first iteration drafts);
 3. the method's own rule per request (``Decoder.verify``: the rules of ``verification.py``), with that
    request's generator;
-4. rollback per request (its rejected slots leave the packed cache), emit, and a finished request's slot
+4. rollback per request (its rejected slots leave the packed cache), the verdict to the request's drafter
+   (``feedback``: kept drafts, the hidden rows of the kept positions), emit, and a finished request's slot
    takes the next prompt at once.
 
 Packing (``PackedCache``, ``packed.py``): the sequences share one ``CachedModel`` cache; every cached position
@@ -34,7 +40,7 @@ import torch
 
 from .base import Decoder, Generation, _as_token_list, emit
 from .beam_sampling import first_beams, first_beams_sparse, next_beams, next_beams_sparse
-from .drafters import ModelDrafter
+from .drafters import Drafter, ModelDrafter
 from .drafting import ChainDraft
 from .packed import PackedCache, PackedRows
 from .speculative import DraftVerifyDecoder
@@ -116,6 +122,12 @@ class BatchedDecoder:
         self.drafter = getattr(decoder, "drafter_impl", None)
         self.gamma = int(decoder.config.get("gamma") or 0) if self.drafter is not None else 0
         self.beams = bool(getattr(type(decoder), "beam_drafts", False)) and isinstance(self.drafter, ModelDrafter)
+        # a drafter that proposes per request gets one copy per slot (``Drafter.fork``: an EAGLE head's own cache
+        # and features); one that reads the target's hidden states gets each request's rows of every target step
+        self.slots: list[Drafter] | None = None
+        if self.drafter is not None and not isinstance(self.drafter, ModelDrafter):
+            self.slots = [self.drafter.fork() for _ in range(batch_size)]
+        self.hidden = self.slots is not None and self.drafter is not None and self.drafter.uses_hidden
 
     def generate(
         self,
@@ -178,11 +190,15 @@ class BatchedDecoder:
             count = 0
             try:
                 while queue or live:
+                    admitted = []
                     while queue and free:
                         request = queue.popleft()
                         prompt = self._check(request)
-                        live.append(_Live(count, request, free.pop(), list(prompt), time.perf_counter()))
+                        admitted.append(_Live(count, request, free.pop(), list(prompt), time.perf_counter()))
                         count += 1
+                    if admitted and self.slots is not None:
+                        self._start(admitted, target)
+                    live.extend(admitted)
                     self._iterate(live, target, draft, eos)
                     for r in [r for r in live if r.slot < 0]:
                         live.remove(r)
@@ -208,6 +224,25 @@ class BatchedDecoder:
 
     # ------------------------------------------------------------------------------------------ one iteration
 
+    def _start(self, requests: list[_Live], target: PackedCache) -> None:
+        """Start the admitted requests' own drafters (``slots``). One that reads the target's hidden states gets
+        those of ``prompt[:-1]``, prefilled for every admitted request in one packed target forward, as
+        ``DraftVerifyDecoder._start`` prefills at batch 1 (its first iteration then drafts, as it would alone);
+        the other drafters' prompts ride in their request's first target step."""
+        assert self.slots is not None
+        hidden: dict[int, torch.Tensor] = {}
+        if self.hidden:
+            groups = [
+                PackedRows(r.slot, torch.tensor(r.context[:-1], dtype=torch.long), [])
+                for r in requests
+                if len(r.context) > 1
+            ]
+            if groups:
+                hidden = dict(zip([g.slot for g in groups], target.step_hidden(groups)[1]))
+        for r in requests:
+            rows = hidden.get(r.slot, self.decoder.target.prefill_hidden([])) if self.hidden else None
+            self.slots[r.slot].start(r.context, rows)  # a one-token prompt: no rows (prefill_hidden of nothing)
+
     def _iterate(self, live: list[_Live], target: PackedCache, draft: PackedCache | None, eos: frozenset[int]) -> None:
         dec = self.decoder
         for r in live:
@@ -217,11 +252,13 @@ class BatchedDecoder:
             self._draft_beams([r for r in live if r.gamma > 0], draft)
         elif draft is not None:
             self._draft_model([r for r in live if r.gamma > 0], draft)
-        elif self.drafter is not None:
+        elif self.slots is not None:
             for r in live:
                 if r.gamma > 0:
-                    chain = self.drafter.propose(r.context, r.gamma, dec.warper, r.request.generator)
-                    self._take_chain(r, chain)
+                    drafter = self.slots[r.slot]
+                    before = drafter.forwards
+                    self._take_chain(r, drafter.propose(r.context, r.gamma, dec.warper, r.request.generator))
+                    r.draft_steps += drafter.forwards - before
         for r in live:
             r.gamma = len(r.tokens)
         groups = []
@@ -232,12 +269,13 @@ class BatchedDecoder:
                     r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))
                 )
             )
-        raws = target.step(groups)
-        for r, raw in zip(live, raws):
+        raws, hiddens = target.step_hidden(groups) if self.hidden else (target.step(groups), [None] * len(groups))
+        for r, raw, hidden in zip(live, raws, hiddens):
             logits = dec.target._logits(raw)
             gen = r.request.generator
             length = len(r.context)
             r.steps += 1
+            n = 0
             if r.gamma == 0:
                 emitted = [int(dec._next_token(logits[-1], gen))]
                 if self.drafter is not None:
@@ -253,6 +291,9 @@ class BatchedDecoder:
                 target.rollback(r.slot, length + n)
                 if draft is not None:
                     draft.rollback(r.slot, length + n)
+            if self.slots is not None:  # the verdict, with the hidden rows of the last context token and the kept
+                kept = None if hidden is None else hidden[hidden.shape[0] - r.gamma - 1 :][: n + 1]
+                self.slots[r.slot].feedback(length, n, kept)
             if not r.out:
                 r.first_token_at = time.perf_counter()
             if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):

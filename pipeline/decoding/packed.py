@@ -103,3 +103,16 @@ class PackedCache:
         )
         self.owner = torch.cat([self.owner, slots])
         return list(raw.split([len(g.keep) for g in groups]))
+
+    def step_hidden(self, groups: list[PackedRows]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``step``, and per group the target's hidden states of all its rows ``[m, width]`` (what an EAGLE head
+        reads: the LM head's input, or with ``capture_layers`` the inputs of those decoder layers, which
+        ``forward_masked_rows`` then takes through transformers' forward with hooks)."""
+        model = self.model
+        saved = model.capture_hidden
+        model.capture_hidden = True
+        try:
+            raws = self.step(groups)
+        finally:
+            model.capture_hidden = saved
+        return raws, list(model.captured().split([g.tokens.numel() for g in groups]))
