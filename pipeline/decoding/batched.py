@@ -1,20 +1,26 @@
 """Batch > 1: B requests decode together through one packed KV cache per model (continuous batching).
 
-The chain methods (``batchable`` on the method class: ar, spd, block, mtad, typical over a chain) run here
-when a cell or the bench asks for ``batch_size > 1``. One iteration of the loop, over every live request:
+The chain methods (``batchable`` on the method class: ar, spd, block, hsd, hsd_ref, mtad, typical over a chain) run
+when a cell or the bench asks for ``batch_size > 1``, with a ``batchable`` drafter (the draft model, n-gram, EAGLE,
+EAGLE-3). One iteration of the loop, over every live request:
 
 1. draft: one batched draft-model step per draft position (each request's rows in one forward; MTAD's
-   beams are tree nodes of their request), or the drafter's own lookup (n-gram) per request;
+   beams are tree nodes of their request); any other drafter proposes per request on its slot's own copy
+   (``Drafter.fork``: n-gram lookup; an EAGLE head's own KV cache and the target features it has seen);
 2. one target forward over all requests' rows (a newly admitted request's prompt included: its prefill
-   rides in its first step), the LM head on the verification rows only;
+   rides in its first step), the LM head on the verification rows only; a drafter that reads the target's
+   hidden states (``uses_hidden``: EAGLE, EAGLE-3) gets each request's hidden rows from it
+   (``PackedCache.step_hidden``), and its admitted requests' prompts are prefilled in one packed forward
+   before they draft, as ``DraftVerifyDecoder._start`` prefills at batch 1 (their first iteration drafts);
 3. the method's own rule per request (``Decoder.verify``: the rules of ``verification.py``), with that
    request's generator;
-4. rollback per request (its rejected slots leave the packed cache), emit, and a finished request's slot
+4. rollback per request (its rejected slots leave the packed cache), the verdict to the request's drafter
+   (``feedback``: kept drafts, the hidden rows of the kept positions), emit, and a finished request's slot
    takes the next prompt at once.
 
-Packing (``PackedCache``): the sequences share one ``CachedModel`` cache; every cached position belongs to one
-request (``owner``, -1 once rolled back) and each new row sees exactly its own request's live positions, in
-order (``CachedModel.forward_masked_rows``), as the teacher-data engine packs its sequences
+Packing (``PackedCache``, ``packed.py``): the sequences share one ``CachedModel`` cache; every cached position
+belongs to one request (``owner``, -1 once rolled back) and each new row sees exactly its own request's live
+positions, in order (``CachedModel.forward_masked_rows``), as the teacher-data engine packs its sequences
 (``pipeline/training/teacher_data.py``). On the bf16 CPU kernels a row attends to its allowed keys in cache
 order and every matmul row is computed alone (``csrc/bf16_decoder.cpp``), so a request's rows are
 bit-identical to the ones it gets decoding alone; with the same draws from its own generator (seeded from the
@@ -34,9 +40,9 @@ import torch
 
 from .base import Decoder, Generation, _as_token_list, emit
 from .beam_sampling import first_beams, first_beams_sparse, next_beams, next_beams_sparse
-from .drafters import ModelDrafter
+from .drafters import Drafter, ModelDrafter
 from .drafting import ChainDraft
-from .kv import CachedModel
+from .packed import PackedCache, PackedRows
 from .speculative import DraftVerifyDecoder
 from .tree import TokenTree
 from .warping import sample, sample_sparse
@@ -73,100 +79,6 @@ def check_batch(cls: type[Decoder], values: dict[str, Any], batch_size: Any) -> 
     reason = cls.batch_refusal(values)
     if reason:
         raise ValueError(f"method {cls.name!r} cannot decode with batch_size {batch_size}: {reason}; use batch_size: 1")
-
-
-@dataclass
-class PackedRows:
-    """New rows of one request in a packed step: ``tokens`` [m]; ``positions`` (None: right after its live
-    positions); ``sees`` bool [m, live] over its live positions (None: all); ``inner`` bool [m, m] among the
-    new rows (None: causal); ``keep``: the rows (0..m-1) whose logits are wanted."""
-
-    slot: int
-    tokens: torch.Tensor
-    keep: list[int]
-    positions: torch.Tensor | None = None
-    sees: torch.Tensor | None = None
-    inner: torch.Tensor | None = None
-
-
-class PackedCache:
-    """Several sequences in one ``CachedModel`` cache, each row seeing only its own sequence's live positions.
-
-    ``owner[j]`` is the slot (request) whose position sits in cache slot j, -1 once rolled back or released;
-    a sequence's live positions stay in cache order (= position order), so its rows see the keys it would
-    see alone, in the same order. Dead slots are compacted away when they outnumber the live ones.
-    """
-
-    def __init__(self, model: CachedModel, compact_at: int = 256) -> None:
-        model.reset()
-        self.model = model
-        self.owner = torch.empty(0, dtype=torch.long)
-        self.lengths: dict[int, int] = {}
-        self.compact_at = compact_at
-
-    def length(self, slot: int) -> int:
-        return self.lengths.get(slot, 0)
-
-    def _live(self, slot: int) -> torch.Tensor:
-        return (self.owner == slot).nonzero().squeeze(-1)
-
-    def rollback(self, slot: int, length: int) -> None:
-        """Keep the first ``length`` live positions of ``slot``."""
-        if self.length(slot) > length:
-            self.owner[self._live(slot)[length:]] = -1
-            self.lengths[slot] = length
-
-    def keep_path(self, slot: int, start: int, path: list[int]) -> None:
-        """Of ``slot``'s positions after its first ``start``, keep the tree nodes ``path`` (ascending)."""
-        idx = self._live(slot)[start:]
-        dead = torch.ones(idx.numel(), dtype=torch.bool)
-        dead[torch.tensor(path, dtype=torch.long)] = False
-        self.owner[idx[dead]] = -1
-        self.lengths[slot] = start + len(path)
-
-    def release(self, slot: int) -> None:
-        self.owner[self.owner == slot] = -1
-        self.lengths.pop(slot, None)
-
-    def _maybe_compact(self) -> None:
-        live = (self.owner >= 0).nonzero().squeeze(-1)
-        dead = self.owner.numel() - live.numel()
-        if dead >= max(self.compact_at, live.numel()):
-            self.model.compact(0, live)
-            self.owner = self.owner[live]
-
-    def step(self, groups: list[PackedRows]) -> list[torch.Tensor]:
-        """One forward of every group's rows; per group the own-head logits of its ``keep`` rows ``[len(keep), V]``."""
-        self._maybe_compact()
-        L = self.owner.numel()
-        sizes = [g.tokens.numel() for g in groups]
-        N = sum(sizes)
-        slots = torch.cat([torch.full((m,), g.slot, dtype=torch.long) for g, m in zip(groups, sizes)])
-        allowed = torch.zeros(N, L + N, dtype=torch.bool)
-        allowed[:, :L] = self.owner[None, :] == slots[:, None]
-        positions: list[torch.Tensor] = []
-        rows: list[int] = []
-        r = 0
-        for g, m in zip(groups, sizes):
-            if g.sees is not None:
-                live = self._live(g.slot)
-                block = torch.zeros(m, L, dtype=torch.bool)
-                block[:, live] = g.sees
-                allowed[r : r + m, :L] = block
-            allowed[r : r + m, L + r : L + r + m] = (
-                torch.ones(m, m, dtype=torch.bool).tril() if g.inner is None else g.inner
-            )
-            n0 = self.length(g.slot)
-            positions.append(torch.arange(n0, n0 + m) if g.positions is None else g.positions.cpu())
-            rows.extend(r + k for k in g.keep)
-            self.lengths[g.slot] = n0 + m
-            r += m
-        tokens = torch.cat([g.tokens.reshape(-1).cpu() for g in groups])
-        raw = self.model.forward_masked_rows(
-            tokens, torch.cat(positions), allowed, torch.tensor(rows, dtype=torch.long)
-        )
-        self.owner = torch.cat([self.owner, slots])
-        return list(raw.split([len(g.keep) for g in groups]))
 
 
 @dataclass
@@ -210,6 +122,12 @@ class BatchedDecoder:
         self.drafter = getattr(decoder, "drafter_impl", None)
         self.gamma = int(decoder.config.get("gamma") or 0) if self.drafter is not None else 0
         self.beams = bool(getattr(type(decoder), "beam_drafts", False)) and isinstance(self.drafter, ModelDrafter)
+        # a drafter that proposes per request gets one copy per slot (``Drafter.fork``: an EAGLE head's own cache
+        # and features); one that reads the target's hidden states gets each request's rows of every target step
+        self.slots: list[Drafter] | None = None
+        if self.drafter is not None and not isinstance(self.drafter, ModelDrafter):
+            self.slots = [self.drafter.fork() for _ in range(batch_size)]
+        self.hidden = self.slots is not None and self.drafter is not None and self.drafter.uses_hidden
 
     def generate(
         self,
@@ -272,11 +190,15 @@ class BatchedDecoder:
             count = 0
             try:
                 while queue or live:
+                    admitted = []
                     while queue and free:
                         request = queue.popleft()
                         prompt = self._check(request)
-                        live.append(_Live(count, request, free.pop(), list(prompt), time.perf_counter()))
+                        admitted.append(_Live(count, request, free.pop(), list(prompt), time.perf_counter()))
                         count += 1
+                    if admitted and self.slots is not None:
+                        self._start(admitted, target)
+                    live.extend(admitted)
                     self._iterate(live, target, draft, eos)
                     for r in [r for r in live if r.slot < 0]:
                         live.remove(r)
@@ -302,6 +224,25 @@ class BatchedDecoder:
 
     # ------------------------------------------------------------------------------------------ one iteration
 
+    def _start(self, requests: list[_Live], target: PackedCache) -> None:
+        """Start the admitted requests' own drafters (``slots``). One that reads the target's hidden states gets
+        those of ``prompt[:-1]``, prefilled for every admitted request in one packed target forward, as
+        ``DraftVerifyDecoder._start`` prefills at batch 1 (its first iteration then drafts, as it would alone);
+        the other drafters' prompts ride in their request's first target step."""
+        assert self.slots is not None
+        hidden: dict[int, torch.Tensor] = {}
+        if self.hidden:
+            groups = [
+                PackedRows(r.slot, torch.tensor(r.context[:-1], dtype=torch.long), [])
+                for r in requests
+                if len(r.context) > 1
+            ]
+            if groups:
+                hidden = dict(zip([g.slot for g in groups], target.step_hidden(groups)[1]))
+        for r in requests:
+            rows = hidden.get(r.slot, self.decoder.target.prefill_hidden([])) if self.hidden else None
+            self.slots[r.slot].start(r.context, rows)  # a one-token prompt: no rows (prefill_hidden of nothing)
+
     def _iterate(self, live: list[_Live], target: PackedCache, draft: PackedCache | None, eos: frozenset[int]) -> None:
         dec = self.decoder
         for r in live:
@@ -311,11 +252,13 @@ class BatchedDecoder:
             self._draft_beams([r for r in live if r.gamma > 0], draft)
         elif draft is not None:
             self._draft_model([r for r in live if r.gamma > 0], draft)
-        elif self.drafter is not None:
+        elif self.slots is not None:
             for r in live:
                 if r.gamma > 0:
-                    chain = self.drafter.propose(r.context, r.gamma, dec.warper, r.request.generator)
-                    self._take_chain(r, chain)
+                    drafter = self.slots[r.slot]
+                    before = drafter.forwards
+                    self._take_chain(r, drafter.propose(r.context, r.gamma, dec.warper, r.request.generator))
+                    r.draft_steps += drafter.forwards - before
         for r in live:
             r.gamma = len(r.tokens)
         groups = []
@@ -326,12 +269,13 @@ class BatchedDecoder:
                     r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))
                 )
             )
-        raws = target.step(groups)
-        for r, raw in zip(live, raws):
+        raws, hiddens = target.step_hidden(groups) if self.hidden else (target.step(groups), [None] * len(groups))
+        for r, raw, hidden in zip(live, raws, hiddens):
             logits = dec.target._logits(raw)
             gen = r.request.generator
             length = len(r.context)
             r.steps += 1
+            n = 0
             if r.gamma == 0:
                 emitted = [int(dec._next_token(logits[-1], gen))]
                 if self.drafter is not None:
@@ -347,6 +291,9 @@ class BatchedDecoder:
                 target.rollback(r.slot, length + n)
                 if draft is not None:
                     draft.rollback(r.slot, length + n)
+            if self.slots is not None:  # the verdict, with the hidden rows of the last context token and the kept
+                kept = None if hidden is None else hidden[hidden.shape[0] - r.gamma - 1 :][: n + 1]
+                self.slots[r.slot].feedback(length, n, kept)
             if not r.out:
                 r.first_token_at = time.perf_counter()
             if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):

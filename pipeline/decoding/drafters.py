@@ -215,8 +215,8 @@ class Drafter:
         None  # transformers' assisted generation with the same drafter (the bench's peer row)
     )
     no_transformers: ClassVar[str] = "transformers' assisted generation takes a draft model or prompt lookup"
-    # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a
-    # drafter that keeps no per-sequence state (its ``propose`` is called per request)
+    # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a drafter
+    # whose ``propose`` is called per request on its own copy (``fork``: n-gram lookup, the EAGLE heads)
     batchable: ClassVar[bool] = False
 
     @classmethod
@@ -232,6 +232,12 @@ class Drafter:
 
     def propose(self, context: list[int], gamma: int, warper: Warper, generator) -> ChainDraft | None:
         raise NotImplementedError
+
+    def fork(self) -> "Drafter":
+        """A drafter for another sequence decoding beside this one's (the batched engine gives each slot its own):
+        the same weights, its own per-sequence state. Default: this drafter itself (one that keeps no state
+        between ``start`` and the end of a generation that another sequence's calls could disturb)."""
+        return self
 
     def propose_tree(
         self, context: list[int], k_config: list[int], warper: Warper, generator, children: str = "iid"

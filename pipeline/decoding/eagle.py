@@ -18,6 +18,7 @@ kind from a folder, and ``EagleRunner`` runs either.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,14 @@ class EagleRunner:
         width = self.head.feature_size if isinstance(self.head, Eagle3Head) else self.head.hidden_size
         self.features = torch.zeros(0, width, device=self.device, dtype=self.W.dtype)
         self.forwards = 0
+
+    def fork(self) -> "EagleRunner":
+        """A runner over the same head and weights with its own KV cache and features, empty: another sequence's
+        (the batched engine gives each of its slots one)."""
+        other = copy.copy(self)
+        other.cache = Cache(layer_class_to_replicate=PreallocatedLayer)
+        other.reset()
+        return other
 
     @property
     def length(self) -> int:

@@ -32,6 +32,7 @@ class EagleDrafter(Drafter):
     tree_children = frozenset(TREE_CHILDREN)
     asset = "eagle"
     uses_hidden = True
+    batchable = True  # one copy per batch slot (``fork``: its own head cache and features)
     no_transformers = "transformers has no EAGLE drafting (assisted generation takes a draft model or prompt lookup)"
     params = {
         "path": Param(None, optional_path, "an EAGLE head folder (null: the pair's `eagle:`)"),
@@ -99,6 +100,9 @@ class EagleDrafter(Drafter):
         return cls(
             EagleRunner(target, head, decoder.target.vocab_size), scope.get("top_nodes", 4), scope.get("max_nodes", 0)
         )
+
+    def fork(self) -> "EagleDrafter":
+        return type(self)(self.runner.fork(), self.top_nodes, self.max_nodes)
 
     def start(self, prompt, hidden=None) -> None:
         if hidden is None:

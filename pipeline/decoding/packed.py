@@ -1,0 +1,118 @@
+"""Several sequences in one KV cache (the batched engine's packing, ``batched.py``): each new row sees exactly its
+own sequence's live positions, in order (``CachedModel.forward_masked_rows``), and a sequence rolls back, keeps a
+tree path or leaves without touching the others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kv import CachedModel
+
+
+@dataclass
+class PackedRows:
+    """New rows of one request in a packed step: ``tokens`` [m]; ``positions`` (None: right after its live
+    positions); ``sees`` bool [m, live] over its live positions (None: all); ``inner`` bool [m, m] among the
+    new rows (None: causal); ``keep``: the rows (0..m-1) whose logits are wanted."""
+
+    slot: int
+    tokens: torch.Tensor
+    keep: list[int]
+    positions: torch.Tensor | None = None
+    sees: torch.Tensor | None = None
+    inner: torch.Tensor | None = None
+
+
+class PackedCache:
+    """Several sequences in one ``CachedModel`` cache, each row seeing only its own sequence's live positions.
+
+    ``owner[j]`` is the slot (request) whose position sits in cache slot j, -1 once rolled back or released;
+    a sequence's live positions stay in cache order (= position order), so its rows see the keys it would
+    see alone, in the same order. Dead slots are compacted away when they outnumber the live ones.
+    """
+
+    def __init__(self, model: CachedModel, compact_at: int = 256) -> None:
+        model.reset()
+        self.model = model
+        self.owner = torch.empty(0, dtype=torch.long)
+        self.lengths: dict[int, int] = {}
+        self.compact_at = compact_at
+
+    def length(self, slot: int) -> int:
+        return self.lengths.get(slot, 0)
+
+    def _live(self, slot: int) -> torch.Tensor:
+        return (self.owner == slot).nonzero().squeeze(-1)
+
+    def rollback(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` live positions of ``slot``."""
+        if self.length(slot) > length:
+            self.owner[self._live(slot)[length:]] = -1
+            self.lengths[slot] = length
+
+    def keep_path(self, slot: int, start: int, path: list[int]) -> None:
+        """Of ``slot``'s positions after its first ``start``, keep the tree nodes ``path`` (ascending)."""
+        idx = self._live(slot)[start:]
+        dead = torch.ones(idx.numel(), dtype=torch.bool)
+        dead[torch.tensor(path, dtype=torch.long)] = False
+        self.owner[idx[dead]] = -1
+        self.lengths[slot] = start + len(path)
+
+    def release(self, slot: int) -> None:
+        self.owner[self.owner == slot] = -1
+        self.lengths.pop(slot, None)
+
+    def _maybe_compact(self) -> None:
+        live = (self.owner >= 0).nonzero().squeeze(-1)
+        dead = self.owner.numel() - live.numel()
+        if dead >= max(self.compact_at, live.numel()):
+            self.model.compact(0, live)
+            self.owner = self.owner[live]
+
+    def step(self, groups: list[PackedRows]) -> list[torch.Tensor]:
+        """One forward of every group's rows; per group the own-head logits of its ``keep`` rows ``[len(keep), V]``."""
+        self._maybe_compact()
+        L = self.owner.numel()
+        sizes = [g.tokens.numel() for g in groups]
+        N = sum(sizes)
+        slots = torch.cat([torch.full((m,), g.slot, dtype=torch.long) for g, m in zip(groups, sizes)])
+        allowed = torch.zeros(N, L + N, dtype=torch.bool)
+        allowed[:, :L] = self.owner[None, :] == slots[:, None]
+        positions: list[torch.Tensor] = []
+        rows: list[int] = []
+        r = 0
+        for g, m in zip(groups, sizes):
+            if g.sees is not None:
+                live = self._live(g.slot)
+                block = torch.zeros(m, L, dtype=torch.bool)
+                block[:, live] = g.sees
+                allowed[r : r + m, :L] = block
+            allowed[r : r + m, L + r : L + r + m] = (
+                torch.ones(m, m, dtype=torch.bool).tril() if g.inner is None else g.inner
+            )
+            n0 = self.length(g.slot)
+            positions.append(torch.arange(n0, n0 + m) if g.positions is None else g.positions.cpu())
+            rows.extend(r + k for k in g.keep)
+            self.lengths[g.slot] = n0 + m
+            r += m
+        tokens = torch.cat([g.tokens.reshape(-1).cpu() for g in groups])
+        raw = self.model.forward_masked_rows(
+            tokens, torch.cat(positions), allowed, torch.tensor(rows, dtype=torch.long)
+        )
+        self.owner = torch.cat([self.owner, slots])
+        return list(raw.split([len(g.keep) for g in groups]))
+
+    def step_hidden(self, groups: list[PackedRows]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``step``, and per group the target's hidden states of all its rows ``[m, width]`` (what an EAGLE head
+        reads: the LM head's input, or with ``capture_layers`` the inputs of those decoder layers, which
+        ``forward_masked_rows`` then takes through transformers' forward with hooks)."""
+        model = self.model
+        saved = model.capture_hidden
+        model.capture_hidden = True
+        try:
+            raws = self.step(groups)
+        finally:
+            model.capture_hidden = saved
+        return raws, list(model.captured().split([g.tokens.numel() for g in groups]))
