@@ -9,7 +9,7 @@ from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_toke
 from pipeline.decoding import build_decoder, check_method, make_generator, method_args, method_class
 from pipeline.decoding.draft_length import DraftLength, tokens_per_cost
 from pipeline.decoding.warping import Warper
-from pipeline.measure.bounds import leviathan_bound
+from pipeline.measure.bounds import hindsight_bound, hindsight_gamma, leviathan_bound
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +128,12 @@ def test_the_batched_engine_refuses_an_adaptive_length():
     values = check_method("spd", {"draft_stop": "acceptance"})
     assert "draft_stop: acceptance" in method_class("spd").batch_refusal({**values})
     assert method_class("spd").batch_refusal(check_method("spd", {})) is None
+
+
+def test_the_hindsight_oracle_reads_the_first_rejections():
+    """Recorded at gamma 4: (drafted, accepted) per iteration; a shorter gamma' keeps min(n, gamma') of each."""
+    its = [(4, 0), (4, 0), (4, 1), (0, 0)]  # early rejections (the plain step is left out)
+    assert hindsight_bound(its, 1, 0.1) == pytest.approx((1 + 1 + 2) / 3 / 1.1)
+    assert hindsight_gamma(its, 4, 0.1) == (1, pytest.approx(hindsight_bound(its, 1, 0.1)))
+    assert hindsight_gamma([(4, 4)] * 3, 4, 0.1)[0] == 4  # every draft accepted: the longest recorded
+    assert hindsight_gamma([(0, 0)], 4, 0.1)[0] == 0  # nothing drafted: no oracle
