@@ -203,6 +203,7 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
         ("idle_seconds=nan", r"idle_seconds=nan: must be a finite number >= 0"),
         ("seed=99999999999999999999", r"seed: 99999999999999999999 is out of range"),
         ("sampling.temperature=inf", r"sampling.temperature=inf: must be a finite number"),
+        ("draft_stops=[none,sometimes]", r"draft_stops has \['sometimes'\]: choose from \['none', 'confidence'"),
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
@@ -410,3 +411,30 @@ def test_every_batched_pass_is_one_metered_window(tmp_path, monkeypatch):
         assert r.reference_j_per_token == pytest.approx(uj_per_token[r.impl] * 0.98 / 1e6)
     md = report.batch_markdown("t", rows, cfg, "python -m pipeline.bench", {"energy_meter": "rapl+rapl"})
     assert "J/token (dynamic) | reference J/token |" in md and "| 0.001 (0.001) | 0.001 |" in md
+
+
+def test_adaptive_rows_sit_beside_the_fixed_ones_with_the_hindsight_oracle(tmp_path):
+    """draft_stops=[none,confidence]: the chain row at fixed gamma carries the oracle (best fixed gamma per request in
+    hindsight, bounds.hindsight_gamma), the confidence row beside it its own drafts per iteration; one table."""
+    cfg = _cfg(
+        "gamma=3",
+        "repeats=1",
+        "warmup=0",
+        "probe_reps=1",
+        "max_new_tokens=8",
+        "methods=[ar,spd]",
+        "drafters=[model]",
+        "modes=[sample]",
+        "draft_stops=[none,confidence]",
+        "+method_params.spd.draft_threshold=0.9",
+        "prompts=[Write a haiku about the sea.]",
+    )
+    bench = Bench(cfg)
+    assert bench.adaptive_runs() == [("spd", "model", "confidence")]
+    rows, costs = bench.run()
+    fixed = next(r for r in rows if r.impl == "ours" and r.method == "spd" and r.draft_stop is None)
+    adaptive = next(r for r in rows if r.draft_stop == "confidence")
+    assert fixed.oracle_bound >= fixed.hindsight_fixed > 0 and fixed.oracle_gamma
+    assert adaptive.tokens_per_s > 0 and adaptive.mean_drafted <= 3 and adaptive.speedup > 0
+    md = report.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
+    assert "hindsight oracle" in md and "| spd | model | sample | confidence | 3 |" in md

@@ -13,6 +13,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.decoding import DRAFTERS, check_method, method_class
+from pipeline.decoding.draft_length import DRAFT_STOPS
 from pipeline.measure.energy import check_energy_meter
 from pipeline.models import PairSpec, drafter_context
 from pipeline.sweep.checks import check_numbers, check_seeds, rule_errors
@@ -44,6 +45,11 @@ class Row:
     dynamic_j_per_token: float | None = None  # the same less idle power x window time
     reference_j_per_token: float | None = None  # a reference meter's (energy_meter: nvml+zeus) on the same windows
     energy_vs_reference: float | None = None  # ours / reference - 1, median of per-pass values
+    draft_stop: str | None = None  # an adaptive draft length (draft_stops); None: the method's own (fixed gamma)
+    mean_drafted: float | None = None  # drafts per drafted iteration (gamma for a fixed row, less near the end)
+    oracle_gamma: str | None = None  # the best fixed gamma per request in hindsight: gamma x requests
+    oracle_bound: float | None = None  # mean over requests of the hindsight bound at that request's best gamma
+    hindsight_fixed: float | None = None  # the same arithmetic at the row's own gamma (what the oracle is against)
 
 
 # bench.yaml's numeric settings: key -> (integer, minimum, strict, nullable, example, what it means)
@@ -116,6 +122,15 @@ def check_batch_sizes(cfg: DictConfig, bench: Any) -> dict[str, str]:
     return skipped
 
 
+def check_draft_stops(cfg: DictConfig) -> list[str]:
+    """``draft_stops``: the draft-length policies of the chain rows (``none``: fixed gamma, always run)."""
+    stops = list(cfg.get("draft_stops") or ["none"])
+    bad = [s for s in stops if s not in DRAFT_STOPS]
+    if bad:
+        raise ValueError(f"draft_stops has {bad}: choose from {list(DRAFT_STOPS)} (e.g. draft_stops=[none,confidence])")
+    return stops
+
+
 class BenchPlan:
     """What the bench will run, from its config, before any model loads: the drafters of the rows, the (method,
     drafter) combinations it skips and why, each method's parameters and draft length (``runners.Bench`` loads
@@ -170,6 +185,7 @@ class BenchPlan:
         # batch_sizes=[...]: the batch-size table instead (pipeline/bench/batched.py), its refusals before any
         # model loads
         self.batch_skipped = check_batch_sizes(cfg, self) if cfg.get("batch_sizes") else {}
+        self.stops = check_draft_stops(cfg)
         check_energy_meter(cfg.get("energy_meter", "none"))  # before any model loads
         self.spec = spec
 
@@ -182,6 +198,17 @@ class BenchPlan:
             else:
                 out += [(m, d) for d in self.drafters if (m, d) not in self.skipped]
         return out
+
+    def adaptive_runs(self, mode: str = "sample") -> list[tuple[str, str | None, str]]:
+        """(method, drafter, draft_stop) of the rows beside the fixed-gamma ones: every chain row of a method with
+        ``draft_stop`` under every policy of ``draft_stops`` but ``none``."""
+        return [
+            (m, d, stop)
+            for stop in self.stops
+            if stop != "none"
+            for m, d in self.runs()
+            if "draft_stop" in method_class(m).params and self.is_chain(m, mode, d)
+        ]
 
     def _mode_params(self, mode: str) -> dict[str, Any]:
         if mode == "greedy":
@@ -218,9 +245,11 @@ class BenchPlan:
             raise ValueError(f"method {method!r} takes no draft length (gamma)")
         return gamma
 
-    def method_params(self, method: str, mode: str, drafter: str | None = None) -> dict[str, Any]:
+    def method_params(
+        self, method: str, mode: str, drafter: str | None = None, stop: str | None = None
+    ) -> dict[str, Any]:
         """Warping of ``mode``, ``gamma`` for methods that take it, then ``method_params.<method>``, then
-        ``drafter``."""
+        ``drafter``, then ``draft_stop`` of an adaptive row."""
         params = self._mode_params(mode)
         gamma = self.gamma_of(method)
         if gamma is not None:
@@ -230,6 +259,10 @@ class BenchPlan:
             params.update({k: v for k, v in _container(extra).items() if k != "gamma"})  # gamma: gamma_of
         if drafter is not None:
             params["drafter"] = self.drafter_values.get(drafter, drafter)
+        if stop is not None:
+            params["draft_stop"] = stop
+        elif "draft_stop" not in params:  # draft_threshold / draft_cost tune the adaptive rows, not the fixed one
+            params = {k: v for k, v in params.items() if k not in ("draft_threshold", "draft_cost")}
         return params
 
     def is_chain(self, method: str, mode: str, drafter: str | None = None) -> bool:

@@ -92,6 +92,40 @@ def _energy_lines(rows: list[Row], costs: dict[str, Any]) -> list[str]:
     return lines
 
 
+ORACLE_TEXT = (
+    "Draft lengths: each chain row at its fixed gamma (draft_stop none) beside the adaptive policies of "
+    "draft_stops (docs/ALGORITHMS.md 21), and the hindsight oracle of the fixed row (docs/measurement.md): per "
+    "request, from its recorded iterations (drafts put to the target g, drafts accepted n = emitted - 1), the fixed "
+    "gamma' in 1..gamma with the highest mean(min(n, gamma') + 1) / (gamma' c + 1), c the row's measured cost ratio; "
+    "oracle bound = its mean over requests, hindsight at gamma = the same arithmetic at the row's own gamma. "
+    "Assumption: a shorter chain is a prefix of the recorded one whose drafts meet the same verdicts (token "
+    "verification of prefix drafts; for block, hsd and mtad an approximation), and no gamma' above the recorded "
+    "gamma is considered (nothing was observed past it); verification is costed as one target step (Leviathan)."
+)
+
+
+def _draft_length_lines(rows: list[Row]) -> list[str]:
+    """Fixed gamma, the adaptive rows and the hindsight oracle (chain rows only; none when no chain row ran)."""
+    chain = [r for r in rows if r.impl == "ours" and not r.note and (r.draft_stop or r.oracle_bound is not None)]
+    if not chain:
+        return []
+    lines = [
+        "",
+        ORACLE_TEXT,
+        "",
+        "| method | drafter | mode | draft_stop | gamma (most) | tokens/s | tokens/step | drafts/iteration "
+        "| speedup vs our ar | oracle gamma x requests | hindsight at gamma | oracle bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(chain, key=lambda r: (r.mode, r.method, str(r.drafter), r.draft_stop or "")):
+        lines.append(
+            f"| {r.method} | {_fmt(r.drafter)} | {r.mode} | {r.draft_stop or 'none'} | {_fmt(r.gamma)} | "
+            f"{_fmt(r.tokens_per_s)} | {_fmt(r.tokens_per_step)} | {_fmt(r.mean_drafted)} | {_fmt(r.speedup)} | "
+            f"{_fmt(r.oracle_gamma)} | {_fmt(r.hindsight_fixed)} | {_fmt(r.oracle_bound)} |"
+        )
+    return lines
+
+
 def to_markdown(
     name: str, rows: list[Row], costs: dict[str, Any], info: dict[str, Any], command: str, cfg: DictConfig
 ) -> str:
@@ -149,6 +183,8 @@ def to_markdown(
         if r.note:
             notes.append(f"- {r.impl} {r.method} ({r.drafter}, {r.mode}) not run: {r.note}")
             continue
+        if r.draft_stop is not None:
+            continue  # the draft-length table below
         overhead = None if r.overhead_per_step is None else 100 * r.overhead_per_step
         lines.append(
             f"| {r.impl} | {r.method} | {_fmt(r.drafter)} | {_fmt(r.gamma)} | {r.mode} | {_fmt(r.tokens_per_s)} | "
@@ -157,6 +193,7 @@ def to_markdown(
             f"{_fmt(r.bound)} | {_fmt(r.bound_ideal)} | {_fmt(r.speedup)} | {_fmt(r.efficiency)} | "
             f"{_fmt(overhead, 1)}{'%' if overhead is not None else ''} |"
         )
+    lines += _draft_length_lines(rows)
     lines += _energy_lines(rows, costs)
     if notes:
         lines += ["", "Rows not run:", *sorted(set(notes))]

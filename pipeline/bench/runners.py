@@ -15,7 +15,7 @@ from pipeline.decoding import DRAFTERS, build_decoder, make_generator
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for
 from pipeline.decoding.timing import median_times
 from pipeline.device import synchronize
-from pipeline.measure.bounds import alpha_from_accepted, leviathan_bound
+from pipeline.measure.bounds import alpha_from_accepted, hindsight_bound, hindsight_gamma, leviathan_bound
 from pipeline.measure.costs import step_times
 from pipeline.measure.energy import energy_summary, make_energy_meter
 from pipeline.measure.meters import IdleReading
@@ -170,8 +170,8 @@ class Bench(BenchPlan):
 
         return timed
 
-    def ours(self, method: str, mode: str, drafter: str | None = None):
-        params = self.method_params(method, mode, drafter)
+    def ours(self, method: str, mode: str, drafter: str | None = None, stop: str | None = None):
+        params = self.method_params(method, mode, drafter, stop)
         dec = build_decoder(
             method, self.pair.target, self.pair.draft if method != "ar" else None, assets=self.pair.assets, **params
         )
@@ -285,6 +285,8 @@ class Bench(BenchPlan):
                 if why is None:
                     runners[("transformers", "spd", d)] = self.transformers(True, mode, d)
             runners.update({("ours", m, d): self.ours(m, mode, d) for m, d in self.runs()})
+            adaptive = self.adaptive_runs(mode)
+            runners.update({(f"ours:{s}", m, d): self.ours(m, mode, d, s) for m, d, s in adaptive})
             timers: dict[tuple[str, str, str | None], list[float]] = {}
             for key in runners:  # time spent inside the models' forwards, per runner
                 runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
@@ -324,6 +326,7 @@ class Bench(BenchPlan):
                 if method != "ar" and self.is_chain(method, mode, d):
                     cost = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
                     g = self.chain_gamma(method)
+                    _oracle(row, gens, g, med([p[cost] / p["t_ar"] for p in probes]))
                     alpha = alpha_from_accepted([a for gen in gens for a in gen.accepted], g)
                     bounds = [row.tokens_per_step * p["t_ar"] / (g * p[cost] + p[f"t_verify_g{g}"]) for p in probes]
                     c = med([p[cost] / p["t_ar"] for p in probes])
@@ -333,9 +336,20 @@ class Bench(BenchPlan):
                     if ours_ar:
                         row.efficiency = med([s / b for s, b in zip(speedups, bounds)])
                 rows.append(row)
+            for method, d, stop in adaptive:  # beside the fixed rows: the same method and drafter, adaptive lengths
+                rates, tokens, _, gens = results[(f"ours:{stop}", method, d)]
+                row = Row("ours", method, mode, med(rates), tokens, drafter=d, gamma=self.gamma_of(method))
+                row.draft_stop = stop
+                row.tokens_per_step = sum(len(g.tokens) for g in gens) / sum(g.steps for g in gens)
+                drafted = [w for g in gens for w in g.drafted if w > 0]
+                row.mean_drafted = sum(drafted) / len(drafted) if drafted else None
+                if ours_ar:
+                    row.speedup = med([r / a for r, a in zip(rates, ours_ar[0])])
+                rows.append(row)
             for row in rows:
                 if row.mode == mode and not row.note:
-                    _energy_figures(row, self.energy.get((row.impl, row.method, row.drafter), []))  # this mode's passes
+                    key = (row.impl if row.draft_stop is None else f"ours:{row.draft_stop}", row.method, row.drafter)
+                    _energy_figures(row, self.energy.get(key, []))  # this mode's passes
             for (method, d), why in self.skipped.items():
                 rows.append(Row("ours", method, mode, None, 0, drafter=d, note=why))
         costs: dict[str, Any] = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in all_probes[0]}
@@ -350,6 +364,28 @@ class Bench(BenchPlan):
             costs["idle_power_w"] = self.idle.power_w
             costs["reference_idle_power_w"] = self.idle.reference_power_w
         return rows, costs
+
+
+def _oracle(row: Row, gens: list[Any], gamma: int, c: float) -> None:
+    """The hindsight oracle of a fixed-gamma chain row (docs/measurement.md): per request (each generation), the
+    best fixed gamma in 1..``gamma`` from its recorded (drafted, accepted) iterations and the ideal bound it implies
+    at cost ratio ``c`` (``bounds.hindsight_gamma``); the row's mean over requests, beside the same arithmetic at
+    the row's own gamma (``hindsight_fixed``)."""
+    best, bounds, fixed = [], [], []
+    drafted_all = [w for g in gens for w in g.drafted if w > 0]
+    for gen in gens:
+        # drafts accepted per iteration: emitted - 1 (the bonus or next token), never more than were drafted
+        its = [(w, min(max(a - 1, 0), w)) for w, a in zip(gen.drafted, gen.accepted)]
+        g_best, bound = hindsight_gamma(its, gamma, c)
+        if g_best:
+            best.append(g_best)
+            bounds.append(bound)
+            fixed.append(hindsight_bound(its, gamma, c))
+    row.mean_drafted = sum(drafted_all) / len(drafted_all) if drafted_all else None
+    if bounds:
+        row.oracle_bound = sum(bounds) / len(bounds)
+        row.hindsight_fixed = sum(fixed) / len(fixed)
+        row.oracle_gamma = ", ".join(f"{g}x{best.count(g)}" for g in sorted(set(best)))
 
 
 def _energy_figures(row: Row, passes: list[dict[str, Any]]) -> None:

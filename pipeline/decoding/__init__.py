@@ -77,11 +77,15 @@ def check_method(
 
     ``drafters``: what the pair offers (``DrafterContext.of_pair(pair_config)``: draft model, EAGLE
     head, default drafter); default: a draft model iff ``has_draft``. Returns the resolved
-    parameters (defaults filled in, ``drafter: pair`` resolved), the fields of the method's frozen ``Args``.
+    parameters (defaults filled in, ``drafter: pair`` resolved), the fields of the method's frozen ``Args``, less
+    those declared ``keyed_at_default=False`` that are at their default (``Param``: cells keep their keys).
     """
     if drafters is not None:
         has_draft = drafters.has_draft
-    return validate_params(method_class(name), dict(params or {}), has_draft=has_draft, drafters=drafters).as_dict()
+    cls = method_class(name)
+    values = validate_params(cls, dict(params or {}), has_draft=has_draft, drafters=drafters).as_dict()
+    spec = cls.all_params()
+    return {k: v for k, v in values.items() if spec[k].keyed_at_default or v != spec[k].default}
 
 
 def method_args(name: str, params: dict[str, Any]) -> Any:

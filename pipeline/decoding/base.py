@@ -39,11 +39,16 @@ class Generation:
 
 @dataclass(frozen=True)
 class Param:
-    """A method parameter: its default and a check returning an error text (or None when valid)."""
+    """A method parameter: its default and a check returning an error text (or None when valid).
+
+    ``keyed_at_default=False``: a parameter added after cell keys were pinned; at its default it is left out of
+    the resolved parameters ``check_method`` returns (a cell's ``params``, so its key), so every cell planned
+    before it keeps its key; set to anything else it is in them. Its ``Args`` field defaults to ``default``."""
 
     default: Any
     check: Callable[[Any], str | None]
     help: str = ""
+    keyed_at_default: bool = True
 
 
 def _is_number(v: Any) -> bool:
@@ -258,7 +263,7 @@ class Decoder:
         # the frozen per-method dataclass of resolved parameters (picklable: found as <module>.<Class>.Args)
         args = make_dataclass(
             "Args",
-            [(k, Any, field(default=None)) for k in cls.all_params()],
+            [(k, Any, field(default=None if p.keyed_at_default else p.default)) for k, p in cls.all_params().items()],
             frozen=True,
             namespace={
                 "as_dict": lambda self: {f.name: getattr(self, f.name) for f in fields(self)},

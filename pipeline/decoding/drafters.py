@@ -17,6 +17,9 @@ proposers):
   the target kept after ``length`` context tokens (the chain's prefix, or ``path`` of ``tree``) and,
   for a drafter that reads them, the target's hidden states of the root and the kept positions: the
   drafter rolls back, compacts or adapts;
+- ``stop``: set by the decoder (``draft_stop: confidence``, ``draft_length.py``): ``stop(q_row, token)`` after
+  each draft says to end the chain there; a drafter may honour it inside its own loop (the draft model's chain
+  does), and the decoder cuts any longer chain after the fact, so a drafter may also ignore it;
 - ``forwards``: draft forward passes of the current generation;
 - ``step_cost(target, prompt, gamma, warper, reps, sync)``: its own cost of one draft token (t_draft),
   which the cell and the bench ask for (c = t_draft / t_ar is the drafter's, not the draft model's).
@@ -218,6 +221,8 @@ class Drafter:
     # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a drafter
     # whose ``propose`` is called per request on its own copy (``fork``: n-gram lookup, the EAGLE heads)
     batchable: ClassVar[bool] = False
+    # the confidence stop of draft_stop: confidence (None: draft gamma tokens), set by the decoder
+    stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None
 
     @classmethod
     def check(cls, method: str, scope: dict[str, Any], ctx: DrafterContext) -> None:
@@ -330,7 +335,9 @@ class ModelDrafter(Drafter):
         self.model.prefill(prompt[:-1])
 
     def propose(self, context, gamma, warper, generator):
-        return draft_chain(self.model, context, gamma, warper, generator)
+        """The draft model's chain; ``stop`` ends it early token by token (the fused C++ chain, which draws all
+        ``gamma`` in one call, is cut afterwards by the decoder)."""
+        return draft_chain(self.model, context, gamma, warper, generator, self.stop)
 
     def propose_tree(self, context, k_config, warper, generator, children="iid"):
         return sample_token_tree(self.model, context, k_config, warper, generator, children)

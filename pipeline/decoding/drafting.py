@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -17,9 +18,15 @@ class ChainDraft:
 
 
 def draft_chain(
-    draft: CachedModel, context: list[int], gamma: int, warper: Warper, generator: torch.Generator | None
+    draft: CachedModel,
+    context: list[int],
+    gamma: int,
+    warper: Warper,
+    generator: torch.Generator | None,
+    stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
 ) -> ChainDraft:
-    """Sample ``gamma`` tokens from the warped draft after ``context``.
+    """Sample ``gamma`` tokens from the warped draft after ``context`` (fewer when ``stop(q_row, token)``, called
+    after each draft, says to end there: ``draft_stop: confidence``; one host read per draft then).
 
     The draft cache may hold any prefix of ``context``; the first forward feeds the rest (usually
     one token, two after a fully accepted block). Afterwards the cache holds ``context + x[:-1]``.
@@ -39,11 +46,15 @@ def draft_chain(
             t = sample_sparse(ids, probs, generator)
             tokens.append(t)
             pending = t.reshape(1)
-        return ChainDraft(torch.stack(tokens), dense)
-    for _ in range(gamma):
+            if stop is not None and i + 1 < gamma and stop(dense[i], t):
+                break
+        return ChainDraft(torch.stack(tokens), dense[: len(tokens)])
+    for i in range(gamma):
         q = warper(draft.forward(pending, keep=1)[-1])
         t = sample(q, generator) if not warper.greedy else q.argmax(-1)
         rows.append(q)
         tokens.append(t)
         pending = t.reshape(1)
+        if stop is not None and i + 1 < gamma and stop(q, t):
+            break
     return ChainDraft(torch.stack(tokens), torch.stack(rows))

@@ -64,4 +64,6 @@ class MTADDecoder(DraftVerifyDecoder):
         beam = beam_sample(
             self.draft_model, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement
         )
-        return torch.tensor(beam.tokens, device=self.draft_model.device), beam.log_q
+        tokens = torch.tensor(beam.tokens, device=self.draft_model.device)
+        k = self.length_policy.cut(beam.log_q.exp())  # draft_stop: confidence on the beam's own q(x_i)
+        return tokens[:k], beam.log_q[:k]

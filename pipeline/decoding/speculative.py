@@ -13,7 +13,10 @@ an EAGLE head, n-gram lookup, Medusa heads, or one of your own) proposes. One it
   returns the accepted path and the next token; the path's KV is compacted into place and the drafter
   gets the verdict.
 
-Near ``max_new_tokens`` the draft is shortened so no work is wasted; when the drafter has nothing to
+A chain's length is ``gamma``, or, with ``draft_stop`` (``draft_length.py``), at most ``gamma``: chosen before
+drafting from the request's running acceptance, or cut where the draft's own confidence falls (the rule reads only
+the draft, so every rule verifies what was proposed and the lossless ones stay lossless). Near ``max_new_tokens``
+the draft is shortened so no work is wasted; when the drafter has nothing to
 propose (n-gram lookup without a match, Medusa before the first hidden state) the iteration is a plain
 target step. Temperature 0 uses each rule's ``greedy`` form and ``greedy_tree_walk`` (exactly ``ar`` greedy).
 """
@@ -25,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from .base import Decoder, Generation, Param, emit, int_at_least
+from .draft_length import DRAFT_LENGTH_PARAMS, DraftLength, check_draft_length
 from .drafters import (
     DRAFTERS,
     Drafter,
@@ -35,6 +39,7 @@ from .drafters import (
     fold_drafter_short_forms,
     resolve_drafter,
 )
+from .drafting import ChainDraft
 from .rules import ChainRule, TreeWalk
 from .tree import TokenTree
 from .tree_verify import greedy_tree_walk, tree_verify_forward
@@ -61,6 +66,7 @@ class DraftVerifyDecoder(Decoder):
     params = {
         "gamma": Param(4, int_at_least(1), "draft tokens per iteration"),
         "drafter": drafter_param(),
+        **DRAFT_LENGTH_PARAMS,  # draft_stop, draft_threshold, draft_cost: how long each chain is (gamma: the most)
     }
 
     def __init__(self, target, draft=None, assets=None, **params) -> None:
@@ -71,6 +77,8 @@ class DraftVerifyDecoder(Decoder):
         self.tree_walk = type(self).walk_for(values) if self.shape == "tree" else None
         self.rule_params = {k: getattr(self.args, k) for k in (self.rule.params if self.rule else ())}
         self.walk_params = {k: getattr(self.args, k) for k in (self.tree_walk.params if self.tree_walk else ())}
+        self.length_policy = DraftLength.of(self.args)
+        self.drafter_impl.stop = self.length_policy.drafter_stop()  # a drafter that stops inside its loop reads it
 
     @property
     def chain_rule(self) -> ChainRule:
@@ -142,7 +150,14 @@ class DraftVerifyDecoder(Decoder):
     # ------------------------------------------------------------------ the loop
 
     @classmethod
+    def check_combination(cls, values) -> None:
+        super().check_combination(values)
+        check_draft_length(values)
+
+    @classmethod
     def batch_refusal(cls, values):
+        if values.get("draft_stop", "none") != "none":
+            return f"draft_stop: {values['draft_stop']} adapts each request's chain, which the batched engine does not"
         refusal = super().batch_refusal(values)
         kind = values["drafter"]["kind"] if isinstance(values.get("drafter"), dict) else values.get("drafter")
         if refusal is None and not (kind in DRAFTERS and DRAFTERS[kind].batchable):
@@ -172,6 +187,7 @@ class DraftVerifyDecoder(Decoder):
             target.prefill(prompt[:-1])
         target.capture_hidden = drafter.uses_hidden
         drafter.start(prompt, hidden)
+        self.length_policy.start()
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         self._start(prompt)
@@ -190,7 +206,7 @@ class DraftVerifyDecoder(Decoder):
     def _chain_step(self, context: list[int], room: int, generator) -> tuple[list[int], int]:
         """One chain iteration after ``context`` with at most ``room`` drafts: (emitted tokens, drafts verified)."""
         target, drafter, length = self.target, self.drafter_impl, len(context)
-        gamma = min(self.draft_length(), room)
+        gamma = min(self.length_policy.budget(self.draft_length()), room)
         proposed = self.propose(context, gamma, generator) if gamma > 0 else None  # draft
         if proposed is None:
             return self._plain_step(context, generator), 0
@@ -203,6 +219,7 @@ class DraftVerifyDecoder(Decoder):
         read = torch.cat([*head, tokens]).tolist()  # the one host read of the iteration
         n = read[0]
         target.rollback(length + n)  # roll back
+        self.length_policy.observe(int(g), n)
         drafter.feedback(length, n, target.captured()[: n + 1] if drafter.uses_hidden else None)
         return read[2 : 2 + n] + [read[1]], int(g)
 
@@ -243,10 +260,21 @@ class DraftVerifyDecoder(Decoder):
         draft = self.drafter_impl.propose(context, gamma, self.warper, generator)
         if draft is None:
             return None
+        draft = self.cut_draft(draft)
         if self.chain_rule.draft == "log_q":
             rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
             return draft.tokens, torch.log(draft.probs[rows, draft.tokens])
         return draft.tokens, (draft.probs if self.chain_rule.draft == "rows" else None)
+
+    def cut_draft(self, draft: ChainDraft) -> ChainDraft:
+        """The chain as ``draft_stop: confidence`` keeps it: up to and including the first draft whose own probability
+        is under the threshold (a drafter that stopped inside its loop comes back whole; the others' drafts past the
+        stop are discarded here, and ``feedback`` rolls their caches back to what the target kept)."""
+        if self.length_policy.stop != "confidence":
+            return draft
+        rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
+        k = self.length_policy.cut(draft.probs[rows, draft.tokens])
+        return draft if k == draft.tokens.shape[0] else ChainDraft(draft.tokens[:k], draft.probs[:k])
 
     def verify(self, logits: torch.Tensor, x: torch.Tensor, q: Any, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain rule on target logits ``[g+1, V]``: (drafts accepted, next token) as 0-d tensors, left on the

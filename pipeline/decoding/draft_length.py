@@ -1,0 +1,142 @@
+"""Draft lengths that adapt: when a chain method stops drafting (``draft_stop``; docs/ALGORITHMS.md section 21).
+
+Every chain method (spd, block, hsd, hsd_ref, typical over a chain, mtad) takes three parameters, with every
+chain drafter (model, eagle, eagle3, ngram, a drafter of your own):
+
+- ``draft_stop: none`` (the default): a chain of ``gamma`` drafts (shortened near ``max_new_tokens``), as before;
+- ``draft_stop: confidence``: ``gamma`` becomes the most; drafting stops after the first draft whose own warped
+  probability ``q_i(x_i)`` is under ``draft_threshold`` (the draft's confidence, as EAGLE-2 ranks its tree by and
+  SpecDec++ stops on): threshold 0 never stops early, 1 stops after the first draft that is not certain. A
+  deterministic draft (n-gram lookup's one-hot rows, and every drafter at temperature 0, whose warped rows are
+  one-hot) is always certain, so the rule never fires there;
+- ``draft_stop: acceptance``: before drafting, the length ``g`` in ``1..gamma`` that maximises Leviathan's
+  expected tokens per unit cost ``(1 - a^(g+1)) / ((1 - a)(g c + 1))`` with ``c = draft_cost`` and ``a`` this
+  request's running acceptance estimate: (1 + drafts accepted) / (2 + drafts examined) over its iterations so far
+  (an iteration that accepted n of g examined n + 1, or g when all passed; the +1/+2: a uniform prior).
+
+Exactness: each rule reads only the draft (its rows and tokens) and the verdicts of past iterations, never the
+target's rows of the current one, so the rule verifies whatever chain was proposed and every lossless rule stays
+lossless. The acceptance length is fixed before the draft is drawn (a fixed gamma given the past). For the
+confidence stop, a chain cut after draft K is the chain of a draft model q' that draws a token t* of target
+probability 0 once the stop fires: token and block verification treat t* as a sure rejection whose residual is the
+target row itself (the bonus row after K), so they act on the cut chain exactly as on the full-length chain of q',
+for which they are exact (docs/ALGORITHMS.md section 21; tests/test_draft_length.py checks spd, block and hsd by
+chi-square).
+
+Where the stop is applied: ``Drafter.stop`` (set by the decoder) lets a drafter stop inside its own loop (the
+draft model's token-by-token chain, ``drafting.draft_chain``); a drafter that proposes the whole chain in one call
+(the draft model's fused C++ chain on the bf16 kernels, n-gram lookup, the EAGLE heads) is cut after the fact
+(``cut``: its drafts past the stop were drawn and are discarded, and the drafter's cache is rolled back to what
+the target kept by the usual ``feedback``), so there the stop saves verification rows but not draft time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .base import Param, in_closed, in_half_open, one_of
+
+DRAFT_STOPS = ("none", "confidence", "acceptance")
+
+# The policy's parameters, declared by DraftVerifyDecoder (so by every chain method). ``keyed_at_default=False``:
+# added after cell keys were pinned, they stay out of a cell's resolved parameters (and so its key) at their
+# defaults, so every cell planned before them keeps its key (base.Param).
+DRAFT_LENGTH_PARAMS: dict[str, Param] = {
+    "draft_stop": Param(
+        "none",
+        one_of(*DRAFT_STOPS),
+        "draft length: none = gamma drafts; confidence = stop under draft_threshold; acceptance = by the running "
+        "acceptance estimate and draft_cost (gamma: the most)",
+        keyed_at_default=False,
+    ),
+    "draft_threshold": Param(
+        0.5,
+        in_closed(0.0, 1.0),
+        "draft_stop: confidence: stop after a draft with q(x) under it",
+        keyed_at_default=False,
+    ),
+    "draft_cost": Param(
+        0.05,
+        in_half_open(0.0, 1.0),
+        "draft_stop: acceptance: c = t_draft / t_ar the length is chosen for",
+        keyed_at_default=False,
+    ),
+}
+
+
+def check_draft_length(values: dict[str, Any]) -> None:
+    """A threshold or cost set for a policy that does not read it is an error naming the fix."""
+    stop = values.get("draft_stop", "none")
+    for key, policy in (("draft_threshold", "confidence"), ("draft_cost", "acceptance")):
+        if key in values and values[key] != DRAFT_LENGTH_PARAMS[key].default and stop != policy:
+            raise ValueError(
+                f"{key}={values[key]!r} is read only with draft_stop: {policy} (draft_stop is {stop!r}): "
+                f"set draft_stop: {policy}, or leave {key} at its default"
+            )
+
+
+def tokens_per_cost(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan's expected tokens per unit cost (1 - a^(g+1)) / ((1 - a)(g c + 1)): the arithmetic of
+    ``pipeline.measure.bounds.leviathan_bound``, which the engine may not import (the measurement layer comes
+    after it; tests/test_draft_length.py checks that the two agree)."""
+    tokens = float(gamma + 1) if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return tokens / (gamma * c + 1.0)
+
+
+class DraftLength:
+    """One decoder's draft-length policy and the running acceptance counts of its current request."""
+
+    def __init__(self, stop: str = "none", threshold: float = 0.5, cost: float = 0.05) -> None:
+        if stop not in DRAFT_STOPS:
+            raise ValueError(f"draft_stop must be one of {list(DRAFT_STOPS)}, got {stop!r}")
+        self.stop, self.threshold, self.cost = stop, float(threshold), float(cost)
+        self.accepted = self.examined = 0
+
+    @classmethod
+    def of(cls, args: Any) -> "DraftLength":
+        """From a decoder's resolved parameters (the defaults where a method does not declare them)."""
+        value: dict[str, Any] = {k: getattr(args, k, None) for k in DRAFT_LENGTH_PARAMS}
+        value = {k: DRAFT_LENGTH_PARAMS[k].default if v is None else v for k, v in value.items()}
+        return cls(str(value["draft_stop"]), float(value["draft_threshold"]), float(value["draft_cost"]))
+
+    def start(self) -> None:
+        """A new request: its acceptance estimate starts from the prior again."""
+        self.accepted = self.examined = 0
+
+    @property
+    def alpha(self) -> float:
+        """This request's running acceptance estimate (1 + accepted) / (2 + examined)."""
+        return (1 + self.accepted) / (2 + self.examined)
+
+    def budget(self, gamma: int) -> int:
+        """The most drafts of this iteration, given at most ``gamma`` (>= 1)."""
+        if self.stop != "acceptance" or gamma <= 1:
+            return gamma
+        a = self.alpha
+        return max(range(1, gamma + 1), key=lambda g: (tokens_per_cost(a, g, self.cost), -g))
+
+    def observe(self, proposed: int, kept: int) -> None:
+        """After a verification: ``kept`` of ``proposed`` drafts accepted."""
+        if proposed > 0:
+            self.accepted += kept
+            self.examined += min(kept + 1, proposed)
+
+    def stops_after(self, confidence: float) -> bool:
+        """The confidence stop on one draft's own probability ``q_i(x_i)``."""
+        return self.stop == "confidence" and confidence < self.threshold
+
+    def drafter_stop(self) -> Callable[[torch.Tensor, torch.Tensor], bool] | None:
+        """What a drafter that stops inside its own loop calls after each draft: ``stop(q_row, token)``."""
+        if self.stop != "confidence":
+            return None
+        return lambda row, token: self.stops_after(float(row[token]))
+
+    def cut(self, confidences: torch.Tensor) -> int:
+        """How many of a chain's drafts to keep, given each draft's own probability ``q_i(x_i)`` ``[g]``."""
+        g = int(confidences.shape[0])
+        if self.stop != "confidence" or g == 0:
+            return g
+        low = (confidences < self.threshold).nonzero()
+        return int(low[0]) + 1 if low.numel() else g
