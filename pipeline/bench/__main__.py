@@ -78,7 +78,7 @@ def main_batched(cfg: DictConfig, bench: Bench, name: str) -> None:
     info = machine_info(bench.device)
     info.update(bench.pair.precision())
     info["energy_meter"] = bench.meter.info().get("meter", "none") if bench.meter.available else "none"
-    if bench.idle is not None and bench.idle.available:
+    if bench.idle is not None and bench.idle.available and bench.idle.power_w is not None:
         info["idle_power_w"] = round(bench.idle.power_w, 1)
         if bench.idle.reference_power_w is not None:
             info["reference_idle_power_w"] = round(bench.idle.reference_power_w, 1)

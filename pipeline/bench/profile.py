@@ -99,29 +99,36 @@ def run(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     gamma = int(cfg.gamma or 4)
     reps = int(cfg.probe_reps)
     steps: dict[str, Any] = {}
-    cases = [("target 1 token", pair.target, 1, True), (f"target {gamma + 1} tokens", pair.target, gamma + 1, True)]
-    cases.append(("target 1 token, transformers forward", pair.target, 1, False))
+    # (label, model, rows, forward): "lean" (the engine's), "transformers" (model(...)), "graph" (the engine's step
+    # replayed as a CUDA graph, decoding/cuda_graphs.py)
+    cases: list[tuple[str, Any, int, str]] = [
+        ("target 1 token", pair.target, 1, "lean"),
+        (f"target {gamma + 1} tokens", pair.target, gamma + 1, "lean"),
+        ("target 1 token, transformers forward", pair.target, 1, "transformers"),
+    ]
     if pair.draft is not None:
-        cases.append(("draft 1 token", pair.draft, 1, True))
-    if device.type == "cuda":  # the same steps replayed as CUDA graphs (decoding/cuda_graphs.py)
-        cases += [(label + ", CUDA graph", model, n, "graph") for label, model, n, lean in cases if lean is True]
+        cases.append(("draft 1 token", pair.draft, 1, "lean"))
+    if device.type == "cuda":
+        cases += [(label + ", CUDA graph", model, n, "graph") for label, model, n, how in cases if how == "lean"]
     with torch.inference_mode():
-        for label, model, n, lean in cases:
+        for label, model, n, how in cases:
             forward = lean_forward_for(model)
             eager = forward.graphs if forward is not None else None
             if forward is not None:
-                forward.graphs = GraphedSteps(forward) if lean == "graph" else None
-            cm = CachedModel(model, lean=bool(lean))
+                forward.graphs = GraphedSteps(forward) if how == "graph" else None
+            cm = CachedModel(model, lean=how != "transformers")
             cm.prefill(prompt)
             length = cm.length
             tokens = prompt[-n:]
-            steps[label] = profile_step(
-                lambda cm=cm, tokens=tokens, n=n: cm.forward(tokens, keep=n),
-                lambda cm=cm, length=length: cm.rollback(length),
-                device,
-                reps,
-            )
-            steps[label]["path"] = "transformers" if cm.lean is None else "CUDA graph" if lean == "graph" else "lean"
+
+            def step(cm: CachedModel = cm, tokens: list[int] = tokens, n: int = n) -> object:
+                return cm.forward(tokens, keep=n)
+
+            def after(cm: CachedModel = cm, length: int = length) -> None:
+                cm.rollback(length)
+
+            steps[label] = profile_step(step, after, device, reps)
+            steps[label]["path"] = "transformers" if cm.lean is None else "CUDA graph" if how == "graph" else "lean"
             if forward is not None:
                 forward.graphs = eager
             del cm

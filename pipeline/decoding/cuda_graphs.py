@@ -23,18 +23,16 @@ arithmetic over more (masked) keys, so logits match the eager step to rounding, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from .fast_forward import LeanForward
-
+# ``lean`` below is a ``fast_forward.LeanForward`` (typed Any: fast_forward imports this module)
 MAX_GRAPH_ROWS = 16  # chains up to this many rows are graphed (a verification of gamma + 1 <= 16 rows)
 
 
-def _ensure_buffers(lean: "LeanForward", cache: Any, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _ensure_buffers(lean: Any, cache: Any, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every layer's key and value buffers ``[1, kv_heads, capacity, d]`` with room for ``end`` positions."""
     if len(cache.layers) < len(lean._layers) or not cache.layers[0].is_initialized:
         blank = lean._embed[0].weight.new_empty(1, lean.num_kv_heads, 0, lean.head_dim)
@@ -48,7 +46,7 @@ def _ensure_buffers(lean: "LeanForward", cache: Any, end: int) -> list[tuple[tor
 
 
 def static_forward(
-    lean: "LeanForward",
+    lean: Any,
     ids: torch.Tensor,
     start: torch.Tensor,
     buffers: list[tuple[torch.Tensor, torch.Tensor]],
@@ -104,7 +102,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class _Graph:
     """One captured step: its static inputs and output, and the buffers it was captured on."""
 
-    def __init__(self, lean: "LeanForward", buffers, n: int, keep: int, ids: torch.Tensor, start: int) -> None:
+    def __init__(self, lean: Any, buffers, n: int, keep: int, ids: torch.Tensor, start: int) -> None:
         device = ids.device
         self.key = (buffers[0][0].data_ptr(), buffers[0][0].shape[-2])
         self.ids = ids.clone()
@@ -129,7 +127,7 @@ class _Graph:
 class GraphedSteps:
     """The CUDA graphs of one lean forward's causal chains after the cache, per (rows, kept logits)."""
 
-    def __init__(self, lean: "LeanForward") -> None:
+    def __init__(self, lean: Any) -> None:
         self.lean = lean
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.captures = 0  # how many graphs were captured (grown or changed buffers capture again)
