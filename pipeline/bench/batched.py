@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -198,6 +199,11 @@ class BatchBench:
                 for p in range(int(self.cfg.repeats)):
                     for key, run in runners.items():
                         passes[key].append(self._metered(run, p + 1, energy[key]))
+                        tokens, seconds, _ = passes[key][-1]
+                        print(
+                            f"[bench] batch {b} {mode} pass {p + 1} {key}: {tokens / seconds:.2f} tokens/s",
+                            file=sys.stderr,
+                        )
                 rate = {k: [t / s for t, s, _ in v] for k, v in passes.items()}
                 for (impl, method), ps in passes.items():
                     per = [r for _, _, reqs in ps for r in reqs]

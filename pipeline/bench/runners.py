@@ -4,6 +4,7 @@ the rows with their ratios, bounds and energy, and the machine's roofline."""
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -143,6 +144,10 @@ class Bench(BenchPlan):
                 if self.meter.available:
                     self.energy[key].append(energy_summary(self.meter.stop(), self.idle, tokens))
                 rates[key].append(tokens / seconds)
+                # each pass as it ends (stderr): a run stopped at a time limit still says what it measured
+                print(
+                    f"[bench] pass {p + 1}/{self.cfg.repeats} {key}: {tokens / seconds:.2f} tokens/s", file=sys.stderr
+                )
                 last[key] = outs
                 gens[key].extend(o[1] for o in outs)
         results = {k: (rates[k], sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], gens[k]) for k in runners}
