@@ -86,6 +86,34 @@ def test_summary_tables_speedup_against_the_same_seed_baseline():
     assert "2.50 ± 0.71" in spd_line and "25.00 ± 7.07" in spd_line
 
 
+def test_summary_tables_keep_a_disturbed_cells_timing_out_of_the_means():
+    """A cell measured beside a CPU-heavy job (its probes 45x the calibrated step, as a sweep beside two busy loops
+    measured on 2026-11-26) is shown with its slowdown; its timing leaves the means, its score stays."""
+    rows = [
+        {
+            "label": m,
+            "pair": "p",
+            "dataset": "d",
+            "seed": str(seed),
+            "cell_status": "finished",
+            "cell_key": f"{m}{seed}",
+        }
+        | {"tokens_per_s": tps, "score": score, "step_slowdown": slow, "disturbed": float(slow >= 1.5)}
+        for m, seed, tps, score, slow in [
+            ("ar", 0, 10.0, 0.5, 1.0),
+            ("spd", 0, 20.0, 0.5, 1.1),
+            ("ar", 1, 10.0, 0.5, 1.0),
+            ("spd", 1, 1.3, 1.0, 45.0),
+        ]
+    ]
+    per_cell, means = summary_tables(rows, "ar")
+    assert "45.0x disturbed" in per_cell and "1.1x" in per_cell
+    spd_line = next(line for line in means.splitlines() if " spd " in f" {line} ")
+    assert "20.00" in spd_line and "2.00 (1/2 seeds timed with a baseline)" in spd_line
+    assert "0.75 ± 0.35" in spd_line  # both seeds' scores
+    assert "timing of 1 disturbed cell(s) left out" in means
+
+
 @pytest.mark.parametrize(
     "name", ["smoke", "all_methods", "block_vs_token", "mtad_table5", "ablation_tau", "ablation_beams", "claims"]
 )

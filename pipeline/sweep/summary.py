@@ -21,16 +21,36 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df = df.drop_duplicates(subset=["cell_key"], keep="first") if "cell_key" in df else df
+    # a cell whose probes ran well above the pair's calibrated step (measure.costs.disturbance): its timing is shown
+    # but kept out of the means below, as the report and the claims keep it out
+    slowdown = pd.to_numeric(df.get("step_slowdown", pd.Series(float("nan"), index=df.index)), errors="coerce")
+    df["disturbed"] = pd.to_numeric(df.get("disturbed", pd.Series(0.0, index=df.index)), errors="coerce").fillna(0) > 0
+    df["slowdown"] = [
+        f"{v:.1f}x" + (" disturbed" if d else "") if v == v else "-" for v, d in zip(slowdown, df["disturbed"])
+    ]
     per_cell = df[
-        ["label", "pair", "dataset", "seed", TAG_STATUS, "tokens_per_s", "j_per_token", "score", "cell_key"]
+        ["label", "pair", "dataset", "seed", TAG_STATUS, "tokens_per_s", "j_per_token", "score", "slowdown", "cell_key"]
     ].copy()
     per_cell = per_cell.sort_values(["pair", "dataset", "label", "seed"])
-    per_cell.columns = ["method", "pair", "dataset", "seed", "status", "tokens/s", "J/token", "score", "cell_key"]
+    per_cell.columns = [
+        "method",
+        "pair",
+        "dataset",
+        "seed",
+        "status",
+        "tokens/s",
+        "J/token",
+        "score",
+        "step slowdown",
+        "cell_key",
+    ]
     cell_text = per_cell.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
 
     ok = df[df[TAG_STATUS] == STATUS_FINISHED].copy()
     if ok.empty:
         return cell_text, "(no finished cells)"
+    for col in ("tokens_per_s", "tokens_per_s_decode", "j_per_token"):  # timing of a disturbed cell: not a figure
+        ok.loc[ok["disturbed"], col] = float("nan")
     if baseline_label is not None:
         base = ok[ok["label"] == baseline_label].set_index(["pair", "dataset", "seed"])["tokens_per_s"]
         ok["speedup"] = [
@@ -43,7 +63,7 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
         sp = g["speedup"].dropna()  # only seeds whose baseline finished count towards the speedup
         speedup = fmt_mean_std(sp.mean(), sp.std()) if len(sp) else "-"
         if 0 < len(sp) < len(g):
-            speedup += f" ({len(sp)}/{len(g)} seeds with a baseline)"
+            speedup += f" ({len(sp)}/{len(g)} seeds timed with a baseline)"
         out.append(
             {
                 "pair": pair,
@@ -60,4 +80,10 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
                 "score": fmt_mean_std(g["score"].mean(), g["score"].std()),
             }
         )
-    return cell_text, pd.DataFrame(out).to_string(index=False)
+    mean_text = pd.DataFrame(out).to_string(index=False)
+    if ok["disturbed"].any():
+        mean_text += (
+            f"\n(timing of {int(ok['disturbed'].sum())} disturbed cell(s) left out: their target step, probed just "
+            "before and after the window, was at least 1.5x the pair's step calibrated at the sweep's start)"
+        )
+    return cell_text, mean_text
