@@ -44,13 +44,12 @@ synchronize(dev)
 log("loaded on", dev, f"{torch.cuda.memory_allocated() / 1e9:.1f} GB" if dev.type == "cuda" else "")
 sync = lambda: synchronize(dev)  # noqa: E731
 prompt = list(range(1, 40))
-with torch.inference_mode():
-    for label, model, lean in (
-        ("target lean", pair.target, True),
-        ("target transformers", pair.target, False),
-        ("draft lean", pair.draft, True),
-    ):
-        cm = CachedModel(model, lean=lean)
+
+
+def step_costs(label: str, model, lean: bool = True) -> None:
+    """The median one-token and five-token forward after the prompt, printed."""
+    cm = CachedModel(model, lean=lean)
+    with torch.inference_mode():
         cm.prefill(prompt)
         n0 = cm.length
         one, five = median_times(
@@ -61,8 +60,12 @@ with torch.inference_mode():
             sync=sync,
             after=lambda: cm.rollback(n0),
         )
-        log(f"{label}: 1 token {one * 1e3:.2f} ms, 5 tokens {five * 1e3:.2f} ms")
-        del cm
+    log(f"{label}: 1 token {one * 1e3:.2f} ms, 5 tokens {five * 1e3:.2f} ms")
+
+
+step_costs("target lean", pair.target)
+step_costs("target transformers", pair.target, lean=False)
+step_costs("draft lean", pair.draft)
 N = 32
 
 
@@ -101,21 +104,8 @@ if dev.type == "cuda":  # the same steps and decoders with the short steps repla
 
     for model in (pair.target, pair.draft):
         lean_forward_for(model).graphs = GraphedSteps(lean_forward_for(model))
-    with torch.inference_mode():
-        for label, model in (("target graphed", pair.target), ("draft graphed", pair.draft)):
-            cm = CachedModel(model)
-            cm.prefill(prompt)
-            n0 = cm.length
-            one, five = median_times(
-                lambda: cm.forward(prompt[-1:], keep=1),
-                lambda: cm.forward(prompt[-5:], keep=5),
-                reps=10,
-                warmup=2,
-                sync=sync,
-                after=lambda: cm.rollback(n0),
-            )
-            log(f"{label}: 1 token {one * 1e3:.2f} ms, 5 tokens {five * 1e3:.2f} ms")
-            del cm
+    step_costs("target graphed", pair.target)
+    step_costs("draft graphed", pair.draft)
     for method, params in (("ar", {}), ("spd", {"gamma": 4})):
         dec = build_decoder(
             method, pair.target, pair.draft if method != "ar" else None, assets=pair.assets, temperature=0.0, **params
