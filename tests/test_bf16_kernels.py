@@ -66,7 +66,7 @@ def test_kernel_forward_agrees_with_transformers_in_bf16(kind, extra):
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_()
     cm = CachedModel(model)
-    assert cm.lean is not None and cm.lean.kernel_path == "bf16-avx512"
+    assert cm.lean is not None and cm.lean.kernel_path == f"bf16-{cpu_kernels.kernels_isa()}"
     ids = torch.randint(0, 50, (1, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = model(ids).logits[0].float()

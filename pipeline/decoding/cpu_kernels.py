@@ -1,17 +1,20 @@
 """The CPU's precision capability and the engine's bf16 decoder kernels (``csrc/bf16_decoder.cpp``).
 
 ``native_bf16()`` says whether this CPU has native bf16 dot products (AVX512_BF16 or AMX-BF16, read
-from ``/proc/cpuinfo``); ``PIPELINE_CPU_BF16=0`` forces it off (a CPU without them keeps float32 and
-today's kernels), ``=1`` forces it on. ``resolve_dtype("auto", device)`` is bf16 on CUDA and on
-such CPUs, float32 elsewhere.
+from ``/proc/cpuinfo``). ``kernels_isa()`` names the instruction set the kernels are built for here:
+``avx512`` (AVX512_BF16: VDPBF16PS), ``avx2`` (AVX2 + FMA: the same code through ``csrc/avx512_on_avx2.h``,
+bf16 weights widened to float32 in registers; decoding is memory-bound, so half the bytes of float32
+weights is most of the gain), or None. ``resolve_dtype("auto", device)`` is bf16 on CUDA and on CPUs
+where the kernels run, float32 elsewhere. ``PIPELINE_CPU_BF16=0`` turns bf16 and the kernels off (float32
+and today's kernels), ``=1`` forces bf16 on.
 
 ``kernels()`` builds the C++ extension once per machine (``torch.utils.cpp_extension``: g++ and ninja, before
-any cell is timed: ``prepare_pair``; cached under ``$PIPELINE_CACHE/torch_extensions``) and returns it, or None
-where it cannot be used (no native bf16, no compiler, ``PIPELINE_BF16_KERNELS=0``); the reason is
-``kernels_unavailable_reason()``. ``kernel_path(device, dtype)`` names the path a model's steps take,
-recorded with every cell and bench row:
+any cell is timed: ``prepare_pair``; cached under ``$PIPELINE_CACHE/torch_extensions``) for the instruction
+set this machine really has, and returns it, or None where it cannot be used (no capability, no compiler,
+``PIPELINE_BF16_KERNELS=0``); the reason is ``kernels_unavailable_reason()``. ``kernel_path(device, dtype)``
+names the path a model's steps take, recorded with every cell and bench row:
 
-- ``bf16-avx512``: our C++ decoder (all layers in one call, batch-invariant rows);
+- ``bf16-avx512`` / ``bf16-avx2``: our C++ decoder (all layers in one call, batch-invariant rows);
 - ``bf16-onednn``: bf16 weights through ``F.linear`` (oneDNN) when the extension is unavailable;
 - ``fp32-fast-matmul`` / ``fp32-linear``: float32 on the CPU (``fast_forward.small_linear``);
 - ``cuda-<dtype>``: PyTorch's CUDA kernels.
@@ -20,6 +23,7 @@ recorded with every cell and bench row:
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 import threading
@@ -28,7 +32,12 @@ from pathlib import Path
 import torch
 
 _SRC = Path(__file__).resolve().parent / "csrc" / "bf16_decoder.cpp"
-_CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-fno-math-errno", "-fopenmp"]
+_SHIM = _SRC.parent / "avx512_on_avx2.h"  # included by _SRC on AVX2; its digest is a build flag (see _build)
+_COMMON_CFLAGS = ["-O3", "-fno-math-errno", "-fopenmp"]
+_ISA_CFLAGS = {  # the instruction set -> its compiler flags (avx2: the header emulates the AVX-512 names)
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"],
+    "avx2": ["-mavx2", "-mfma"],
+}
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}  # short spellings -> torch's names
@@ -42,8 +51,14 @@ def env_flag(name: str, default: bool = True) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off", "")
 
 
-@functools.lru_cache(maxsize=1)
 def _cpu_flags() -> frozenset[str]:
+    """The CPU flags the capability is judged from (tests see the machine as another CPU through this)."""
+    return _machine_flags()
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_flags() -> frozenset[str]:
+    """This machine's CPU flags as ``/proc/cpuinfo`` reports them: what the kernels are compiled for."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -57,6 +72,19 @@ def _cpu_flags() -> frozenset[str]:
 def cpu_bf16_flags() -> list[str]:
     """This CPU's native bf16 features (``avx512_bf16``, ``amx_bf16``), as the kernel reports them."""
     return sorted(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def _isa_of(flags: frozenset[str]) -> str | None:
+    if "avx512_bf16" in flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return None
+
+
+def kernels_isa() -> str | None:
+    """The instruction set of the kernels here: the built extension's, else the CPU's (``avx512``, ``avx2``)."""
+    return _STATE.get("isa") or _isa_of(_cpu_flags())  # type: ignore[return-value]
 
 
 def native_bf16() -> bool:
@@ -77,25 +105,34 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
     if dev.type == "cuda":
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     if dev.type == "cpu":
-        return "bfloat16" if native_bf16() else "float32"
+        return "bfloat16" if bf16_default() else "float32"
     return "float32"
+
+
+def bf16_default() -> bool:
+    """Whether ``auto`` is bf16 on this CPU: native bf16, or AVX2 + FMA for the kernels (``PIPELINE_CPU_BF16``
+    overrides; ``PIPELINE_BF16_KERNELS=0`` leaves an AVX2 CPU in float32, where bf16 would run through oneDNN)."""
+    forced = os.environ.get("PIPELINE_CPU_BF16")
+    if forced is not None and forced.strip() != "":
+        return env_flag("PIPELINE_CPU_BF16")
+    return native_bf16() or (_isa_of(_cpu_flags()) == "avx2" and env_flag("PIPELINE_BF16_KERNELS"))
 
 
 def _capability_reason() -> str | None:
     """Why this machine and its switches rule the kernels out (None: they can run here)."""
     return _reason_for(
-        os.environ.get("PIPELINE_BF16_KERNELS"), os.environ.get("PIPELINE_CPU_BF16"), "avx512_bf16" in _cpu_flags()
+        os.environ.get("PIPELINE_BF16_KERNELS"), os.environ.get("PIPELINE_CPU_BF16"), _isa_of(_cpu_flags())
     )
 
 
 @functools.lru_cache(maxsize=16)
-def _reason_for(kernels_switch: str | None, bf16_switch: str | None, has_avx512_bf16: bool) -> str | None:
+def _reason_for(kernels_switch: str | None, bf16_switch: str | None, isa: str | None) -> str | None:
     """``_capability_reason`` for these switches and CPU (asked on every warped row: cached)."""
     if not env_flag("PIPELINE_BF16_KERNELS"):
         return "PIPELINE_BF16_KERNELS=0"
-    if not has_avx512_bf16:
-        return "the CPU has no avx512_bf16"
-    if not native_bf16():
+    if isa is None:
+        return "the CPU has neither avx512_bf16 nor avx2 with fma"
+    if not bf16_default():
         return "PIPELINE_CPU_BF16=0"
     return None
 
@@ -129,16 +166,25 @@ def _build():
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), bindir])
     root = Path(os.environ.get("PIPELINE_CACHE", Path.home() / ".cache" / "pipeline")) / "torch_extensions"
-    build = root / f"bf16_decoder-torch{torch.__version__.replace('+', '_')}"
+    # compiled for what this machine runs, whatever the flags the capability is judged from say
+    isa = _isa_of(_machine_flags())
+    if isa is None:
+        raise RuntimeError("this machine's CPU has neither avx512_bf16 nor avx2 with fma")
+    build = root / f"bf16_decoder-{isa}-torch{torch.__version__.replace('+', '_')}"
     build.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name="pipeline_bf16_decoder",
+    # torch rebuilds when the sources or the flags change; the header is neither, so its digest is a flag
+    shim = hashlib.sha256(_SHIM.read_bytes()).hexdigest()[:16]
+    module = cpp_extension.load(
+        name=f"pipeline_bf16_decoder_{isa}",
         sources=[str(_SRC)],
-        extra_cflags=_CFLAGS,
+        extra_cflags=_COMMON_CFLAGS + _ISA_CFLAGS[isa] + [f"-DPIPELINE_SHIM_DIGEST={shim}"],
         extra_ldflags=["-fopenmp"],
+        extra_include_paths=[str(_SRC.parent)],
         build_directory=str(build),
         verbose=False,
     )
+    _STATE["isa"] = isa
+    return module
 
 
 def kernel_path(device: torch.device | str, dtype: torch.dtype | str, build: bool = True) -> str:
@@ -147,8 +193,11 @@ def kernel_path(device: torch.device | str, dtype: torch.dtype | str, build: boo
     dev = torch.device(device)
     torch_dtype: torch.dtype = getattr(torch, DTYPE_NAMES.get(dtype, dtype)) if isinstance(dtype, str) else dtype
     if dev.type == "cpu" and torch_dtype == torch.bfloat16:
-        available = kernels() is not None if build else _capability_reason() is None
-        return "bf16-avx512" if available else "bf16-onednn"
+        if build:  # the extension this process runs
+            available, isa = kernels() is not None, kernels_isa()
+        else:  # predicted from the capability (a plan's key: the CPU it is judged for, not the build at hand)
+            available, isa = _capability_reason() is None, _isa_of(_cpu_flags())
+        return f"bf16-{isa}" if available else "bf16-onednn"
     return fallback_path(dev, torch_dtype)
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import env_flag, fallback_path, kernels
+from .cpu_kernels import env_flag, fallback_path, kernels, kernels_isa
 from .cuda_graphs import GraphedSteps
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -222,7 +222,7 @@ class LeanForward(nn.Module):
     def kernel_path(self) -> str:
         """The kernels this model's steps run on (see ``cpu_kernels.kernel_path``)."""
         weight = self._head[0].weight
-        return "bf16-avx512" if self.kernels is not None else fallback_path(weight.device, weight.dtype)
+        return f"bf16-{kernels_isa()}" if self.kernels is not None else fallback_path(weight.device, weight.dtype)
 
     def _pack(self, model: nn.Module) -> None:
         """The weights in the kernels' layout: QKV and gate/up fused, every matrix packed (a copy of ~ the

@@ -99,7 +99,7 @@ def data_engine(engine: str, target) -> str:
     """``data.engine``: ``auto`` is ``packed`` where the target runs on the engine's bf16 CPU kernels (many
     sequences per weight stream through the batch-1 kernels), else ``batched`` (transformers, e.g. a GPU)."""
     if engine == "auto":
-        return "packed" if model_kernel_path(target) == "bf16-avx512" else "batched"
+        return "packed" if model_kernel_path(target).startswith("bf16-avx") else "batched"
     if engine not in ("batched", "packed"):
         raise ValueError(f"data.engine must be auto, batched or packed, not {engine!r}")
     return engine

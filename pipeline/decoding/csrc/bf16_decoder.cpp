@@ -1,4 +1,6 @@
-// Batch-1 bf16 decoder kernels for CPUs with AVX512_BF16 (pipeline/decoding/cpu_kernels.py builds and loads this).
+// Batch-1 bf16 decoder kernels for CPUs with AVX512_BF16 (pipeline/decoding/cpu_kernels.py builds and loads this),
+// and the same code on AVX2 + FMA through avx512_on_avx2.h (kernel path "bf16-avx2": bf16 weights widened to
+// float32 in registers; the same batch invariance, the same rounding of every module output).
 //
 // What it is for: a decode step (1 row) and a speculative verification (2-32 rows) of a Llama-family model
 // stream every weight once; at these row counts the time is the weights' bytes over the memory bandwidth,
@@ -27,6 +29,10 @@
 #include <functional>
 #include <limits>
 #include <vector>
+
+#if !defined(__AVX512BF16__)
+#include "avx512_on_avx2.h"
+#endif
 
 using bf16 = at::BFloat16;
 
