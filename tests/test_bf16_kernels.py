@@ -378,3 +378,35 @@ def test_rotary_table_rows_equal_the_modules_own_rows(rope):
         ):  # a causal chain: a slice of the table
             cos, sin = lean._rotary_rows(x, None, positions[0])
             assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])
+
+
+@pytest.mark.parametrize(
+    "flags, dtype, path",
+    [
+        ({"avx512_bf16", "avx512f", "avx2", "fma"}, "bfloat16", "bf16-avx512"),
+        ({"avx2", "fma"}, "bfloat16", "bf16-avx2"),  # the AVX2 build: bf16 widened in registers
+        ({"avx2"}, "float32", "fp32-fast-matmul"),  # no FMA: no kernels, auto stays float32
+        (set(), "float32", "fp32-fast-matmul"),
+    ],
+)
+def test_auto_dtype_and_predicted_path_follow_the_instruction_set(monkeypatch, flags, dtype, path):
+    for name in ("PIPELINE_CPU_BF16", "PIPELINE_BF16_KERNELS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: frozenset(flags))
+    assert cpu_kernels.resolve_dtype("auto", "cpu") == dtype
+    assert cpu_kernels.kernel_path("cpu", dtype, build=False) == path
+    if dtype == "bfloat16":  # the kernels' switch off: an AVX2 CPU keeps float32 rather than bf16 through oneDNN
+        monkeypatch.setenv("PIPELINE_BF16_KERNELS", "0")
+        assert cpu_kernels.resolve_dtype("auto", "cpu") == ("bfloat16" if "avx512_bf16" in flags else "float32")
+        assert cpu_kernels.kernel_path("cpu", "bfloat16", build=False) == "bf16-onednn"
+
+
+def test_the_kernels_are_built_for_the_machine_not_the_flags_a_test_patches():
+    """``_build`` compiles for ``/proc/cpuinfo``'s instruction set, so a test that sees this machine as another
+    CPU never runs code this CPU lacks; a model on the kernels names the build it runs."""
+    if not HAS_KERNELS:
+        pytest.skip(f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+    machine = cpu_kernels._isa_of(cpu_kernels._machine_flags())
+    assert cpu_kernels.kernels_isa() == machine
+    cm = CachedModel(bf16_model(0))
+    assert cm.lean is not None and cm.lean.kernel_path == f"bf16-{machine}"
