@@ -97,12 +97,15 @@ def train_heads(
         y_fit = torch.where(labels >= 0, remap[labels.clamp_min(0)], labels)
     else:
         W, y_fit = lm_head.weight.detach(), labels
+    # the heads train in their own dtype (float32) whatever the target's (bf16 where the CPU kernels run)
+    dtype = next(heads.parameters()).dtype
+    W = W.to(dtype)
     gen = torch.Generator().manual_seed(seed)
     n = hidden.shape[0]
     heads.train()
     for step, rate in scheduled_steps(opt, lr=lr, warmup=warmup, steps=steps, deadline=deadline, log=log):
         idx = torch.randint(0, n, (batch_tokens,), generator=gen)
-        logits = heads.features(hidden[idx]) @ W.T  # [K, B, V']
+        logits = heads.features(hidden[idx].to(dtype)) @ W.T  # [K, B, V']
         y = y_fit[idx]
         loss = sum(weights[i] * F.cross_entropy(logits[i], y[:, i + 1], ignore_index=-100) for i in range(k))
         opt.zero_grad()
