@@ -10,7 +10,7 @@ import torch
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
 from helpers.heads import eagle3_head_folder, eagle_head_folder, with_eagle
 from helpers.models import tiny_llama
-from pipeline.decoding import build_decoder, make_generator, method_class
+from pipeline.decoding import build_decoder, cpu_kernels, make_generator, method_class
 from pipeline.decoding.batched import BatchedDecoder
 from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.kv import CachedModel
@@ -132,3 +132,61 @@ def test_only_drafters_that_cannot_batch_are_refused():
     why = spd.batch_refusal({"drafter": {"kind": "medusa"}})
     assert "drafter medusa drafts one sequence at a time" in why and "'eagle3'" in why
     assert "one sequence at a time" in method_class("specinfer").batch_refusal({"drafter": {"kind": "eagle"}})
+
+
+@pytest.mark.skipif(
+    cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
+)
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_output_at_batch_b_is_identical_to_batch_one_on_the_bf16_kernels(tmp_path, kind):
+    """A bf16 target on the CPU kernels (batch-invariant rows, bf16-avx512 or bf16-avx2): sampled and greedy,
+    each request's tokens and counters at B = 2 and 4 are those it gets alone, bit for bit: the packed steps'
+    hidden rows (EAGLE-3: the three layers' inputs, tapped inside the kernels' forward), hence the heads'
+    drafts, do not depend on the companions."""
+    if kind == "eagle":
+        target = tiny_llama(3, layers=2).to(torch.bfloat16)
+        head = load_eagle(eagle_head_folder(target, tmp_path / kind, seed=1), target)
+    else:
+        target = tiny_llama(0, layers=7).to(torch.bfloat16)
+        head = load_eagle(eagle3_head_folder(target, tmp_path / kind, torch.arange(8)), target)
+    assert CachedModel(target).lean.kernel_path == f"bf16-{cpu_kernels.kernels_isa()}"
+    seeds = range(len(PROMPTS))
+    for warp in (WARP, {"temperature": 0.0}):
+        decoder = build_decoder("spd", target, None, assets={"eagle": head}, drafter=kind, gamma=3, **warp)
+        alone = [decoder.generate(p, max_new_tokens=16, generator=make_generator(s)) for p, s in zip(PROMPTS, seeds)]
+        assert any(n > 1 for a in alone for n in a.accepted)
+        for b in (2, 4):
+            gens = [make_generator(s) for s in seeds]
+            got = BatchedDecoder(decoder, b).generate(PROMPTS, max_new_tokens=16, generators=gens)
+            assert [counters(g) for g in got] == [counters(a) for a in alone]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_forward_taps_the_layer_inputs_transformers_hooks_see(dtype):
+    """``capture_layers`` on the lean forward (and, in bf16 on a CPU with them, the kernels): the inputs of the
+    tapped layers equal what hooks on transformers' layers capture, for a prefill, a causal chain and a masked
+    packed step (two sequences in one cache), and the LM head's rows come with them (``final_hidden``)."""
+    target = tiny_llama(0, layers=7).to(dtype)
+    lean, ref = CachedModel(target), CachedModel(target, lean=False)
+    assert lean.lean is not None and ref.lean is None
+    tol = {"rtol": 0, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for cm in (lean, ref):
+        cm.capture_layers = (2, 3, 5)
+    got, want = lean.prefill_hidden([1, 2, 3, 4]), ref.prefill_hidden([1, 2, 3, 4])
+    assert got.shape == want.shape == (4, 3 * target.config.hidden_size)
+    torch.testing.assert_close(got, want, **tol)
+    for cm in (lean, ref):
+        cm.capture_hidden = True
+    torch.testing.assert_close(lean.forward([5, 6], keep=2), ref.forward([5, 6], keep=2), **tol)
+    torch.testing.assert_close(lean.captured(), ref.captured(), **tol)
+    assert lean.final_hidden is not None and lean.final_hidden.shape == (2, target.config.hidden_size)
+    # a packed step: rows of two sequences, each seeing its own (the first the cache and itself, the second itself)
+    tokens, positions = torch.tensor([7, 1, 2]), torch.tensor([6, 0, 1])
+    allowed = torch.zeros(3, 9, dtype=torch.bool)
+    allowed[0, :7] = True
+    allowed[1, 7] = allowed[2, 7:9] = True
+    rows = torch.tensor([0, 2])
+    got = lean.forward_masked_rows(tokens, positions, allowed, rows)
+    want = ref.forward_masked_rows(tokens, positions, allowed, rows)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    torch.testing.assert_close(lean.captured(), ref.captured(), **tol)

@@ -283,16 +283,20 @@ class LeanForward(nn.Module):
         mask: torch.Tensor | None,
         keep: int,
         hidden_out: list | None = None,
+        taps: tuple[int, ...] = (),
     ) -> torch.Tensor | None:
         """``positions``: ``[1, n]`` absolute positions, or None for a causal chain right after the cache
         (``cache length .. + n``). ``mask``: None for a causal chain after the cache, else an additive float or
         boolean mask ``[1, 1, n, cache + n]``. ``keep``: logits of the last ``keep`` rows (0 = all; < 0 = none,
-        only ``hidden_out``). ``hidden_out``: if given, the LM head's input rows are appended to it."""
+        only ``hidden_out``). ``hidden_out``: if given, the LM head's input rows are appended to it, and with
+        ``taps`` (decoder layer indices: EAGLE-3's) then the inputs of those layers, concatenated
+        ``[1, rows, len(taps) * hidden]``, for the same rows (the residual stream a hook on the layer sees)."""
         n = input_ids.shape[1]
         if self.graphs is not None and self.graphs.serves(n, positions, mask, keep, hidden_out):
             return self.graphs(input_ids, cache, keep)
         if self.kernels is not None:
-            return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out)
+            return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out, taps)
+        tapped: list[torch.Tensor] = []
         x = self._embed[0](input_ids)
         if positions is None:
             start = cache.get_seq_length()
@@ -307,6 +311,7 @@ class LeanForward(nn.Module):
                 <= torch.arange(start, start + n, device=x.device)[:, None]
             )[None, None]
         for i, (w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, act) in enumerate(self._layers):
+            tapped.extend(x for t in taps if t == i)
             h = _rms_norm(x, w_in, eps_in)
             q = self._linear(h, wq).view(shape).transpose(1, 2)
             k = self._linear(h, wk).view(shape).transpose(1, 2)
@@ -332,6 +337,8 @@ class LeanForward(nn.Module):
         x = _rms_norm(x, *self._norm)
         if hidden_out is not None:
             hidden_out.append(x)
+            if taps:
+                hidden_out.append(torch.cat(tapped, -1)[:, -x.shape[1] :])
         if keep < 0:  # only the hidden states are wanted (a drafter reading the target's features)
             return None
         head = self._head[0]
@@ -452,7 +459,7 @@ class LeanForward(nn.Module):
             layer.advance(end)
         return tokens, index, probs
 
-    def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out):
+    def _kernel_forward(self, input_ids, cache, positions, mask, keep, hidden_out, taps=()):
         """``forward`` in one call of the bf16 kernels (``csrc/bf16_decoder.cpp``)."""
         kernels = self.kernels
         assert kernels is not None
@@ -472,28 +479,20 @@ class LeanForward(nn.Module):
             allowed = mask[0, 0] > torch.finfo(mask.dtype).min / 2
         norm_w, norm_eps = self._norm
         eps = self._layers[0][1]
-        h = kernels.decoder_forward(
-            x,
-            cos,
-            sin,
-            tensors,
-            start,
-            allowed,
-            norm_w,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.intermediate,
-            float(eps),
-            float(norm_eps),
-            float(self.scaling),
-            max(keep, 0),
-        )
+        args = (x, cos, sin, tensors, start, allowed, norm_w, self.num_heads, self.num_kv_heads, self.head_dim)
+        rest = (self.intermediate, float(eps), float(norm_eps), float(self.scaling), max(keep, 0))
+        tapped = None
+        if taps and hidden_out is not None:
+            h, tapped = kernels.decoder_forward_taps(*args, *rest, list(taps))
+        else:
+            h = kernels.decoder_forward(*args, *rest)
         for layer in cache.layers:
             layer.advance(end)
         h = h[None]
         if hidden_out is not None:
             hidden_out.append(h)
+            if tapped is not None:
+                hidden_out.append(tapped[-h.shape[1] :][None])
         if keep < 0:
             return None
         logits = kernels.linear(h, self._head_packed, self._vocab)

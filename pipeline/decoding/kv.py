@@ -165,7 +165,9 @@ class CachedModel:
     With ``capture_hidden`` set, ``hidden`` holds the LM head's input rows of the last forward
     ``[rows, hidden_size]`` (Medusa heads read them). With ``capture_layers`` (decoder layer indices,
     e.g. EAGLE-3's 2, L/2, L-3) ``hidden`` is instead the concatenation of those layers' inputs
-    ``[rows, len(layers) * hidden_size]``; such forwards go through transformers' forward (hooks on the layers).
+    ``[rows, len(layers) * hidden_size]`` (the lean forward taps them, on the CPU kernels too, so the rows stay
+    batch-invariant there; otherwise transformers' forward with hooks on the layers), and ``final_hidden`` the
+    LM head's input rows of that forward.
     """
 
     def __init__(self, model, vocab_size: int | None = None, lean: bool = True) -> None:
@@ -174,6 +176,7 @@ class CachedModel:
         self.capture_hidden = False
         self.capture_layers: tuple[int, ...] = ()
         self.hidden: torch.Tensor | None = None
+        self.final_hidden: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         config = model.config
@@ -230,6 +233,15 @@ class CachedModel:
     def _run(self, ids: torch.Tensor, keep: int, **tree) -> torch.Tensor:
         """One forward of ``ids`` [1, n] after the cache; the last ``keep`` logit rows (0 = all), [1, rows, V]."""
         capture: list[torch.Tensor] | None = [] if self.capture_hidden else None
+        if self.lean is not None:  # positions None: a causal chain after the cache
+            layers = self.capture_layers if capture is not None else ()
+            logits = self.lean(
+                ids, self.cache, tree.get("position_ids"), tree.get("attention_mask"), keep, capture, layers
+            )
+            if capture is not None:
+                self.final_hidden = capture[0][0]
+                self.hidden = capture[-1][0]
+            return logits
         if capture is not None and self.capture_layers:
             with capture_layer_inputs(self.model, self.capture_layers) as taps:
                 logits = self.model(
@@ -238,9 +250,7 @@ class CachedModel:
             rows = ids.shape[1] if keep <= 0 else keep
             self.hidden = torch.cat([t[0, -rows:] for t in taps], -1)
             return logits
-        if self.lean is not None:  # positions None: a causal chain after the cache
-            logits = self.lean(ids, self.cache, tree.get("position_ids"), tree.get("attention_mask"), keep, capture)
-        elif capture is not None:
+        if capture is not None:
             with capture_lm_head_input(self.model) as capture:
                 logits = self.model(
                     input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **tree
@@ -278,7 +288,7 @@ class CachedModel:
         self.capture_hidden = True
         t0 = self._clock()
         try:
-            self._run(self._ids(tokens), keep=-1 if (self.lean is not None and not self.capture_layers) else 0)
+            self._run(self._ids(tokens), keep=-1 if (self.lean is not None) else 0)
         finally:
             self.capture_hidden = saved
         self.prefill_s += self._clock() - t0
@@ -359,7 +369,7 @@ class CachedModel:
         n = tokens.numel()
         start = self.length
         allowed = allowed.to(self.device)
-        if self.lean is not None and not self.capture_layers:
+        if self.lean is not None:
             mask = allowed  # the lean forward takes the boolean form as it is
         else:
             mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
@@ -368,7 +378,7 @@ class CachedModel:
             "attention_mask": mask[None, None],
             "position_ids": positions.to(self.device, torch.long).reshape(1, -1),
         }
-        if self.lean is None or self.capture_layers:  # transformers' forward needs it (the lean one ignores it)
+        if self.lean is None:  # transformers' forward needs it (the lean one ignores it)
             tree["cache_position"] = torch.arange(start, start + n, device=self.device)
         logits = self._run(self._ids(tokens), keep=keep, **tree)
         self.forwards += 1
@@ -385,7 +395,7 @@ class CachedModel:
         start = self.length
         allowed = allowed.to(self.device)
         rows = rows.to(self.device)
-        if self.lean is not None and not self.capture_layers:
+        if self.lean is not None:
             saved = self.capture_hidden
             self.capture_hidden = True
             try:
@@ -398,7 +408,8 @@ class CachedModel:
             finally:
                 self.capture_hidden = saved
             self.forwards += 1
-            return self.lean.head(self.captured()[rows][None])[0]
+            assert self.final_hidden is not None  # captured by the forward above
+            return self.lean.head(self.final_hidden[rows][None])[0]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         logits = self._run(

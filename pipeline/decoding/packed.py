@@ -107,7 +107,7 @@ class PackedCache:
     def step_hidden(self, groups: list[PackedRows]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``step``, and per group the target's hidden states of all its rows ``[m, width]`` (what an EAGLE head
         reads: the LM head's input, or with ``capture_layers`` the inputs of those decoder layers, which
-        ``forward_masked_rows`` then takes through transformers' forward with hooks)."""
+        ``forward_masked_rows`` taps in the lean forward, on the CPU kernels too)."""
         model = self.model
         saved = model.capture_hidden
         model.capture_hidden = True

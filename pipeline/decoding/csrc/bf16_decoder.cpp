@@ -498,13 +498,20 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t out) {
 // (ln1 [H], pack(wqkv [(h+2kv)d, H]), bqkv or empty, pack(wo [H, h d]), ln2 [H], pack(wgu [2I, H]), pack(wd [H, I]), k cache, v cache
 // [kv_heads, cap, d] views of the preallocated buffers); allowed: [n, start+n] bool or empty (causal).
 // Returns the normed hidden rows [keep, H] (bf16); the caller applies the LM head.
-torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> layers, int64_t start,
-                              torch::Tensor allowed, torch::Tensor final_norm, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                              int64_t inter, double eps, double final_eps, double scale, int64_t keep) {
+namespace {
+// decoder_forward's work; with `taps` (layer indices), `tapped` [n, taps * hidden] receives the input of each of
+// those layers (the residual stream before it, as transformers' hooks on the layers see it), in the taps' order.
+torch::Tensor decoder_run(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const std::vector<torch::Tensor>& layers,
+                          int64_t start, const torch::Tensor& allowed, const torch::Tensor& final_norm, int64_t heads, int64_t kv_heads,
+                          int64_t head_dim, int64_t inter, double eps, double final_eps, double scale, int64_t keep,
+                          const std::vector<int64_t>& taps, torch::Tensor* tapped) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2, "x must be [n, hidden] bf16");
   TORCH_CHECK(layers.size() % 9 == 0, "9 tensors per layer");
   const int64_t n = x.size(0), H = x.size(1);
   TORCH_CHECK(n > 0, "decoder_forward needs at least one row");
+  const int64_t num_layers = (int64_t)layers.size() / 9, width = (int64_t)taps.size() * H;
+  for (int64_t t : taps) TORCH_CHECK(t >= 0 && t < num_layers, "a tapped layer index is outside 0 .. layers - 1");
+  if (tapped != nullptr) *tapped = torch::empty({n, width}, x.options());
   Dims dm{H, heads, kv_heads, head_dim, 0, (float)eps, (float)scale};
   const int64_t qd = heads * head_dim, kvd = kv_heads * head_dim, qkv = qd + 2 * kvd;
   auto opts = x.options();
@@ -527,6 +534,9 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
   auto cos_c = cos.contiguous(), sin_c = sin.contiguous();
   bf16* hp = hidden.data_ptr<bf16>();
   for (size_t l = 0; l < layers.size(); l += 9) {
+    for (size_t j = 0; j < taps.size(); ++j)
+      if (tapped != nullptr && taps[j] == (int64_t)(l / 9))
+        for (int64_t r = 0; r < n; ++r) std::memcpy(tapped->data_ptr<bf16>() + r * width + j * H, hp + r * H, H * sizeof(bf16));
     auto& ln1 = layers[l];
     auto& wqkv = layers[l + 1];
     auto& bqkv = layers[l + 2];
@@ -609,6 +619,25 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor 
   auto y = torch::empty({k, H}, opts);
   rms_norm(hp + (n - k) * H, k, H, final_norm.data_ptr<bf16>(), (float)final_eps, y.data_ptr<bf16>());
   return y;
+}
+}  // namespace
+
+torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> layers, int64_t start,
+                              torch::Tensor allowed, torch::Tensor final_norm, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                              int64_t inter, double eps, double final_eps, double scale, int64_t keep) {
+  return decoder_run(x, cos, sin, layers, start, allowed, final_norm, heads, kv_heads, head_dim, inter, eps, final_eps, scale, keep, {},
+                     nullptr);
+}
+
+// decoder_forward and the inputs of the layers `taps` (EAGLE-3 reads three of them): (y, tapped [n, taps * hidden]).
+std::vector<torch::Tensor> decoder_forward_taps(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> layers,
+                                                int64_t start, torch::Tensor allowed, torch::Tensor final_norm, int64_t heads,
+                                                int64_t kv_heads, int64_t head_dim, int64_t inter, double eps, double final_eps, double scale,
+                                                int64_t keep, std::vector<int64_t> taps) {
+  torch::Tensor tapped;
+  auto y = decoder_run(x, cos, sin, layers, start, allowed, final_norm, heads, kv_heads, head_dim, inter, eps, final_eps, scale, keep, taps,
+                       &tapped);
+  return {y, tapped};
 }
 
 // A draft chain in one call (the draft side of spd/block/typical on a CPU): feeds `ids` [n0] (the context tokens
@@ -791,4 +820,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("draft_chain", &draft_chain, "gamma draft tokens sampled from the warped draft in one call: (tokens, index, probs)");
   m.def("exp", &exp_ps, "the kernels' vectorised exp (float32)");
   m.def("decoder_forward", &decoder_forward, "all decoder layers of a Llama-family model for a few rows");
+  m.def("decoder_forward_taps", &decoder_forward_taps, "decoder_forward and the inputs of some layers: (y, tapped [n, taps * hidden])");
 }
