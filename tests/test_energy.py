@@ -198,7 +198,9 @@ def test_a_paired_meter_reads_both_meters_on_the_same_windows(monkeypatch):
     summary = energy.energy_summary(reading, idle, tokens=10)
     assert summary["reference_meter"] == "nvml" and summary["reference_energy_j"] == ref["energy_j"]
     assert summary["reference_j_per_token"] == pytest.approx(ref["energy_j"] / 10)
-    assert summary["energy_vs_reference"] == pytest.approx(250.0 / 245.0 - 1.0, abs=0.02)
+    # energies over the two windows (the reference's holds ours: on a loaded machine it can be tens of ms longer
+    # than a 0.4-s window, so their ratio is not 250/245); mean powers over each meter's own window are
+    assert summary["energy_vs_reference"] == pytest.approx(reading.energy_j / ref["energy_j"] - 1.0)
     assert summary["power_vs_reference"] == pytest.approx(250.0 / 245.0 - 1.0, abs=0.02)
     assert summary["reference_duration_s"] == ref["duration_s"] and summary["duration_s"] == reading.duration_s
     assert summary["reference_idle_power_w"] == idle.reference_power_w
