@@ -38,7 +38,7 @@ def bf16_model(seed: int = 0, **kw):
 def test_kernel_linear_matches_fp32_reference_and_is_row_invariant(rows):
     torch.manual_seed(rows)
     k = cpu_kernels.kernels()
-    for out, inp in [(1000, 576), (37, 100), (5, 16)]:  # tails in both dimensions
+    for out, inp in [(1000, 576), (37, 100), (5, 16), (9, 101)]:  # tails in both dimensions, an odd input
         w = torch.randn(out, inp).bfloat16()
         x = torch.randn(rows, inp).bfloat16()
         packed = k.pack(w)

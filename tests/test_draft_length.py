@@ -89,6 +89,22 @@ def test_the_acceptance_policy_follows_the_running_estimate():
         assert tokens_per_cost(alpha, g, c) == pytest.approx(leviathan_bound(alpha, g, c))  # the one arithmetic
 
 
+def test_a_verification_that_grows_with_its_rows_shortens_the_chain():
+    """verify_cost v: each draft adds v target steps to the pass (compute-bound rows), so the best g falls."""
+    free, dear = DraftLength("acceptance", cost=0.09), DraftLength("acceptance", cost=0.09, verify=0.35)
+    for policy in (free, dear):
+        for _ in range(30):
+            policy.observe(4, 3)  # alpha about 0.75
+    a = dear.alpha
+    assert 0.7 < a < 0.8
+    assert free.budget(6) == 5 and dear.budget(6) == 2
+    # the chosen g maximises (1 - a^(g+1)) / ((1 - a)(g (c + v) + 1)), written out here
+    best = max(range(1, 7), key=lambda g: (1 - a ** (g + 1)) / ((1 - a) * (g * (0.09 + 0.35) + 1)))
+    assert dear.budget(6) == best
+    assert tokens_per_cost(a, 3, 0.09, 0.0) == pytest.approx(tokens_per_cost(a, 3, 0.09))
+    assert tokens_per_cost(0.5, 2, 0.1, 0.3) == pytest.approx(1.75 / 1.8)
+
+
 def test_the_cut_keeps_the_first_uncertain_draft():
     import torch  # noqa: PLC0415
 
@@ -102,9 +118,9 @@ def test_defaults_leave_the_resolved_parameters_and_keys_alone():
     """At their defaults the three parameters are not in check_method's result (a cell's params: its key)."""
     for method in ("spd", "block", "hsd", "hsd_ref", "typical", "mtad"):
         values = check_method(method, {})
-        assert not {"draft_stop", "draft_threshold", "draft_cost"} & set(values), method
+        assert not {"draft_stop", "draft_threshold", "draft_cost", "verify_cost"} & set(values), method
         args = method_args(method, values)  # the cell's parameters rebuild the Args, defaults filled
-        assert (args.draft_stop, args.draft_threshold, args.draft_cost) == ("none", 0.5, 0.05)
+        assert (args.draft_stop, args.draft_threshold, args.draft_cost, args.verify_cost) == ("none", 0.5, 0.05, 0.0)
     values = check_method("spd", {"draft_stop": "confidence", "draft_threshold": 0.4})
     assert values["draft_stop"] == "confidence" and values["draft_threshold"] == 0.4 and "draft_cost" not in values
 
@@ -115,11 +131,12 @@ def test_defaults_leave_the_resolved_parameters_and_keys_alone():
         ({"draft_stop": "always"}, "must be one of ['none', 'confidence', 'acceptance']"),
         ({"draft_threshold": 0.3}, "set draft_stop: confidence, or leave draft_threshold at its default"),
         ({"draft_stop": "confidence", "draft_cost": 0.2}, "set draft_stop: acceptance"),
+        ({"verify_cost": 0.3}, "set draft_stop: acceptance, or leave verify_cost at its default"),
         ({"draft_stop": "confidence", "draft_threshold": 1.5}, "must be a number in [0.0, 1.0]"),
     ],
 )
 def test_bad_values_name_the_fix(params, fix):
-    with pytest.raises(ValueError, match="draft_") as err:
+    with pytest.raises(ValueError, match="draft_|verify_") as err:
         check_method("spd", params)
     assert fix in str(err.value)
 

@@ -261,8 +261,8 @@ class BenchPlan:
             params["drafter"] = self.drafter_values.get(drafter, drafter)
         if stop is not None:
             params["draft_stop"] = stop
-        elif "draft_stop" not in params:  # draft_threshold / draft_cost tune the adaptive rows, not the fixed one
-            params = {k: v for k, v in params.items() if k not in ("draft_threshold", "draft_cost")}
+        elif "draft_stop" not in params:  # draft_threshold / *_cost tune the adaptive rows, not the fixed one
+            params = {k: v for k, v in params.items() if k not in ("draft_threshold", "draft_cost", "verify_cost")}
         return params
 
     def is_chain(self, method: str, mode: str, drafter: str | None = None) -> bool:

@@ -10,9 +10,12 @@ chain drafter (model, eagle, eagle3, ngram, a drafter of your own):
   deterministic draft (n-gram lookup's one-hot rows, and every drafter at temperature 0, whose warped rows are
   one-hot) is always certain, so the rule never fires there;
 - ``draft_stop: acceptance``: before drafting, the length ``g`` in ``1..gamma`` that maximises Leviathan's
-  expected tokens per unit cost ``(1 - a^(g+1)) / ((1 - a)(g c + 1))`` with ``c = draft_cost`` and ``a`` this
-  request's running acceptance estimate: (1 + drafts accepted) / (2 + drafts examined) over its iterations so far
-  (an iteration that accepted n of g examined n + 1, or g when all passed; the +1/+2: a uniform prior).
+  expected tokens per unit cost ``(1 - a^(g+1)) / ((1 - a)(g (c + v) + 1))`` with ``c = draft_cost``,
+  ``v = verify_cost`` and ``a`` this request's running acceptance estimate: (1 + drafts accepted) / (2 + drafts
+  examined) over its iterations so far (an iteration that accepted n of g examined n + 1, or g when all passed; the
+  +1/+2: a uniform prior). ``v`` is what each draft adds to the verification pass, as a share of a target step:
+  0 (Leviathan's model) where the pass is memory-bound (a GPU, a CPU with AVX512-BF16: 5 rows ~1.24 steps), about
+  0.35 where every row is multiply-adds at the compute roofline (the bf16 kernels on AVX2: 5 rows ~2.4 steps).
 
 Exactness: each rule reads only the draft (its rows and tokens) and the verdicts of past iterations, never the
 target's rows of the current one, so the rule verifies whatever chain was proposed and every lossless rule stays
@@ -63,13 +66,19 @@ DRAFT_LENGTH_PARAMS: dict[str, Param] = {
         "draft_stop: acceptance: c = t_draft / t_ar the length is chosen for",
         keyed_at_default=False,
     ),
+    "verify_cost": Param(
+        0.0,
+        in_closed(0.0, 1.0),
+        "draft_stop: acceptance: v = what one more verified row adds to the target pass, over t_ar (0: memory-bound)",
+        keyed_at_default=False,
+    ),
 }
 
 
 def check_draft_length(values: dict[str, Any]) -> None:
     """A threshold or cost set for a policy that does not read it is an error naming the fix."""
     stop = values.get("draft_stop", "none")
-    for key, policy in (("draft_threshold", "confidence"), ("draft_cost", "acceptance")):
+    for key, policy in (("draft_threshold", "confidence"), ("draft_cost", "acceptance"), ("verify_cost", "acceptance")):
         if key in values and values[key] != DRAFT_LENGTH_PARAMS[key].default and stop != policy:
             raise ValueError(
                 f"{key}={values[key]!r} is read only with draft_stop: {policy} (draft_stop is {stop!r}): "
@@ -77,21 +86,22 @@ def check_draft_length(values: dict[str, Any]) -> None:
             )
 
 
-def tokens_per_cost(alpha: float, gamma: int, c: float) -> float:
+def tokens_per_cost(alpha: float, gamma: int, c: float, v: float = 0.0) -> float:
     """Leviathan's expected tokens per unit cost (1 - a^(g+1)) / ((1 - a)(g c + 1)): the arithmetic of
     ``pipeline.measure.bounds.leviathan_bound``, which the engine may not import (the measurement layer comes
-    after it; tests/test_draft_length.py checks that the two agree)."""
+    after it; tests/test_draft_length.py checks that the two agree). ``v``: each verified draft's share of a target
+    step, added to the iteration's cost (``g (c + v) + 1``; 0 is Leviathan's memory-bound verification)."""
     tokens = float(gamma + 1) if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-    return tokens / (gamma * c + 1.0)
+    return tokens / (gamma * (c + v) + 1.0)
 
 
 class DraftLength:
     """One decoder's draft-length policy and the running acceptance counts of its current request."""
 
-    def __init__(self, stop: str = "none", threshold: float = 0.5, cost: float = 0.05) -> None:
+    def __init__(self, stop: str = "none", threshold: float = 0.5, cost: float = 0.05, verify: float = 0.0) -> None:
         if stop not in DRAFT_STOPS:
             raise ValueError(f"draft_stop must be one of {list(DRAFT_STOPS)}, got {stop!r}")
-        self.stop, self.threshold, self.cost = stop, float(threshold), float(cost)
+        self.stop, self.threshold, self.cost, self.verify = stop, float(threshold), float(cost), float(verify)
         self.accepted = self.examined = 0
 
     @classmethod
@@ -99,7 +109,12 @@ class DraftLength:
         """From a decoder's resolved parameters (the defaults where a method does not declare them)."""
         value: dict[str, Any] = {k: getattr(args, k, None) for k in DRAFT_LENGTH_PARAMS}
         value = {k: DRAFT_LENGTH_PARAMS[k].default if v is None else v for k, v in value.items()}
-        return cls(str(value["draft_stop"]), float(value["draft_threshold"]), float(value["draft_cost"]))
+        return cls(
+            str(value["draft_stop"]),
+            float(value["draft_threshold"]),
+            float(value["draft_cost"]),
+            float(value["verify_cost"]),
+        )
 
     def start(self) -> None:
         """A new request: its acceptance estimate starts from the prior again."""
@@ -115,7 +130,7 @@ class DraftLength:
         if self.stop != "acceptance" or gamma <= 1:
             return gamma
         a = self.alpha
-        return max(range(1, gamma + 1), key=lambda g: (tokens_per_cost(a, g, self.cost), -g))
+        return max(range(1, gamma + 1), key=lambda g: (tokens_per_cost(a, g, self.cost, self.verify), -g))
 
     def observe(self, proposed: int, kept: int) -> None:
         """After a verification: ``kept`` of ``proposed`` drafts accepted."""

@@ -311,7 +311,8 @@ class LeanForward(nn.Module):
                 <= torch.arange(start, start + n, device=x.device)[:, None]
             )[None, None]
         for i, (w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, act) in enumerate(self._layers):
-            tapped.extend(x for t in taps if t == i)
+            if taps:
+                tapped.extend(x for t in taps if t == i)
             h = _rms_norm(x, w_in, eps_in)
             q = self._linear(h, wq).view(shape).transpose(1, 2)
             k = self._linear(h, wk).view(shape).transpose(1, 2)

@@ -133,6 +133,45 @@ void gemv_blocks(int64_t n, const bf16* const* x, const bf16* P, int64_t in, int
   }
 }
 
+#if !defined(__AVX512BF16__)
+// One row on AVX2 (a decode step, a draft step): the row widened to float32 once per call instead of each input
+// pair per block, 8 accumulators of 8 outputs. Each output gets acc = fma(x[2k], w[2k], fma(x[2k+1], w[2k+1],
+// acc)) over the input pairs in order, the emulated VDPBF16PS's sequence (avx512_on_avx2.h): the same bits as
+// block_tile's rows (tests/test_bf16_kernels.py). Tiles of several rows in this form (R rows x C vectors in the 16
+// registers, 2 to 6 rows) measured slower than block_tile's (6 rows: 68 against 32 ms for the default target's
+// 30 layers); this one row form 13.8-15.5 ms against 15.3-16.3 (benchmarks/notes-cpu-bench-history.md).
+void row_blocks_avx2(const float* x, const bf16* P, int64_t in, int64_t out, int64_t b0, int64_t b1, float* y) {
+  const int64_t pairs = (in + 1) / 2, bstride = pairs * OB * 2;
+  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t b = b0; b < b1; ++b) {
+    const bf16* block = P + b * bstride;
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t kp = 0; kp < pairs; ++kp) {
+      const bf16* w = block + kp * OB * 2;
+      const __m256 xo = _mm256_broadcast_ss(x + 2 * kp + 1), xe = _mm256_broadcast_ss(x + 2 * kp);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * j));
+        const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        acc[j] = _mm256_fmadd_ps(xe, we, _mm256_fmadd_ps(xo, wo, acc[j]));
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      const int64_t first = b * OB + 8 * j;
+      const int64_t n_valid = std::max<int64_t>(0, std::min<int64_t>(8, out - first));
+      if (n_valid == 8) {
+        _mm256_storeu_ps(y + first, acc[j]);
+      } else if (n_valid > 0) {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, acc[j]);
+        std::memcpy(y + first, t, n_valid * sizeof(float));
+      }
+    }
+  }
+}
+#endif  // !__AVX512BF16__
+
 // Y[n][out] (fp32) = X[n][in] W[out][in]^T with W packed; blocks split over threads (small weights, under
 // ~1 MB, on one thread: the fork/join costs more than the work).
 void gemv(const bf16* X, int64_t n, const bf16* P, int64_t in, int64_t out, float* Y) {
@@ -140,6 +179,19 @@ void gemv(const bf16* X, int64_t n, const bf16* P, int64_t in, int64_t out, floa
   const int64_t blocks = (out + OB - 1) / OB;
   const int64_t work = in * OB * 2 * ((n + RG - 1) / RG);  // bytes of weights streamed per block, times the row tiles
   const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 19) / std::max<int64_t>(work, 1));
+#if !defined(__AVX512BF16__)
+  if (n == 1) {  // the row widened once (the odd input's partner a zero, as in the packed weights)
+    std::vector<float> xf(2 * ((in + 1) / 2), 0.f);
+    for (int64_t k = 0; k < in; ++k) xf[k] = to_f(X[k]);
+    auto row = [&](int64_t b, int64_t e) { row_blocks_avx2(xf.data(), P, in, out, b, e, Y); };
+    if (blocks <= grain) {
+      row(0, blocks);
+    } else {
+      parallel(blocks, grain, row);
+    }
+    return;
+  }
+#endif
   std::vector<const bf16*> xr(n);
   std::vector<float*> yr(n);
   for (int64_t r = 0; r < n; ++r) {
