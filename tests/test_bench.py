@@ -438,3 +438,18 @@ def test_adaptive_rows_sit_beside_the_fixed_ones_with_the_hindsight_oracle(tmp_p
     assert adaptive.tokens_per_s > 0 and adaptive.mean_drafted <= 3 and adaptive.speedup > 0
     md = report.to_markdown("t", rows, costs, {}, "python -m pipeline.bench ...", cfg)
     assert "hindsight oracle" in md and "| spd | model | sample | confidence | 3 |" in md
+
+
+def test_the_cost_parameters_tune_the_adaptive_row_and_leave_the_fixed_one():
+    """method_params.<m>.draft_cost / verify_cost go to the acceptance row only; the fixed row keeps its key."""
+    cfg = _cfg(
+        "methods=[ar,spd]",
+        "draft_stops=[none,acceptance]",
+        "+method_params.spd.draft_cost=0.09",
+        "+method_params.spd.verify_cost=0.35",
+    )
+    p = plan.BenchPlan(cfg)
+    fixed = p.method_params("spd", "sample")
+    adaptive = p.method_params("spd", "sample", stop="acceptance")
+    assert not {"draft_cost", "verify_cost", "draft_stop"} & set(fixed) and fixed["gamma"] == 2
+    assert adaptive["draft_stop"] == "acceptance" and (adaptive["draft_cost"], adaptive["verify_cost"]) == (0.09, 0.35)
