@@ -395,6 +395,10 @@ def test_auto_dtype_and_predicted_path_follow_the_instruction_set(monkeypatch, f
     monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: frozenset(flags))
     assert cpu_kernels.resolve_dtype("auto", "cpu") == dtype
     assert cpu_kernels.kernel_path("cpu", dtype, build=False) == path
+    # a model that never runs on the kernels (a local judge's generate): bf16 only where it is native
+    native = "bfloat16" if "avx512_bf16" in flags else "float32"
+    assert cpu_kernels.resolve_dtype("auto", "cpu", kernels=False) == native
+    assert cpu_kernels.resolve_dtype("bfloat16", "cpu", kernels=False) == "bfloat16"  # a name passes through
     if dtype == "bfloat16":  # the kernels' switch off: an AVX2 CPU keeps float32 rather than bf16 through oneDNN
         monkeypatch.setenv("PIPELINE_BF16_KERNELS", "0")
         assert cpu_kernels.resolve_dtype("auto", "cpu") == ("bfloat16" if "avx512_bf16" in flags else "float32")

@@ -90,3 +90,30 @@ def test_cli_rescoring_with_the_offline_pair(tmp_path):
     assert result["retokenised"] is True and result["tokens"] >= 5
     assert [d["id"] for d in result["per_sample"]] == ["a", "b"]
     assert 1.0 < result["score"] < 1e6
+
+
+def test_a_bf16_target_on_the_kernels_is_scored_by_the_rows_it_served():
+    """On the bf16 CPU kernels the pass is the engine's: each generated token's NLL is that of the row the
+    engine computes one token at a time (batch invariance: bit for bit), and near transformers' bf16 forward."""
+    from pipeline.decoding import cpu_kernels  # noqa: PLC0415
+    from pipeline.decoding.fast_forward import lean_forward_for  # noqa: PLC0415
+    from pipeline.decoding.kv import CachedModel  # noqa: PLC0415
+
+    if cpu_kernels.kernels() is None:
+        pytest.skip(f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+    model = tiny_llama(5, vocab=64, max_positions=4096, bos=1, eos=2, scale=8.0).to(torch.bfloat16)
+    assert lean_forward_for(model).kernel_path.startswith("bf16-")
+    prompt, gen = [1, 5, 9, 12, 3], [7, 7, 30, 2, 44, 8]
+    nll, n = ppl.sequence_nll(model, prompt, gen)
+    stepper = CachedModel(model)
+    stepper.prefill(prompt[:-1])
+    expected = 0.0
+    for t, tok in enumerate(gen):
+        row = stepper.forward([(prompt + gen)[len(prompt) - 1 + t]])[-1]
+        expected -= float(torch.log_softmax(row, -1)[tok])
+    assert n == len(gen) and nll == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    ids = torch.tensor([prompt + gen])
+    with torch.no_grad():
+        ref = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    theirs = -sum(float(ref[len(prompt) - 1 + t, tok]) for t, tok in enumerate(gen))
+    assert nll == pytest.approx(theirs, rel=0.05)

@@ -176,6 +176,7 @@ class TransformersJudge:
     ) -> "TransformersJudge":
         """From a pair name (its target model), a Hub id / local directory, or a model spec mapping."""
         from pipeline import models  # noqa: PLC0415 - the local judge only: torch + transformers (~4 s) not paid by the HTTP judge's CLI
+        from pipeline.decoding.cpu_kernels import resolve_dtype  # noqa: PLC0415 - as above
 
         if isinstance(spec, str):
             try:
@@ -187,6 +188,8 @@ class TransformersJudge:
         else:
             model_spec = models.ModelSpec.from_config(spec)
         tokenizer = models.load_tokenizer(model_spec)
+        # the judge generates through transformers, never the engine's kernels: `auto` is bf16 only where it is native
+        dtype = resolve_dtype(dtype, models.resolve_device(device), kernels=False)
         model = models.load_model(model_spec, dtype, device)
         return cls(model, tokenizer, model_spec.id, max_new_tokens)
 

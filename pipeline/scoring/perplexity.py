@@ -2,8 +2,12 @@
 
 One teacher-forced target pass over prompt + generated ids per sample, after the measurement window;
 the NLL of each generated token (EOS included) under ``log_softmax`` of the raw logits in fp32 (no
-temperature, top-k or top-p). The slice's perplexity is ``exp(sum NLL / sum tokens)``, so long
-answers weigh in proportion to their length; the per-sample figures come along.
+temperature, top-k or top-p). Where the engine serves the target on its bf16 CPU kernels, the pass is the
+engine's (``CachedModel``): the rows the decoders drew from, bit for bit (the kernels are batch-invariant), at the
+kernels' cost per token; transformers' bf16 forward goes through oneDNN, slow on a CPU without AVX512-BF16 (the
+stage took 21 s of a smoke cell there: benchmarks/notes-cpu-bench-history.md). Elsewhere transformers' forward.
+The slice's perplexity is ``exp(sum NLL / sum tokens)``, so long answers weigh in proportion to their length;
+the per-sample figures come along.
 
 Re-scoring saved generations: ``python -m pipeline.scoring.perplexity --pair NAME --predictions FILE``
 where each record holds ``prompt_ids`` and ``tokens`` (what ``pipeline.measure.window`` writes); records with
@@ -22,7 +26,18 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from pipeline import models
+from pipeline.decoding.fast_forward import lean_forward_for
+from pipeline.decoding.kv import CachedModel
 from pipeline.scoring import print_json, run_cli
+
+
+def target_rows(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The logits of every position of ``ids`` [1, T]: ``[T, V]``, through the engine's bf16 CPU kernels where they
+    serve ``model`` (a fresh cache; fp32 rows), else transformers' forward."""
+    lean = lean_forward_for(model)
+    if lean is not None and lean.kernel_path.startswith("bf16-"):
+        return CachedModel(model).forward(ids[0], keep=0)
+    return model(input_ids=ids).logits[0]
 
 
 @torch.inference_mode()
@@ -36,7 +51,7 @@ def sequence_nll(
         raise ValueError("a prompt of at least one token is needed to score the first generated token")
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(generated_ids)], device=device)
-    logits = model(input_ids=ids).logits[0]  # [T, V]
+    logits = target_rows(model, ids)  # [T, V]
     start = len(prompt_ids) - 1  # logits at position t predict token t + 1
     targets = ids[0, len(prompt_ids) :]
     total = 0.0
