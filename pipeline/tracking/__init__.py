@@ -6,10 +6,14 @@
     tracker   ``Tracker``: resume queries and the writes of parent and cell runs
 
 A cell's key (its identity's hash) is computed beside the ``Cell`` type (``pipeline.cell_types.cell_key``).
-Only the driver writes; actors return a ``CellResult``.
+Only the driver writes; actors return a ``CellResult``. ``Tracker`` and ``pick_active`` (so MLflow) load on first
+use (PEP 562): an actor imports ``layout`` alone, and MLflow's ~2.4 s of imports are not paid by every cell's process.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from pipeline.tracking.layout import (
     STATUS_FAILED,
@@ -27,7 +31,15 @@ from pipeline.tracking.store import (
     local_store_path,
     resolve_tracking_uri,
 )
-from pipeline.tracking.tracker import Tracker, pick_active
+
+_LAZY = {"Tracker": "tracker", "pick_active": "tracker"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"pipeline.tracking.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'pipeline.tracking' has no attribute {name!r}")
+
 
 __all__ = [
     "STATUS_FAILED",
