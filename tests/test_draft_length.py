@@ -154,3 +154,11 @@ def test_the_hindsight_oracle_reads_the_first_rejections():
     assert hindsight_gamma(its, 4, 0.1) == (1, pytest.approx(hindsight_bound(its, 1, 0.1)))
     assert hindsight_gamma([(4, 4)] * 3, 4, 0.1)[0] == 4  # every draft accepted: the longest recorded
     assert hindsight_gamma([(0, 0)], 4, 0.1)[0] == 0  # nothing drafted: no oracle
+
+
+def test_the_hindsight_oracle_costs_the_rows_it_verifies():
+    """v: each verified draft's share of a step; dear rows favour the shorter fixed gamma, v = 0 is Leviathan's."""
+    its = [(3, 3), (3, 1), (3, 2), (3, 0)]  # n = 3, 1, 2, 0 of 3
+    assert hindsight_bound(its, 2, 0.1, 0.0) == pytest.approx(hindsight_bound(its, 2, 0.1))
+    assert hindsight_bound(its, 2, 0.1, 0.3) == pytest.approx((3 + 2 + 3 + 1) / 4 / (2 * 0.4 + 1))
+    assert hindsight_gamma(its, 3, 0.05)[0] == 3 and hindsight_gamma(its, 3, 0.05, 0.4)[0] == 1

@@ -96,11 +96,13 @@ ORACLE_TEXT = (
     "Draft lengths: each chain row at its fixed gamma (draft_stop none) beside the adaptive policies of "
     "draft_stops (docs/ALGORITHMS.md 21), and the hindsight oracle of the fixed row (docs/measurement.md): per "
     "request, from its recorded iterations (drafts put to the target g, drafts accepted n = emitted - 1), the fixed "
-    "gamma' in 1..gamma with the highest mean(min(n, gamma') + 1) / (gamma' c + 1), c the row's measured cost ratio; "
+    "gamma' in 1..gamma with the highest mean(min(n, gamma') + 1) / (gamma' (c + v) + 1), c the row's measured cost "
+    "ratio, v = (t_verify(gamma+1) / t_ar - 1) / gamma what each verified draft adds to the pass (measured, linear in "
+    "the rows); "
     "oracle bound = its mean over requests, hindsight at gamma = the same arithmetic at the row's own gamma. "
     "Assumption: a shorter chain is a prefix of the recorded one whose drafts meet the same verdicts (token "
     "verification of prefix drafts; for block, hsd and mtad an approximation), and no gamma' above the recorded "
-    "gamma is considered (nothing was observed past it); verification is costed as one target step (Leviathan)."
+    "gamma is considered (nothing was observed past it)."
 )
 
 

@@ -331,7 +331,9 @@ class Bench(BenchPlan):
                 if method != "ar" and self.is_chain(method, mode, d):
                     cost = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
                     g = self.chain_gamma(method)
-                    _oracle(row, gens, g, med([p[cost] / p["t_ar"] for p in probes]))
+                    # each verified draft's share of a step, from the measured (g + 1)-token pass (linear in the rows)
+                    v = max(0.0, med([(p[f"t_verify_g{g}"] / p["t_ar"] - 1.0) / g for p in probes]))
+                    _oracle(row, gens, g, med([p[cost] / p["t_ar"] for p in probes]), v)
                     alpha = alpha_from_accepted([a for gen in gens for a in gen.accepted], g)
                     bounds = [row.tokens_per_step * p["t_ar"] / (g * p[cost] + p[f"t_verify_g{g}"]) for p in probes]
                     c = med([p[cost] / p["t_ar"] for p in probes])
@@ -371,21 +373,21 @@ class Bench(BenchPlan):
         return rows, costs
 
 
-def _oracle(row: Row, gens: list[Any], gamma: int, c: float) -> None:
+def _oracle(row: Row, gens: list[Any], gamma: int, c: float, v: float = 0.0) -> None:
     """The hindsight oracle of a fixed-gamma chain row (docs/measurement.md): per request (each generation), the
     best fixed gamma in 1..``gamma`` from its recorded (drafted, accepted) iterations and the ideal bound it implies
-    at cost ratio ``c`` (``bounds.hindsight_gamma``); the row's mean over requests, beside the same arithmetic at
-    the row's own gamma (``hindsight_fixed``)."""
+    at cost ratio ``c`` and verification cost ``v`` per draft (``bounds.hindsight_gamma``); the row's mean over
+    requests, beside the same arithmetic at the row's own gamma (``hindsight_fixed``)."""
     best, bounds, fixed = [], [], []
     drafted_all = [w for g in gens for w in g.drafted if w > 0]
     for gen in gens:
         # drafts accepted per iteration: emitted - 1 (the bonus or next token), never more than were drafted
         its = [(w, min(max(a - 1, 0), w)) for w, a in zip(gen.drafted, gen.accepted)]
-        g_best, bound = hindsight_gamma(its, gamma, c)
+        g_best, bound = hindsight_gamma(its, gamma, c, v)
         if g_best:
             best.append(g_best)
             bounds.append(bound)
-            fixed.append(hindsight_bound(its, gamma, c))
+            fixed.append(hindsight_bound(its, gamma, c, v))
     row.mean_drafted = sum(drafted_all) / len(drafted_all) if drafted_all else None
     if bounds:
         row.oracle_bound = sum(bounds) / len(bounds)

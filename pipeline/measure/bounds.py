@@ -60,9 +60,10 @@ def alpha_from_tokens_per_step(tokens_per_step: float, gamma: int) -> float:
     return float(brentq(lambda a: expected_tokens(a, gamma) - tokens_per_step, 0.0, 1.0 - 1e-15, xtol=1e-12))
 
 
-def hindsight_bound(iterations: Iterable[tuple[int, int]], gamma: int, c: float) -> float:
+def hindsight_bound(iterations: Iterable[tuple[int, int]], gamma: int, c: float, v: float = 0.0) -> float:
     """The ideal speedup a fixed draft length ``gamma`` would have had on these recorded iterations: mean tokens per
-    step over (drafted g, drafts accepted n) pairs, each counted as min(n, gamma) + 1, over (gamma c + 1).
+    step over (drafted g, drafts accepted n) pairs, each counted as min(n, gamma) + 1, over (gamma (c + v) + 1), with
+    ``v`` what each verified draft adds to the target's pass as a share of a step (0: one step, Leviathan).
 
     The assumption (``hindsight_gamma``): a shorter chain is a prefix of the recorded one and its drafts meet the
     same verdicts (token verification of prefix drafts), so a chain of gamma <= g accepts min(n, gamma); for gamma > g
@@ -72,13 +73,15 @@ def hindsight_bound(iterations: Iterable[tuple[int, int]], gamma: int, c: float)
     if not used:
         return math.nan
     tokens = sum(min(n, gamma) + 1 for _, n in used) / len(used)
-    return tokens / (gamma * c + 1.0)
+    return tokens / (gamma * (c + v) + 1.0)
 
 
-def hindsight_gamma(iterations: Iterable[tuple[int, int]], gamma_max: int, c: float) -> tuple[int, float]:
+def hindsight_gamma(
+    iterations: Iterable[tuple[int, int]], gamma_max: int, c: float, v: float = 0.0
+) -> tuple[int, float]:
     """The best fixed draft length in hindsight for one request (1..``gamma_max``, the length it was recorded at)
     and its ``hindsight_bound`` (ties: the shorter); (0, NaN) without a drafted iteration."""
     used = list(iterations)
-    best = max(range(1, gamma_max + 1), key=lambda g: (hindsight_bound(used, g, c), -g))
-    bound = hindsight_bound(used, best, c)
+    best = max(range(1, gamma_max + 1), key=lambda g: (hindsight_bound(used, g, c, v), -g))
+    bound = hindsight_bound(used, best, c, v)
     return (0, math.nan) if math.isnan(bound) else (best, bound)
