@@ -98,7 +98,8 @@ def native_bf16() -> bool:
 def resolve_dtype(dtype: str, device: torch.device | str, kernels: bool = True) -> str:
     """``auto`` -> ``bfloat16`` on CUDA and on CPUs where it pays (``bf16_default``), else ``float32``; names pass
     through. ``kernels=False``: a model that runs through transformers' own forward, never the engine's kernels (a
-    local judge's ``generate``): on a CPU bf16 only where it is native (elsewhere oneDNN's bf16 is ~4x slower)."""
+    local judge's ``generate``): on a CPU bf16 only where it is native (elsewhere oneDNN's bf16 is slow: a 280-token
+    pass 3.6x the kernels' time, benchmarks/notes-cpu-bench-history.md)."""
     if dtype != "auto":
         return dtype
     if isinstance(device, str) and device == "auto":
