@@ -123,3 +123,40 @@ def test_a_method_that_cannot_batch_is_refused_at_plan_time(project, methods, ne
 def test_bad_batch_sizes_are_refused(project):
     with pytest.raises(SweepConfigError, match="batch_sizes must be a non-empty list of integers >= 1"):
         sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "sweep.batch_sizes=[0,2]"]), project)
+
+
+def test_an_entry_of_its_own_batch_sizes_runs_only_there_with_its_baseline(project):
+    """``{method: spd, batch_sizes: [1, 4]}``: spd at 1 and 4, a tree method at the sweep's batch 1 only,
+    and the ar baseline at every batch size some entry runs at (the claims sweep's batch axis)."""
+    methods = "[{method: spd, gamma: 2, label: spd, batch_sizes: [4, 1]},specinfer]"
+    plan = sweep.expand(
+        sweep.compose(
+            ["sweep=batching", "data_root=data", "seeds=[0]", "sweep.batch_sizes=[1]", f"sweep.methods={methods}"]
+        ),
+        project,
+    )
+    got = {(c.label, c.batch_size) for c in plan.cells}
+    assert got == {("ar", 1), ("spd", 1), ("specinfer", 1), ("ar (batch 4)", 4), ("spd (batch 4)", 4)}
+    # the same cells as the sweep-wide axis plans them: an entry's batch axis is not part of any key
+    axis = sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "seeds=[0]"]), project)
+    keys = {(c.label, c.batch_size): c.key for c in axis.cells}
+    assert all(keys[(c.label, c.batch_size)] == c.key for c in plan.cells if c.label != "specinfer")
+    with pytest.raises(SweepConfigError, match=r"sweep entry 'spd': batch_sizes must be a non-empty list"):
+        sweep.expand(
+            sweep.compose(
+                ["sweep=batching", "data_root=data", "seeds=[0]", "sweep.methods=[{method: spd, batch_sizes: [0]}]"]
+            ),
+            project,
+        )
+    with pytest.raises(SweepConfigError, match="'specinfer' cannot decode with batch_size 2"):
+        sweep.expand(
+            sweep.compose(
+                [
+                    "sweep=batching",
+                    "data_root=data",
+                    "seeds=[0]",
+                    "sweep.methods=[{method: specinfer, batch_sizes: [2]}]",
+                ]
+            ),
+            project,
+        )

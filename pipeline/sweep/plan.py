@@ -124,7 +124,7 @@ def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common:
         base = {"name": name} if own else group_option(cfg, "method", name)
         default = dict(base)
         label = overrides.get("label")
-        base.update({k: v for k, v in overrides.items() if k != "label"})
+        base.update({k: v for k, v in overrides.items() if k not in ("label", "batch_sizes")})
     base.update(common)
     method_name = base.pop("name", name)
     changed = {k: v for k, v in base.items() if default.get(k) != v}
@@ -132,7 +132,24 @@ def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common:
         label = method_name + (
             ("(" + ",".join(f"{k}={v}" for k, v in sorted(changed.items())) + ")") if changed else ""
         )
-    return {"config_name": name, "name": method_name, "params": base, "label": label}
+    entry = {"config_name": name, "name": method_name, "params": base, "label": label}
+    if overrides.get("batch_sizes") is not None:  # this entry's own batch axis (else the sweep's)
+        entry["batch_sizes"] = _batch_sizes(overrides["batch_sizes"], f"sweep entry {label!r}: batch_sizes")
+    return entry
+
+
+def _batch_sizes(value: Any, where: str) -> list[int]:
+    """A batch axis (``sweep.batch_sizes`` or an entry's own): a non-empty list of integers >= 1."""
+    value = plain(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in value)
+    ):
+        raise SweepConfigError(f"{where} must be a non-empty list of integers >= 1, got {value!r} (e.g. [1, 2, 4, 8])")
+    return sorted(set(value))
 
 
 def _pair_entry(cfg: DictConfig, name: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -259,13 +276,9 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     bad_seeds = check_seeds(seeds)
     if bad_seeds:
         raise SweepConfigError("; ".join(bad_seeds))
-    batch_sizes = plain(sweep.get("batch_sizes")) if sweep.get("batch_sizes") is not None else [1]
-    if isinstance(batch_sizes, int) and not isinstance(batch_sizes, bool):
-        batch_sizes = [batch_sizes]
-    if not batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batch_sizes):
-        raise SweepConfigError(
-            f"sweep.batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r} (e.g. [1, 2, 4, 8])"
-        )
+    batch_sizes = (
+        _batch_sizes(sweep.get("batch_sizes"), "sweep.batch_sizes") if sweep.get("batch_sizes") is not None else [1]
+    )
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
@@ -331,11 +344,15 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                     f"fix the override or conf/method/{m['config_name']}.yaml)"
                 )
                 continue
-            for b in batch_sizes:  # before any model loads: a method that decodes one sequence at a time says so
+            own = m.get("batch_sizes") or batch_sizes
+            if m is baseline:  # the baseline runs at every batch size some entry runs at
+                own = sorted({b for e in methods for b in (e.get("batch_sizes") or batch_sizes)})
+            for b in own:  # before any model loads: a method that decodes one sequence at a time says so
                 try:
                     check_batch(method_class(m["name"]), resolved_params[(m["label"], pair["name"])], b)
                 except ValueError as err:
-                    errors.append(f"{err} (sweep entry {m['label']!r}, sweep.batch_sizes {batch_sizes})")
+                    where = "its batch_sizes" if m.get("batch_sizes") else "sweep.batch_sizes"
+                    errors.append(f"{err} (sweep entry {m['label']!r}, {where} {own})")
                     break
     counts: dict[str, int] = {}
     for ds in datasets:
@@ -366,10 +383,11 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
     cells: dict[str, Cell] = {}
-    for pair, ds, seed, batch in itertools.product(pairs, datasets, seeds, batch_sizes):
-        group = list(methods)
-        if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in methods):
-            group = [baseline] + [m for m in methods if m["label"] != baseline["label"]]
+    all_batches = sorted({b for m in methods for b in (m.get("batch_sizes") or batch_sizes)})
+    for pair, ds, seed, batch in itertools.product(pairs, datasets, seeds, all_batches):
+        group = [m for m in methods if batch in (m.get("batch_sizes") or batch_sizes)]
+        if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in group):
+            group = [baseline] + [m for m in group if m["label"] != baseline["label"]]
         for m in group:
             is_baseline = baseline is not None and m["label"] == baseline["label"]
             entry = dict(m, label=batch_label(m["label"], batch))
