@@ -1,35 +1,61 @@
-"""CUDA graphs of the lean forward's short steps: one graph launch instead of ~45 kernel launches per layer.
+"""CUDA graphs of the lean forward's steps: one graph launch instead of ~45 kernel launches per layer.
 
 On an H200 (benchmarks/gpu-random-llama3-8b-1b.md, 2026-11-26) the random 8B target's one-token step took 16.0 ms
 of which its kernels were 6.2 ms: the GPU waited on the host's 1,461 launches per step, and the 1B draft's step
 (7.55 ms against 0.57 ms of bytes) even more. gpt-fast's answer is to capture the step once and replay it. A graph
 replays fixed addresses and shapes, so the step is written over the cache's whole buffers (``static_forward``):
 
-- the new rows' keys and values are written at ``positions`` (a device tensor) with ``index_copy_``;
-- every query row attends to the whole buffer under a mask that allows exactly the positions up to its own
-  (rolled-back and never-written slots are masked; the buffers are zero-initialised, so masked slots hold
-  finite values);
-- the rotary rows are gathered from the model's own static table at ``positions``;
+- the new rows' keys and values are written at the cache slots ``start .. start + n - 1`` with ``index_copy_``;
+- every query row attends to the whole buffer under a boolean mask: for a causal chain after the cache the
+  positions up to its own (computed inside the graph from ``start``), for a masked step (a tree after the
+  cache, requests packed into one cache by the batched engine) the caller's mask, copied into a static
+  ``[rows, capacity]`` buffer (rolled-back and never-written slots are masked; the buffers are zero-initialised,
+  so masked slots hold finite values);
+- the rotary rows are gathered from the model's own static table at the rows' positions;
 - grouped-query heads are folded into the query rows (``[kv_heads, groups * n]``), so the keys are never
   repeated in memory.
 
-``GraphedSteps`` keeps one graph per (rows, kept logits) for the cache buffers it was captured on, and captures
-again when the buffers grow (they double) or change. It serves causal chains right after the cache (``positions``
-and ``mask`` None: the one-token step, a verification chain, a draft step) without hidden-state capture; everything
-else goes through ``LeanForward.forward`` as before. Off unless ``PIPELINE_CUDA_GRAPHS=1``: the step is the same
-arithmetic over more (masked) keys, so logits match the eager step to rounding, not bit for bit.
+Which steps (``GraphedSteps.serves``): causal chains of up to ``MAX_GRAPH_ROWS`` rows at their own size (the
+one-token step, a verification chain, a draft step, a short prefill chunk), and masked steps of up to
+``MAX_MASKED_ROWS`` rows padded to the next power of two (tree steps; the batched engine's packed steps in size
+buckets; the padding rows write finite keys at slots past the valid length, which the next write overwrites),
+with the final hidden rows when the caller asks for them (EAGLE's drafters read them). Layer taps (EAGLE-3) and
+longer prefills go through ``LeanForward.forward``.
+
+On by default on CUDA for the static rope types (``PIPELINE_CUDA_GRAPHS=0`` switches it off). The step is the
+same arithmetic over more (masked) keys, so logits match the eager step to rounding, not bit for bit.
+
+Buffers that outlive a cache: a new ``Cache`` (a cost probe, the perplexity stage, a reset under another
+inference mode) would bring new buffers and every graph would be captured again (two eager warm-up steps and a
+capture, ~0.1 s on the 8B target, paid inside a measured window). ``GraphedSteps`` keeps the buffers its graphs
+were captured on and hands them to any empty cache of the same model (every layer at length 0: a new
+generation), so a model captures each step shape once per buffer size. Two caches of one model are never in use
+within one generation (the engine's decoders own one cache per model), which is what makes sharing safe.
+
+Fused small ops (``PIPELINE_COMPILE_STEPS``, on by default with the graphs): the decoder layer of the static step
+(RMSNorm, rotary, the KV write, attention, SwiGLU, the residual adds around the four matmuls) goes through
+``torch.compile`` once per step shape, so the ~1.7 ms of small kernels per 8B step become a few fused ones; the
+graph then captures the compiled kernels. A compile that fails falls back to the eager layer with a warning.
 ``static_forward`` runs eagerly on any device (the CPU tests compare it with the eager step).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .cpu_kernels import env_flag
+
+log = logging.getLogger(__name__)
+
 # ``lean`` below is a ``fast_forward.LeanForward`` (typed Any: fast_forward imports this module)
-MAX_GRAPH_ROWS = 16  # chains up to this many rows are graphed (a verification of gamma + 1 <= 16 rows)
+MAX_GRAPH_ROWS = 16  # causal chains up to this many rows are graphed at their size (a verification of gamma + 1 <= 16)
+MAX_MASKED_ROWS = 64  # masked steps (trees, packed batches) up to this many rows, padded to a power of two
+GRAPH_CAPACITY = 1024  # the first buffers a graphed model's cache gets (positions; doubled when outgrown)
 
 
 def _ensure_buffers(lean: Any, cache: Any, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -45,48 +71,6 @@ def _ensure_buffers(lean: Any, cache: Any, end: int) -> list[tuple[torch.Tensor,
     return out
 
 
-def static_forward(
-    lean: Any,
-    ids: torch.Tensor,
-    start: torch.Tensor,
-    buffers: list[tuple[torch.Tensor, torch.Tensor]],
-    keep: int,
-) -> torch.Tensor:
-    """Logits ``[1, keep, V]`` of the causal chain ``ids [1, n]`` at positions ``start .. start + n - 1``
-    (``start``: a one-element long tensor on the device), attending to each layer's whole buffer under a mask;
-    the chain's keys and values are written into the buffers. Fixed shapes and addresses: capturable."""
-    n = ids.shape[1]
-    device = ids.device
-    cap = buffers[0][0].shape[-2]
-    positions = start + torch.arange(n, device=device)
-    cos_t, sin_t = lean._static_rope_table(cap)
-    cos = cos_t.index_select(0, positions)[None, None]  # [1, 1, n, d]
-    sin = sin_t.index_select(0, positions)[None, None]
-    groups, kvh, d = lean.groups, lean.num_kv_heads, lean.head_dim
-    allowed = torch.arange(cap, device=device)[None, :] <= positions[:, None]  # [n, cap]
-    mask = allowed.repeat(groups, 1)[None, None]  # [1, 1, groups * n, cap]: query rows are (group, row)
-    x = lean._embed[0](ids)
-    for (w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, act), (kb, vb) in zip(lean._layers, buffers):
-        h = _rms(x, w_in, eps_in)
-        q = F.linear(h, *wq).view(1, n, lean.num_heads, d).transpose(1, 2)
-        k = F.linear(h, *wk).view(1, n, kvh, d).transpose(1, 2)
-        v = F.linear(h, *wv).view(1, n, kvh, d).transpose(1, 2)
-        q = (q * cos) + (_rotate_half(q) * sin)
-        k = (k * cos) + (_rotate_half(k) * sin)
-        kb.index_copy_(2, positions, k)
-        vb.index_copy_(2, positions, v)
-        # head h = kv_head * groups + g (transformers' repeat_kv): fold the groups into the query rows
-        qg = q.reshape(1, kvh, groups * n, d)
-        a = F.scaled_dot_product_attention(qg, kb, vb, attn_mask=mask, scale=lean.scaling)
-        a = a.reshape(1, lean.num_heads, n, d).transpose(1, 2).reshape(1, n, -1)
-        x = x + F.linear(a, *wo)
-        h = _rms(x, w_post, eps_post)
-        x = x + F.linear(act(F.linear(h, *wg)) * F.linear(h, *wu), *wd)
-    x = _rms(x[:, -keep:], *lean._norm)
-    head = lean._head[0]
-    return F.linear(x, head.weight, head.bias)
-
-
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     x = x.to(torch.float32)
@@ -99,53 +83,273 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class _Graph:
-    """One captured step: its static inputs and output, and the buffers it was captured on."""
+def _layer(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    mask: torch.Tensor,
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    weights: tuple,
+    shape: tuple[int, int, int, int, float],
+    act: Any = F.silu,
+) -> torch.Tensor:
+    """One decoder layer of the static step over ``x [1, n, hidden]`` (``shape``: heads, kv heads, groups, head
+    dim, scaling); its keys and values are written into ``kb`` / ``vb`` at ``slots``."""
+    w_in, eps_in, wq, bq, wk, bk, wv, bv, wo, bo, w_post, eps_post, wg, bg, wu, bu, wd, bd = weights
+    heads, kvh, groups, d, scaling = shape
+    n = x.shape[1]
+    h = _rms(x, w_in, eps_in)
+    q = F.linear(h, wq, bq).view(1, n, heads, d).transpose(1, 2)
+    k = F.linear(h, wk, bk).view(1, n, kvh, d).transpose(1, 2)
+    v = F.linear(h, wv, bv).view(1, n, kvh, d).transpose(1, 2)
+    q = (q * cos) + (_rotate_half(q) * sin)
+    k = (k * cos) + (_rotate_half(k) * sin)
+    kb.index_copy_(2, slots, k)
+    vb.index_copy_(2, slots, v)
+    # head h = kv_head * groups + g (transformers' repeat_kv): fold the groups into the query rows
+    qg = q.reshape(1, kvh, groups * n, d)
+    a = F.scaled_dot_product_attention(qg, kb, vb, attn_mask=mask, scale=scaling)
+    a = a.reshape(1, heads, n, d).transpose(1, 2).reshape(1, n, -1)
+    x = x + F.linear(a, wo, bo)
+    h = _rms(x, w_post, eps_post)
+    return x + F.linear(act(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
 
-    def __init__(self, lean: Any, buffers, n: int, keep: int, ids: torch.Tensor, start: int) -> None:
+
+_COMPILED: dict[str, Any] = {}
+
+
+def compiled_layer() -> Any:
+    """``_layer`` through ``torch.compile`` (built once; each step shape compiles once, the layers share it)."""
+    if "layer" not in _COMPILED:
+        import torch._dynamo  # noqa: PLC0415 - heavy: only where layers are compiled
+
+        # one entry per step shape and model (target and draft): more than dynamo's default of 8
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _COMPILED["layer"] = torch.compile(_layer, dynamic=False)
+    return _COMPILED["layer"]
+
+
+def _weights(layer: tuple) -> tuple:
+    w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, _act = layer
+    return (w_in, eps_in, *wq, *wk, *wv, *wo, w_post, eps_post, *wg, *wu, *wd)
+
+
+def static_forward(
+    lean: Any,
+    ids: torch.Tensor,
+    start: torch.Tensor,
+    buffers: list[tuple[torch.Tensor, torch.Tensor]],
+    keep: int,
+    positions: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    hidden: bool = False,
+    layer: Any = None,
+) -> Any:
+    """Logits ``[1, keep, V]`` (``keep`` 0: every row) of the rows ``ids [1, n]`` written at the cache slots
+    ``start .. start + n - 1`` (``start``: a one-element long tensor on the device), attending to each layer's
+    whole buffer under a mask; with ``hidden`` the pair ``(logits, final hidden rows)``.
+
+    ``positions`` None and ``mask`` None: a causal chain after the cache (positions = slots, each row sees the
+    slots up to its own). Else ``positions [n]`` (long) and ``mask [n, capacity]`` (bool): the rows' absolute
+    positions and the slots each may see. ``layer``: the decoder layer function (``_layer`` or its compiled
+    form). Fixed shapes and addresses: capturable."""
+    n = ids.shape[1]
+    device = ids.device
+    cap = buffers[0][0].shape[-2]
+    slots = start + torch.arange(n, device=device)
+    cos_t, sin_t = lean._static_rope_table(cap)
+    rows = slots if positions is None else positions
+    cos = cos_t.index_select(0, rows)[None, None]  # [1, 1, n, d]
+    sin = sin_t.index_select(0, rows)[None, None]
+    groups, kvh, d = lean.groups, lean.num_kv_heads, lean.head_dim
+    if mask is None:
+        mask = torch.arange(cap, device=device)[None, :] <= slots[:, None]  # [n, cap]
+    full = mask.repeat(groups, 1)[None, None]  # [1, 1, groups * n, cap]: query rows are (group, row)
+    shape = (lean.num_heads, kvh, groups, d, lean.scaling)
+    step = layer or _layer
+    x = lean._embed[0](ids)
+    for weights, (kb, vb) in zip(lean._layers, buffers):
+        # SiLU as the function itself (one compiled entry for every layer), else the layer's own activation
+        act = F.silu if lean.silu else weights[-1]
+        x = step(x, cos, sin, slots, full, kb, vb, _weights(weights), shape, act)
+    if keep > 0:
+        x = x[:, -keep:]
+    x = _rms(x, *lean._norm)
+    head = lean._head[0]
+    logits = F.linear(x, head.weight, head.bias)
+    return (logits, x) if hidden else logits
+
+
+class _Graph:
+    """One captured step: its static inputs and outputs, and the buffers it was captured on."""
+
+    def __init__(
+        self,
+        lean: Any,
+        buffers,
+        keep: int,
+        ids: torch.Tensor,
+        start: int,
+        masked: bool,
+        hidden: bool,
+        layer: Any,
+    ) -> None:
         device = ids.device
-        self.key = (buffers[0][0].data_ptr(), buffers[0][0].shape[-2])
+        n = ids.shape[1]
+        cap = buffers[0][0].shape[-2]
+        self.key = (buffers[0][0].data_ptr(), cap)
         self.ids = ids.clone()
         self.start = torch.tensor([start], dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device) if masked else None
+        self.mask = torch.zeros(n, cap, dtype=torch.bool, device=device) if masked else None
+        if self.mask is not None:  # a valid mask for the warm-up: each row its own slot
+            self.mask[torch.arange(n, device=device), start + torch.arange(n, device=device)] = True
+
+        def run() -> Any:
+            return static_forward(lean, self.ids, self.start, buffers, keep, self.positions, self.mask, hidden, layer)
+
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up off the capture (lazy initialisations, workspace choices)
+        with torch.cuda.stream(stream):  # warm-up off the capture (compilation, lazy initialisations, workspaces)
             for _ in range(2):
-                static_forward(lean, self.ids, self.start, buffers, keep)
+                run()
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = static_forward(lean, self.ids, self.start, buffers, keep)
+            self.out = run()
 
-    def run(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        self.ids.copy_(ids)
-        self.start.fill_(start)
+    def run(self) -> Any:
         self.graph.replay()
-        return self.out.clone()
+        return self.out
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 class GraphedSteps:
-    """The CUDA graphs of one lean forward's causal chains after the cache, per (rows, kept logits)."""
+    """The CUDA graphs of one lean forward's steps, per (rows, kept logits, masked, hidden), and the buffers they
+    were captured on (handed to every new cache of the model)."""
 
-    def __init__(self, lean: Any) -> None:
+    def __init__(self, lean: Any, compile_layers: bool | None = None) -> None:
         self.lean = lean
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: dict[tuple[int, int, bool, bool], _Graph] = {}
         self.captures = 0  # how many graphs were captured (grown or changed buffers capture again)
+        self.replays = 0
+        self.pool: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the buffers of the graphs
+        if compile_layers is None:
+            compile_layers = env_flag("PIPELINE_COMPILE_STEPS")
+        self.compile = bool(compile_layers) and lean.silu
+        self.compile_error: str | None = None
 
-    def serves(self, n: int, positions, mask, keep: int, hidden_out) -> bool:
-        return positions is None and mask is None and hidden_out is None and 0 < keep <= n <= MAX_GRAPH_ROWS
+    def serves(self, n: int, positions, mask, keep: int, hidden_out, taps: tuple = ()) -> bool:
+        if taps or n < 1:
+            return False
+        if positions is None and mask is None:
+            return n <= MAX_GRAPH_ROWS and keep <= n and (keep >= 0 or hidden_out is not None)
+        if positions is None or mask is None or mask.dtype != torch.bool:
+            return False
+        return n <= MAX_MASKED_ROWS and (keep == 0 or (keep < 0 and hidden_out is not None) or 0 < keep <= n)
 
-    def __call__(self, ids: torch.Tensor, cache: Any, keep: int) -> torch.Tensor:
+    def _adopt(self, cache: Any) -> None:
+        """An empty cache (a new generation) takes the graphs' buffers instead of making its own."""
+        pool = self.pool
+        if pool is None or not cache.layers or len(cache.layers) < len(pool):
+            return
+        first = cache.layers[0]
+        if not first.is_initialized or first.__dict__.get("_k") is pool[0][0]:
+            return
+        if pool[0][0].is_inference() and not torch.is_inference_mode_enabled():
+            return  # not writable here: the cache keeps its own
+        if any(layer.get_seq_length() for layer in cache.layers):
+            return
+        for layer, (k, v) in zip(cache.layers, pool):
+            layer._k, layer._v = k, v
+
+    def prepare(self, cache: Any, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The buffers of ``cache`` with room for ``end`` positions: the graphs' own for an empty cache (the first
+        cache gets ``GRAPH_CAPACITY`` positions), the cache's otherwise (which then become the graphs')."""
+        if not cache.layers or not cache.layers[0].is_initialized:
+            if self.pool is None:  # the first cache: buffers big enough that a generation rarely outgrows them
+                with torch.inference_mode(False):  # writable in and out of inference mode
+                    _ensure_buffers(self.lean, cache, 0)
+                    for layer in cache.layers[: len(self.lean._layers)]:
+                        layer._k = layer._alloc(layer._k, max(GRAPH_CAPACITY, end))
+                        layer._v = layer._alloc(layer._v, max(GRAPH_CAPACITY, end))
+            else:
+                _ensure_buffers(self.lean, cache, 0)
+        self._adopt(cache)
+        buffers = _ensure_buffers(self.lean, cache, end)
+        if self.pool is None or self.pool[0][0] is not buffers[0][0]:
+            self.pool = buffers
+        return buffers
+
+    def _layer_fn(self) -> Any:
+        return compiled_layer() if self.compile else None
+
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        cache: Any,
+        keep: int,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        hidden_out: list | None = None,
+    ) -> torch.Tensor | None:
         n = ids.shape[1]
         start = cache.get_seq_length()
-        buffers = _ensure_buffers(self.lean, cache, start + n)
+        masked = positions is not None
+        rows = _bucket(n) if masked else n
+        buffers = self.prepare(cache, start + rows)
+        hidden = hidden_out is not None
+        graph_keep = 0 if masked else (keep if keep > 0 else 0)
+        slot = (rows, graph_keep, masked, hidden)
         key = (buffers[0][0].data_ptr(), buffers[0][0].shape[-2])
-        graph = self.graphs.get((n, keep))
+        graph = self.graphs.get(slot)
         if graph is None or graph.key != key:
-            self.graphs.pop((n, keep), None)  # its private memory goes with it
-            graph = self.graphs[(n, keep)] = _Graph(self.lean, buffers, n, keep, ids, start)
-            self.captures += 1
-        logits = graph.run(ids, start)
+            self.graphs.pop(slot, None)  # its private memory goes with it
+            graph = self.graphs[slot] = self._capture(buffers, graph_keep, ids, start, rows, masked, hidden)
+        graph.ids[:, :n].copy_(ids)
+        graph.start.fill_(start)
+        if masked:
+            assert graph.positions is not None and graph.mask is not None and mask is not None
+            assert positions is not None
+            graph.positions[:n].copy_(positions.reshape(-1))
+            m = graph.mask
+            m.zero_()
+            m[:n, : start + n].copy_(mask.reshape(n, start + n))
+            if rows > n:  # padding rows: each sees its own slot (finite keys past the valid length)
+                pad = torch.arange(n, rows, device=ids.device)
+                graph.positions[n:].zero_()
+                graph.ids[:, n:].zero_()
+                m[pad, start + pad] = True
+        out = graph.run()
+        self.replays += 1
+        logits, final = out if hidden else (out, None)
         for layer in cache.layers[: len(self.lean._layers)]:
             layer._set_length(start + n)
-        return logits
+        if masked:
+            logits = logits[:, :n]
+            final = final[:, :n] if final is not None else None
+            if keep > 0:
+                logits = logits[:, n - keep :]
+                final = final[:, n - keep :] if final is not None else None
+        if hidden_out is not None and final is not None:
+            hidden_out.append(final.clone())
+        return None if keep < 0 else logits.clone()
+
+    def _capture(self, buffers, keep: int, ids: torch.Tensor, start: int, rows: int, masked: bool, hidden: bool):
+        ids = ids if ids.shape[1] == rows else torch.zeros(1, rows, dtype=ids.dtype, device=ids.device)
+        self.captures += 1
+        if self.compile:
+            try:
+                return _Graph(self.lean, buffers, keep, ids, start, masked, hidden, self._layer_fn())
+            except Exception as err:  # noqa: BLE001 - a compiler that cannot build the layer: the eager layer
+                self.compile = False
+                self.compile_error = f"{type(err).__name__}: {err}"[:500]
+                log.warning("torch.compile of the graphed layer failed (%s): eager layers", self.compile_error)
+                if os.environ.get("PIPELINE_COMPILE_STEPS_STRICT"):
+                    raise
+        return _Graph(self.lean, buffers, keep, ids, start, masked, hidden, None)

@@ -15,8 +15,8 @@ comparison on the machine at hand). Results differ from ``F.linear`` by float32 
 Supported: ``llama``, ``mistral`` and ``qwen2`` checkpoints with full (not sliding-window) attention,
 SDPA, ``pretraining_tp == 1``. Anything else goes through transformers' own forward. Set
 ``PIPELINE_LEAN_FORWARD=0`` to always use transformers' forward, ``PIPELINE_FAST_MATMUL=0`` to keep
-``F.linear`` inside the lean forward, ``PIPELINE_CUDA_GRAPHS=1`` to replay the short causal steps on a GPU as
-CUDA graphs (``cuda_graphs.py``).
+``F.linear`` inside the lean forward, ``PIPELINE_CUDA_GRAPHS=0`` to run the steps on a GPU without CUDA graphs
+(on by default there: ``cuda_graphs.py``), ``PIPELINE_COMPILE_STEPS=0`` to keep the graphed layers uncompiled.
 """
 
 from __future__ import annotations
@@ -212,10 +212,16 @@ class LeanForward(nn.Module):
             self.kernels = kernels()
         if self.kernels is not None:
             self._pack(model)
-        # CUDA graphs of the short causal steps (decoding/cuda_graphs.py), opt-in: PIPELINE_CUDA_GRAPHS=1
+        # SiLU in every MLP (the graphed step's compiled layer calls F.silu itself)
+        self.silu = all(
+            isinstance(act, nn.SiLU) or getattr(act, "__name__", "") == "silu" or type(act).__name__ == "SiLUActivation"
+            for *_, act in self._layers
+        )
+        # CUDA graphs of the short steps (decoding/cuda_graphs.py), on by default on CUDA: PIPELINE_CUDA_GRAPHS=0
+        # switches them off
         self.graphs: GraphedSteps | None = None
         rope_type = getattr(inner.rotary_emb, "rope_type", None)
-        if device.type == "cuda" and env_flag("PIPELINE_CUDA_GRAPHS", False) and rope_type in STATIC_ROPE_TYPES:
+        if device.type == "cuda" and env_flag("PIPELINE_CUDA_GRAPHS") and rope_type in STATIC_ROPE_TYPES:
             self.graphs = GraphedSteps(self)
 
     @property
@@ -292,8 +298,10 @@ class LeanForward(nn.Module):
         ``taps`` (decoder layer indices: EAGLE-3's) then the inputs of those layers, concatenated
         ``[1, rows, len(taps) * hidden]``, for the same rows (the residual stream a hook on the layer sees)."""
         n = input_ids.shape[1]
-        if self.graphs is not None and self.graphs.serves(n, positions, mask, keep, hidden_out):
-            return self.graphs(input_ids, cache, keep)
+        if self.graphs is not None:
+            if self.graphs.serves(n, positions, mask, keep, hidden_out, taps):
+                return self.graphs(input_ids, cache, keep, positions, mask, hidden_out)
+            self.graphs.prepare(cache, cache.get_seq_length() + n)  # the graphs' buffers, for the steps after
         if self.kernels is not None:
             return self._kernel_forward(input_ids, cache, positions, mask, keep, hidden_out, taps)
         tapped: list[torch.Tensor] = []
