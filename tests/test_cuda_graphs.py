@@ -14,7 +14,7 @@ import torch
 
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder
-from pipeline.decoding.cuda_graphs import GraphedSteps, _ensure_buffers, compiled_layer, static_forward
+from pipeline.decoding.cuda_graphs import GraphedSteps, _ensure_buffers, compiled_layer, fused_weights, static_forward
 from pipeline.decoding.fast_forward import lean_forward_for
 from pipeline.decoding.kv import CachedModel
 
@@ -185,7 +185,7 @@ def test_the_compiled_layer_equals_the_eager_layer():
 @pytest.mark.parametrize("method", ["ar", "spd", "specinfer"])
 def test_graphed_decoding_equals_eager_decoding_on_cuda(monkeypatch, method):
     """Greedy decoding with the steps replayed as graphs gives the eager engine's tokens (fp32, a tiny pair), and
-    the graphs were captured and replayed (buffers growing past 256 positions capture again)."""
+    the graphs were captured and replayed."""
     outs = {}
     for graphs in ("0", "1"):
         monkeypatch.setenv("PIPELINE_CUDA_GRAPHS", graphs)
@@ -196,5 +196,27 @@ def test_graphed_decoding_equals_eager_decoding_on_cuda(monkeypatch, method):
         lean = lean_forward_for(target)
         assert (lean.graphs is not None) == (graphs == "1")
         if lean.graphs is not None:
-            assert lean.graphs.captures >= 2 and lean.graphs.graphs
+            # captured once per step shape on buffers a generation of 289 positions does not outgrow, replayed
+            # for every later step
+            assert lean.graphs.captures >= 1 and lean.graphs.graphs and lean.graphs.replays >= 100
     assert outs["0"] == outs["1"]
+
+
+def test_fused_projections_are_the_models_own_weights_held_once():
+    """q/k/v and gate/up fused for the graphed layer: the model's parameters become views of the fused matrices
+    (same numbers, one copy), and transformers' forward gives the logits it gave before."""
+    model = _model(kind="qwen2", use_sliding_window=False)  # biases on q, k, v
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        before = model(ids).logits
+        q = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+        fused = fused_weights(lean_forward_for(model))
+        after = model(ids).logits
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    wqkv, bqkv, wgu = fused[0][2], fused[0][3], fused[0][8]
+    assert attn.q_proj.weight.data_ptr() == wqkv.data_ptr() and torch.equal(attn.q_proj.weight, q)
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == wqkv.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == wgu.untyped_storage().data_ptr()
+    assert torch.equal(bqkv[: q.shape[0]], attn.q_proj.bias)
+    assert fused_weights(lean_forward_for(model)) is fused
+    torch.testing.assert_close(before, after, rtol=0, atol=0)

@@ -13,7 +13,9 @@ replays fixed addresses and shapes, so the step is written over the cache's whol
   so masked slots hold finite values);
 - the rotary rows are gathered from the model's own static table at the rows' positions;
 - grouped-query heads are folded into the query rows (``[kv_heads, groups * n]``), so the keys are never
-  repeated in memory.
+  repeated in memory;
+- q, k and v are one matmul, gate and up another (``fused_weights``: the model's parameters become views of the
+  fused matrices, so nothing is held twice).
 
 Which steps (``GraphedSteps.serves``): causal chains of up to ``MAX_GRAPH_ROWS`` rows at their own size (the
 one-token step, a verification chain, a draft step, a short prefill chunk), and masked steps of up to
@@ -33,7 +35,7 @@ generation), so a model captures each step shape once per buffer size. Two cache
 within one generation (the engine's decoders own one cache per model), which is what makes sharing safe.
 
 Fused small ops (``PIPELINE_COMPILE_STEPS``, on by default with the graphs): the decoder layer of the static step
-(RMSNorm, rotary, the KV write, attention, SwiGLU, the residual adds around the four matmuls) goes through
+(RMSNorm, rotary, the KV write, attention, SwiGLU, the residual adds around the matmuls) goes through
 ``torch.compile`` once per step shape, so the ~1.7 ms of small kernels per 8B step become a few fused ones; the
 graph then captures the compiled kernels. A compile that fails falls back to the eager layer with a warning.
 ``static_forward`` runs eagerly on any device (the CPU tests compare it with the eager step).
@@ -96,14 +98,16 @@ def _layer(
     act: Any = F.silu,
 ) -> torch.Tensor:
     """One decoder layer of the static step over ``x [1, n, hidden]`` (``shape``: heads, kv heads, groups, head
-    dim, scaling); its keys and values are written into ``kb`` / ``vb`` at ``slots``."""
-    w_in, eps_in, wq, bq, wk, bk, wv, bv, wo, bo, w_post, eps_post, wg, bg, wu, bu, wd, bd = weights
+    dim, scaling; ``weights``: ``fused_weights``'s, q/k/v and gate/up as one matrix each); its keys and values are
+    written into ``kb`` / ``vb`` at ``slots``."""
+    w_in, eps_in, wqkv, bqkv, wo, bo, w_post, eps_post, wgu, bgu, wd, bd = weights
     heads, kvh, groups, d, scaling = shape
     n = x.shape[1]
     h = _rms(x, w_in, eps_in)
-    q = F.linear(h, wq, bq).view(1, n, heads, d).transpose(1, 2)
-    k = F.linear(h, wk, bk).view(1, n, kvh, d).transpose(1, 2)
-    v = F.linear(h, wv, bv).view(1, n, kvh, d).transpose(1, 2)
+    qkv = F.linear(h, wqkv, bqkv)
+    q = qkv[..., : heads * d].view(1, n, heads, d).transpose(1, 2)
+    k = qkv[..., heads * d : (heads + kvh) * d].view(1, n, kvh, d).transpose(1, 2)
+    v = qkv[..., (heads + kvh) * d :].view(1, n, kvh, d).transpose(1, 2)
     q = (q * cos) + (_rotate_half(q) * sin)
     k = (k * cos) + (_rotate_half(k) * sin)
     kb.index_copy_(2, slots, k)
@@ -114,7 +118,43 @@ def _layer(
     a = a.reshape(1, heads, n, d).transpose(1, 2).reshape(1, n, -1)
     x = x + F.linear(a, wo, bo)
     h = _rms(x, w_post, eps_post)
-    return x + F.linear(act(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+    gu = F.linear(h, wgu, bgu)
+    inter = gu.shape[-1] // 2
+    return x + F.linear(act(gu[..., :inter]) * gu[..., inter:], wd, bd)
+
+
+def fused_weights(lean: Any) -> list[tuple]:
+    """Each layer's weights with q, k, v as one matrix and gate, up as another (two matmuls fewer per layer, and
+    the small k / v matrices no longer read on their own). Made once per model: the model's own q/k/v and gate/up
+    parameters become row slices (views) of the fused matrices, so no weight is held twice and transformers'
+    forward reads the same numbers."""
+    fused = lean.__dict__.get("_fused_weights")
+    if fused is not None:
+        return fused
+    fused = []
+    with torch.no_grad(), torch.inference_mode(False):
+        for w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, _act in lean._layers:
+            wqkv = _fuse([wq[0], wk[0], wv[0]])
+            bqkv = None
+            if any(b is not None for _, b in (wq, wk, wv)):
+                bqkv = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in (wq, wk, wv)])
+            if any(b is not None for _, b in (wg, wu)):
+                raise ValueError("gate/up projections with biases: not a Llama-family MLP")
+            wgu = _fuse([wg[0], wu[0]])
+            fused.append((w_in, eps_in, wqkv, bqkv, *wo, w_post, eps_post, wgu, None, *wd))
+    lean.__dict__["_fused_weights"] = fused
+    return fused
+
+
+def _fuse(params: list[torch.Tensor]) -> torch.Tensor:
+    """The parameters' rows stacked into one matrix; each parameter then holds a view of its rows."""
+    whole = torch.cat([p.detach() for p in params])
+    row = 0
+    for p in params:
+        rows = p.shape[0]
+        p.data = whole[row : row + rows]
+        row += rows
+    return whole
 
 
 _COMPILED: dict[str, Any] = {}
@@ -129,11 +169,6 @@ def compiled_layer() -> Any:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         _COMPILED["layer"] = torch.compile(_layer, dynamic=False)
     return _COMPILED["layer"]
-
-
-def _weights(layer: tuple) -> tuple:
-    w_in, eps_in, wq, wk, wv, wo, w_post, eps_post, wg, wu, wd, _act = layer
-    return (w_in, eps_in, *wq, *wk, *wv, *wo, w_post, eps_post, *wg, *wu, *wd)
 
 
 def static_forward(
@@ -170,10 +205,10 @@ def static_forward(
     shape = (lean.num_heads, kvh, groups, d, lean.scaling)
     step = layer or _layer
     x = lean._embed[0](ids)
-    for weights, (kb, vb) in zip(lean._layers, buffers):
+    for own, weights, (kb, vb) in zip(lean._layers, fused_weights(lean), buffers):
         # SiLU as the function itself (one compiled entry for every layer), else the layer's own activation
-        act = F.silu if lean.silu else weights[-1]
-        x = step(x, cos, sin, slots, full, kb, vb, _weights(weights), shape, act)
+        act = F.silu if lean.silu else own[-1]
+        x = step(x, cos, sin, slots, full, kb, vb, weights, shape, act)
     if keep > 0:
         x = x[:, -keep:]
     x = _rms(x, *lean._norm)
