@@ -98,6 +98,10 @@ DATASET_KEYS = (
 SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
+# sweep.batch_sizes: at most this many requests decode together (each slot holds a KV cache and, for a drafter
+# that cannot batch its state, a drafter copy; the machines this targets hold tens, not thousands), and never more
+# than a slice has requests (the extra slots would only be forked and stay empty)
+MAX_BATCH_SIZE = 256
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
 
 
@@ -266,6 +270,11 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         raise SweepConfigError(
             f"sweep.batch_sizes must be a non-empty list of integers >= 1, got {batch_sizes!r} (e.g. [1, 2, 4, 8])"
         )
+    if max(batch_sizes) > MAX_BATCH_SIZE:
+        raise SweepConfigError(
+            f"sweep.batch_sizes has {max(batch_sizes)}: at most {MAX_BATCH_SIZE} requests decode together "
+            f"(each slot holds a KV cache and may fork a drafter copy); e.g. sweep.batch_sizes=[1,2,4,8]"
+        )
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
@@ -326,10 +335,12 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                     m["name"], m["params"], drafters=DrafterContext.of_pair(pair)
                 )
             except ValueError as err:
-                errors.append(
-                    f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; "
-                    f"fix the override or conf/method/{m['config_name']}.yaml)"
+                where = (
+                    f"the module {m['config_name'].partition(':')[0]!r} of {m['config_name']!r}"
+                    if ":" in str(m["config_name"]) and m["config_name"] not in group_options("method", cfg)
+                    else f"conf/method/{m['config_name']}.yaml"
                 )
+                errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or {where})")
                 continue
             for b in batch_sizes:  # before any model loads: a method that decodes one sequence at a time says so
                 try:
@@ -346,6 +357,12 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             if not measured:
                 raise ValueError("the slice is empty (check start/limit/ids)")
             counts[slice_label(ds)] = len(measured)
+            if max(batch_sizes) > len(measured):
+                errors.append(
+                    f"sweep.batch_sizes has {max(batch_sizes)} but dataset {ds['name']!r}'s slice has "
+                    f"{len(measured)} requests: a batch holds at most the slice's requests (lower the batch size "
+                    "or raise dataset.limit)"
+                )
         except Exception as err:  # noqa: BLE001 - any loader failure is a configuration error here
             errors.append(
                 f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}"
