@@ -36,6 +36,7 @@ from pipeline.fingerprints import weights_identity
 from pipeline.models import PairSpec
 from pipeline.scoring.registry import check_task_scorer
 from pipeline.sweep.checks import (
+    MAX_BATCH_SIZE,
     check_cluster,
     check_dataset_numbers,
     check_device,
@@ -98,10 +99,8 @@ DATASET_KEYS = (
 SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
-# sweep.batch_sizes: at most this many requests decode together (each slot holds a KV cache and, for a drafter
-# that cannot batch its state, a drafter copy; the machines this targets hold tens, not thousands), and never more
-# than a slice has requests (the extra slots would only be forked and stay empty)
-MAX_BATCH_SIZE = 256
+# sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
+# would only be forked and stay empty)
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
 
 
