@@ -29,7 +29,14 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from analysis import batching, claims_report, figures, schema, specbench, stats
-from analysis.runs import REPO_ROOT, default_tracking_uri, load_runs, load_samples
+from analysis.runs import (
+    REPO_ROOT,
+    default_tracking_uri,
+    load_runs,
+    load_samples,
+    unfinished_cells,
+    unfinished_markdown,
+)
 from analysis.tables import build_tables
 from pipeline.tracking import layout
 
@@ -128,8 +135,21 @@ def write_report(
     out_dir = Path(out) if out else REPO_ROOT / "reports" / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = load_runs(sweep, uri)
+    # every cell that did not finish (failed, killed with its driver, still running) is listed, never left out
+    unfinished = unfinished_cells(sweep, uri)
+    (out_dir / "unfinished.md").write_text(unfinished_markdown(sweep, unfinished))
+    if unfinished:
+        log(
+            f"{len(unfinished)} cell run(s) of {sweep!r} did not finish and are left out of the tables: "
+            + "; ".join(f"{u['label'] or u['run_id']} {u['state']}" for u in unfinished[:10])
+            + (" ..." if len(unfinished) > 10 else "")
+            + f" ({out_dir / 'unfinished.md'})"
+        )
     if runs.empty:
-        raise LookupError(f"sweep {sweep!r} in {uri} has no finished cell runs yet")
+        raise LookupError(
+            f"sweep {sweep!r} in {uri} has no finished cell runs yet"
+            + (f" ({len(unfinished)} did not finish: {out_dir / 'unfinished.md'})" if unfinished else "")
+        )
     runs = stats.mark_disturbed(runs)  # cells measured while the machine was disturbed: flagged, timing left out
     if runs["disturbed"].any():
         log(

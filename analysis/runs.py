@@ -137,6 +137,95 @@ def load_runs(
     return df
 
 
+def unfinished_cells(sweep: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
+    """Every cell run of ``sweep`` that did not finish and that no finished run of its cell key supersedes: failed
+    cells (their ``error``), cells killed with their driver (MLflow status KILLED, closed by the next driver, often
+    without tags: a run killed mid-logging) and runs still RUNNING (a driver logging them, or one that is gone and
+    not yet closed). Each: ``run_id``, ``cell_key``, ``label``, ``state`` and ``why``. The report lists them
+    (``unfinished.md``) instead of leaving them out without a word."""
+    uri = tracking_uri or default_tracking_uri()
+    client = _client(uri)
+    exp = client.get_experiment_by_name(sweep)
+    if exp is None:
+        return []
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    finished = {
+        r.data.tags.get(schema.TAG_CELL_KEY)
+        for r in runs
+        if r.data.tags.get(schema.TAG_KIND) == schema.KIND_CELL
+        and r.info.status == "FINISHED"
+        and r.data.tags.get(schema.TAG_STATUS) == schema.STATUS_FINISHED
+    }
+    out = []
+    logged = {r.data.tags.get(schema.TAG_CELL_KEY) for r in runs if r.data.tags.get(schema.TAG_CELL_KEY)}
+    for r in runs:  # cells a driver set out to run and never logged: it was killed before their results came back
+        if r.data.tags.get(schema.TAG_KIND) != schema.KIND_SWEEP or r.info.status == "RUNNING":
+            continue  # a live driver's cells are still in flight
+        for cell in _planned_cells(client, r.info.run_id):
+            key = str(cell.get("cell_key") or "")
+            if key and key not in logged:
+                logged.add(key)
+                out.append(
+                    {"run_id": "", "cell_key": key, "label": str(cell.get("label") or ""), "state": "never logged"}
+                    | {"why": f"its driver (parent run {r.info.run_id}, {r.info.status}) stopped before its result"}
+                )
+    for r in runs:
+        tags = r.data.tags
+        if tags.get(schema.TAG_KIND) == schema.KIND_SWEEP:
+            continue  # a driver's parent run, not a cell
+        key = tags.get(schema.TAG_CELL_KEY) or ""
+        if key and key in finished:
+            continue
+        status, cell_status = r.info.status, tags.get(schema.TAG_STATUS)
+        if status == "FINISHED" and cell_status == schema.STATUS_FINISHED:
+            continue
+        if status == "KILLED":
+            state, why = "killed", "its driver was stopped mid-cell (closed as KILLED by the next driver)"
+        elif status == "RUNNING":
+            state, why = "running", "being logged by a driver, or left by one that is gone (the next driver closes it)"
+        else:
+            state = str(cell_status or status).lower()
+            why = (tags.get(schema.TAG_ERROR) or "no error recorded").strip().splitlines()[-1][:300]
+        out.append(
+            {"run_id": r.info.run_id, "cell_key": key, "label": tags.get(schema.TAG_LABEL) or "", "state": state}
+            | {"why": why}
+        )
+    return sorted(out, key=lambda row: (row["label"], row["cell_key"], row["run_id"]))
+
+
+def _planned_cells(client, run_id: str) -> list[dict[str, Any]]:
+    """The cells a parent run's driver set out to run (``planned_cells.json``; none for stores before it)."""
+
+    try:
+        path = client.download_artifacts(run_id, "planned_cells.json")
+        cells = json.loads(Path(path).read_text())
+    except Exception:  # noqa: BLE001 - a parent run written before the list was logged
+        return []
+    return [c for c in cells if isinstance(c, dict)] if isinstance(cells, list) else []
+
+
+def unfinished_markdown(sweep: str, rows: list[dict[str, Any]]) -> str:
+    """``unfinished_cells`` as a Markdown table (every cell that did not finish, none left out)."""
+    lines = [f"# {sweep}: cells that did not finish ({len(rows)})", ""]
+    if not rows:
+        return "\n".join(lines + ["Every cell run finished.", ""])
+    lines += ["| label | cell key | state | why | run |", "|---|---|---|---|---|"]
+    for row in rows:
+        why = row["why"].replace("|", "\\|")
+        lines.append(
+            f"| {row['label'] or '(no tags)'} | {row['cell_key'] or '?'} | {row['state']} | {why} | {row['run_id']} |"
+        )
+    return "\n".join(lines + ["", "Run the same sweep command again to run them (finished cells are skipped).", ""])
+
+
 def dedupe_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per ``cell_key``: the newest finished run (else the newest of any status); warns on duplicates."""
     rank = {schema.STATUS_FINISHED: 1}

@@ -40,6 +40,11 @@ def import_attr(name: str, what: str) -> Any:
             f"{what} {name!r} cannot be imported ({err}); put its module on the Python path "
             "(PYTHONPATH, and the Ray job's runtime_env on a cluster)"
         ) from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the module raised at import: the usual refusal, no traceback
+        raise RegistryError(
+            f"{what} {name!r}: importing module {module!r} raised {type(err).__name__}: {err}; fix the module "
+            f"{module!r} (or leave {name!r} out of the config)"
+        ) from None
     return found
 
 

@@ -204,12 +204,29 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
         ("seed=99999999999999999999", r"seed: 99999999999999999999 is out of range"),
         ("sampling.temperature=inf", r"sampling.temperature=inf: must be a finite number"),
         ("draft_stops=[none,sometimes]", r"draft_stops has \['sometimes'\]: choose from \['none', 'confidence'"),
+        # issue 47: the batch settings, before any model loads (0 is refused, not read as the default)
+        ("batch_requests=-1", r"batch_requests=-1: must be null \(twice the largest batch size\) or an integer in"),
+        ("batch_requests=x", r"batch_requests=x: must be null"),
+        ("batch_requests=0", r"batch_requests=0: must be null"),
+        ("batch_requests=1.5", r"batch_requests=1.5: must be null"),
+        ("batch_requests=true", r"batch_requests=True: must be null"),
+        ("batch_requests=99999999999999999999", r"batch_requests=99999999999999999999: must be null"),
+        ("batch_requests=1000000", r"batch_requests=1000000: must be null .* in \[1, 1024\]"),
+        (
+            "batch_sizes=[1000000]",
+            r"batch_sizes=\[1000000\]: must be null or a non-empty list of integers in \[1, 256\]",
+        ),
+        ("batch_sizes=[0,2]", r"batch_sizes=\[0, 2\]: must be null or a non-empty list"),
+        ("batch_sizes=[x]", r"batch_sizes=\['x'\]: must be null or a non-empty list"),
+        ("batch_sizes=[]", r"batch_sizes=\[\]: must be null or a non-empty list"),
+        ("batch_sizes=[nan]", r"batch_sizes=\[nan\]: must be null or a non-empty list"),
+        ("batch_sizes=[8] batch_requests=4", r"batch_sizes has 8 but batch_requests=4"),
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
     monkeypatch.setattr(runners, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
-        Bench(_cfg(override))
+        Bench(_cfg(*override.split(" ")))
 
 
 def test_the_bench_command_exits_2_on_bad_settings_before_loading(tmp_path):
@@ -226,6 +243,28 @@ def test_the_bench_command_exits_2_on_bad_settings_before_loading(tmp_path):
         and "threads=-1" in out.stderr
         and not list(tmp_path.iterdir())
     )
+
+
+def test_a_bench_whose_every_row_was_refused_exits_2_and_keeps_the_earlier_file(tmp_path, monkeypatch, capsys):
+    """Every row refused (a note, no tokens/s): exit 2 naming the reasons, and an earlier table of the same name is
+    left as it was (it was overwritten by an empty table, exit 0)."""
+    from pipeline.bench import __main__ as bench_main  # noqa: PLC0415
+    from pipeline.bench.batched import BatchRow  # noqa: PLC0415
+
+    earlier = tmp_path / "t-batching.md"
+    earlier.write_text("an earlier table")
+    refused = [BatchRow("ours", "specinfer", "sample", 2, note="specinfer decodes one sequence at a time")]
+    monkeypatch.setattr(bench_main, "BatchBench", lambda bench, cfg: SimpleNamespace(run=lambda: refused))
+    monkeypatch.setattr(bench_main, "REPO_ROOT", tmp_path)
+    cfg = OmegaConf.create({"out_dir": ".", "batch_sizes": [2]})
+    with pytest.raises(SystemExit) as exit_:
+        bench_main.main_batched(cfg, SimpleNamespace(meter=SimpleNamespace(close=lambda: None)), "t")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "every row of the bench was refused" in err and "specinfer decodes one sequence at a time" in err
+    assert earlier.read_text() == "an earlier table" and sorted(p.name for p in tmp_path.iterdir()) == [earlier.name]
+    # one measured row is a table: the guard lets it through
+    bench_main._refuse_if_nothing_ran([BatchRow("ours", "ar", "sample", 2, tokens_per_s=10.0), *refused], earlier)
 
 
 def test_the_ngram_drafter_alone_writes_its_rows(tmp_path):

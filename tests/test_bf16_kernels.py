@@ -414,3 +414,105 @@ def test_the_kernels_are_built_for_the_machine_not_the_flags_a_test_patches():
     assert cpu_kernels.kernels_isa() == machine
     cm = CachedModel(bf16_model(0))
     assert cm.lean is not None and cm.lean.kernel_path == f"bf16-{machine}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The build lock dies with its holder (issue 47)
+# ---------------------------------------------------------------------------------------------------
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from pipeline.decoding.cpu_kernels import build_lock
+with build_lock(Path(sys.argv[1]), wait_s=5):
+    Path(sys.argv[1], "lock").write_text("")  # torch's baton, as cpp_extension.load makes it mid-build
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def _hold_lock(folder):
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdout=subprocess.PIPE, text=True, cwd=root)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_killed_builder_does_not_block_the_next_build(tmp_path, capsys):
+    """A process that holds the build lock is SIGKILLed mid-build: the next build takes the lock at once, and the
+    torch baton the dead build left is removed (torch's own FileBaton would wait for it forever)."""
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    proc = _hold_lock(tmp_path)
+    try:
+        # while its holder lives, the lock holds: a short wait ends in a TimeoutError naming the holder
+        with pytest.raises(TimeoutError, match=f"held by pid {proc.pid}"):
+            with cpu_kernels.build_lock(tmp_path, wait_s=0.3, notice_s=0.1):
+                pass
+        assert "longer than a build takes" in capsys.readouterr().err  # the wait said so
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (tmp_path / "lock").exists()  # the dead build's baton is still there
+    start = time.monotonic()
+    built = []
+    with cpu_kernels.build_lock(tmp_path, stale=("lock",), wait_s=5):
+        built.append(not (tmp_path / "lock").exists())
+    assert built == [True] and time.monotonic() - start < 2
+    assert "left by a build that was killed" in capsys.readouterr().err
+
+
+def test_the_real_build_runs_under_the_lock_past_a_stale_torch_baton(tmp_path, monkeypatch):
+    """``_build`` (what ``kernels()`` calls) loads the extension inside ``build_lock`` and a torch ``lock`` baton
+    left by an older killed build does not hang it: torch's FileBaton must be free when ``load`` runs."""
+    import fcntl  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    from torch.utils import cpp_extension  # noqa: PLC0415
+    from torch.utils.file_baton import FileBaton  # noqa: PLC0415
+
+    isa = cpu_kernels._isa_of(cpu_kernels._machine_flags())
+    if isa is None:
+        pytest.skip("this CPU cannot build the kernels")
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "_STATE", {})
+    seen = {}
+    folder = tmp_path / "torch_extensions" / "this-build"
+
+    def folder_of(root, isa_, cflags):
+        seen["folder"] = cpu_kernels.build_folder(root, isa_, cflags)  # the folder these sources would use
+        return folder
+
+    monkeypatch.setattr(cpu_kernels, "_build_folder", folder_of)
+    folder.mkdir(parents=True)
+    (folder / "lock").write_text("")  # an older build killed mid-compile
+
+    def fake_load(build_directory, **_):
+        baton = FileBaton(os.path.join(build_directory, "lock"))
+        seen["baton_free"] = baton.try_acquire()  # torch's load would wait forever on a stale baton
+        baton.release()
+        fd = os.open(os.path.join(build_directory, "build.flock"), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen["flock_held"] = False
+        except BlockingIOError:
+            seen["flock_held"] = True
+        finally:
+            os.close(fd)
+        return "module"
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    assert cpu_kernels._build() == "module"
+    assert seen.pop("folder").parent == tmp_path / "torch_extensions"
+    assert seen == {"baton_free": True, "flock_held": True}
+    # one folder per source and flags: another checkout's sources or flags never share (nor rebuild) it
+    root = tmp_path / "x"
+    assert cpu_kernels.build_folder(root, isa, ["-O3"]) != cpu_kernels.build_folder(root, isa, ["-O2"])
+    # the lock went with the build: the next one takes it at once
+    with cpu_kernels.build_lock(folder, wait_s=1):
+        pass

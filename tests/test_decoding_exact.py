@@ -212,13 +212,75 @@ def test_the_command_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert "| token | yes | 10/9 (1.1111) |" in out and "| block | yes | 11/9 (1.2222) |" in out
     assert "| hsd_ref | no | 4/3 (1.3333) | 7/3 | 1/9 | 4/3 |" in out and "single-draft bound at gamma 2: 4/3" in out
-    for argv, message in (
+    assert set(CHAIN_RULES) <= set(out.replace("|", " ").split())
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
         (["--p", "1/3,2/3", "--q", "1"], "--p has 2 probabilities and --q 1"),
         (["--p", "1/3,x", "--q", "1/2,1/2"], "--p must be comma-separated probabilities"),
         (["--p", "0.3,0.3", "--q", "1/2,1/2"], "--p must be 2 non-negative numbers summing to 1"),
         (["--random", "3", "--rules", "token,nope"], "unknown rules ['nope']"),
         ([], "give --p and --q"),
-    ):
-        with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("]", r"\]")):
-            exact_cli.main(argv)
-    assert set(CHAIN_RULES) <= set(out.replace("|", " ").split())
+        # huge gamma: refused before the default k_config's list is built, whatever the number of digits
+        (["--random", "2", "--gamma", "1000000000"], "--gamma must be an integer in [1, 64]"),
+        (["--random", "2", "--gamma", "9" * 4000], "--gamma must be an integer in [1, 64]"),
+        (["--random", "2", "--gamma", "0"], "--gamma must be an integer in [1, 64]"),
+        # V^(gamma+1) is enumerated, not V^gamma: 2^18 > 200,000 >= 2^17
+        (["--random", "2", "--gamma", "17", "--rules", "token"], "2^(18)"),
+        # a tree counted by its nodes (3 + 9 + 27), not the sum of k_config
+        (["--random", "2", "--k-config", "3,3,3"], "trees of 39 nodes"),
+        (["--random", "3", "--k-config", "9" * 30 + "," + "9" * 30], "more than 200,000 nodes"),
+        (["--random", "2", "--k-config", ",".join(["1"] * 65), "--rules", "mcss"], "--k-config has 65 depths"),
+        (["--random", "2", "--k-config", "9" * 5000], "--k-config must be comma-separated integers"),
+        # SpecTr's num_drafts chains of gamma tokens
+        (["--random", "2", "--num-drafts", "30"], "spectr: 30 chains of 2 tokens"),
+        (["--random", "2", "--num-drafts", "-3"], "--num-drafts must be an integer"),
+        (["--random", "2", "--num-drafts", "10" * 200], "--num-drafts must be an integer"),
+        # probabilities: overflow, non-finite, negative, above 1
+        (["--p", "1e400,0", "--q", "1,0"], "--p must be comma-separated probabilities"),
+        (["--p", "1,0", "--q=-1e400,1"], "--q must be comma-separated probabilities"),
+        (["--p", "nan,1", "--q", "1/2,1/2"], "--p must be comma-separated probabilities"),
+        (["--p", "2,-1", "--q", "1/2,1/2"], "each a finite number in [0, 1]"),
+        (["--p", "1/0,1", "--q", "1/2,1/2"], "--p must be comma-separated probabilities"),
+        (["--p", ",", "--q", "1/2,1/2"], "--p must be comma-separated probabilities"),
+        # MTAD's threshold
+        (["--p", "1/2,1/2", "--q", "1/2,1/2", "--tau", "nan"], "--tau must be a number in [0, 1]"),
+        (["--p", "1/2,1/2", "--q", "1/2,1/2", "--tau", "-0.5"], "--tau must be a number in [0, 1]"),
+        (["--p", "1/2,1/2", "--q", "1/2,1/2", "--tau", "inf"], "--tau must be a number in [0, 1]"),
+        (["--p", "1/2,1/2", "--q", "1/2,1/2", "--tau", "1e400"], "--tau must be a number in [0, 1]"),
+        # vocabulary and seed
+        (["--random", "1" + "0" * 30], "--random needs a vocabulary of at least 2 tokens"),
+        (["--random", "1"], "--random needs a vocabulary of at least 2 tokens"),
+        (["--random", "2", "--seed", "-1"], "--seed must be an integer in [0, 4294967295]"),
+        (["--random", "2", "--seed", str(2**64)], "--seed must be an integer in [0, 4294967295]"),
+        (["--random", "2", "--p", "1/2,1/2"], "give either --p and --q, or --random V"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_enumeration_with_exit_2(argv, message, capsys, monkeypatch):
+    """One line naming the setting, exit 2 (as the sweep and generate), nothing enumerated, no huge number formed."""
+    monkeypatch.setattr(exact_cli, "evaluate", lambda *a, **k: pytest.fail("enumerated past a refusal"))
+    monkeypatch.setattr(exact_cli.Pair, "random", lambda *a, **k: pytest.fail("built a pair past a refusal"))
+    assert exact_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert len(err) < 600
+
+
+def test_the_guard_counts_what_is_enumerated():
+    """The guard's counts are the enumeration's: V^(gamma+1) law entries of a chain rule, V^n trees of n nodes."""
+    assert exact_cli.tree_nodes([2, 1, 1]) == 6 and exact_cli.tree_nodes([3, 3, 3]) == 39
+    assert exact_cli.tree_nodes([10**30] * 3) == exact_cli.MAX_ENUMERATED + 1  # capped, never formed
+    assert exact_cli.enumerated(2, 17) == 2**17 and exact_cli.enumerated(2, 18) is None
+    assert exact_cli.enumerated(10**50, 2) is None and exact_cli.enumerated(3, 10**6) is None
+    pair = Pair.context_free([0.5, 0.5], [0.5, 0.5])  # full support: every node is any of the V tokens
+    trees = draft_trees(pair, [2, 2], replacement=True)
+    assert len(trees) == 2 ** exact_cli.tree_nodes([2, 2])
+    out = evaluate("token", pair, gamma=3)
+    assert len(out.law) <= 2 ** (3 + 1) and exact_cli.enumerated(2, 4) == 16
+
+
+def test_the_command_runs_at_the_largest_accepted_size_and_exits_0(capsys):
+    assert exact_cli.main(["--random", "2", "--gamma", "3", "--k-config", "2,1", "--num-drafts", "2"]) == 0
+    assert "| traversal | yes |" in capsys.readouterr().out

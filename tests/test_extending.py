@@ -284,3 +284,24 @@ def test_a_chain_rule_and_a_drafter_of_ones_own_run_by_module_attr(rule_folder, 
     result = run_cell(cell)
     assert result.status == STATUS_FINISHED, result.traceback
     assert _repo_status() == before  # no file of the repository's pipeline/ or conf/ was written
+
+
+@pytest.mark.parametrize("raising", ["raise RuntimeError('boom at import')", "1 / 0", "raise SystemExit(3)"])
+def test_a_module_attr_whose_module_raises_at_import_is_refused_naming_it(tmp_path, monkeypatch, raising):
+    """A method or drafter named ``module:attr`` whose module raises at import: the planner's usual refusal naming
+    the entry and the module (a SweepConfigError: exit 2, no traceback), never ``conf/method/<module:attr>.yaml``."""
+    name = f"broken_{abs(hash(raising))}"
+    (tmp_path / f"{name}.py").write_text(raising + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=rf"importing module '{name}' raised"):
+        check_method(f"{name}:Rule", {})
+    with pytest.raises(ValueError, match=rf"drafter '{name}:Echo'.*importing module '{name}' raised"):
+        check_method("spd", {"drafter": {"kind": f"{name}:Echo"}})
+    root = make_project(tmp_path / "project")
+    for entry in (f"{name}:Rule", f"{{method: spd, drafter: {{kind: '{name}:Echo'}}}}"):
+        with pytest.raises(sweep.SweepConfigError) as err:
+            sweep.expand(
+                sweep.compose(overrides(root, f"sweep.methods=[{entry}]", "sweep.baseline=null"), root / "conf"), root
+            )
+        assert f"importing module '{name}' raised" in str(err.value)
+        assert f"conf/method/{name}:" not in str(err.value)

@@ -160,3 +160,23 @@ def test_an_entry_of_its_own_batch_sizes_runs_only_there_with_its_baseline(proje
             ),
             project,
         )
+
+
+@pytest.mark.parametrize(
+    "sizes,needle",
+    [
+        ("[1000000]", "sweep.batch_sizes has 1000000: at most 256 requests decode together"),
+        ("[1,257]", "sweep.batch_sizes has 257: at most 256"),
+        ("[-1]", "batch_sizes must be a non-empty list of integers >= 1"),
+        ("[x]", "batch_sizes must be a non-empty list of integers >= 1"),
+        ("[1.5]", "batch_sizes must be a non-empty list of integers >= 1"),
+        ("[true]", "batch_sizes must be a non-empty list of integers >= 1"),
+        ("[]", "batch_sizes must be a non-empty list of integers >= 1"),
+        ("[64]", "sweep.batch_sizes has 64 but dataset 'humaneval''s slice has 32 requests"),
+    ],
+)
+def test_absurd_batch_sizes_are_refused_before_any_slot_is_forked(project, sizes, needle, monkeypatch):
+    """Without `+` (conf/config.yaml declares sweep.batch_sizes); refused at plan time, before any model loads or a
+    drafter copy per slot is forked: bounded by MAX_BATCH_SIZE and by the slice's requests."""
+    with pytest.raises(SweepConfigError, match=needle.replace("[", r"\[")):
+        sweep.expand(sweep.compose(["sweep=batching", "data_root=data", f"sweep.batch_sizes={sizes}"]), project)

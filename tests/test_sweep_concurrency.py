@@ -114,3 +114,63 @@ def test_a_driver_stopped_by_sigterm_closes_its_parent_run(tmp_path):
     assert proc.returncode != 0
     (parent,) = client.search_runs([exp], "tags.kind = 'sweep'")
     assert parent.info.status == "KILLED", out[-3000:]
+
+
+@pytest.mark.slow  # a real driver, Ray and a cell killed mid-flight: 190 s on the shared 2-core machine (make test-slow)
+def test_a_driver_killed_mid_cell_leaves_no_writer_and_the_report_lists_its_cells(tmp_path):
+    """The contract (docs/sweeps.md, "A killed sweep"): only the driver writes to the store, and a cell's actor dies
+    with its driver. SIGKILL the driver mid-cell: its actor is gone within seconds, nothing is written to the store
+    afterwards (the sleeping cell would have finished meanwhile), the next driver closes the parent as KILLED, and
+    the report lists both planned cells as never logged instead of leaving them out."""
+    import psutil  # noqa: PLC0415
+
+    from analysis.runs import unfinished_cells, unfinished_markdown  # noqa: PLC0415
+
+    root = make_project(tmp_path)
+    uri = f"sqlite:///{root}/mlflow.db"
+    proc = _driver(root, "+fault_injection={kind: sleep, seconds: 6, stage: load}", "seeds=[0]")
+    driver = psutil.Process(proc.pid)
+
+    def actors() -> list[psutil.Process]:
+        found = []
+        for p in driver.children(recursive=True) if driver.is_running() else []:
+            try:
+                if "DriverBoundActor" in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:
+                pass
+        return found
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not actors():  # Ray up, a cell's actor in flight
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
+    (actor,) = actors()
+    family = driver.children(recursive=True)  # Ray's own processes, cleaned up below
+    proc.kill()
+    proc.wait(timeout=30)
+    killed_at = time.time()
+    try:
+        psutil.wait_procs([actor], timeout=10)
+        assert not actor.is_running() or actor.status() == psutil.STATUS_ZOMBIE  # it died with its driver
+        time.sleep(10)  # the cell's 6-s sleep is over: an actor still alive would be past it by now
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("tiny").experiment_id
+        assert client.search_runs([exp], "tags.kind = 'cell'", run_view_type=ViewType.ALL) == []  # nobody wrote
+        (parent,) = client.search_runs([exp], "tags.kind = 'sweep'")
+        assert parent.info.start_time / 1000 < killed_at
+        # the next driver closes the dead one's parent; the report then names every cell that did not finish
+        tracker = Tracker(uri, "tiny", str(root / "mlruns"))
+        assert tracker.close_stale() == [parent.info.run_id]
+        tracker.close()
+        rows = unfinished_cells("tiny", uri)
+        assert sorted(r["label"] for r in rows) == ["ar", "spd"], rows
+        assert {r["state"] for r in rows} == {"never logged"} and all(parent.info.run_id in r["why"] for r in rows)
+        md = unfinished_markdown("tiny", rows)
+        assert "cells that did not finish (2)" in md and "| spd |" in md and "| ar |" in md
+    finally:
+        for p in family:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

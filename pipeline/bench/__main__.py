@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import hydra
 import torch
@@ -50,6 +51,7 @@ def main(cfg: DictConfig) -> None:
         return
     rows, costs = bench.run()
     bench.meter.close()
+    _refuse_if_nothing_ran(rows, REPO_ROOT / cfg.out_dir / f"{name}.md")
     info = machine_info(bench.device)
     info.update(bench.pair.precision())
     info["engine"] = engine_info(bench.pair)
@@ -70,11 +72,27 @@ def main(cfg: DictConfig) -> None:
     print(md)
 
 
+def _refuse_if_nothing_ran(rows: list, out: Path) -> None:
+    """A bench whose every row was refused measured nothing: exit 2 with the reasons, and leave an earlier table
+    of the same name (``out``) as it was."""
+    if any(getattr(r, "tokens_per_s", None) is not None for r in rows):
+        return
+    reasons = sorted({str(r.note) for r in rows if getattr(r, "note", None)})
+    print(
+        f"error: every row of the bench was refused, nothing was measured and {out} was left as it was: "
+        + ("; ".join(reasons[:5]) if reasons else "no row ran")
+        + " (choose methods, drafters and batch sizes that can run on this pair)",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
 def main_batched(cfg: DictConfig, bench: Bench, name: str) -> None:
     """``batch_sizes=[...]``: the batch-size table (``pipeline.bench.batched``) to
     benchmarks/<name>-batching.md|json."""
     rows = BatchBench(bench, cfg).run()
     bench.meter.close()
+    _refuse_if_nothing_ran(rows, REPO_ROOT / cfg.out_dir / f"{name}-batching.md")
     info = machine_info(bench.device)
     info.update(bench.pair.precision())
     info["energy_meter"] = bench.meter.info().get("meter", "none") if bench.meter.available else "none"

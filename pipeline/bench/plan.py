@@ -16,7 +16,7 @@ from pipeline.decoding import DRAFTERS, check_method, method_class
 from pipeline.decoding.draft_length import DRAFT_STOPS
 from pipeline.measure.energy import check_energy_meter
 from pipeline.models import PairSpec, drafter_context
-from pipeline.sweep.checks import check_numbers, check_seeds, rule_errors
+from pipeline.sweep.checks import MAX_BATCH_SIZE, check_numbers, check_seeds, rule_errors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,12 +62,47 @@ _SETTINGS = {
     "gamma": (True, 1, False, True, 4, " (null: each method's own draft length)"),
     "idle_seconds": (False, 0, False, False, 5, ""),
 }
+MAX_BATCH_REQUESTS = 4 * MAX_BATCH_SIZE  # batch_requests: requests per pass of the batch-size table
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def batch_errors(cfg: DictConfig) -> list[str]:
+    """``batch_sizes`` and ``batch_requests``, before any model loads: integers in range (a batch size at most
+    ``MAX_BATCH_SIZE``, requests at most ``MAX_BATCH_REQUESTS``; 0 is refused, null is the default) and no batch
+    larger than the requests of a pass."""
+    errors = []
+    sizes_raw = cfg.get("batch_sizes")
+    sizes: list[Any] = []
+    if sizes_raw is not None:
+        sizes = list(sizes_raw) if OmegaConf.is_list(sizes_raw) else [sizes_raw]
+        if not sizes or not all(_is_int(b) and 1 <= b <= MAX_BATCH_SIZE for b in sizes):
+            errors.append(
+                f"batch_sizes={str(sizes)[:80]}: must be null or a non-empty list of integers in [1, {MAX_BATCH_SIZE}] "
+                "(each slot holds a KV cache; e.g. batch_sizes=[1,2,4,8,16])"
+            )
+            sizes = []
+    requests = cfg.get("batch_requests")
+    if requests is not None:
+        if not _is_int(requests) or not 1 <= requests <= MAX_BATCH_REQUESTS:
+            errors.append(
+                f"batch_requests={str(requests)[:40]!s}: must be null (twice the largest batch size) or an integer "
+                f"in [1, {MAX_BATCH_REQUESTS}] (e.g. batch_requests=32)"
+            )
+        elif sizes and max(sizes) > requests:
+            errors.append(
+                f"batch_sizes has {max(sizes)} but batch_requests={requests}: a batch holds at most the requests of "
+                f"a pass (raise batch_requests or lower batch_sizes)"
+            )
+    return errors
 
 
 def check_settings(cfg: DictConfig) -> None:
     """The bench's own settings, before any model loads (a ValueError naming the fix; exit 2): zero passes or
     probes end in a median of nothing, and no prompts in a division by zero, after the pair has loaded."""
-    errors = rule_errors("", cfg, _SETTINGS)
+    errors = rule_errors("", cfg, _SETTINGS) + batch_errors(cfg)
     prompts = (
         OmegaConf.to_container(cfg.prompts, resolve=True)
         if OmegaConf.is_list(cfg.get("prompts"))

@@ -11,7 +11,13 @@ and today's kernels), ``=1`` forces bf16 on.
 ``kernels()`` builds the C++ extension once per machine (``torch.utils.cpp_extension``: g++ and ninja, before
 any cell is timed: ``prepare_pair``; cached under ``$PIPELINE_CACHE/torch_extensions``) for the instruction
 set this machine really has, and returns it, or None where it cannot be used (no capability, no compiler,
-``PIPELINE_BF16_KERNELS=0``); the reason is ``kernels_unavailable_reason()``. ``kernel_path(device, dtype)``
+``PIPELINE_BF16_KERNELS=0``); the reason is ``kernels_unavailable_reason()``. One build at a time per folder:
+``build_lock`` holds ``fcntl.flock`` on ``<folder>/build.flock`` around the build and the load, a lock the kernel
+drops when its holder dies, however it dies; the folder is one per source and flags (``build_folder``), used only
+under that lock, so a torch ``lock`` baton found in it by the lock's holder is a killed build's (torch's
+``FileBaton`` outlives its process and would make every later load wait forever) and is removed. A wait longer than
+a build (``BUILD_NOTICE_S``) says so on stderr, and after ``PIPELINE_KERNELS_BUILD_WAIT_S`` (default 1800 s) the
+kernels are given up for this process (the reason recorded, the engine on oneDNN). ``kernel_path(device, dtype)``
 names the path a model's steps take, recorded with every cell and bench row:
 
 - ``bf16-avx512`` / ``bf16-avx2``: our C++ decoder (all layers in one call, batch-invariant rows);
@@ -22,11 +28,15 @@ names the path a model's steps take, recorded with every cell and bench row:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -161,6 +171,85 @@ def kernels():
     return _STATE.get("module")
 
 
+BUILD_NOTICE_S = 120.0  # a build takes ~50 s on one core: a wait past this says whom it waits for
+BUILD_WAIT_S = 1800.0  # PIPELINE_KERNELS_BUILD_WAIT_S: the longest wait for another process's build
+
+
+def _wait_limit() -> float:
+    raw = os.environ.get("PIPELINE_KERNELS_BUILD_WAIT_S", "")
+    try:
+        value = float(raw) if raw.strip() else BUILD_WAIT_S
+    except ValueError:
+        value = BUILD_WAIT_S
+    return value if value == value and value >= 0 else BUILD_WAIT_S  # NaN or negative: the default
+
+
+@contextlib.contextmanager
+def build_lock(
+    folder: Path, *, stale: tuple[str, ...] = (), notice_s: float = BUILD_NOTICE_S, wait_s: float | None = None
+) -> Iterator[None]:
+    """Hold the build lock of ``folder``: an exclusive ``fcntl.flock`` on ``folder/build.flock``, which the kernel
+    releases when the holder exits or is killed, so no dead builder blocks a later one. Inside it the files named
+    ``stale`` (torch's ``lock`` baton, which only a builder inside this lock creates) can only be a dead builder's
+    and are removed. Waiting longer than ``notice_s`` prints who holds it (every ``notice_s``); past ``wait_s``
+    (default ``PIPELINE_KERNELS_BUILD_WAIT_S``) a TimeoutError naming the holder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "build.flock"
+    limit = _wait_limit() if wait_s is None else wait_s
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        start, notice = time.monotonic(), notice_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                holder = _holder(path)
+                if waited >= limit:
+                    raise TimeoutError(
+                        f"waited {waited:.0f} s for the build lock {path} ({holder}); a build takes about a "
+                        "minute: check that process, or raise PIPELINE_KERNELS_BUILD_WAIT_S"
+                    ) from None
+                if waited >= notice:
+                    print(
+                        f"pipeline: waiting {waited:.0f} s for the bf16 kernels' build lock {path} ({holder}), "
+                        "longer than a build takes; the lock ends with its process",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    notice += notice_s
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        for name in stale:
+            baton = folder / name
+            if baton.exists():
+                print(f"pipeline: removing {baton}, left by a build that was killed", file=sys.stderr, flush=True)
+                baton.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text().strip()
+    except OSError:
+        pid = ""
+    return f"held by pid {pid}" if pid.isdigit() else "holder unknown"
+
+
+def build_folder(root: Path, isa: str, cflags: list[str]) -> Path:
+    """The build folder of these sources and flags under ``root``: ``bf16_decoder-<isa>-torch<version>-<digest>``
+    (the digest of the C++ source, its header and the flags)."""
+    digest = hashlib.sha256(_SRC.read_bytes() + _SHIM.read_bytes() + " ".join(cflags).encode()).hexdigest()[:12]
+    return root / f"bf16_decoder-{isa}-torch{torch.__version__.replace('+', '_')}-{digest}"
+
+
+_build_folder = build_folder  # what _build calls (a test points it at a folder of its own)
+
+
 def _build():
     from torch.utils import cpp_extension  # noqa: PLC0415 - imports setuptools machinery; only when the kernels are wanted
 
@@ -173,19 +262,24 @@ def _build():
     isa = _isa_of(_machine_flags())
     if isa is None:
         raise RuntimeError("this machine's CPU has neither avx512_bf16 nor avx2 with fma")
-    build = root / f"bf16_decoder-{isa}-torch{torch.__version__.replace('+', '_')}"
-    build.mkdir(parents=True, exist_ok=True)
     # torch rebuilds when the sources or the flags change; the header is neither, so its digest is a flag
     shim = hashlib.sha256(_SHIM.read_bytes()).hexdigest()[:16]
-    module = cpp_extension.load(
-        name=f"pipeline_bf16_decoder_{isa}",
-        sources=[str(_SRC)],
-        extra_cflags=_COMMON_CFLAGS + _ISA_CFLAGS[isa] + [f"-DPIPELINE_SHIM_DIGEST={shim}"],
-        extra_ldflags=["-fopenmp"],
-        extra_include_paths=[str(_SRC.parent)],
-        build_directory=str(build),
-        verbose=False,
-    )
+    cflags = _COMMON_CFLAGS + _ISA_CFLAGS[isa] + [f"-DPIPELINE_SHIM_DIGEST={shim}"]
+    # one folder per source and flags (build_folder): checkouts with other sources never rebuild each other's
+    # extension, and only builders under build_lock ever use the folder, so a torch `lock` baton found there
+    # while holding the lock is a killed build's (torch's FileBaton outlives its process; load would wait
+    # forever on it)
+    build = _build_folder(root, isa, cflags)
+    with build_lock(build, stale=("lock",)):
+        module = cpp_extension.load(
+            name=f"pipeline_bf16_decoder_{isa}",
+            sources=[str(_SRC)],
+            extra_cflags=cflags,
+            extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(_SRC.parent)],
+            build_directory=str(build),
+            verbose=False,
+        )
     _STATE["isa"] = isa
     return module
 

@@ -17,6 +17,10 @@ from pipeline.measure.energy import check_energy_meter
 from pipeline.models import ModelNotAvailableError, PairSpec
 from pipeline.sweep.compose import CONF_DIR, SweepConfigError
 
+# The most requests that decode together (sweep.batch_sizes, the bench's batch_sizes): each slot holds a KV cache
+# and, for a drafter that cannot batch its state, a drafter copy; the machines this targets hold tens, not thousands.
+MAX_BATCH_SIZE = 256
+
 
 def check_models_available(pair: Mapping[str, Any]) -> None:
     """Offline (HF_HUB_OFFLINE=1): every model must be a local folder, an installed package or cached."""

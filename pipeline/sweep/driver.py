@@ -244,6 +244,9 @@ def run(cfg: DictConfig, root: Path | None = None) -> dict[str, Any]:
         tracker.close()
 
 
+PLANNED_CELLS_ARTIFACT = "planned_cells.json"  # on a parent run: the cells its driver set out to run
+
+
 def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, t0: float) -> dict[str, Any]:
     if tracker.leases is None:
         print(
@@ -276,6 +279,13 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
             run_name=f"{plan.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
             tags=layout.parent_tags(plan.name, cluster, " ".join(sys.argv)),
             params=layout.parent_params(plan.name, cluster, len(plan.cells), len(todo), len(to_rescore)),
+        )
+        # what this driver set out to run, on its parent run: a cell it never logs (its driver killed mid-cell)
+        # is still listed by the report (analysis.runs.unfinished_cells), not silently left out
+        tracker.client.log_text(
+            tracker.parent_run_id,
+            json.dumps([{"cell_key": c.key, "label": c.label, "seed": c.seed} for c in todo + to_rescore], indent=0),
+            PLANNED_CELLS_ARTIFACT,
         )
         status = "FAILED"
         started_ray = False

@@ -36,6 +36,7 @@ from pipeline.fingerprints import weights_identity
 from pipeline.models import PairSpec
 from pipeline.scoring.registry import check_task_scorer
 from pipeline.sweep.checks import (
+    MAX_BATCH_SIZE,
     check_cluster,
     check_dataset_numbers,
     check_device,
@@ -98,6 +99,8 @@ DATASET_KEYS = (
 SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
+# sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
+# would only be forked and stay empty)
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
 
 
@@ -149,6 +152,11 @@ def _batch_sizes(value: Any, where: str) -> list[int]:
         or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in value)
     ):
         raise SweepConfigError(f"{where} must be a non-empty list of integers >= 1, got {value!r} (e.g. [1, 2, 4, 8])")
+    if max(value) > MAX_BATCH_SIZE:
+        raise SweepConfigError(
+            f"{where} has {max(value)}: at most {MAX_BATCH_SIZE} requests decode together "
+            f"(each slot holds a KV cache and may fork a drafter copy); e.g. {where}=[1,2,4,8]"
+        )
     return sorted(set(value))
 
 
@@ -339,10 +347,12 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                     m["name"], m["params"], drafters=DrafterContext.of_pair(pair)
                 )
             except ValueError as err:
-                errors.append(
-                    f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; "
-                    f"fix the override or conf/method/{m['config_name']}.yaml)"
+                where = (
+                    f"the module {m['config_name'].partition(':')[0]!r} of {m['config_name']!r}"
+                    if ":" in str(m["config_name"]) and m["config_name"] not in group_options("method", cfg)
+                    else f"conf/method/{m['config_name']}.yaml"
                 )
+                errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or {where})")
                 continue
             own = m.get("batch_sizes") or batch_sizes
             if m is baseline:  # the baseline runs at every batch size some entry runs at
@@ -363,6 +373,13 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             if not measured:
                 raise ValueError("the slice is empty (check start/limit/ids)")
             counts[slice_label(ds)] = len(measured)
+            largest = max(b for m in methods for b in (m.get("batch_sizes") or batch_sizes)) if methods else 1
+            if largest > len(measured):
+                errors.append(
+                    f"sweep.batch_sizes has {largest} but dataset {ds['name']!r}'s slice has "
+                    f"{len(measured)} requests: a batch holds at most the slice's requests (lower the batch size "
+                    "or raise dataset.limit)"
+                )
         except Exception as err:  # noqa: BLE001 - any loader failure is a configuration error here
             errors.append(
                 f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}"

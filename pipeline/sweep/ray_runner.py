@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import replace
@@ -206,6 +208,41 @@ def with_disturbance(cell: Cell, result: CellResult, calibration: Mapping[str, M
     )
 
 
+DRIVER_POLL_S = 1.0  # how often a cell's actor looks for its driver (DriverBoundActor)
+
+
+def driver_alive(driver: tuple[str, int]) -> bool:
+    """Whether the driver ``(host, pid)`` is alive, as this process can tell: on its own host by its pid; on
+    another host Ray's own fate-sharing ends the actor when its owner's job goes (True here)."""
+    host, pid = driver
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+class DriverBoundActor(CellActor):
+    """A cell's actor that dies with its driver: only the driver writes to the store (docs/sweeps.md, "A killed
+    sweep"), so a cell whose driver is gone has no one to log it and must not go on holding cores; a thread ends
+    the actor's process within ``DRIVER_POLL_S`` of its driver's death."""
+
+    def run(self, cell: Cell, driver: tuple[str, int] | None = None) -> CellResult:
+        if driver is not None:
+
+            def watch() -> None:
+                while driver_alive(driver):
+                    time.sleep(DRIVER_POLL_S)
+                os._exit(70)  # the driver is gone: nothing this cell measures can be logged
+
+            threading.Thread(target=watch, name="driver-watch", daemon=True).start()
+        return super().run(cell)
+
+
 def run_cells(
     plan_cells: list[Cell],
     cluster: Mapping[str, Any],
@@ -227,7 +264,8 @@ def run_cells(
     free_cores = core_sets(isolation["threads"], capacity) if isolation["mode"] == "pinned" else None
     if free_cores is not None:
         capacity = min(capacity, len(free_cores))
-    remote_cls = ray.remote(CellActor)
+    remote_cls = ray.remote(DriverBoundActor)
+    driver = (socket.gethostname(), os.getpid())
     timeout = float(cluster.get("cell_timeout_s") or 0) or None
     pending = list(plan_cells)
     waiting: list[Cell] = []
@@ -254,7 +292,7 @@ def run_cells(
                     iso["cores"] = free_cores.pop(0)
                 cell = replace(cell, isolation=iso)
                 actor = remote_cls.options(**opts).remote()
-                ref = actor.run.remote(cell)
+                ref = actor.run.remote(cell, driver)
                 in_flight[ref] = (cell, actor, time.monotonic())
             if waiting and not pending:
                 if not told_waiting:
