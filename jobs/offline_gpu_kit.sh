@@ -63,7 +63,7 @@ PINS=(); for name in $SWEEP_WHEELS; do PINS+=("$(pin "$name")"); done
 
 # Parts that ride beside the tracked tree (about 30 MB) in one device call each (64 MiB in all): one tar of the
 # wheels and the tokenizer, split; jobs/gpu_sweep.sh keeps each carried part in /tmp/kit and joins them there.
-PART_MIB=${PART_MIB:-32}
+PART_MIB=${PART_MIB:-33}
 rm -rf "$KIT/parts" && mkdir -p "$KIT/parts"
 tar cf - -C "$KIT" wheels tokenizer.tgz | split -b "${PART_MIB}M" - "$KIT/parts/kit.tar.part-"
 (cd "$KIT/parts" && sha256sum kit.tar.part-* > SHA256)
