@@ -7,7 +7,8 @@
 #
 # KIT_DIR gets wheels/ (hydra-core, omegaconf, antlr4 built here from its sdist, zeus and its needs but
 # amdsmi, pydantic among them; gguf) and tokenizer.tgz (the offline pair's tokenizer, 0.6 MB, instead of its
-# 98 MB GGUF: the random pair takes only its tokenizer from it). The commands to run on the node are in jobs/README.md
+# 98 MB GGUF: the random pair takes only its tokenizer from it), the sweep's wheels (Ray, MLflow and their needs) and
+# parts/ (all of it as one tar in PART_MIB-MiB parts, default 32, for device calls: jobs/gpu_sweep.sh). The commands to run on the node are in jobs/README.md
 # (*A GPU node without internet*). What cannot travel this way, and why, is said there too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,9 @@ LOCK=requirements.lock
 pin() { grep -i "^$1==" "$LOCK" || { echo "no pin for $1 in $LOCK" >&2; exit 1; }; }
 
 rm -rf "$KIT" && mkdir -p "$KIT/wheels"
+# never carried as untracked files of the tree (a device call carries only the parts it names)
+EXCLUDE=$(git rev-parse --git-common-dir 2>/dev/null)/info/exclude  # a worktree's .git is a file
+[ -d "$(dirname "$EXCLUDE")" ] && { grep -qx "/$KIT/" "$EXCLUDE" || echo "/$KIT/" >> "$EXCLUDE"; }
 # pure-Python wheels, the versions requirements.lock pins; antlr4's 4.9.3 (what omegaconf 2.3 needs) is an sdist only
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation py \
   -d "$KIT/wheels" "$(pin hydra-core)" "$(pin omegaconf)" "$(pin tyro)" "$(pin docstring_parser)" "$(pin typeguard)" \
@@ -43,5 +47,25 @@ with tempfile.TemporaryDirectory() as tmp:
     with tarfile.open(Path(sys.argv[1]) / "tokenizer.tgz", "w:gz") as tar:
         tar.add(Path(tmp) / "tokenizer", arcname="tokenizer")
 EOF
-ls -l "$KIT"/wheels "$KIT"/tokenizer.tgz
-du -sh "$KIT"
+
+# The sweep (`python -m pipeline.sweep`, jobs/gpu_sweep.sh): Ray, MLflow (skinny: the client and the SQLite store) and
+# what they need that the GPU image lacks. The list is the closure of ray, mlflow-skinny, SQLAlchemy and alembic at
+# requirements.lock's versions, less the image's packages (/work/.library/device/KINDS.md, 2026-11-17), computed
+# with importlib.metadata on 2026-11-28; pydantic and hydra/omegaconf come from the lines above.
+SWEEP_WHEELS="alembic annotated-types cachetools cffi cryptography databricks-sdk fastapi gitdb GitPython google-auth
+  importlib_metadata jsonschema jsonschema-specifications Mako mlflow-skinny opentelemetry-api opentelemetry-proto
+  opentelemetry-sdk opentelemetry-semantic-conventions pyasn1 pyasn1_modules pycparser python-dotenv ray referencing
+  rpds-py smmap SQLAlchemy sqlparse starlette uvicorn zipp"
+PINS=(); for name in $SWEEP_WHEELS; do PINS+=("$(pin "$name")"); done
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+  -d "$KIT/wheels" "${PINS[@]}"
+
+# Parts that ride beside the tracked tree (about 30 MB) in one device call each (64 MiB in all): one tar of the
+# wheels and the tokenizer, split; jobs/gpu_sweep.sh keeps each carried part in /tmp/kit and joins them there.
+PART_MIB=${PART_MIB:-33}
+rm -rf "$KIT/parts" && mkdir -p "$KIT/parts"
+tar cf - -C "$KIT" wheels tokenizer.tgz | split -b "${PART_MIB}M" - "$KIT/parts/kit.tar.part-"
+(cd "$KIT/parts" && sha256sum kit.tar.part-* > SHA256)
+ls -l "$KIT"/wheels "$KIT"/tokenizer.tgz "$KIT"/parts
+du -sh "$KIT" "$KIT/parts"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 import time
 import traceback
 from contextlib import contextmanager
@@ -40,7 +41,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Iterator, Mapping
 
-import ray
 import torch
 
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, STATUS_SCORE_FAILED, Cell, CellResult
@@ -80,8 +80,11 @@ __all__ = [
 
 
 def _node_id() -> str | None:
+    """The Ray node this runs on; None outside Ray. Ray is not imported here: a Ray actor has imported it already,
+    and ``run_cell`` in-process (the bench, a GPU image without Ray) needs none."""
+    ray = sys.modules.get("ray")
     try:
-        if ray.is_initialized():
+        if ray is not None and ray.is_initialized():
             return ray.get_runtime_context().get_node_id()
     except Exception:  # noqa: BLE001 - outside Ray
         pass

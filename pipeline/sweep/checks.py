@@ -14,7 +14,7 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 
 from pipeline.measure.energy import check_energy_meter
-from pipeline.models import ModelNotAvailableError, PairSpec
+from pipeline.models import ModelNotAvailableError, ModelSpec, PairSpec
 from pipeline.sweep.compose import CONF_DIR, SweepConfigError
 
 # The most requests that decode together (sweep.batch_sizes, the bench's batch_sizes): each slot holds a KV cache
@@ -23,11 +23,14 @@ MAX_BATCH_SIZE = 256
 
 
 def check_models_available(pair: Mapping[str, Any]) -> None:
-    """Offline (HF_HUB_OFFLINE=1): every model must be a local folder, an installed package or cached."""
+    """Offline (HF_HUB_OFFLINE=1): every model must be a local folder, an installed package or cached. A
+    ``random_init`` model has no weights to find: its ``tokenizer:`` spec is checked instead."""
     spec = PairSpec.from_config(pair)
     for role, model in (("target", spec.target), ("draft", spec.draft)):
         if model is None:
             continue
+        if model.random_init:
+            role, model = f"{role} tokenizer", ModelSpec.from_config(model.tokenizer)
         if (
             not model.package
             and not model.random_init
