@@ -250,3 +250,16 @@ def test_the_make_run_size_decides_nothing_about_losslessness():
     table = evaluate_claims([c for c in load_claims() if "lossless_ppl" in c.id], runs, samples)
     tested = table[table["method"].isin(["spd", "block"])]
     assert len(tested) and set(tested["verdict"]) == {"too few prompts"}
+
+
+def test_a_calibrated_method_says_how_often_it_took_plain_steps():
+    runs, samples = fake_sweep()
+    spd = samples["label"] == "spd"
+    samples.loc[spd, "drafted"] = samples.loc[spd, "drafted"].map(
+        lambda d: [0 if i % 2 else g for i, g in enumerate(d)]
+    )
+    runs["draft_stop"] = np.where(runs["label"] == "spd", "acceptance", "none")
+    text = transfer.method_paragraphs(runs, samples, {"p": 0.05})
+    spd_text = next(p for p in text.split("\n\n") if p.startswith("**spd**"))
+    block_text = next(p for p in text.split("\n\n") if p.startswith("**block**"))
+    assert "were plain target steps" in spd_text and "were plain target steps" not in block_text
