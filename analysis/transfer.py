@@ -500,17 +500,30 @@ def sizing_markdown(table: pd.DataFrame, runs: pd.DataFrame, budget_s: float = S
         f"the time its two methods' cells would take at that size over {seeds} seed(s) here (each cell's measured wall "
         f"time per prompt): whether that fits a {budget_s / 3600:.0f}-hour sweep on this machine.",
         "",
-        "| claim | dataset | verdict | prompts now | prompts needed | estimated time | fits 2 hours? |",
+        "| claim | dataset | verdict | n now | needed (prompts; seeds for per-cell claims) | estimated time | fits "
+        "2 hours? |",
         "|---|---|---|---|---|---|---|",
     ]
+    from analysis.claims_spec import STATISTICS  # noqa: PLC0415
+
+    walls = {str(k): float(v.mean()) for k, v in num(runs, "cell_wall_s").groupby(runs["label"].astype(str))}
     for r in undecided.to_dict("records"):
         need = float(r["samples_needed"]) if pd.notna(r["samples_needed"]) else math.nan
-        cost = per.get(str(r["method"]), math.nan) + (per.get(str(r["reference"]), 0.0) if r["reference"] else 0.0)
-        secs = need * cost * seeds if math.isfinite(need) and math.isfinite(cost) else math.nan
+        stat = STATISTICS.get(str(r["statistic"]))
+        by_seed = stat is not None and stat.cell_level
+        if "no spread" in str(r.get("note")):
+            shown_need, secs = "undecidable: no spread (every value the same)", math.nan
+        elif by_seed:  # cells paired by seed: a seed more is a cell more of each side
+            cost = walls.get(str(r["method"]), math.nan) + walls.get(str(r["reference"]), 0.0)
+            secs = need * cost if math.isfinite(need) else math.nan
+            shown_need = f"{need:.0f} seeds" if math.isfinite(need) else "–"
+        else:
+            cost = per.get(str(r["method"]), math.nan) + (per.get(str(r["reference"]), 0.0) if r["reference"] else 0.0)
+            secs = need * cost * seeds if math.isfinite(need) and math.isfinite(cost) else math.nan
+            shown_need = (
+                "∞ (no effect to detect)" if math.isinf(need) else ("–" if not math.isfinite(need) else f"{need:.0f}")
+            )
         fits = "–" if not math.isfinite(secs) else ("yes" if secs <= budget_s else "no")
-        shown_need = (
-            "∞ (no effect to detect)" if math.isinf(need) else ("–" if not math.isfinite(need) else f"{need:.0f}")
-        )
         lines.append(
             f"| {r['claim']} | {r['dataset']} | {r['verdict']} | {r['n']} | {shown_need} | "
             f"{'–' if not math.isfinite(secs) else f'{secs / 60:.0f} min'} | {fits} |"

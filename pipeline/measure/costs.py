@@ -109,7 +109,7 @@ def calibrate_draft_length(
     if policy is None or not policy.needs_calibration:
         return {}
     gamma = draft_length(decoder) or 1
-    t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=2 * reps)
+    t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
     c = proposal_cost(decoder, prompt, device, reps=reps) / t_ar
     v = (t_verify / t_ar - 1.0) / gamma
     policy.calibrate(c, v)
