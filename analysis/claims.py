@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,7 @@ from analysis.claims_spec import (
     INCONCLUSIVE,
     MEASUREMENT_PROBLEM,
     NO_DATA,
+    PREDICTED,
     STATISTICS,
     TIMING_STATISTICS,
     TOO_FEW,
@@ -57,7 +58,8 @@ from pipeline.measure.bounds import expected_tokens
 
 def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Per generation: ``iterations`` (len accepted), ``accepted_drafts`` and ``reached`` (draft positions
-    reached, pipeline.measure.acceptance), ``accepted_pos1`` and ``reached_pos1`` (position 1 only), from ``accepted``
+    reached, pipeline.measure.acceptance), ``accepted_pos1`` and ``reached_pos1`` (position 1 only), ``drafted_total``
+    (draft positions put to the target, summed over iterations: what a memory-bound prediction costs), from ``accepted``
     and ``drafted`` (reconstructed from the cell's gamma and max_new_tokens for records logged without it)."""
     out = samples.copy()
     params = (
@@ -65,7 +67,7 @@ def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.Data
         if {"gamma", "max_new_tokens"} <= set(runs.columns)
         else None
     )
-    iters, acc, reached, acc1, reached1 = [], [], [], [], []
+    iters, acc, reached, acc1, reached1, drafted_total = [], [], [], [], [], []
     for row in out.itertuples(index=False):
         accepted = as_list(getattr(row, "accepted", None))
         drafted = as_list(getattr(row, "drafted", None))
@@ -84,6 +86,7 @@ def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.Data
         drafted = list(drafted or [0] * len(accepted))
         a = [min(max(int(e) - 1, 0), int(d)) for e, d in zip(accepted, drafted)]
         iters.append(len(accepted))
+        drafted_total.append(sum(int(d) for d in drafted[: len(accepted)]))
         acc.append(sum(a))
         reached.append(sum(min(x + 1, int(d)) for x, d in zip(a, drafted)))
         reached1.append(sum(1 for d in drafted if int(d) >= 1))
@@ -94,6 +97,7 @@ def add_acceptance_columns(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.Data
         ("reached", reached),
         ("accepted_pos1", acc1),
         ("reached_pos1", reached1),
+        ("drafted_total", drafted_total),
     ):
         out[name] = np.asarray(values, dtype=float)
     return out
@@ -191,6 +195,7 @@ def evaluate_claim(
     cost_ratio: float | None = None,
     n_boot: int = 2000,
     seed: int = 0,
+    gpu_cost_ratio: float | None = None,
 ) -> dict[str, Any]:
     """One claim on one (pair, dataset) group of runs and samples: a row of the claims table.
 
@@ -268,6 +273,15 @@ def evaluate_claim(
         ctx["cost_ratio"] = (
             float(cost_ratio) if cost_ratio is not None else float(logged.mean())
         )  # given, else the cells' own
+    if "gpu_cost_ratio" in stat.needs:
+        if gpu_cost_ratio is None or not math.isfinite(gpu_cost_ratio):
+            return _untested(
+                base,
+                "needs c (GPU)",
+                "needs the pair's bytes ratio c (its models' configs were not found; pass --gpu-cost-ratio)",
+                claim,
+            )
+        ctx["gpu_cost_ratio"] = float(gpu_cost_ratio)
     if stat.cell_level:  # cells paired by seed: the seed is the cluster
         if "speedup" in stat.columns and "speedup" not in cells:
             ratios = add_ratios(runs)
@@ -400,7 +414,15 @@ COLUMNS = [
     "note",
     "source",
     "wording",
+    *(f"predicted_{k}" for k in ("effect", "low", "high", "n", "verdict", "status", "note", "samples_needed")),
+    "predicted_c",
 ]
+
+
+def _predicted_twin(claim: Claim) -> Claim | None:
+    """A speed claim's memory-bound twin: the same comparison on ``PREDICTED[statistic]`` (None for other claims)."""
+    twin = PREDICTED.get(claim.statistic)
+    return None if twin is None else replace(claim, statistic=twin, requires="cpu", claimed=claim.claimed)
 
 
 def evaluate_claims(
@@ -411,16 +433,46 @@ def evaluate_claims(
     cost_ratio: float | None = None,
     n_boot: int = 2000,
     seed: int = 0,
+    gpu_cost_ratio: float | Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
-    """Every claim on every (pair, dataset) group of the sweep: the claims table (``COLUMNS``)."""
+    """Every claim on every (pair, dataset) group of the sweep: the claims table (``COLUMNS``).
+
+    Each speed claim (tokens_per_s, speedup) gets a second answer in the ``predicted_*`` columns: the same test on
+    what the measured acceptance and draft lengths give on a memory-bound accelerator (``PREDICTED``), with c =
+    ``gpu_cost_ratio`` (one number, or one per pair: ``analysis.transfer.gpu_cost_ratio``) and v = 0."""
     runs = mark_disturbed(runs)
     samples = add_acceptance_columns(samples, runs)
+    by_pair = gpu_cost_ratio if isinstance(gpu_cost_ratio, Mapping) else None
+    runs = add_predicted_speedup(
+        runs, samples, by_pair if by_pair is not None else {p: gpu_cost_ratio for p in runs["pair"].unique()}
+    )
     rows = []
     for (pair, dataset), group in runs.groupby(["pair", "dataset"], sort=True):
         group_samples = samples[samples["run_id"].isin(set(group["run_id"]))]
+        c_gpu = by_pair.get(pair) if by_pair is not None else gpu_cost_ratio
         for claim in claims:
             try:
-                row = evaluate_claim(claim, group, group_samples, cost_ratio=cost_ratio, n_boot=n_boot, seed=seed)
+                row = evaluate_claim(
+                    claim,
+                    group,
+                    group_samples,
+                    cost_ratio=cost_ratio,
+                    n_boot=n_boot,
+                    seed=seed,
+                    gpu_cost_ratio=c_gpu,  # type: ignore[arg-type]
+                )
+                twin = _predicted_twin(claim)
+                if twin is not None:
+                    pred = evaluate_claim(
+                        twin,
+                        group,
+                        group_samples,
+                        n_boot=n_boot,
+                        seed=seed,
+                        gpu_cost_ratio=c_gpu,  # type: ignore[arg-type]
+                    )
+                    row.update({f"predicted_{k}": pred.get(k) for k in PREDICTED_COLUMNS})
+                    row["predicted_c"] = c_gpu
             except ValueError as err:  # an ambiguous label: reported, not fatal for the other claims
                 row = _untested(
                     {"claim": claim.id, "method": claim.method, "reference": claim.reference},
@@ -430,3 +482,31 @@ def evaluate_claims(
                 )
             rows.append({"pair": pair, "dataset": dataset, **row})
     return pd.DataFrame(rows).reindex(columns=COLUMNS)
+
+
+PREDICTED_COLUMNS = ("effect", "low", "high", "n", "verdict", "status", "note", "samples_needed")
+
+
+def add_predicted_speedup(
+    runs: pd.DataFrame, samples: pd.DataFrame, c_by_pair: Mapping[str, float | None]
+) -> pd.DataFrame:
+    """``runs`` with ``predicted_speedup`` per cell: its generations' tokens over their memory-bound cost
+    (``pipeline.measure.bounds.predicted_speedup`` pooled over the cell: c the pair's, v = 0), which is the speedup
+    over ar at the same batch size there (ar's is 1: one token per step). ``samples`` need ``iterations`` and
+    ``drafted_total`` (``add_acceptance_columns``). NaN where the pair has no c."""
+    out = runs.copy()
+    if samples.empty or not {"iterations", "drafted_total", "new_tokens"} <= set(samples.columns):
+        out["predicted_speedup"] = math.nan
+        return out
+    sums = samples.groupby("run_id")[["new_tokens", "iterations", "drafted_total"]].sum()
+    values = []
+    for run_id, pair in zip(out["run_id"], out["pair"]):
+        c = c_by_pair.get(pair)
+        if run_id not in sums.index or c is None or not math.isfinite(float(c)):
+            values.append(math.nan)
+            continue
+        tokens, iters, drafted = sums.loc[run_id]
+        cost = iters + float(c) * drafted
+        values.append(float(tokens / cost) if cost > 0 else math.nan)
+    out["predicted_speedup"] = values
+    return out

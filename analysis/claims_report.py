@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from analysis import batching, schema, transfer
 from analysis.claims import evaluate_claims
 from analysis.claims_spec import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, TOO_FEW, Claim, load_claims
 from analysis.figures import savefig
@@ -163,12 +164,36 @@ def acceptance_markdown(per_method: pd.DataFrame) -> str:
 # ----------------------------------------------------------------------------------- claims
 
 
-def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
-    """claims.md's claims sections: the tested claims, then those untested here."""
+def _predicted_text(r: dict) -> str:
+    """A speed claim's memory-bound answer: effect [CI] verdict (– for claims that are not about speed)."""
+    verdict = r.get("predicted_verdict")
+    if not isinstance(verdict, str) or not verdict:
+        return "–"
+    pct = r["scale"] == "relative"
+    if r.get("predicted_status") not in SHOWN:
+        return str(r.get("predicted_status") or verdict)
+    e, lo, hi = (r.get(f"predicted_{k}", math.nan) for k in ("effect", "low", "high"))
+    show = (lambda v: _fmt(v, pct)) if pct else _fmt
+    ci = f" [{show(lo)}, {show(hi)}]" if isinstance(lo, float) and math.isfinite(lo) else ""
+    return f"{show(e)}{ci} **{verdict}**"
+
+
+def claims_markdown(table: pd.DataFrame, sweep: str = "", header: str = "", sections: Sequence[str] = ()) -> str:
+    """claims.md's claims sections: ``header`` (provenance, the methods in plain words), the tested claims with
+    their memory-bound prediction, ``sections`` (markdown blocks: the one-sided claims, the frontier, the batch
+    crossover, the sizes undecided claims need), then the claims' wording and those untested here."""
     tested = table[table["status"].isin(SHOWN)]
+    predicted_only = (
+        table[(~table["status"].isin(SHOWN)) & table.get("predicted_status", pd.Series(dtype=str)).isin(SHOWN)]
+        if "predicted_status" in table
+        else table.iloc[0:0]
+    )
     untested = table[~table["status"].isin(SHOWN)].drop_duplicates("claim")
     lines = [
         f"# Claims{f' — sweep `{sweep}`' if sweep else ''}",
+        "",
+        *([header, ""] if header else []),
+        "## Verdicts",
         "",
         (
             "The unit is the prompt (generations of one prompt are not independent): per prompt, the statistic of the "
@@ -180,14 +205,16 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
             "*too few prompts*. Verdict: the CI against the claim's boundary. *Needed* = prompts for a decisive "
             "verdict at 80% power if the measured effect is the true one; *MDE* = the smallest effect this size "
             "detects at 80% power (2.8 standard errors). Timing claims use only cells not measured on a disturbed "
-            "machine; a speedup above its own bound is a *measurement problem*."
+            "machine; a speedup above its own bound is a *measurement problem*. *Predicted (memory-bound)*: a speed "
+            "claim's second answer, the same test on what the measured acceptance and draft lengths give on a "
+            "memory-bound accelerator (c the pair's bytes ratio, v = 0: `pipeline.measure.bounds.predicted_speedup`)."
         ),
         "",
         (
             "| pair | dataset | claim | method vs reference | statistic | claim | effect | 95% CI | verdict | n "
-            "prompts (pairs) | needed | MDE | paper's figure (in CI?) |"
+            "prompts (pairs) | needed | MDE | paper's figure (in CI?) | predicted (memory-bound) |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in tested.to_dict("records"):
         pct = r["scale"] == "relative"
@@ -217,8 +244,24 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "") -> str:
             f"| {r['pair']} | {r['dataset']} | {r['claim']} | {vs} | {r['statistic']} ({r['scale']}) | "
             f"{_boundary(pd.Series(r))} | {_fmt(r['effect'], pct) if pct else _fmt(r['effect'])} | {ci} | {verdict} | "
             f"{r['n']} ({r.get('n_pairs', '–')}) | {needed} | "
-            f"{_fmt(r['mde'], pct).replace('+', '') if pct else _fmt(r['mde'])} | {claimed} |"
+            f"{_fmt(r['mde'], pct).replace('+', '') if pct else _fmt(r['mde'])} | {claimed} | {_predicted_text(r)} |"
         )
+    if len(predicted_only):
+        lines += [
+            "",
+            "Speed claims untested on this machine (a GPU claim, or no undisturbed cells) with a memory-bound "
+            "prediction from the measured acceptance:",
+            "",
+            "| pair | dataset | claim | method vs reference | why untested here | predicted (memory-bound) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in predicted_only.to_dict("records"):
+            lines.append(
+                f"| {r['pair']} | {r['dataset']} | {r['claim']} | {r['method']} vs {r['reference']} | {r['status']} | "
+                f"{_predicted_text(r)} |"
+            )
+    for block in sections:
+        lines += ["", block.rstrip("\n")]
     lines += ["", "## Claims", ""]
     for r in table.drop_duplicates("claim").to_dict("records"):
         lines.append(f"- **{r['claim']}** ({r['source']}): {r['wording']}")
@@ -294,13 +337,59 @@ def write_claims(
     cost_ratio: float | None = None,
     n_boot: int = 2000,
     sweep: str = "",
+    gpu_cost_ratio: float | None = None,
+    command: str = "",
+    bandwidth_gbs: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate the claims and write claims.md|csv, acceptance.md|csv and figures/claims_forest.png|pdf under
-    ``out_dir``."""
+    ``out_dir``. claims.md opens with the provenance (``command``, commit, machine, measured costs, date) and one
+    paragraph per method, and carries each speed claim's memory-bound prediction (c: ``gpu_cost_ratio``, else each
+    pair's bytes ratio), the claims that hold on one side only, the frontier (where the sweep has hsd / hsd_ref /
+    traversal cells), the batch crossover (where batch size varies) and the sizes undecided claims need."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     claims = list(claims) if claims is not None else load_claims(claims_file)
-    table = evaluate_claims(claims, runs, samples, cost_ratio=cost_ratio, n_boot=n_boot)
+    gpu_c = transfer.gpu_cost_ratios(runs, gpu_cost_ratio)
+    full = runs.reindex(columns=list(dict.fromkeys([*runs.columns, *schema.METRICS])))  # a frame built by hand
+    table = evaluate_claims(claims, runs, samples, cost_ratio=cost_ratio, n_boot=n_boot, gpu_cost_ratio=gpu_c)
+    header = "\n".join(
+        [
+            transfer.provenance_markdown(
+                full,
+                sweep,
+                command or f"python -m analysis.report --sweep={sweep}",
+                gpu_c=gpu_c,
+                bandwidth_gbs=bandwidth_gbs,
+            ),
+            "## What each method does here",
+            "",
+            transfer.method_paragraphs(full, samples, gpu_c),
+        ]
+    )
+    sections = []
+    sided = transfer.one_sided(table)
+    sections.append(
+        "## Holds on one side only\n\n"
+        + (
+            "\n".join(sided)
+            if sided
+            else "No speed claim is supported on one side and not on the other (measured here vs predicted for a "
+            "memory-bound accelerator)."
+        )
+        + "\n"
+    )
+    labels = set(runs["label"].astype(str))
+    if labels & {"hsd", "hsd_ref", "traversal", "mcss"}:
+        sections.append(
+            "## The frontier: HSD, block and token verification; Traversal beside SpecInfer and MCSS\n\n"
+            + transfer.frontier_markdown(full, samples)
+        )
+    if batching.varies(full):
+        sections.append(
+            "## Batch size: throughput, latency, acceptance and the crossover\n\n"
+            + transfer.crossover_markdown(full, samples, gpu_c)
+        )
+    sections.append("## Undecided claims: the size they need\n\n" + transfer.sizing_markdown(table, full))
     per_method, per_cell = acceptance_tables(runs, samples)
     paths = {
         "claims_md": out / "claims.md",
@@ -310,7 +399,9 @@ def write_claims(
     }
     acc_md = acceptance_markdown(per_method)
     paths["claims_md"].write_text(
-        claims_markdown(table, sweep) + "\n## Acceptance (per method, pooled over its cells)\n\n" + acc_md
+        claims_markdown(table, sweep, header=header, sections=sections)
+        + "\n## Acceptance (per method, pooled over its cells)\n\n"
+        + acc_md
     )
     table.to_csv(paths["claims_csv"], index=False)
     paths["acceptance_md"].write_text("# Acceptance\n\n" + acc_md)
@@ -320,6 +411,7 @@ def write_claims(
     plt.close(fig)
     return {
         "table": table,
+        "methods": header,
         "acceptance": per_method,
         "paths": list(paths.values()),
         "figure": figure,

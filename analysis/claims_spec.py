@@ -61,6 +61,15 @@ def _leviathan(u: np.ndarray, ctx: dict) -> float:
     return expected_tokens(acc / reached, int(ctx["gamma"])) / (tokens / iters)
 
 
+def _predicted(u: np.ndarray, ctx: dict) -> float:
+    """Tokens per unit of a memory-bound accelerator's cost (``pipeline.measure.bounds.predicted_speedup`` pooled):
+    new tokens over (iterations + c x draft positions verified), c = ``gpu_cost_ratio`` (the pair's bytes ratio),
+    v = 0; ar's is 1 (one token per step), so a method's over ar's is its predicted speedup there."""
+    tokens, iters, drafted = (u[:, i].sum() for i in range(3))
+    cost = iters + float(ctx["gpu_cost_ratio"]) * drafted
+    return float(tokens / cost) if cost > 0 else math.nan
+
+
 STATISTICS: dict[str, Statistic] = {
     "tokens_per_step": Statistic(("new_tokens", "steps"), ratio_of_sums),
     "tokens_per_s": Statistic(("new_tokens", "decode_s"), ratio_of_sums),
@@ -78,7 +87,16 @@ STATISTICS: dict[str, Statistic] = {
     # tokens/s over the ar cell of the same seed and batch size (stats.add_ratios), per cell paired by seed: compares
     # speedups across batch sizes (e.g. "spd (batch 16)" against "spd") or methods at one batch size
     "speedup": Statistic(("speedup",), _mean, cell_level=True),
+    # the speed claims' second answer (issue 44): what the measured acceptance and draft lengths give on a
+    # memory-bound accelerator (c from the pair's bytes ratio, v = 0), per generation (tokens_per_s's twin) or per
+    # cell over ar at the same batch size (speedup's twin, ``analysis.transfer.add_predicted_speedup``)
+    "predicted_tokens_per_cost": Statistic(
+        ("new_tokens", "iterations", "drafted_total"), _predicted, needs=("gpu_cost_ratio",)
+    ),
+    "predicted_speedup": Statistic(("predicted_speedup",), _mean, cell_level=True),
 }
+# a speed claim's statistic -> its memory-bound prediction's
+PREDICTED = {"tokens_per_s": "predicted_tokens_per_cost", "speedup": "predicted_speedup"}
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,8 @@ def write_report(
     log_to_mlflow: bool = True,
     claims_file: str | Path | None = None,
     log=print,
+    gpu_cost_ratio: float | None = None,
+    command: str = "",
 ) -> dict[str, Any]:
     """Write the report of ``sweep`` under ``out`` (default ``reports/<sweep>``); returns what was written."""
     uri = tracking_uri or default_tracking_uri()
@@ -184,12 +186,21 @@ def write_report(
         f"{out_dir / 'figures'}"
     )
     claims = claims_report.write_claims(
-        runs, samples, out_dir, claims_file=claims_file, cost_ratio=cost_ratio, n_boot=n_boot, sweep=sweep
+        runs,
+        samples,
+        out_dir,
+        claims_file=claims_file,
+        cost_ratio=cost_ratio,
+        n_boot=n_boot,
+        sweep=sweep,
+        gpu_cost_ratio=gpu_cost_ratio,
+        command=command,
     )
     written["claims"] = claims
     written["tables"].extend(claims["paths"])
     written["figures"]["claims_forest"] = claims["figure"]
     log(f"claims: {', '.join(f'{n} {v}' for v, n in sorted(claims['counts'].items()))} -> {out_dir / 'claims.md'}")
+    log("\n" + claims["methods"])  # the provenance and one paragraph per method (claims.md opens with them)
     if log_to_mlflow:
         written["parent_run"] = log_to_parent_run(
             sweep, uri, written, tables.summary, claims_report.claim_metrics(claims["table"]), runs
@@ -377,6 +388,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="c = draft step time / target step time, for Leviathan's bound (not logged by the cells)",
     )
+    parser.add_argument(
+        "--gpu-cost-ratio",
+        type=float,
+        default=None,
+        help="c of the memory-bound prediction (default: each pair's bytes ratio, draft / target weights per step)",
+    )
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates (default 2000)")
     parser.add_argument("--no-notebooks", action="store_true", help="tables and figures only")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per notebook cell")
@@ -404,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout=args.timeout,
             log_to_mlflow=not args.no_mlflow,
             claims_file=args.claims,
+            gpu_cost_ratio=args.gpu_cost_ratio,
+            command="python -m analysis.report " + " ".join(sys.argv[1:] if argv is None else argv),
         )
     except (LookupError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -101,6 +101,13 @@ METRICS: dict[str, str] = {
     # and just after the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived
     # from them
     "t_target_step_ms": "t_target_step_ms",
+    # the step costs behind v = (t_verify(gamma+1) / t_ar - 1) / gamma (the cells' `costs` stage), what a calibrating
+    # cell measured before its window (draft_cost / verify_cost: auto) and the cell's wall time (sizing)
+    "t_verify_ms": "t_verify_ms",
+    "t_draft_step_ms": "t_draft_step_ms",
+    "calibrated_draft_cost": "calibrated_draft_cost",
+    "calibrated_verify_cost": "calibrated_verify_cost",
+    "cell_wall_s": "cell_wall_s",
     "probe_before_ms": "probe_before_ms",
     "probe_after_ms": "probe_after_ms",
     "calibrated_target_step_ms": "calibrated_target_step_ms",
@@ -137,6 +144,8 @@ PARAMS: dict[str, str] = {
     "hardware": "hardware",
     "harness_version": "harness_version",
     "batch_size": "batch_size",  # requests decoded together (harness 5 on; older cells: 1)
+    "k_config": "method.k_config",  # a tree method's children per depth
+    "draft_stop": "method.draft_stop",
 }
 
 # ----------------------------------------------------------------------------------- artifacts

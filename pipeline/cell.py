@@ -214,6 +214,15 @@ def run_cell(cell: Cell) -> CellResult:
             samples, warm, _ = load_slice(dataset, warmup_samples=protocol.warmup_samples)
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, protocol.energy_meter)
+        calibration: dict[str, float] = {}
+        if getattr(getattr(decoder, "length_policy", None), "needs_calibration", False):
+            # draft_cost / verify_cost: auto: c and v measured on this cell's models before its window, for the
+            # draft-length rule (pipeline.measure.costs.calibrate_draft_length; logged as calibrated_* metrics)
+            from pipeline.measure.costs import calibrate_draft_length  # noqa: PLC0415 - calibrating cells only
+
+            with _stage(result, "calibrate"):
+                first = _format(task, pair.tokenizer, spec.chat, samples[0], 0, ()).input_ids
+                calibration = calibrate_draft_length(decoder, first, device)
         with _stage(result, "generate"):
             inject_fault(cell, "generate")
             batched = int(cell.batch_size) > 1
@@ -238,7 +247,7 @@ def run_cell(cell: Cell) -> CellResult:
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
-        metrics.update(request_metrics(window.records), batch_size=int(cell.batch_size))
+        metrics.update(request_metrics(window.records), batch_size=int(cell.batch_size), **calibration)
         if decoder.draft_shape == "chain" and getattr(decoder, "drafter_impl", None) is not None and protocol.costs:
             # step costs behind Leviathan's bound (c = t_draft / t_target), after the window; t_draft is
             # the cell's own drafter's (a draft-model step, an EAGLE head step, an n-gram lookup)

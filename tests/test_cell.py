@@ -82,3 +82,17 @@ def test_warmup_samples_are_outside_the_slice(plan):
     measured, warm, everything = load_slice(_cell(plan, "ar", "humaneval").dataset, warmup_samples=3)
     assert [s.id for s in measured] == ["HumanEval/0", "HumanEval/1"]
     assert len(warm) == 3 and not {s.id for s in warm} & {s.id for s in measured}
+
+
+def test_a_calibrating_cell_measures_its_costs_before_the_window(plan):
+    """draft_cost / verify_cost: auto (conf/sweep/smoke.yaml): the cell measures c and v on its own models in a
+    `calibrate` stage before `generate`, the rule reads them, and the cell logs them."""
+    base = _cell(plan, "spd", "humaneval")
+    params = {**base.params, "draft_stop": "acceptance", "draft_cost": "auto", "verify_cost": "auto", "draft_min": 0}
+    result = run_cell(replace(base, params=params))
+    assert result.status == STATUS_FINISHED, result.traceback
+    assert list(result.stages)[:3] == ["load", "calibrate", "generate"]
+    m = result.metrics
+    assert m["calibrated_draft_cost"] > 0 and m["calibrated_t_ar_ms"] > 0 and "calibrated_verify_cost" in m
+    assert m["stage_calibrate_s"] > 0 and m["new_tokens"] > 0
+    assert "calibrated_draft_cost" not in run_cell(base).metrics  # a cell with numbers (or no rule) measures nothing

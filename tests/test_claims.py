@@ -534,7 +534,7 @@ def test_a_margin_must_be_finite_and_in_range(tmp_path, margin, message):
 
 def test_hsd_and_traversal_claims_say_no_data_until_their_cells_exist():
     claims = [c for c in load_claims() if c.id.startswith(("hsd_", "traversal_"))]
-    assert {c.method for c in claims} == {"hsd", "hsd_eagle3", "traversal"}
+    assert {c.method for c in claims} == {"hsd", "hsd_ref", "hsd_eagle3", "traversal"}
     runs, samples = synthetic({"ar": 0.0, "spd": 0.0, "block": 0.0}, n_prompts=6)
     table = evaluate_claims(claims, runs, samples)
     assert (table["status"] == "no data").all() and table["note"].str.contains("no data").all()
@@ -544,6 +544,7 @@ def test_hsd_and_traversal_claims_say_no_data_until_their_cells_exist():
         "spd": 0.0,
         "block": 0.0,
         "hsd": 0.0,
+        "hsd_ref": 0.0,
         "specinfer": 0.0,
         "traversal": 0.0,
         "spd_eagle3": 0.0,

@@ -3,13 +3,16 @@ stays the target's greedy, the stop shortens chains as it says, its parameters l
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_tokens
 from pipeline.decoding import build_decoder, check_method, make_generator, method_args, method_class
-from pipeline.decoding.draft_length import DraftLength, tokens_per_cost
+from pipeline.decoding.draft_length import PROBE_EVERY, DraftLength, tokens_per_cost
 from pipeline.decoding.warping import Warper
 from pipeline.measure.bounds import hindsight_bound, hindsight_gamma, leviathan_bound
+from pipeline.measure.costs import calibrate_draft_length
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +165,123 @@ def test_the_hindsight_oracle_costs_the_rows_it_verifies():
     assert hindsight_bound(its, 2, 0.1, 0.0) == pytest.approx(hindsight_bound(its, 2, 0.1))
     assert hindsight_bound(its, 2, 0.1, 0.3) == pytest.approx((3 + 2 + 3 + 1) / 4 / (2 * 0.4 + 1))
     assert hindsight_gamma(its, 3, 0.05)[0] == 3 and hindsight_gamma(its, 3, 0.05, 0.4)[0] == 1
+
+
+# ----------------------------------------------------------------------- calibrated costs and plain steps (issue 44)
+
+
+def _settle(policy, proposed, kept, times=30):
+    for _ in range(times):
+        policy.observe(proposed, kept)
+    return policy
+
+
+def test_the_calibrated_length_is_ar_like_when_rows_are_dear_and_longer_when_cheap():
+    """The same acceptance (about 0.4, what the offline pair measures) under two machines' measured costs: rows that
+    cost a third of a step each (AVX2) make any draft lose, so the rule takes plain steps (draft_min 0) or one draft
+    (draft_min 1); nearly free rows (AVX512-BF16, a GPU) make it draft longer."""
+    dear, cheap, floor = (
+        DraftLength("acceptance", cost="auto", verify="auto", minimum=0),
+        DraftLength("acceptance", cost="auto", verify="auto", minimum=0),
+        DraftLength("acceptance", cost="auto", verify="auto", minimum=1),
+    )
+    assert dear.needs_calibration and not DraftLength("acceptance").needs_calibration
+    dear.calibrate(0.08, 0.35)
+    floor.calibrate(0.08, 0.35)
+    cheap.calibrate(0.02, 0.01)
+    for policy in (dear, cheap, floor):
+        _settle(policy, 3, 0, times=18)  # mixed verdicts: alpha 13 / 32, about 0.4
+        _settle(policy, 3, 3, times=4)
+    assert 0.35 < dear.alpha < 0.5
+    assert dear.best(4) == 0 and floor.best(4) == 1  # a plain step beats every length here
+    assert cheap.best(4) >= 2  # cheap rows: longer drafts
+    # the choice is the arithmetic written out: the g (0 a plain step) that maximises tokens per unit cost
+    a = dear.alpha
+    assert max(tokens_per_cost(a, g, 0.08, 0.35) for g in range(1, 5)) < 1.0 == tokens_per_cost(a, 0, 0.08, 0.35)
+
+
+def test_plain_steps_probe_now_and_then_and_return_to_drafting():
+    policy = DraftLength("acceptance", cost=0.2, verify=0.3, minimum=0)
+    _settle(policy, 2, 0, times=10)  # alpha 1/12: drafting loses
+    budgets = [policy.budget(3) for _ in range(24)]
+    assert budgets.count(1) == 3 and set(budgets) == {0, 1}  # every PROBE_EVERY-th plain decision drafts one
+    assert [i for i, b in enumerate(budgets) if b] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
+    _settle(policy, 1, 1, times=40)  # the probes keep passing: the estimate rises and drafting pays again
+    assert policy.budget(3) >= 1 and policy.plain == 0
+    policy.start()
+    assert policy.plain == 0 and policy.alpha == 0.5
+
+
+def test_auto_costs_refuse_to_guess_before_calibration(tiny_pair):
+    decoder = build_decoder("spd", *tiny_pair, **WARP, gamma=3, draft_stop="acceptance", draft_cost="auto")
+    with pytest.raises(RuntimeError, match="calibrate_draft_length"):
+        decoder.generate(PROMPT, max_new_tokens=8, generator=make_generator(0))
+    with pytest.raises(ValueError, match="finite number > 0"):
+        decoder.length_policy.calibrate(math.nan, 0.0)
+
+
+@pytest.mark.parametrize("method", ["spd", "block", "mtad"])
+def test_the_cell_calibration_measures_c_and_v_and_the_rule_reads_them(tiny_pair, method):
+    params = {"draft_stop": "acceptance", "draft_cost": "auto", "verify_cost": "auto", "draft_min": 0}
+    values = check_method(method, params)
+    assert {k: values[k] for k in params} == params  # set, so keyed
+    decoder = build_decoder(method, *tiny_pair, **WARP, gamma=3, **params)
+    measured = calibrate_draft_length(decoder, PROMPT * 4, "cpu", reps=3)
+    assert set(measured) == {"calibrated_draft_cost", "calibrated_verify_cost", "calibrated_t_ar_ms"}
+    assert measured["calibrated_draft_cost"] > 0 and math.isfinite(measured["calibrated_verify_cost"])
+    assert decoder.length_policy.cost == measured["calibrated_draft_cost"]
+    assert decoder.length_policy.verify == max(0.0, measured["calibrated_verify_cost"])
+    assert calibrate_draft_length(decoder, PROMPT, "cpu") == {}  # measured once; numbers set by hand are kept
+    gen = decoder.generate(PROMPT, max_new_tokens=24, generator=make_generator(1))
+    assert len(gen.tokens) == 24 and len(gen.drafted) == gen.steps
+    # dear rows: the request decodes with plain steps (drafted 0) apart from the probes; cheap rows: it drafts
+    decoder.length_policy.cost, decoder.length_policy.verify = 0.5, 0.5
+    gen = decoder.generate(PROMPT, max_new_tokens=24, generator=make_generator(1))
+    assert gen.drafted.count(0) >= len(gen.drafted) - 24 // PROBE_EVERY - 1 and gen.draft_steps < 24
+    decoder.length_policy.cost, decoder.length_policy.verify = 0.01, 0.0
+    gen = decoder.generate(PROMPT, max_new_tokens=24, generator=make_generator(1))
+    assert 0 not in gen.drafted[:-1] and max(gen.drafted) >= 2
+
+
+def test_draft_min_zero_with_greedy_is_the_targets_greedy(tiny_pair):
+    want = build_decoder("ar", tiny_pair[0], temperature=0.0).generate(PROMPT, max_new_tokens=24).tokens
+    decoder = build_decoder(
+        "spd",
+        *tiny_pair,
+        temperature=0.0,
+        gamma=3,
+        draft_stop="acceptance",
+        draft_cost=0.2,
+        verify_cost=0.2,
+        draft_min=0,
+    )
+    got = decoder.generate(PROMPT, max_new_tokens=24)
+    assert got.tokens == want and 0 in got.drafted
+
+
+@pytest.mark.parametrize("method", ["spd", "block"])
+def test_plain_steps_keep_lossless_rules_exact(tiny_pair, law2, method):
+    """c + v = 0.4: at the prior (1/2) one draft pays, after a rejection (1/3) it does not, so a request mixes
+    drafted iterations and plain target steps; its first two tokens still follow the target's law."""
+    decoder = build_decoder(
+        method, *tiny_pair, **WARP, gamma=3, draft_stop="acceptance", draft_cost=0.2, verify_cost=0.2, draft_min=0
+    )
+    gen = decoder.generate(PROMPT, max_new_tokens=40, generator=make_generator(7))
+    assert 0 in gen.drafted[:-1] and max(gen.drafted) >= 1, gen.drafted  # both kinds of iteration happen
+    samples = first_tokens(decoder, 2000, 2, max_new=4)
+    assert chi_square_pvalue(samples, law2) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "params,fix",
+    [
+        ({"draft_stop": "acceptance", "draft_cost": "measured"}, "or auto (measured by the cell before its window)"),
+        ({"draft_stop": "acceptance", "draft_min": 2}, "must be 0 or 1"),
+        ({"draft_min": 0}, "set draft_stop: acceptance, or leave draft_min at its default"),
+        ({"draft_stop": "confidence", "verify_cost": "auto"}, "set draft_stop: acceptance"),
+    ],
+)
+def test_bad_calibration_values_name_the_fix(params, fix):
+    with pytest.raises(ValueError) as err:
+        check_method("spd", params)
+    assert fix in str(err.value)

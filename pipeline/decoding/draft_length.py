@@ -16,10 +16,23 @@ chain drafter (model, eagle, eagle3, ngram, a drafter of your own):
   +1/+2: a uniform prior). ``v`` is what each draft adds to the verification pass, as a share of a target step:
   0 (Leviathan's model) where the pass is memory-bound (a GPU, a CPU with AVX512-BF16: 5 rows ~1.24 steps), about
   0.35 where every row is multiply-adds at the compute roofline (the bf16 kernels on AVX2: 5 rows ~2.4 steps).
+  ``draft_cost: auto`` / ``verify_cost: auto``: measured by the cell before its window on its own models
+  (``pipeline.measure.costs.calibrate_draft_length``: c = t_draft / t_ar, v = (t_verify(gamma+1) / t_ar - 1) / gamma,
+  the drafter's and the target's medians; mtad's c is its beam sampling's); a decoder built outside a cell is
+  calibrated by calling that function once before it generates (it refuses to guess). ``draft_min: 0`` lets the
+  rule choose no draft at all: where no length ``g >= 1`` beats a plain step (``g = 0``: one token for one step,
+  the same formula at g = 0) the iteration is a plain target step (an ar step); every ``PROBE_EVERY``-th iteration
+  the rule sends to a plain step drafts one token instead, so the running estimate keeps learning (a request whose
+  acceptance rises goes back to drafting). ``draft_min: 1`` (the default) always drafts at least one token, as before.
 
 Exactness: each rule reads only the draft (its rows and tokens) and the verdicts of past iterations, never the
 target's rows of the current one, so the rule verifies whatever chain was proposed and every lossless rule stays
-lossless. The acceptance length is fixed before the draft is drawn (a fixed gamma given the past). For the
+lossless. The acceptance length is fixed before the draft is drawn (a fixed gamma given the past). With
+``draft_min: 0`` an iteration of length 0 is the decoder's plain step (``_plain_step``: one target forward, its
+next token drawn from the warped target row, the drafter told that nothing was drafted): exactly an ar step, so the
+output law of such an iteration is the target's; the choice between 0 and g >= 1 is made from past verdicts and the
+iteration count only, so by the same argument every lossless rule stays lossless (tests/test_draft_length.py checks
+spd and block with plain steps by chi-square). For the
 confidence stop, a chain cut after draft K is the chain of a draft model q' that draws a token t* of target
 probability 0 once the stop fires: token and block verification treat t* as a sure rejection whose residual is the
 target row itself (the bonus row after K), so they act on the cut chain exactly as on the full-length chain of q',
@@ -35,6 +48,7 @@ the target kept by the usual ``feedback``), so there the stop saves verification
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -42,6 +56,23 @@ import torch
 from .base import Param, in_closed, in_half_open, one_of
 
 DRAFT_STOPS = ("none", "confidence", "acceptance")
+AUTO = "auto"  # draft_cost / verify_cost measured by the cell before its window
+PROBE_EVERY = 8  # draft_min 0: every 8th iteration the rule sends to a plain step drafts a token (the estimate learns)
+
+
+def number_or_auto(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    """``check`` for a number, or the string ``auto`` (measured in the cell)."""
+
+    def checked(v: Any) -> str | None:
+        problem = None if v == AUTO else check(v)
+        return None if problem is None else f"{problem}, or auto (measured by the cell before its window)"
+
+    return checked
+
+
+def draft_minimum(v: Any) -> str | None:
+    return None if isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) else "must be 0 or 1"
+
 
 # The policy's parameters, declared by DraftVerifyDecoder (so by every chain method). ``keyed_at_default=False``:
 # added after cell keys were pinned, they stay out of a cell's resolved parameters (and so its key) at their
@@ -62,14 +93,21 @@ DRAFT_LENGTH_PARAMS: dict[str, Param] = {
     ),
     "draft_cost": Param(
         0.05,
-        in_half_open(0.0, 1.0),
-        "draft_stop: acceptance: c = t_draft / t_ar the length is chosen for",
+        number_or_auto(in_half_open(0.0, 1.0)),
+        "draft_stop: acceptance: c = t_draft / t_ar the length is chosen for (auto: measured by the cell)",
         keyed_at_default=False,
     ),
     "verify_cost": Param(
         0.0,
-        in_closed(0.0, 1.0),
-        "draft_stop: acceptance: v = what one more verified row adds to the target pass, over t_ar (0: memory-bound)",
+        number_or_auto(in_closed(0.0, 1.0)),
+        "draft_stop: acceptance: v = what one more verified row adds to the target pass, over t_ar (0: memory-bound; "
+        "auto: measured by the cell)",
+        keyed_at_default=False,
+    ),
+    "draft_min": Param(
+        1,
+        draft_minimum,
+        "draft_stop: acceptance: the fewest drafts of an iteration; 0 = a plain target step where no length pays",
         keyed_at_default=False,
     ),
 }
@@ -78,7 +116,12 @@ DRAFT_LENGTH_PARAMS: dict[str, Param] = {
 def check_draft_length(values: dict[str, Any]) -> None:
     """A threshold or cost set for a policy that does not read it is an error naming the fix."""
     stop = values.get("draft_stop", "none")
-    for key, policy in (("draft_threshold", "confidence"), ("draft_cost", "acceptance"), ("verify_cost", "acceptance")):
+    for key, policy in (
+        ("draft_threshold", "confidence"),
+        ("draft_cost", "acceptance"),
+        ("verify_cost", "acceptance"),
+        ("draft_min", "acceptance"),
+    ):
         if key in values and values[key] != DRAFT_LENGTH_PARAMS[key].default and stop != policy:
             raise ValueError(
                 f"{key}={values[key]!r} is read only with draft_stop: {policy} (draft_stop is {stop!r}): "
@@ -96,13 +139,27 @@ def tokens_per_cost(alpha: float, gamma: int, c: float, v: float = 0.0) -> float
 
 
 class DraftLength:
-    """One decoder's draft-length policy and the running acceptance counts of its current request."""
+    """One decoder's draft-length policy and the running acceptance counts of its current request.
 
-    def __init__(self, stop: str = "none", threshold: float = 0.5, cost: float = 0.05, verify: float = 0.0) -> None:
+    ``cost`` / ``verify``: numbers, or ``"auto"`` until ``calibrate`` sets them (the cell measures them before its
+    window); ``minimum``: 1, or 0 to allow plain target steps (``draft_min``)."""
+
+    def __init__(
+        self,
+        stop: str = "none",
+        threshold: float = 0.5,
+        cost: float | str = 0.05,
+        verify: float | str = 0.0,
+        minimum: int = 1,
+    ) -> None:
         if stop not in DRAFT_STOPS:
             raise ValueError(f"draft_stop must be one of {list(DRAFT_STOPS)}, got {stop!r}")
-        self.stop, self.threshold, self.cost, self.verify = stop, float(threshold), float(cost), float(verify)
-        self.accepted = self.examined = 0
+        if minimum not in (0, 1):
+            raise ValueError(f"draft_min must be 0 or 1, got {minimum!r}")
+        self.stop, self.threshold, self.minimum = stop, float(threshold), int(minimum)
+        self.cost: float | None = None if cost == AUTO else float(cost)
+        self.verify: float | None = None if verify == AUTO else float(verify)
+        self.accepted = self.examined = self.plain = 0
 
     @classmethod
     def of(cls, args: Any) -> "DraftLength":
@@ -112,25 +169,62 @@ class DraftLength:
         return cls(
             str(value["draft_stop"]),
             float(value["draft_threshold"]),
-            float(value["draft_cost"]),
-            float(value["verify_cost"]),
+            value["draft_cost"],
+            value["verify_cost"],
+            int(value["draft_min"]),
         )
+
+    @property
+    def needs_calibration(self) -> bool:
+        """``draft_stop: acceptance`` with a cost still ``auto``: ``calibrate`` before generating."""
+        return self.stop == "acceptance" and (self.cost is None or self.verify is None)
+
+    def calibrate(self, cost: float | None = None, verify: float | None = None) -> None:
+        """Set the measured c (and v) where the parameters said ``auto`` (a number set by hand is kept); v below 0
+        (a noisy median) counts as 0."""
+        if self.cost is None and cost is not None:
+            if not (math.isfinite(cost) and cost > 0):
+                raise ValueError(f"a measured draft cost must be a finite number > 0, got {cost!r}")
+            self.cost = float(cost)
+        if self.verify is None and verify is not None:
+            if not math.isfinite(verify):
+                raise ValueError(f"a measured verify cost must be finite, got {verify!r}")
+            self.verify = max(0.0, float(verify))
 
     def start(self) -> None:
         """A new request: its acceptance estimate starts from the prior again."""
-        self.accepted = self.examined = 0
+        self.accepted = self.examined = self.plain = 0
 
     @property
     def alpha(self) -> float:
         """This request's running acceptance estimate (1 + accepted) / (2 + examined)."""
         return (1 + self.accepted) / (2 + self.examined)
 
+    def best(self, gamma: int) -> int:
+        """The length in ``draft_min..gamma`` with the most expected tokens per unit cost at the running estimate
+        (ties: the shorter; 0 is a plain step, one token for one step)."""
+        if self.cost is None or self.verify is None:
+            raise RuntimeError(
+                "draft_cost / verify_cost: auto are measured before generating: the cell calls "
+                "pipeline.measure.costs.calibrate_draft_length(decoder, prompt, device) before its window; outside a "
+                "cell call it once yourself, or set numbers"
+            )
+        a, c, v = self.alpha, self.cost, self.verify
+        return max(range(self.minimum, gamma + 1), key=lambda g: (tokens_per_cost(a, g, c, v), -g))
+
     def budget(self, gamma: int) -> int:
-        """The most drafts of this iteration, given at most ``gamma`` (>= 1)."""
-        if self.stop != "acceptance" or gamma <= 1:
+        """The most drafts of this iteration, given at most ``gamma`` (>= 1); 0 (``draft_min: 0`` only): a plain
+        target step, except every ``PROBE_EVERY``-th one, which drafts one token (so the estimate keeps learning)."""
+        if self.stop != "acceptance" or (gamma <= 1 and self.minimum >= 1):
             return gamma
-        a = self.alpha
-        return max(range(1, gamma + 1), key=lambda g: (tokens_per_cost(a, g, self.cost, self.verify), -g))
+        g = self.best(gamma)
+        if g == 0:
+            self.plain += 1
+            if self.plain % PROBE_EVERY == 0:
+                return 1
+        else:
+            self.plain = 0
+        return g
 
     def observe(self, proposed: int, kept: int) -> None:
         """After a verification: ``kept`` of ``proposed`` drafts accepted."""

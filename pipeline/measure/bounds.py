@@ -85,3 +85,49 @@ def hindsight_gamma(
     best = max(range(1, gamma_max + 1), key=lambda g: (hindsight_bound(used, g, c, v), -g))
     bound = hindsight_bound(used, best, c, v)
     return (0, math.nan) if math.isnan(bound) else (best, bound)
+
+
+# ----------------------------------------------------------------------------------- predicted for another machine
+
+
+def predicted_speedup(iterations: Iterable[tuple[int, int]], c: float, v: float = 0.0) -> float:
+    """The speedup over ar that these recorded iterations would have on a machine where a draft token costs ``c``
+    target steps and each verified draft adds ``v`` of a step to the pass (v = 0: memory-bound, Leviathan's model):
+    tokens emitted over the iterations' cost, sum(e_i) / sum(g_i (c + v) + 1), over (drafted g_i, emitted e_i) pairs,
+    the bonus token included in e_i (a plain step, g = 0, costs one step and emits one token, as ar does). The
+    same arithmetic as ``leviathan_bound`` (at i.i.d. acceptance and a fixed gamma its expectation is
+    E[tokens] / (gamma c + 1)) and ``hindsight_bound`` at the recorded lengths; NaN without an iteration."""
+    tokens = cost = 0.0
+    for g, emitted in iterations:
+        tokens += emitted
+        cost += g * (c + v) + 1.0
+    return tokens / cost if cost > 0 else math.nan
+
+
+def break_even_verify_cost(iterations: Iterable[tuple[int, int]], c: float) -> float:
+    """The row cost v at which these iterations stop beating ar (``predicted_speedup`` = 1): (tokens - iterations -
+    c drafts) / drafts; a machine whose verified rows cost more than this share of a step each loses to ar. NaN
+    without a drafted iteration."""
+    its = list(iterations)
+    drafts = sum(g for g, _ in its)
+    if drafts <= 0:
+        return math.nan
+    return (sum(e for _, e in its) - len(its) - c * drafts) / drafts
+
+
+def step_parameters(config: dict, head_rows: int | None = None) -> float:
+    """The weights a decoding step reads, in parameters, from a Llama-style ``config.json``: every layer's
+    attention and MLP projections and the LM head (``head_rows`` rows when the head is restricted to a
+    vocabulary subset); the embedding lookup reads one row and the norms are negligible. On a memory-bound
+    accelerator a step's time is this many parameters times their bytes, so two models' ratio of it (at the same
+    dtype) is Leviathan's c there."""
+    h = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or h // heads)
+    inter = int(config["intermediate_size"])
+    layers = int(config["num_hidden_layers"])
+    attention = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q and o, k and v
+    mlp = 3 * h * inter  # gate, up, down
+    rows = int(head_rows) if head_rows else int(config["vocab_size"])
+    return float(layers * (attention + mlp) + rows * h)

@@ -3,6 +3,7 @@
     t_ar, t_verify = step_times(target_model, prompt, gamma, device)
     costs = drafter_costs(decoder, prompt, device)        # {t_ar, t_draft, t_verify}, the decoder's own drafter
     ms = probe_step_ms(target_model, device)              # before and after each window, and at calibration
+    calibrate_draft_length(decoder, prompt, device)       # draft_cost / verify_cost: auto, before the window
     disturbance([before, after], calibrated_ms)           # {step_slowdown, disturbed}
 
 Every timing goes through the one loop, ``pipeline.decoding.timing.median_times``.
@@ -11,6 +12,7 @@ Every timing goes through the one loop, ``pipeline.decoding.timing.median_times`
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Sequence
 
 import torch
@@ -65,6 +67,53 @@ def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | st
         decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device)
     )
     return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
+
+
+def proposal_cost(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> float:
+    """t_draft as the decoder drafts: its drafter's ``step_cost``, except mtad over the draft model, whose
+    proposal is beam sampling (``num_beams`` beams a step: ``beam_sampling.beam_sample``), timed as such."""
+    gamma = draft_length(decoder) or 1
+    sync = partial(synchronize, torch.device(device))
+    if not (getattr(decoder, "beam_drafts", False) and decoder.drafter_impl.kind == "model"):
+        return float(
+            decoder.drafter_impl.step_cost(decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=sync)
+        )
+    from pipeline.decoding.beam_sampling import beam_sample  # noqa: PLC0415 - mtad only
+
+    model, args, prompt = decoder.draft_model, decoder.args, list(prompt)
+    model.reset()
+    with torch.inference_mode():
+        model.prefill(prompt[:-1])
+        generator = torch.Generator(device=model.device).manual_seed(0)
+        (seconds,) = median_times(
+            lambda: beam_sample(
+                model, prompt, gamma, args.num_beams, decoder.warper, generator, args.beam_weights, args.replacement
+            ),
+            reps=reps,
+            warmup=1,
+            sync=sync,
+            after=lambda: model.rollback(len(prompt) - 1),
+        )
+    model.reset()
+    return seconds / gamma
+
+
+def calibrate_draft_length(
+    decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10
+) -> dict[str, float]:
+    """``draft_cost: auto`` / ``verify_cost: auto``: measure c = t_draft / t_ar (``proposal_cost``) and
+    v = (t_verify(gamma + 1) / t_ar - 1) / gamma (``step_times``) on the decoder's own models after ``prompt``, and
+    hand them to its draft-length rule (``DraftLength.calibrate``), before any generation is timed. Returns the
+    measured ``{calibrated_draft_cost, calibrated_verify_cost, calibrated_t_ar_ms}`` ({} when nothing is auto)."""
+    policy = getattr(decoder, "length_policy", None)
+    if policy is None or not policy.needs_calibration:
+        return {}
+    gamma = draft_length(decoder) or 1
+    t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
+    c = proposal_cost(decoder, prompt, device, reps=reps) / t_ar
+    v = (t_verify / t_ar - 1.0) / gamma
+    policy.calibrate(c, v)
+    return {"calibrated_draft_cost": c, "calibrated_verify_cost": v, "calibrated_t_ar_ms": 1e3 * t_ar}
 
 
 def probe_step_ms(model: Any, device: torch.device | str, reps: int = 10) -> float:
