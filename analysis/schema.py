@@ -9,6 +9,8 @@ and nothing else.
 
 from __future__ import annotations
 
+import math
+
 from pipeline.decoding.base import METHODS
 from pipeline.tracking.layout import (
     KIND_CELL,
@@ -97,6 +99,10 @@ METRICS: dict[str, str] = {
     # Not logged by the sweep today (pipeline.bench measures it, the cells do not): the draft/target
     # step-time ratio c of Leviathan's bound. Read when present, otherwise the bound is "n/a".
     "cost_ratio": "cost_ratio_c",
+    # what the configured method drafted (pipeline.decoding.base.Capabilities): positions per step (a chain's
+    # gamma, a tree's levels) and 1 for a tree; absent for a method that drafts nothing (and in older stores)
+    "draft_depth": "draft_depth",
+    "tree_draft": "tree_draft",
     # the machine's speed (pipeline.measure.costs.probe_step_ms): the target's step on a fixed probe just before
     # and just after the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived
     # from them
@@ -180,14 +186,22 @@ METHOD_ORDER = tuple(METHODS.names())
 ABLATION_PARAMS = ("tau", "num_beams", "gamma", "num_tokens", "lenience")
 
 
-def chain_draft(method: str) -> bool:
-    """Whether ``method``'s Leviathan bound uses gamma draft tokens per step: the method declares a chain draft
-    (``Decoder.draft_shape``, pipeline.decoding.METHODS; a ``module:attr`` method is imported). A method this
-    installation does not know (a store written elsewhere) has no bound."""
+def draft_of(method: str, draft_depth: float, tree_draft: float, gamma: float) -> tuple[str, int | None]:
+    """What a cell drafted, ``(shape, depth)``: ``chain`` / ``tree`` with its positions per step, or ``("none",
+    None)``. Cells log it as configured (metrics ``draft_depth`` and ``tree_draft``, ``Decoder.capabilities_of``:
+    a ``typical`` cell with ``tree: true`` drafts trees); a cell logged before those metrics had a chain of its
+    ``gamma`` param when its method's class declared a chain, which is what is read for it. A method this
+    installation does not know (a store written elsewhere) without those metrics has none."""
+    if draft_depth is not None and math.isfinite(float(draft_depth)):
+        tree = tree_draft is not None and math.isfinite(float(tree_draft)) and float(tree_draft) > 0
+        return ("tree" if tree else "chain"), int(draft_depth)
     try:
-        return METHODS.get(method).draft_shape == "chain"
+        declared = METHODS.get(method).draft_shape
     except ValueError:
-        return False
+        return "none", None
+    if declared == "chain" and gamma is not None and math.isfinite(float(gamma)):
+        return "chain", int(gamma)
+    return "none", None
 
 
 # higher is better (+1) or lower is better (-1), for bold/underline

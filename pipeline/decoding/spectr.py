@@ -51,6 +51,10 @@ class SpecTrDecoder(SpecInferDecoder):
                     f"{k} x {gamma} chain nodes; set max_nodes: 0 (no budget) or >= num_drafts x gamma"
                 )
 
+    @classmethod
+    def depth_of(cls, values) -> int:
+        return values["gamma"]  # num_drafts chains of gamma tokens
+
     @property
     def tree_depth(self) -> int:
         return self.args.gamma
