@@ -14,7 +14,15 @@ import argparse
 import sys
 from fractions import Fraction
 
-from pipeline.decoding.exact import CHAIN_RULES, TREE_RULES, Pair, as_fraction, evaluate, format_table
+from pipeline.decoding.exact import (
+    Pair,
+    as_fraction,
+    chain_rules,
+    evaluate,
+    format_table,
+    tree_config,
+    tree_rules,
+)
 
 
 def _row(text: str, flag: str) -> list[float]:
@@ -58,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-drafts", type=int, default=2, help="SpecTr's i.i.d. chains (default 2)")
     parser.add_argument("--tau", type=float, default=1.0, help="MTAD's threshold (default 1: plain sampling)")
     parser.add_argument(
-        "--rules", default=",".join(CHAIN_RULES + TREE_RULES), help="comma-separated subset of the rules"
+        "--rules",
+        default=None,
+        help="comma-separated subset of the rules (default: every method that declares its exact case analysis)",
     )
     args = parser.parse_args(argv)
 
@@ -85,22 +95,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.gamma < 1 or args.num_drafts < 1:
         raise SystemExit("--gamma and --num-drafts must be >= 1")
     k_config = _ints(args.k_config, "--k-config") if args.k_config else [2] + [1] * (args.gamma - 1)
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    unknown = sorted(set(rules) - set(CHAIN_RULES + TREE_RULES))
+    every = chain_rules() + tree_rules()
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else every
+    unknown = sorted(set(rules) - set(every))
     if unknown:
-        raise SystemExit(f"unknown rules {unknown}; rules: {', '.join(CHAIN_RULES + TREE_RULES)}")
+        raise SystemExit(f"unknown rules {unknown}; rules: {', '.join(every)}")
     size = pair.vocab ** max(args.gamma, sum(k_config))
     if size > 200_000:
         raise SystemExit(f"about {size} drafts to enumerate: use a smaller vocabulary, gamma or k_config")
 
     rows = []
     for rule in rules:
-        if rule in CHAIN_RULES:
+        if rule in chain_rules():
             rows.append(evaluate(rule, pair, gamma=args.gamma, tau=args.tau))
-        elif rule == "spectr":
-            rows.append(evaluate(rule, pair, k_config=[args.num_drafts] + [1] * (args.gamma - 1)))
         else:
-            rows.append(evaluate(rule, pair, k_config=k_config))
+            rows.append(evaluate(rule, pair, k_config=tree_config(rule, k_config, args.num_drafts, args.gamma)))
     print(
         f"vocabulary {pair.vocab}, gamma {args.gamma}, trees {k_config}, SpecTr {args.num_drafts} x {args.gamma}, MTAD "
         f"tau {args.tau}"

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from .base import Param, int_at_least
 from .drafters import drafter_param
+from .exact import kseq_cases
 from .rules import TreeWalk
 from .specinfer import SpecInferDecoder
 from .tree_verify import kseq_chain_walk
 
-KSEQ_WALK = TreeWalk(kseq_chain_walk, children="iid")
+KSEQ_WALK = TreeWalk(kseq_chain_walk, children="iid", chains=True, exact=kseq_cases)
 
 
 class SpecTrDecoder(SpecInferDecoder):
