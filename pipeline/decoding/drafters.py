@@ -6,9 +6,9 @@ proposers):
 - ``start(prompt, hidden)``: a new generation; the target has cached ``prompt[:-1]`` and, for a
   drafter that reads them (``uses_hidden``), passes its hidden states of those positions;
 - ``propose(context, gamma, warper, generator) -> ChainDraft | None``: a chain proposal, up to ``gamma``
-  tokens after ``context`` with the warped draft rows q they were drawn from (``q`` None: a drafter
-  without rows, e.g. n-gram lookup's one-hot rows are built only when a rule asks; None: nothing to
-  propose, the decoder takes a plain target step);
+  tokens after ``context`` with the warped draft rows q they were drawn from, dense ``[g, V]`` (n-gram
+  lookup, which draws nothing, gives one-hot rows); None: nothing to propose, the decoder takes a plain
+  target step;
 - ``propose_tree(context, k_config, warper, generator, children) -> TokenTree | None``: a tree proposal
   where the drafter can make one (``shapes`` holds ``tree``), ``k_config[d]`` children under each
   depth-d node drawn as the method's walk needs (``children``: ``iid`` from q, ``distinct`` from q
