@@ -9,7 +9,10 @@ and nothing else.
 
 from __future__ import annotations
 
-from pipeline.decoding.base import METHODS
+import math
+
+from pipeline.decoding.base import METHODS, Decoder
+from pipeline.scoring.registry import SCORERS
 from pipeline.tracking.layout import (
     KIND_CELL,
     KIND_SWEEP,
@@ -74,7 +77,9 @@ METRICS: dict[str, str] = {
     "generations": "generations",
     "target_steps": "target_steps",
     "draft_steps": "draft_steps",
-    "accepted_per_step": "accepted_per_step",  # new tokens / target steps, pooled (bonus token included)
+    # new tokens / target steps, pooled: tokens EMITTED per step (bonus token included), not accepted drafts
+    # (accepted_drafts_per_step); the logged name is kept so every store already written reads the same
+    "accepted_per_step": "accepted_per_step",
     "accepted_per_step_mean_of_samples": "accepted_per_step_mean_of_samples",
     # pipeline.measure.acceptance: vLLM / Spec-Bench conventions, pooled over tokens and per-request means
     "acceptance_length_pooled": "acceptance_length_pooled",
@@ -94,9 +99,13 @@ METRICS: dict[str, str] = {
     "idle_power_w": "idle_power_w",
     "poller_energy_j": "poller_energy_j",
     "peak_memory_allocated_bytes": "peak_memory_allocated_bytes",
-    # Not logged by the sweep today (pipeline.bench measures it, the cells do not): the draft/target
-    # step-time ratio c of Leviathan's bound. Read when present, otherwise the bound is "n/a".
+    # the draft/target step-time ratio c of the bound (per chain token or tree level), logged by each draft
+    # cell's costs stage (measure.costs=true, the default); without it the bound is "n/a"
     "cost_ratio": "cost_ratio_c",
+    # what the configured method drafted (pipeline.decoding.base.Capabilities): positions per step (a chain's
+    # gamma, a tree's levels) and 1 for a tree; absent for a method that drafts nothing (and in older stores)
+    "draft_depth": "draft_depth",
+    "tree_draft": "tree_draft",
     # the machine's speed (pipeline.measure.costs.probe_step_ms): the target's step on a fixed probe just before
     # and just after the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived
     # from them
@@ -127,18 +136,38 @@ ISOLATION_TAG = TAG_CPU_ISOLATION
 NOT_IDENTITY_PARAMS = ("cell_key", "sweep", "label", "seed", "judge", "method.config", "pair.device", "dataset.path")
 NOT_IDENTITY_PREFIXES = ("judge.", "isolation.", "dataset.task.")  # dataset.task.version is: see analysis.runs
 
-# canonical column -> flattened cell-config param (values arrive as text and are parsed)
+
+def _scalar_method_params() -> dict[str, str]:
+    """Every scalar parameter (number, bool, text) a registered method declares, warping first, each under its own
+    name -> its flattened cell-config param ``method.<name>``; the ``drafter`` scope is flattened under its keys
+    (``method.drafter.kind``) and is not a column of its own."""
+    out: dict[str, str] = {}
+    for _, cls in METHODS.items():
+        for key, param in cls.all_params().items():
+            if isinstance(param.default, (int, float, bool, str)):
+                if key != "drafter" and key not in out:
+                    out[key] = f"method.{key}"
+    return out
+
+
+def _ablation_params() -> tuple[str, ...]:
+    """The numeric parameters (not bool, not warping) of the registered methods: their variation within one method
+    makes an ablation curve (a parameter that does not vary draws none)."""
+    warping = set(Decoder.all_params())
+    found = {
+        key: None
+        for _, cls in METHODS.items()
+        for key, param in cls.params.items()
+        if key not in warping and isinstance(param.default, (int, float)) and not isinstance(param.default, bool)
+    }
+    return tuple(found)
+
+
+# canonical column -> flattened cell-config param (values arrive as text and are parsed): the method's name, every
+# scalar parameter the registered methods declare, and the cell's own settings
 PARAMS: dict[str, str] = {
     "method_name": "method.name",
-    "gamma": "method.gamma",
-    "tau": "method.tau",
-    "num_beams": "method.num_beams",
-    "num_tokens": "method.num_tokens",
-    "lenience": "method.lenience",
-    "sample": "method.sample",
-    "temperature": "method.temperature",
-    "top_k": "method.top_k",
-    "top_p": "method.top_p",
+    **_scalar_method_params(),
     "max_new_tokens": "dataset.max_new_tokens",
     "limit": "dataset.limit",
     "hardware": "hardware",
@@ -169,15 +198,16 @@ RECORD_FIELDS: dict[str, str] = {
     "new_tokens": "new_tokens",
     "steps": "steps",
     "draft_steps": "draft_steps",
-    "accepted": "accepted",  # tokens emitted per target step
+    "accepted": "accepted",  # tokens EMITTED per iteration (bonus included); name kept for the stores written
     "drafted": "drafted",  # draft positions put to the target per step (speculative methods; older records: absent)
     "decode_s": "decode_s",
     "tokens_per_s": "tokens_per_s",
     "perplexity": "perplexity",
 }
 # SCORE_DETAIL_FIELD: a record's verdicts (the fields its task's scorer declares, conf/dataset/<name>.yaml
-# `score_fields`); the first of these present is the sample's score
-SCORE_DETAIL_KEYS = ("passed", "correct", "score")
+# `score_fields`); the first of these present is the sample's score: each scorer's declared per-sample value
+# (``Scorer.sample_value``: HumanEval ``passed``, Spider ``correct``, ROUGE ``rougeL``, the judge's ``score``)
+SCORE_DETAIL_KEYS = tuple(dict.fromkeys(s.sample_value for _, s in SCORERS.items() if s.sample_value))
 
 # ----------------------------------------------------------------------------------- methods
 
@@ -185,18 +215,32 @@ BASELINE = "ar"  # speedup and energy ratio are taken against this method's cell
 # Column order of the tables: the methods' registration order (MTAD Table 5 order first, then methods added
 # later); methods this installation does not know follow alphabetically.
 METHOD_ORDER = tuple(METHODS.names())
-# Hyper-parameters whose variation within one method makes an ablation curve.
-ABLATION_PARAMS = ("tau", "num_beams", "gamma", "num_tokens", "lenience")
+# Hyper-parameters whose variation within one method makes an ablation curve: the methods' numeric parameters.
+ABLATION_PARAMS = _ablation_params()
 
 
-def chain_draft(method: str) -> bool:
-    """Whether ``method``'s Leviathan bound uses gamma draft tokens per step: the method declares a chain draft
-    (``Decoder.draft_shape``, pipeline.decoding.METHODS; a ``module:attr`` method is imported). A method this
-    installation does not know (a store written elsewhere) has no bound."""
+def draft_of(method: str, draft_depth: float, tree_draft: float, gamma: float) -> tuple[str, int | None]:
+    """What a cell drafted, ``(shape, depth)``: ``chain`` / ``tree`` with its positions per step, or ``("none",
+    None)``. Cells log it as configured (metrics ``draft_depth`` and ``tree_draft``, ``Decoder.capabilities_of``:
+    a ``typical`` cell with ``tree: true`` drafts trees); a cell logged before those metrics had a chain of its
+    ``gamma`` param when its method's class declared a chain, which is what is read for it. A method this
+    installation does not know (a store written elsewhere) without those metrics has none."""
+    if draft_depth is not None and math.isfinite(float(draft_depth)):
+        tree = tree_draft is not None and math.isfinite(float(tree_draft)) and float(tree_draft) > 0
+        return ("tree" if tree else "chain"), int(draft_depth)
     try:
-        return METHODS.get(method).draft_shape == "chain"
+        declared = METHODS.get(method).draft_shape
     except ValueError:
-        return False
+        return "none", None
+    if declared == "chain" and gamma is not None and math.isfinite(float(gamma)):
+        return "chain", int(gamma)
+    return "none", None
+
+
+def _score_direction() -> int:
+    """+1 when every registered scorer declares higher is better, -1 when every one declares lower, else 0."""
+    higher = {s.higher_is_better for _, s in SCORERS.items()}
+    return 0 if len(higher) != 1 else (+1 if higher == {True} else -1)
 
 
 # higher is better (+1) or lower is better (-1), for bold/underline
@@ -204,7 +248,8 @@ DIRECTION: dict[str, int] = {
     "tokens_per_s": +1,
     "j_per_token": -1,
     "dynamic_j_per_token": -1,
-    "score": +1,
+    # the scorers declare their direction (``Scorer.higher_is_better``); 0 (no best marked) if they disagree
+    "score": _score_direction(),
     "perplexity": -1,
     "speedup": +1,
     "energy_ratio": -1,

@@ -465,37 +465,54 @@ def cluster_bootstrap(
 
 
 NO_C_REASON = "cost ratio c not logged by the cells (pipeline.bench measures it; pass cost_ratio=...)"
-NO_GAMMA_REASON = "no chain draft of length gamma"
+NO_GAMMA_REASON = "no draft of a known depth (a chain's gamma, a tree's levels)"
+TREE_BOUND = "tree: tokens/step over (depth c + 1)"
 ABOVE_BOUND = (
     "measured speedup above its own bound: a measurement problem (load or phase differences between the cells, "
     "c measured in another state), not a property of the method"
 )
 
 
-def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None = None) -> pd.DataFrame:
-    """Per (pair, dataset, label): measured speedup next to Leviathan's bound.
+def _number(value: object) -> float:
+    """A cell's column as a float (NaN when absent or not a number)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
 
-    alpha is derived per seed from the cell's tokens/step and its ``gamma`` param, then averaged.
-    ``c`` comes from a logged ``cost_ratio`` metric, else from ``cost_ratio`` (a float, or pair -> c);
-    without one the bound is NaN and ``bound_note`` says why. Needs the columns of ``add_ratios``.
+
+def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None = None) -> pd.DataFrame:
+    """Per (pair, dataset, label): measured speedup next to its ideal bound, for what the cells drafted as
+    configured (``schema.draft_of``: a chain or a tree, and its depth).
+
+    A chain of gamma tokens: Leviathan's bound, alpha derived per seed from the cell's tokens/step and gamma,
+    then averaged. A tree of d levels: its tokens/step over (d c + 1) (one target pass and d draft levels per
+    step: the same number as for a chain, with no i.i.d. alpha for a tree). The column ``gamma`` holds
+    the depth, ``shape`` the draft's. ``c`` comes from a logged ``cost_ratio`` metric, else from ``cost_ratio``
+    (a float, or pair -> c); without one the bound is NaN and ``bound_note`` says why. Needs the columns of
+    ``add_ratios``.
     """
     rows = []
     for key, g in runs.groupby(list(GROUP), sort=False):
         pair, dataset, label = key
         method = str(g["method"].iloc[0])
-        gamma = pd.to_numeric(g["gamma"], errors="coerce").dropna() if "gamma" in g else pd.Series(dtype=float)
-        row = {"pair": pair, "dataset": dataset, "label": label, "method": method}
+        first = g.iloc[0]
+        shape, depth = schema.draft_of(
+            method, _number(first.get("draft_depth")), _number(first.get("tree_draft")), _number(first.get("gamma"))
+        )
+        row = {"pair": pair, "dataset": dataset, "label": label, "method": method, "shape": shape}
         row["speedup_mean"], row["speedup_std"], _ = mean_std(g["speedup"])
         row["alpha_mean"] = row["alpha_std"] = row["c"] = row["bound_mean"] = math.nan
         row["gamma"] = math.nan
-        if not schema.chain_draft(method) or gamma.empty:
+        if depth is None:
             row["bound_note"] = NO_GAMMA_REASON
             rows.append(row)
             continue
-        gamma_v = int(gamma.iloc[0])
-        alphas = [alpha_from_tokens_per_step(v, gamma_v) for v in g["accepted_per_step"]]
+        gamma_v = depth
         row["gamma"] = gamma_v
-        row["alpha_mean"], row["alpha_std"], _ = mean_std(alphas)
+        if shape == "chain":
+            alphas = [alpha_from_tokens_per_step(v, gamma_v) for v in g["accepted_per_step"]]
+            row["alpha_mean"], row["alpha_std"], _ = mean_std(alphas)
         logged = g["cost_ratio"].dropna() if "cost_ratio" in g else pd.Series(dtype=float)
         if not logged.empty:
             c_values, note = logged.to_numpy(dtype=float), "c logged by the cells"
@@ -507,7 +524,11 @@ def bound_frame(runs: pd.DataFrame, cost_ratio: float | dict[str, float] | None 
             row["bound_note"] = NO_C_REASON
             rows.append(row)
             continue
-        bounds = [leviathan_bound(a, gamma_v, c) for a, c in zip(alphas, c_values)]
+        if shape == "chain":
+            bounds = [leviathan_bound(a, gamma_v, c) for a, c in zip(alphas, c_values)]
+        else:
+            bounds = [float(t) / (gamma_v * c + 1.0) for t, c in zip(g["accepted_per_step"], c_values)]
+            note = f"{note}; {TREE_BOUND}"
         row["c"] = float(np.nanmean(c_values))
         row["bound_mean"], row["bound_std"], _ = mean_std(bounds)
         row["bound_note"] = note

@@ -49,6 +49,8 @@ def rank_marks(means: dict[str, float], direction: int, digits: int | None = Non
     def shown(v: float) -> float:
         return round(v, digits if digits is not None else 12)
 
+    if direction == 0:  # no direction (scorers that disagree): nothing is best
+        return {label: "" for label in means}
     finite = {lb: shown(v) for lb, v in means.items() if v is not None and math.isfinite(v)}
     values = sorted(set(finite.values()), reverse=direction > 0)
     out = {}

@@ -37,7 +37,6 @@ from pipeline.measure.bounds import break_even_verify_cost, predicted_speedup, s
 
 SWEEP_BUDGET_S = 2 * 3600.0  # "fits a 2-hour sweep here"
 COPY_MB = 256
-LOSSLESS_LABELS = ("spd", "block", "hsd", "specinfer", "mcss", "traversal")
 
 
 # ----------------------------------------------------------------------------------- the pair's bytes ratio
@@ -323,12 +322,12 @@ def method_paragraphs(runs: pd.DataFrame, samples: pd.DataFrame, gpu_c: Mapping[
 def exact_rows(gamma: int = 2, k_config: list[int] | None = None) -> list[Any]:
     """The exact calculator's rows on its toy table (p = 1/3, 2/3; q = 2/3, 1/3): every chain rule at ``gamma``, the
     tree rules at ``k_config`` (default [2] + [1] * (gamma - 1), as ``python -m pipeline.exact``)."""
-    from pipeline.decoding.exact import CHAIN_RULES, Pair, evaluate  # noqa: PLC0415
+    from pipeline.decoding.exact import Pair, chain_rules, evaluate, tree_config, tree_rules  # noqa: PLC0415
 
     pair = Pair.context_free([1 / 3, 2 / 3], [2 / 3, 1 / 3])
-    rows = [evaluate(r, pair, gamma=gamma) for r in CHAIN_RULES if r != "mtad"]
+    rows = [evaluate(r, pair, gamma=gamma) for r in chain_rules() if r != "mtad"]
     kc = list(k_config) if k_config else [2] + [1] * (gamma - 1)
-    rows += [evaluate(r, pair, k_config=kc) for r in ("specinfer", "mcss", "traversal")]
+    rows += [evaluate(r, pair, k_config=tree_config(r, kc, 2, gamma)) for r in tree_rules() if r != "spectr"]
     return rows
 
 
@@ -336,19 +335,14 @@ EXACT_COMMAND = "python -m pipeline.exact --p 1/3,2/3 --q 2/3,1/3 --gamma 2"
 
 
 def exact_command_output() -> str:
-    """What ``EXACT_COMMAND`` prints (run in this process: the same ``pipeline.exact.main``)."""
-    import contextlib  # noqa: PLC0415
-    import io  # noqa: PLC0415
+    """The table ``EXACT_COMMAND`` prints (the same calculator on the same toy table: every chain and tree rule that
+    declares its exact case analysis; analysis reads the library, not the command-line module)."""
+    from pipeline.decoding.exact import Pair, chain_rules, evaluate, format_table, tree_config, tree_rules  # noqa: PLC0415
 
-    from pipeline.exact import main  # noqa: PLC0415
-
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        main(EXACT_COMMAND.split()[3:])
-    return buffer.getvalue()
-
-
-RULE_OF_LABEL = {"spd": "token", "block": "block", "hsd": "hsd", "hsd_ref": "hsd_ref"}
+    pair = Pair.context_free([1 / 3, 2 / 3], [2 / 3, 1 / 3])
+    rows = [evaluate(r, pair, gamma=2, tau=1.0) for r in chain_rules()]
+    rows += [evaluate(r, pair, k_config=tree_config(r, [2, 1], 2, 2)) for r in tree_rules()]
+    return format_table(rows) + "\n"
 
 
 def frontier_markdown(runs: pd.DataFrame, samples: pd.DataFrame) -> str:
@@ -383,7 +377,7 @@ def frontier_markdown(runs: pd.DataFrame, samples: pd.DataFrame) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for label in ("hsd_ref", "hsd", "block", "spd", "specinfer", "mcss", "traversal"):
-        rule = RULE_OF_LABEL.get(label, label)
+        rule = label
         o = exact.get(rule)
         tps, alpha, ppl = measured(label)
         lines.append(

@@ -248,9 +248,12 @@ def run_cell(cell: Cell) -> CellResult:
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
         metrics.update(request_metrics(window.records), batch_size=int(cell.batch_size), **calibration)
-        if decoder.draft_shape == "chain" and getattr(decoder, "drafter_impl", None) is not None and protocol.costs:
-            # step costs behind Leviathan's bound (c = t_draft / t_target), after the window; t_draft is
-            # the cell's own drafter's (a draft-model step, an EAGLE head step, an n-gram lookup)
+        if decoder.shape != "none":  # what the configured method drafts (typical with tree: true drafts trees)
+            metrics.update(draft_depth=decoder.draft_depth, tree_draft=float(decoder.shape == "tree"))
+        if decoder.shape != "none" and getattr(decoder, "drafter_impl", None) is not None and protocol.costs:
+            # step costs behind the bound (c = t_draft / t_target), after the window, as the configured method
+            # drafts: t_draft is the cell's own drafter's per chain token or tree level (a draft-model step, an
+            # EAGLE head step, an n-gram lookup, Medusa's heads), t_verify the target's pass over its chain or tree
             with _stage(result, "costs"):
                 probe = window.records[0].prompt_ids if window.records else [0] * 16
                 costs = drafter_costs(decoder, probe, device, reps=10)
@@ -273,14 +276,14 @@ def run_cell(cell: Cell) -> CellResult:
             method=cell.method,
             verification_method=declared.verification_method,
             prefix_drafts=declared.prefix_drafts,
-            num_speculative_tokens=decoder.config.get("gamma") or getattr(decoder, "tree_depth", None),
+            num_speculative_tokens=decoder.draft_depth,
             target_model={"id": checkpoint_id(spec.target.id)},
             draft_checkpoint={"id": checkpoint_id(spec.draft.id)} if spec.draft else None,
             measurement_conditions={
                 "dataset": cell.dataset_name,
                 "seed": cell.seed,
                 "device": window.device.get("gpu_name") or str(device),
-                "batch_size": 1,
+                "batch_size": int(cell.batch_size),
                 "label": cell.label,
             },
         )

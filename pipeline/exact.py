@@ -20,7 +20,15 @@ import math
 import sys
 from fractions import Fraction
 
-from pipeline.decoding.exact import CHAIN_RULES, TREE_RULES, Pair, as_fraction, evaluate, format_table
+from pipeline.decoding.exact import (
+    Pair,
+    as_fraction,
+    chain_rules,
+    evaluate,
+    format_table,
+    tree_config,
+    tree_rules,
+)
 
 MAX_ENUMERATED = 200_000  # sequences or draft trees one rule may enumerate (seconds and bounded memory)
 MAX_DEPTH = 64  # gamma and the depth of k_config: beyond it even V = 2 is far past MAX_ENUMERATED
@@ -114,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-drafts", type=int, default=2, help="SpecTr's i.i.d. chains (default 2)")
     parser.add_argument("--tau", type=float, default=1.0, help="MTAD's threshold (default 1: plain sampling)")
     parser.add_argument(
-        "--rules", default=",".join(CHAIN_RULES + TREE_RULES), help="comma-separated subset of the rules"
+        "--rules",
+        default=None,
+        help="comma-separated subset of the rules (default: every method that declares its exact case analysis)",
     )
     args = parser.parse_args(argv)
     try:
@@ -125,12 +135,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for rule in rules:
-        if rule in CHAIN_RULES:
+        if rule in chain_rules():
             rows.append(evaluate(rule, pair, gamma=args.gamma, tau=args.tau))
-        elif rule == "spectr":
-            rows.append(evaluate(rule, pair, k_config=[args.num_drafts] + [1] * (args.gamma - 1)))
         else:
-            rows.append(evaluate(rule, pair, k_config=k_config))
+            rows.append(evaluate(rule, pair, k_config=tree_config(rule, k_config, args.num_drafts, args.gamma)))
     print(
         f"vocabulary {pair.vocab}, gamma {args.gamma}, trees {k_config}, SpecTr {args.num_drafts} x {args.gamma}, MTAD "
         f"tau {args.tau}"
@@ -159,12 +167,13 @@ def _checked(args: argparse.Namespace) -> tuple[Pair, list[int], list[str]]:
         )
     if not 0 <= args.seed <= MAX_SEED:
         raise ExactSettingError(f"--seed must be an integer in [0, {MAX_SEED}]; got {_short(str(args.seed))}")
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    unknown = sorted(set(rules) - set(CHAIN_RULES + TREE_RULES))
+    every = chain_rules() + tree_rules()
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules is not None else every
+    unknown = sorted(set(rules) - set(every))
     if unknown or not rules:
         raise ExactSettingError(
             f"unknown rules {unknown[:5] if unknown else _short(args.rules)}; --rules takes a comma-separated subset "
-            f"of {', '.join(CHAIN_RULES + TREE_RULES)}"
+            f"of {', '.join(every)}"
         )
     if args.k_config:
         k_config = _ints(args.k_config, "--k-config")
@@ -194,7 +203,7 @@ def _checked(args: argparse.Namespace) -> tuple[Pair, list[int], list[str]]:
 
     # the work as it is done: the chain rules enumerate V^gamma drafts and the law of V^(gamma+1) sequences; a
     # tree rule V^nodes draft trees (and the law of V^(depth+1) sequences, never more than that)
-    chains = [r for r in rules if r in CHAIN_RULES]
+    chains = [r for r in rules if r in chain_rules()]
     if chains and enumerated(vocab, args.gamma + 1) is None:
         raise _too_many(
             vocab,
@@ -202,7 +211,7 @@ def _checked(args: argparse.Namespace) -> tuple[Pair, list[int], list[str]]:
             f"the chain rules ({', '.join(chains)}) at gamma {args.gamma}",
             "lower --gamma or the vocabulary, or leave the chain rules out of --rules",
         )
-    trees = [r for r in rules if r in TREE_RULES and r != "spectr"]
+    trees = [r for r in rules if r in tree_rules() and r != "spectr"]
     if trees:
         nodes = max(tree_nodes(k_config), len(k_config) + 1)
         if enumerated(vocab, nodes) is None:

@@ -105,15 +105,16 @@ def weights_identity(pair: Mapping[str, Any], method: str, params: Mapping[str, 
         out["target"] = found
     drafter = params.get("drafter")
     scope = drafter if isinstance(drafter, Mapping) else {"kind": drafter}
-    if scope["kind"] == "model" and spec.draft is not None:
+    # the asset the drafter declares it reads, or what the method itself requires (medusa: its heads)
+    kind = scope.get("kind")
+    assets = [DRAFTERS.get(kind).asset] if kind else list(METHODS.get(method).requires)
+    if "draft" in assets and spec.draft is not None:  # the pair's draft model
         found = model_fingerprint(spec.draft)
         if found:
             out["draft"] = found
         return out
-    # the head folder the drafter reads (its declared asset), or the method itself (medusa)
-    kind = scope.get("kind")
-    assets = [DRAFTERS.get(kind).asset] if kind else list(METHODS.get(method).requires)
-    role = next((a for a in assets if a in ("eagle", "medusa")), None)
+    # a folder the pair names under the asset's own key (models.pair_attachments: an EAGLE head, Medusa heads)
+    role = next((a for a in assets if a is not None and a != "draft"), None)
     folder = role and (scope.get("path") or spec.extra.get(role))
     if role and folder and resolve_dir(folder).exists():
         out[role] = content_fingerprint(resolve_dir(folder))

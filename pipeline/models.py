@@ -130,14 +130,20 @@ class ModelSpec:
         return str(path) if path.exists() else self.id
 
 
-# Keys of a pair config naming add-ons of the target (kept in ``PairSpec.extra``), with what they hold.
-PAIR_ATTACHMENTS = {
-    "medusa": "a folder of Medusa heads for the target (pipeline.train_medusa)",
-    "eagle": "a folder with an EAGLE-1/2 or EAGLE-3 head for the target (pipeline.train_eagle, "
-    "or a published checkpoint)",
-    "drafter": "the pair's default drafter (model | eagle | eagle3 | ngram, or {kind: ..., <its parameters>}): "
-    "what `drafter: pair` means",
-}
+def pair_attachments() -> dict[str, str]:
+    """Keys of a pair config naming add-ons of the target (kept in ``PairSpec.extra``), with what they hold: the
+    asset each registered drafter declares beside the draft model (``Drafter.asset``, ``asset_help``), and
+    ``drafter``, the pair's default drafter."""
+    out = {
+        cls.asset: cls.asset_help or f"the asset drafter {kind} reads"
+        for kind, cls in DRAFTERS.items()
+        if cls.asset not in (None, "draft")
+    }
+    out["drafter"] = (
+        f"the pair's default drafter ({' | '.join(DRAFTERS)}, or {{kind: ..., <its parameters>}}): what "
+        "`drafter: pair` means"
+    )
+    return out
 
 
 @dataclass
@@ -160,11 +166,11 @@ class PairSpec:
         draft = cfg.pop("draft", None)
         target = cfg.pop("target")
         known = {"name", "chat", "dtype", "device"}
-        unknown = sorted(set(cfg) - known - set(PAIR_ATTACHMENTS))
+        unknown = sorted(set(cfg) - known - set(pair_attachments()))
         if unknown:
             raise ValueError(
                 f"unknown pair config key(s) {unknown}; "
-                f"valid keys: {sorted(known | {'target', 'draft'} | set(PAIR_ATTACHMENTS))}"
+                f"valid keys: {sorted(known | {'target', 'draft'} | set(pair_attachments()))}"
             )
         extra = {k: cfg.pop(k) for k in list(cfg) if k not in known}
         kind = extra["drafter"].get("kind") if isinstance(extra.get("drafter"), Mapping) else extra.get("drafter")

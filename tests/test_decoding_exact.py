@@ -11,10 +11,10 @@ import torch
 
 from pipeline import exact as exact_cli
 from pipeline.decoding.exact import (
-    CHAIN_RULES,
     Pair,
     as_fraction,
     chain_cases,
+    chain_rules,
     coin_cases,
     draft_trees,
     evaluate,
@@ -36,7 +36,7 @@ def close(x: float, y: float) -> bool:
 def test_block_verifications_toy_example():
     """Sun et al. (Block Verification), p(A) = 1/3, q(A) = 2/3, gamma 2: token verification 10/9 expected accepted
     drafts, block verification 11/9, and 12/9 = sum_k (1 - TV(P_k, Q_k)), the bound no lossless rule passes."""
-    token, block, hsd = (evaluate(r, TOY, gamma=2) for r in ("token", "block", "hsd"))
+    token, block, hsd = (evaluate(r, TOY, gamma=2) for r in ("spd", "block", "hsd"))
     assert close(token.accepted, 10 / 9) and close(block.accepted, 11 / 9) and close(token.bound, 12 / 9)
     assert close(hsd.accepted, 11 / 9) and as_fraction(block.tokens) == "20/9"
     assert token.distance < EXACT and block.distance < EXACT and hsd.distance < EXACT
@@ -67,7 +67,7 @@ TREE_CASES = {
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("rule", ["token", "block", "hsd", "mtad"])
+@pytest.mark.parametrize("rule", ["spd", "block", "hsd", "mtad"])
 def test_lossless_chain_rules_reproduce_the_target_exactly(rule, seed):
     """Random prefix-dependent p and q (a quarter of the entries 0), vocabularies up to 6, drafts up to 3 deep
     (MTAD at tau = 1: plain sampling)."""
@@ -123,8 +123,8 @@ def test_the_proven_orderings_hold_in_expectation_on_random_families(vocab):
     same tree shape traversal >= MCSS >= SpecInfer; no lossless chain rule passes the single-draft bound."""
     for seed in range(12):
         pair = Pair.random(vocab, seed)
-        chain = {r: evaluate(r, pair, gamma=3) for r in ("token", "block", "hsd")}
-        assert chain["block"].accepted >= chain["token"].accepted - 1e-9
+        chain = {r: evaluate(r, pair, gamma=3) for r in ("spd", "block", "hsd")}
+        assert chain["block"].accepted >= chain["spd"].accepted - 1e-9
         assert all(o.accepted <= o.bound + 1e-9 for o in chain.values())
         for k_config in ([2, 1], [2, 2]):
             e = {r: evaluate(r, pair, k_config=k_config).accepted for r in ("specinfer", "mcss", "traversal")}
@@ -138,8 +138,8 @@ def test_the_orderings_do_not_hold_draft_by_draft():
     x = (B, A, A)
     P = torch.stack([pair.target(x[:i]) for i in range(4)])
     Q = torch.stack([pair.draft(x[:i]) for i in range(3)])
-    e = {r: sum(pr * n for pr, n, _ in chain_cases(r, P, Q, torch.tensor(x), 1.0)) for r in ("token", "block")}
-    assert e["block"] < e["token"] - 0.1
+    e = {r: sum(pr * n for pr, n, _ in chain_cases(r, P, Q, torch.tensor(x), 1.0)) for r in ("spd", "block")}
+    assert e["block"] < e["spd"] - 0.1
     found = False
     for tree, P, _ in draft_trees(pair, [2, 1], replacement=False):
         e = {r: sum(pr * len(path) for pr, path, _ in walk_cases(r, P, tree)) for r in ("mcss", "traversal")}
@@ -166,16 +166,16 @@ def test_hsds_readme_figures_match_no_counting():
     which no lossless rule passes at any gamma."""
     matches = []
     for g in range(1, 6):
-        laws = {r: evaluate(r, TOY, gamma=g).accepted_law for r in ("token", "block", "hsd", "hsd_ref")}
+        laws = {r: evaluate(r, TOY, gamma=g).accepted_law for r in ("spd", "block", "hsd", "hsd_ref")}
         for name, count in COUNTINGS.items():
             v = {r: count(law, g) for r, law in laws.items()}
             if (
-                close(v["token"], 5 / 9)
+                close(v["spd"], 5 / 9)
                 and close(v["block"], 4 / 9)
                 and (close(v["hsd"], 7 / 9) or close(v["hsd_ref"], 7 / 9))
             ):
                 matches.append((g, name))
-            assert v["block"] >= v["token"] - EXACT or not name.startswith(
+            assert v["block"] >= v["spd"] - EXACT or not name.startswith(
                 "E["
             )  # so token 5/9 > block 4/9 is no expectation
     assert matches == []
@@ -210,9 +210,9 @@ def test_bad_input_gets_a_clear_error():
 def test_the_command_prints_the_table(capsys):
     assert exact_cli.main(["--p", "1/3,2/3", "--q", "2/3,1/3", "--gamma", "2"]) == 0
     out = capsys.readouterr().out
-    assert "| token | yes | 10/9 (1.1111) |" in out and "| block | yes | 11/9 (1.2222) |" in out
+    assert "| spd | yes | 10/9 (1.1111) |" in out and "| block | yes | 11/9 (1.2222) |" in out
     assert "| hsd_ref | no | 4/3 (1.3333) | 7/3 | 1/9 | 4/3 |" in out and "single-draft bound at gamma 2: 4/3" in out
-    assert set(CHAIN_RULES) <= set(out.replace("|", " ").split())
+    assert set(chain_rules()) <= set(out.replace("|", " ").split())
 
 
 @pytest.mark.parametrize(
@@ -221,14 +221,14 @@ def test_the_command_prints_the_table(capsys):
         (["--p", "1/3,2/3", "--q", "1"], "--p has 2 probabilities and --q 1"),
         (["--p", "1/3,x", "--q", "1/2,1/2"], "--p must be comma-separated probabilities"),
         (["--p", "0.3,0.3", "--q", "1/2,1/2"], "--p must be 2 non-negative numbers summing to 1"),
-        (["--random", "3", "--rules", "token,nope"], "unknown rules ['nope']"),
+        (["--random", "3", "--rules", "spd,nope"], "unknown rules ['nope']"),
         ([], "give --p and --q"),
         # huge gamma: refused before the default k_config's list is built, whatever the number of digits
         (["--random", "2", "--gamma", "1000000000"], "--gamma must be an integer in [1, 64]"),
         (["--random", "2", "--gamma", "9" * 4000], "--gamma must be an integer in [1, 64]"),
         (["--random", "2", "--gamma", "0"], "--gamma must be an integer in [1, 64]"),
         # V^(gamma+1) is enumerated, not V^gamma: 2^18 > 200,000 >= 2^17
-        (["--random", "2", "--gamma", "17", "--rules", "token"], "2^(18)"),
+        (["--random", "2", "--gamma", "17", "--rules", "spd"], "2^(18)"),
         # a tree counted by its nodes (3 + 9 + 27), not the sum of k_config
         (["--random", "2", "--k-config", "3,3,3"], "trees of 39 nodes"),
         (["--random", "3", "--k-config", "9" * 30 + "," + "9" * 30], "more than 200,000 nodes"),
@@ -277,7 +277,7 @@ def test_the_guard_counts_what_is_enumerated():
     pair = Pair.context_free([0.5, 0.5], [0.5, 0.5])  # full support: every node is any of the V tokens
     trees = draft_trees(pair, [2, 2], replacement=True)
     assert len(trees) == 2 ** exact_cli.tree_nodes([2, 2])
-    out = evaluate("token", pair, gamma=3)
+    out = evaluate("spd", pair, gamma=3)
     assert len(out.law) <= 2 ** (3 + 1) and exact_cli.enumerated(2, 4) == 16
 
 

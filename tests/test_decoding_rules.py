@@ -8,6 +8,7 @@ form alone and a fast path is checked here without a test of its own.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -112,19 +113,74 @@ def test_a_taken_name_is_an_error_and_module_attr_names_resolve():
         method_class("pipeline.decoding.verification:token_verify")
 
 
-def test_no_hand_list_of_methods_or_drafters_is_left_and_draft_chain_has_one_definition():
-    """The capabilities replaced the lists (issue 33): none of their names is defined or read again."""
+def _literal_strings(node: ast.AST) -> list[str]:
+    """The string elements of a tuple / list / set literal (also inside frozenset(...), set(...), tuple(...)) or the
+    string keys of a dict literal; [] for anything else."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set", "tuple"):
+        return _literal_strings(node.args[0]) if node.args else []
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        elts = list(node.elts)
+    elif isinstance(node, ast.Dict):
+        elts = [k for k in node.keys if k is not None]
+    else:
+        return []
+    return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def hand_lists(source: str, registries: dict[str, set[str]]) -> list[tuple[int, str, str, list[str]]]:
+    """Module-level tuple / list / set / dict literals that name two or more entries of one registry: (line,
+    assigned name, registry, the names). One registered name in a literal is a word that happens to match (a
+    config key ``model``, Spec-Bench's category ``mt_bench``); two or more are a list kept beside the registry."""
+    found = []
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.Assign):
+            target, value = statement.targets[0], statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            target, value = statement.target, statement.value
+        else:
+            continue
+        strings = _literal_strings(value)
+        for kind, names in registries.items():
+            hit = sorted({s for s in strings if s in names})
+            if len(hit) >= 2:
+                found.append((statement.lineno, ast.unparse(target), kind, hit))
+    return found
+
+
+def _registries() -> dict[str, set[str]]:
+    from pipeline.scoring.registry import SCORERS  # noqa: PLC0415 - the scorers register on import
+
+    return {"method": set(METHODS), "drafter": set(DRAFTERS), "scorer": set(SCORERS)}
+
+
+def test_no_module_keeps_a_list_of_registered_names_beside_the_registries():
+    """Capabilities and rows come from what methods, drafters and scorers declare (issue 45): no module of the
+    pipeline or the analysis holds a module-level literal of their names, except the registry itself."""
     root = Path(__file__).resolve().parents[1]
-    sources = {p: p.read_text() for d in ("pipeline", "analysis") for p in (root / d).rglob("*.py")}
-    for name in (
-        "DRAFT_GAMMA_METHODS",
-        "CHAIN_METHODS",
-        "SUPPORTING",
-        "transformers_rows",
-        "TREE_DRAFTERS",
-        "DRAFTER_KINDS",
-        "EAGLE_KINDS",
-        "UNSUPPORTED_WHY",
-    ):
-        assert not [p for p, text in sources.items() if re.search(rf"\b{name}\b", text)], name
-    assert sum(len(re.findall(r"^\s*def draft_chain\(", text, re.M)) for text in sources.values()) == 1
+    registries = _registries()
+    found = {
+        p.relative_to(root).as_posix(): hits
+        for d in ("pipeline", "analysis")
+        for p in sorted((root / d).rglob("*.py"))
+        if p != root / "pipeline" / "registry.py"
+        for hits in [hand_lists(p.read_text(), registries)]
+        if hits
+    }
+    assert not found, found
+    text = "\n".join(p.read_text() for d in ("pipeline", "analysis") for p in (root / d).rglob("*.py"))
+    assert len(re.findall(r"^\s*def draft_chain\(", text, re.M)) == 1
+
+
+def test_the_hand_list_check_can_fail():
+    """The check finds the lists it forbids, in every literal form, and lets single words and functions pass."""
+    registries = _registries()
+    source = (
+        'CHAIN = ("spd", "block")\n'
+        'KINDS: frozenset[str] = frozenset({"model", "ngram"})\n'
+        'LOSSLESS = {"spd": True, "hsd": True}\n'
+        'SCORES = ["humaneval", "spider"]\n'
+        'KEYS = ("model", "api_base")\n'
+        "def f():\n    return ('spd', 'block')\n"
+    )
+    got = [(line, name, kind) for line, name, kind, _ in hand_lists(source, registries)]
+    assert got == [(1, "CHAIN", "method"), (2, "KINDS", "drafter"), (3, "LOSSLESS", "method"), (4, "SCORES", "scorer")]

@@ -116,7 +116,7 @@ def test_a_driver_stopped_by_sigterm_closes_its_parent_run(tmp_path):
     assert parent.info.status == "KILLED", out[-3000:]
 
 
-@pytest.mark.slow  # a real driver, Ray and a cell killed mid-flight: 190 s on the shared 2-core machine (make test-slow)
+@pytest.mark.slow  # a real driver, Ray and a cell killed mid-flight: 190 s on the shared 2-core machine
 def test_a_driver_killed_mid_cell_leaves_no_writer_and_the_report_lists_its_cells(tmp_path):
     """The contract (docs/sweeps.md, "A killed sweep"): only the driver writes to the store, and a cell's actor dies
     with its driver. SIGKILL the driver mid-cell: its actor is gone within seconds, nothing is written to the store

@@ -37,7 +37,7 @@ def _iterations(law: dict[int, float], depth: int, denominator: int = 10_000) ->
     return [(depth, n + 1) for n, f in fracs.items() for _ in range(int(f * lcm))]
 
 
-@pytest.mark.parametrize("rule", ["token", "block", "hsd", "hsd_ref"])
+@pytest.mark.parametrize("rule", ["spd", "block", "hsd", "hsd_ref"])
 @pytest.mark.parametrize("c", [0.0, 0.05, 0.3])
 def test_the_prediction_is_the_calculators_tokens_over_the_iterations_cost(rule, c):
     """On the toy table (p = 1/3, 2/3; q = 2/3, 1/3), iterations drawn in the exact law of each rule's accepted drafts
@@ -48,7 +48,7 @@ def test_the_prediction_is_the_calculators_tokens_over_the_iterations_cost(rule,
     assert predicted_speedup(its, c) == pytest.approx(out.tokens / (gamma * c + 1.0), rel=1e-12)
     accepted = [(g, e - 1) for g, e in its]  # the oracle takes drafts accepted
     assert predicted_speedup(its, c) == pytest.approx(hindsight_bound(accepted, gamma, c), rel=1e-12)
-    if rule == "token":  # context-free rows: i.i.d. acceptance 1 - TV(p, q) = 2/3, Leviathan's formula exactly
+    if rule == "spd":  # context-free rows: i.i.d. acceptance 1 - TV(p, q) = 2/3, Leviathan's formula exactly
         assert predicted_speedup(its, c) == pytest.approx(leviathan_bound(2 / 3, gamma, c), rel=1e-12)
 
 

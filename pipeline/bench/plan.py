@@ -303,8 +303,5 @@ class BenchPlan:
     def is_chain(self, method: str, mode: str, drafter: str | None = None) -> bool:
         """A chain of gamma draft tokens verified in one target pass: the bound applies (mtad with a
         draft model drafts beams: it is counted as a chain of its best beam, as before)."""
-        cls = method_class(method)
-        if cls.draft_shape != "chain":  # the method's declared capability
-            return False
         values = check_method(method, self.method_params(method, mode, drafter), drafters=self.ctx)
-        return cast(Any, cls).shape_for(DRAFTERS.get(values["drafter"]["kind"]), values) == "chain"
+        return method_class(method).shape_of(values) == "chain"  # the configured method's capability

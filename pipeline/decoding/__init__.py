@@ -100,15 +100,14 @@ def build_decoder(name: str, target, draft=None, **params: Any) -> Decoder:
     return method_class(name)(target, draft, **params)
 
 
-def capabilities(name: str) -> dict[str, Any]:
-    """What method ``name`` declares: draft shape, lossless, batchable, what it requires beside the target."""
+def capabilities(
+    name: str, params: dict[str, Any] | None = None, drafters: DrafterContext | None = None
+) -> dict[str, Any]:
+    """What method ``name`` does configured with ``params`` (validated as ``check_method`` does; default: its
+    defaults): draft shape and depth, lossless, batchable, drafter, what it requires beside the target."""
     cls = method_class(name)
-    return {
-        "draft_shape": cls.draft_shape,
-        "lossless": cls.lossless,
-        "batchable": cls.batchable,
-        "requires": cls.requires,
-    }
+    values = validate_params(cls, dict(params or {}), has_draft=True, drafters=drafters).as_dict()
+    return cls.capabilities_of(values).as_dict()
 
 
 __all__ = [

@@ -216,6 +216,33 @@ class DrafterContext:
         )
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a configured method does (``Decoder.capabilities_of(values)``): the answer every reader asks for,
+    rather than the class's defaults (a ``typical`` with ``tree: true`` verifies trees)."""
+
+    draft_shape: str  # chain | tree | none
+    draft_depth: int | None  # a chain's length or a tree's levels at most (None: no draft)
+    lossless: bool
+    batch_refusal: str | None  # why it cannot decode several requests together (None: it can)
+    drafter: str | None  # the drafter kind (None: no drafter)
+    requires: tuple[str, ...]
+
+    @property
+    def batchable(self) -> bool:
+        return self.batch_refusal is None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "draft_shape": self.draft_shape,
+            "draft_depth": self.draft_depth,
+            "lossless": self.lossless,
+            "batchable": self.batchable,
+            "drafter": self.drafter,
+            "requires": self.requires,
+        }
+
+
 WARP_PARAMS: dict[str, Param] = {
     "temperature": Param(DEFAULT_TEMPERATURE, nonneg_number, "0 = greedy"),
     "top_k": Param(DEFAULT_TOP_K, int_at_least(0), "0 = off"),
@@ -228,8 +255,10 @@ class Decoder:
 
     Subclasses declare ``name``, their ``params`` (besides the warping parameters, which every method
     accepts) and their capabilities, and implement ``_generate`` (or, for the two speculative loops of
-    ``speculative.py``, a chain ``rule`` or a tree ``walk``). The capabilities are what the sweep, the
-    cell, the bench, the analysis and the error messages read (``pipeline.decoding.METHODS``):
+    ``speculative.py``, a chain ``rule`` or a tree ``walk``). The class attributes below are a method's
+    defaults; what the sweep, the cell, the bench, the analysis and the error messages read is the configured
+    method's answer, ``capabilities_of(values)`` (``shape_of``, ``depth_of``, ``lossless_of``,
+    ``batch_refusal``, ``drafter_of``), which a method overrides where a parameter changes it:
 
     - ``draft_shape``: what one target forward verifies, ``chain`` (gamma draft tokens: Leviathan's
       bound applies), ``tree`` or ``none`` (no draft);
@@ -296,6 +325,7 @@ class Decoder:
                 f"got {type(args).__name__}"
             )
         self.args = args
+        self.shape = type(self).shape_of(args.as_dict())  # what one target forward verifies, as configured
         self.warper = Warper(args.temperature, args.top_k, args.top_p)
         self.target = CachedModel(target)
         vocab = self.target.vocab_size
@@ -343,6 +373,49 @@ class Decoder:
     def batch_refusal(cls, values: dict[str, Any]) -> str | None:
         """Why these resolved parameters cannot decode several requests together (None: they can)."""
         return None if cls.batchable else "it decodes one sequence at a time (batching covers the chain methods)"
+
+    # ------------------------------------------------------------------ capabilities of a configuration
+    # The class attributes above are the method's defaults; what a configured method does (its resolved
+    # parameters ``values``, ``validate_params``) is asked of these, which a method overrides where a parameter
+    # changes it (typical's ``tree``, medusa's ``acceptance``, the drafter a method is given).
+
+    @classmethod
+    def shape_of(cls, values: dict[str, Any]) -> str:
+        """What one target forward verifies with these resolved parameters: ``chain``, ``tree`` or ``none``."""
+        return cls.draft_shape
+
+    @classmethod
+    def depth_of(cls, values: dict[str, Any]) -> int | None:
+        """Draft positions one iteration puts to the target at most: a chain's length, a tree's levels (None: no
+        draft). The decoder's ``draft_depth`` is what it runs (a drafter may draft fewer levels: Medusa's heads)."""
+        return None
+
+    @classmethod
+    def lossless_of(cls, values: dict[str, Any]) -> bool:
+        """Whether the output follows the warped target exactly with these resolved parameters."""
+        return cls.lossless
+
+    @classmethod
+    def drafter_of(cls, values: dict[str, Any]) -> str | None:
+        """The drafter kind these resolved parameters draft with (None: the method drafts nothing)."""
+        return None
+
+    @classmethod
+    def capabilities_of(cls, values: dict[str, Any]) -> "Capabilities":
+        """Everything the sweep, the cell, the bench and the analysis ask of a configured method, in one answer."""
+        return Capabilities(
+            draft_shape=cls.shape_of(values),
+            draft_depth=cls.depth_of(values),
+            lossless=cls.lossless_of(values),
+            batch_refusal=cls.batch_refusal(values),
+            drafter=cls.drafter_of(values),
+            requires=cls.requires,
+        )
+
+    @property
+    def draft_depth(self) -> int | None:
+        """The draft positions one iteration of this decoder puts to the target at most (None: no draft)."""
+        return type(self).depth_of(self.config)
 
     @classmethod
     def all_params(cls) -> dict[str, Param]:

@@ -55,6 +55,10 @@ class BiLDDecoder(DraftVerifyDecoder):
     def draft_alternative(cls, values) -> str:
         return ""
 
+    @classmethod
+    def depth_of(cls, values) -> int:
+        return values["max_small_steps"]
+
     def draft_length(self) -> int:
         """The loop's draft budget: the small model's longest run."""
         return self.args.max_small_steps

@@ -8,11 +8,12 @@ verification adds nothing for one-hot targets (the argmax prefix).
 
 from __future__ import annotations
 
+from .exact import block_cases
 from .rules import ChainRule
 from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 from .verification import block_verify, block_verify_sparse
 
-BLOCK_RULE = ChainRule(block_verify, sparse=block_verify_sparse)
+BLOCK_RULE = ChainRule(block_verify, sparse=block_verify_sparse, exact=block_cases)
 
 
 class BlockVerificationDecoder(DraftVerifyDecoder):

@@ -6,9 +6,9 @@ proposers):
 - ``start(prompt, hidden)``: a new generation; the target has cached ``prompt[:-1]`` and, for a
   drafter that reads them (``uses_hidden``), passes its hidden states of those positions;
 - ``propose(context, gamma, warper, generator) -> ChainDraft | None``: a chain proposal, up to ``gamma``
-  tokens after ``context`` with the warped draft rows q they were drawn from (``q`` None: a drafter
-  without rows, e.g. n-gram lookup's one-hot rows are built only when a rule asks; None: nothing to
-  propose, the decoder takes a plain target step);
+  tokens after ``context`` with the warped draft rows q they were drawn from, dense ``[g, V]`` (n-gram
+  lookup, which draws nothing, gives one-hot rows); None: nothing to propose, the decoder takes a plain
+  target step;
 - ``propose_tree(context, k_config, warper, generator, children) -> TokenTree | None``: a tree proposal
   where the drafter can make one (``shapes`` holds ``tree``), ``k_config[d]`` children under each
   depth-d node drawn as the method's walk needs (``children``: ``iid`` from q, ``distinct`` from q
@@ -212,6 +212,8 @@ class Drafter:
     shapes: ClassVar[frozenset[str]] = frozenset({"chain"})  # the proposals it makes: chain, tree
     tree_children: ClassVar[frozenset[str]] = frozenset()  # how it can draw a tree's children (TREE_CHILDREN)
     asset: ClassVar[str | None] = None  # what the pair must offer: draft, eagle, medusa (None: nothing)
+    # what the asset's pair config key holds (a key of its own beside target and draft: models.pair_attachments)
+    asset_help: ClassVar[str] = ""
     uses_hidden: ClassVar[bool] = False  # it reads the target's hidden states (start, feedback)
     prompt_hidden: ClassVar[bool] = True  # ... of the prompt too (with uses_hidden)
     transformers: ClassVar[str | None] = (
@@ -365,6 +367,7 @@ class MedusaDrafter(Drafter):
     shapes = frozenset({"tree"})
     tree_children = frozenset({"top"})
     asset = "medusa"
+    asset_help = "a folder of Medusa heads for the target (pipeline.train_medusa)"
     uses_hidden = True
     prompt_hidden = False  # the heads read the last token's state, which the prompt's prefill does not give
 

@@ -31,6 +31,9 @@ class EagleDrafter(Drafter):
     shapes = frozenset({"chain", "tree"})
     tree_children = frozenset(TREE_CHILDREN)
     asset = "eagle"
+    asset_help = (
+        "a folder with an EAGLE-1/2 or EAGLE-3 head for the target (pipeline.train_eagle, or a published checkpoint)"
+    )
     uses_hidden = True
     batchable = True  # one copy per batch slot (``fork``: its own head cache and features)
     no_transformers = "transformers has no EAGLE drafting (assisted generation takes a draft model or prompt lookup)"

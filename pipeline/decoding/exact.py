@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import torch
 
+from .base import METHODS
 from .hsd_verify import hsd_verify, hsd_weights
 from .traversal_verify import traversal_walk
 from .tree import TokenTree
@@ -41,19 +42,20 @@ DT = torch.float64
 Prefix = tuple[int, ...]
 Law = dict[Prefix, float]
 
-CHAIN_RULES = ("token", "block", "hsd", "hsd_ref", "mtad")
-TREE_RULES = ("specinfer", "mcss", "spectr", "traversal")
-LOSSLESS = {
-    "token": True,
-    "block": True,
-    "hsd": True,
-    "hsd_ref": False,
-    "mtad": False,
-    "specinfer": True,
-    "mcss": True,
-    "spectr": True,
-    "traversal": True,
-}
+
+def chain_rules() -> list[str]:
+    """The methods whose chain rule declares its exact case analysis (``ChainRule.exact``), in registration order."""
+    return METHODS.names(where=lambda cls: getattr(getattr(cls, "rule", None), "exact", None) is not None)
+
+
+def tree_rules() -> list[str]:
+    """The methods whose tree walk declares its exact case analysis (``TreeWalk.exact``), in registration order."""
+    return METHODS.names(where=lambda cls: getattr(getattr(cls, "walk", None), "exact", None) is not None)
+
+
+def lossless(rule: str) -> bool:
+    """Whether the method ``rule`` declares itself lossless at its defaults."""
+    return bool(METHODS[rule].lossless)
 
 
 class Pair:
@@ -162,7 +164,7 @@ class Outcome:
 
     @property
     def lossless(self) -> bool:
-        return LOSSLESS[self.rule]
+        return lossless(self.rule)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -221,28 +223,48 @@ def coin_cases(run: Callable[[Callable[[float], bool]], R]) -> list[tuple[float,
 # ---------------------------------------------------------------------------------------------------
 
 
-def chain_cases(rule: str, P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, tau: float):
-    """(probability, accepted n, next-token distribution) of one verification of draft ``x``."""
-    if rule == "token":
-        for u, pr in uniform_cases(token_acceptance(P, Q, x).tolist()):
-            n, dist = token_verify(P, Q, x, torch.tensor(u, dtype=DT))
-            yield pr, int(n), dist
-    elif rule == "block":
-        for eta, pr in uniform_cases(block_weights(P, Q, x)[0].tolist()):
-            n, dist = block_verify(P, Q, x, torch.tensor(eta, dtype=DT))
-            yield pr, int(n), dist
-    elif rule in ("hsd", "hsd_ref"):
-        capped = rule == "hsd"
+def token_cases(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, **params):
+    """Token verification (spd): a uniform below / above each acceptance threshold."""
+    for u, pr in uniform_cases(token_acceptance(P, Q, x).tolist()):
+        n, dist = token_verify(P, Q, x, torch.tensor(u, dtype=DT))
+        yield pr, int(n), dist
+
+
+def block_cases(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, **params):
+    """Block verification: one uniform against the block weights."""
+    for eta, pr in uniform_cases(block_weights(P, Q, x)[0].tolist()):
+        n, dist = block_verify(P, Q, x, torch.tensor(eta, dtype=DT))
+        yield pr, int(n), dist
+
+
+def _hsd_cases(capped: bool):
+    def cases(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, **params):
         h, full, _ = hsd_weights(P, Q, x, capped)
         for u, pr in uniform_cases([float(full), *h.tolist()]):
             n, dist = hsd_verify(P, Q, x, torch.tensor(u[0], dtype=DT), torch.tensor(u[1:], dtype=DT), capped)
             yield pr, int(n), dist
-    elif rule == "mtad":
-        log_q = torch.log(Q[torch.arange(x.shape[0]), x])
-        n, dist = mtad_verify(P, log_q, x, tau)
-        yield 1.0, int(n), dist
-    else:
-        raise ValueError(f"unknown chain rule {rule!r}; chain rules: {', '.join(CHAIN_RULES)}")
+
+    return cases
+
+
+hsd_cases = _hsd_cases(True)  # hsd: the cap on the whole draft too (lossless)
+hsd_reference_cases = _hsd_cases(False)  # hsd_ref: the paper's reference form
+
+
+def mtad_cases(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, tau: float = 1.0, **params):
+    """MTAD's threshold on the draft's joint probability (no coins)."""
+    log_q = torch.log(Q[torch.arange(x.shape[0]), x])
+    n, dist = mtad_verify(P, log_q, x, tau)
+    yield 1.0, int(n), dist
+
+
+def chain_cases(rule: str, P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, tau: float):
+    """(probability, accepted n, next-token distribution) of one verification of draft ``x`` by method ``rule``'s
+    chain rule (its declared ``ChainRule.exact``)."""
+    if rule not in chain_rules():
+        raise ValueError(f"unknown chain rule {rule!r}; chain rules: {', '.join(chain_rules())}")
+    declared = METHODS[rule].rule
+    yield from declared.exact(P, Q, x, **({"tau": tau} if "tau" in declared.params else {}))
 
 
 def _chain_paths(rule: str, pair: Pair, gamma: int, tau: float):
@@ -362,21 +384,38 @@ def _kseq_walk(P, tree: TokenTree, parent: int = -1, alive: list[int] | None = N
 
 
 def _tree_paths(rule: str, pair: Pair, k_config: list[int]):
-    replacement = rule in ("specinfer", "spectr")
+    replacement = METHODS[rule].walk.children == "iid"
     for tree, P, pr in draft_trees(pair, k_config, replacement):
         for w, path, dist in walk_cases(rule, P, tree):
             yield pr * w, tuple(tree.tokens[i] for i in path), dist
 
 
+def mss_iid_cases(P: torch.Tensor, tree: TokenTree):
+    """SpecInfer: multi-step speculative sampling over i.i.d. children."""
+    return _mss_walk(P, tree, True)
+
+
+def mss_distinct_cases(P: torch.Tensor, tree: TokenTree):
+    """MCSS: multi-step speculative sampling over children drawn without replacement."""
+    return _mss_walk(P, tree, False)
+
+
+def kseq_cases(P: torch.Tensor, tree: TokenTree):
+    """SpecTr's K-SEQ over k i.i.d. chains."""
+    return _kseq_walk(P, tree)
+
+
+def traversal_cases(P: torch.Tensor, tree: TokenTree):
+    """Traversal verification, re-run once per sequence of coin outcomes."""
+    return [(w, *res) for w, res in coin_cases(lambda coin: traversal_walk(P, tree, coin))]
+
+
 def walk_cases(rule: str, P: torch.Tensor, tree: TokenTree) -> list[tuple[float, list[int], torch.Tensor]]:
-    """(probability, accepted path, next-token distribution) of every outcome of a tree rule's walk on ``tree``."""
-    if rule in ("specinfer", "mcss"):
-        return _mss_walk(P, tree, rule == "specinfer")
-    if rule == "spectr":
-        return _kseq_walk(P, tree)
-    if rule == "traversal":
-        return [(w, *res) for w, res in coin_cases(lambda coin: traversal_walk(P, tree, coin))]
-    raise ValueError(f"unknown tree rule {rule!r}; tree rules: {', '.join(TREE_RULES)}")
+    """(probability, accepted path, next-token distribution) of every outcome of method ``rule``'s tree walk on
+    ``tree`` (its declared ``TreeWalk.exact``)."""
+    if rule not in tree_rules():
+        raise ValueError(f"unknown tree rule {rule!r}; tree rules: {', '.join(tree_rules())}")
+    return METHODS[rule].walk.exact(P, tree)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -390,18 +429,18 @@ def evaluate(
     """The exact outcome of one iteration of ``rule``: chain rules draft ``gamma`` tokens (MTAD with threshold
     ``tau`` verifies a chain drawn from q, as with a chain drafter); tree rules draft ``k_config`` (SpecTr:
     ``[k, 1, ..., 1]``, k i.i.d. chains)."""
-    if rule in CHAIN_RULES:
+    if rule in chain_rules():
         if not gamma or gamma < 1:
             raise ValueError(f"rule {rule!r} drafts a chain: give gamma >= 1")
         paths, depth, bound = _chain_paths(rule, pair, gamma, tau), gamma, prefix_bound(pair, gamma)
-    elif rule in TREE_RULES:
+    elif rule in tree_rules():
         if not k_config or min(k_config) < 1:
             raise ValueError(f"rule {rule!r} drafts a tree: give k_config, children per depth (each >= 1)")
-        if rule == "spectr" and any(k != 1 for k in k_config[1:]):
-            raise ValueError(f"spectr drafts k i.i.d. chains: k_config must be [k, 1, ..., 1], got {k_config}")
+        if METHODS[rule].walk.chains and any(k != 1 for k in k_config[1:]):
+            raise ValueError(f"{rule} drafts k i.i.d. chains: k_config must be [k, 1, ..., 1], got {k_config}")
         paths, depth, bound = _tree_paths(rule, pair, list(k_config)), len(k_config), None
     else:
-        raise ValueError(f"unknown rule {rule!r}; rules: {', '.join(CHAIN_RULES + TREE_RULES)}")
+        raise ValueError(f"unknown rule {rule!r}; rules: {', '.join(chain_rules() + tree_rules())}")
     out = Outcome(rule, depth + 1, bound=bound)
     for pr, tokens, dist in paths:
         out.accepted_law[len(tokens)] = out.accepted_law.get(len(tokens), 0.0) + pr
@@ -430,12 +469,16 @@ def _continuations(pair: Pair, prefix: Prefix, length: int) -> Law:
 
 
 def table(pair: Pair, gamma: int, k_config: list[int], num_drafts: int, tau: float = 1.0) -> list[Outcome]:
-    """Every rule on ``pair``: the chain rules at ``gamma``, SpecInfer / MCSS / Traversal on ``k_config``,
-    SpecTr on ``num_drafts`` chains of ``gamma`` tokens."""
-    rows = [evaluate(r, pair, gamma=gamma, tau=tau) for r in CHAIN_RULES]
-    rows += [evaluate(r, pair, k_config=k_config) for r in ("specinfer", "mcss", "traversal")]
-    rows.append(evaluate("spectr", pair, k_config=[num_drafts] + [1] * (gamma - 1)))
+    """Every rule on ``pair``: the chain rules at ``gamma``, the tree walks on ``k_config``, a walk over chains
+    (SpecTr) on ``num_drafts`` chains of ``gamma`` tokens."""
+    rows = [evaluate(r, pair, gamma=gamma, tau=tau) for r in chain_rules()]
+    rows += [evaluate(r, pair, k_config=tree_config(r, k_config, num_drafts, gamma)) for r in tree_rules()]
     return rows
+
+
+def tree_config(rule: str, k_config: list[int], num_drafts: int, gamma: int) -> list[int]:
+    """The tree method ``rule`` drafts: ``k_config``, or ``num_drafts`` chains of ``gamma`` for a walk over chains."""
+    return [num_drafts] + [1] * (gamma - 1) if METHODS[rule].walk.chains else list(k_config)
 
 
 def as_fraction(x: float, limit: int = 10_000) -> str:

@@ -14,12 +14,13 @@ Temperature 0: greedy acceptance (exactly ``ar`` greedy). Any chain drafter (mod
 
 from __future__ import annotations
 
+from .exact import hsd_cases, hsd_reference_cases
 from .hsd_verify import hsd_dense, hsd_reference_dense
 from .rules import ChainRule
 from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 
-HSD_RULE = ChainRule(hsd_dense)
-HSD_REFERENCE_RULE = ChainRule(hsd_reference_dense)
+HSD_RULE = ChainRule(hsd_dense, exact=hsd_cases)
+HSD_REFERENCE_RULE = ChainRule(hsd_reference_dense, exact=hsd_reference_cases)
 
 
 class HSDDecoder(DraftVerifyDecoder):

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from functools import partial
 
+from .exact import mss_distinct_cases
 from .rules import TreeWalk
 from .specinfer import SpecInferDecoder
 from .tree_verify import mss_rule
 
-MCSS_WALK = TreeWalk(partial(mss_rule, replacement=False), children="distinct")
+MCSS_WALK = TreeWalk(partial(mss_rule, replacement=False), children="distinct", exact=mss_distinct_cases)
 
 
 class MCSSDecoder(SpecInferDecoder):

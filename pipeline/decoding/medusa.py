@@ -58,6 +58,14 @@ class MedusaDecoder(TreeVerifyDecoder):
     params = MEDUSA_PARAMS
 
     @classmethod
+    def drafter_of(cls, values) -> str:
+        return MedusaDrafter.kind  # its own heads (no drafter parameter)
+
+    @classmethod
+    def lossless_of(cls, values) -> bool:
+        return values["acceptance"] == "exact"  # the one-hot walk; typical acceptance is lossy
+
+    @classmethod
     def walk_for(cls, values) -> TreeWalk:
         return ONE_HOT_WALK if values["acceptance"] == "exact" else TYPICAL_WALK
 

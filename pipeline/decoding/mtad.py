@@ -15,6 +15,7 @@ import torch
 
 from .base import Param, boolean, in_closed, int_at_least, one_of
 from .beam_sampling import BEAM_WEIGHTS, beam_sample
+from .exact import mtad_cases
 from .rules import ChainRule
 from .speculative import DraftVerifyDecoder
 from .verification import mtad_verify, mtad_verify_sparse
@@ -30,7 +31,7 @@ def mtad_rule_sparse(P_index, P_probs, log_q, x, u, *, tau: float):
     return mtad_verify_sparse(P_index, P_probs, log_q, x, tau)
 
 
-MTAD_RULE = ChainRule(mtad_rule, params=("tau",), coins=False, sparse=mtad_rule_sparse, draft="log_q")
+MTAD_RULE = ChainRule(mtad_rule, params=("tau",), coins=False, sparse=mtad_rule_sparse, draft="log_q", exact=mtad_cases)
 
 
 class MTADDecoder(DraftVerifyDecoder):

@@ -22,7 +22,7 @@ target's argmax (``greedy_tree_walk``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -48,6 +48,10 @@ class ChainRule:
     # what it reads as Q: the draft rows ("rows", [g, V]), their log-probabilities at x ("log_q", [g]) or nothing
     # ("none")
     draft: str = "rows"
+    # the rule by exact case analysis (``pipeline.decoding.exact``): ``exact(P, Q, x, **params)`` yields
+    # (probability, accepted n, next-token distribution) of every outcome of its randomness; a rule that declares
+    # it is a row of the exact calculator (``python -m pipeline.exact``), named by its method
+    exact: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,3 +61,7 @@ class TreeWalk:
     walk: Callable[..., tuple[list[int], torch.Tensor]]
     children: str = "iid"
     params: tuple[str, ...] = ()
+    chains: bool = False  # it verifies k chains (a tree of [k, 1, ..., 1]: SpecTr's K-SEQ)
+    # the walk by exact case analysis (``pipeline.decoding.exact``): ``exact(P, tree)`` -> [(probability, path,
+    # next-token distribution)] of every outcome; a walk that declares it is a row of the exact calculator
+    exact: Callable[..., Any] | None = None

@@ -9,6 +9,7 @@ The chain comes from the ``drafter`` (a draft model, an EAGLE head, or n-gram lo
 from __future__ import annotations
 
 from .base import Param, in_half_open
+from .exact import token_cases
 from .rules import ChainRule
 from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 from .verification import greedy_verify, lenient_greedy_verify, token_verify, token_verify_sparse
@@ -21,7 +22,9 @@ def token_greedy(logits, x, *, lenience: float = 1.0):
     return greedy_verify(logits.argmax(-1), x)
 
 
-TOKEN_RULE = ChainRule(token_verify, params=("lenience",), sparse=token_verify_sparse, greedy=token_greedy)
+TOKEN_RULE = ChainRule(
+    token_verify, params=("lenience",), sparse=token_verify_sparse, greedy=token_greedy, exact=token_cases
+)
 
 
 class SpeculativeDecoder(DraftVerifyDecoder):

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from .base import Param, int_list_at_least
 from .drafters import drafter_param
+from .exact import mss_iid_cases
 from .rules import TreeWalk
 from .speculative import TreeVerifyDecoder
 from .tree_verify import mss_rule
 
-MSS_WALK = TreeWalk(mss_rule, children="iid")
+MSS_WALK = TreeWalk(mss_rule, children="iid", exact=mss_iid_cases)
 
 
 class SpecInferDecoder(TreeVerifyDecoder):

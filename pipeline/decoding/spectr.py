@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from .base import Param, int_at_least
 from .drafters import drafter_param
+from .exact import kseq_cases
 from .rules import TreeWalk
 from .specinfer import SpecInferDecoder
 from .tree_verify import kseq_chain_walk
 
-KSEQ_WALK = TreeWalk(kseq_chain_walk, children="iid")
+KSEQ_WALK = TreeWalk(kseq_chain_walk, children="iid", chains=True, exact=kseq_cases)
 
 
 class SpecTrDecoder(SpecInferDecoder):
@@ -50,6 +51,10 @@ class SpecTrDecoder(SpecInferDecoder):
                     f"method 'spectr' with drafter {scope['kind']}: max_nodes={scope['max_nodes']} would cut the "
                     f"{k} x {gamma} chain nodes; set max_nodes: 0 (no budget) or >= num_drafts x gamma"
                 )
+
+    @classmethod
+    def depth_of(cls, values) -> int:
+        return values["gamma"]  # num_drafts chains of gamma tokens
 
     @property
     def tree_depth(self) -> int:

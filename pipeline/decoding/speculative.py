@@ -104,6 +104,26 @@ class DraftVerifyDecoder(Decoder):
         return cls.draft_shape
 
     @classmethod
+    def shape_of(cls, values: dict[str, Any]) -> str:
+        kind = cls.drafter_of(values)
+        return cls.shape_for(drafter_class(kind), values) if kind is not None else cls.draft_shape
+
+    @classmethod
+    def depth_of(cls, values: dict[str, Any]) -> int | None:
+        """A chain's ``gamma``, a tree's ``k_config`` levels (a method whose budget has another name overrides)."""
+        return len(values["k_config"]) if cls.shape_of(values) == "tree" else values.get("gamma")
+
+    @classmethod
+    def drafter_of(cls, values: dict[str, Any]) -> str | None:
+        scope = values.get("drafter")
+        return scope.get("kind") if isinstance(scope, dict) else scope
+
+    @property
+    def draft_depth(self) -> int | None:
+        """What this decoder runs: the tree's levels (at most what its drafter drafts), else the chain's budget."""
+        return self.tree_depth if self.shape == "tree" else self.draft_length()
+
+    @classmethod
     def walk_for(cls, values: dict[str, Any]) -> TreeWalk:
         """The tree walk these parameters choose."""
         assert cls.walk is not None, f"{cls.__name__} declares no walk"

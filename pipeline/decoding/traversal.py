@@ -11,6 +11,7 @@ verification. Temperature 0: the draft's top-k distinct tokens as children and g
 
 from __future__ import annotations
 
+from .exact import traversal_cases
 from .mcss import MCSSDecoder
 from .rules import TreeWalk
 from .traversal_verify import generator_coin, traversal_walk
@@ -21,7 +22,7 @@ def traversal_rule(P, tree, generator):
     return traversal_walk(P, tree, generator_coin(generator, P.device))
 
 
-TRAVERSAL_WALK = TreeWalk(traversal_rule, children="distinct")
+TRAVERSAL_WALK = TreeWalk(traversal_rule, children="distinct", exact=traversal_cases)
 
 
 class TraversalDecoder(MCSSDecoder):

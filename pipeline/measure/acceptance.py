@@ -234,7 +234,9 @@ def speculation_profile(
     for rec in records:
         get = rec.get if isinstance(rec, Mapping) else lambda k, r=rec: getattr(r, k, None)
         accepted = as_list(get("accepted"))
-        if accepted and (get("draft_steps") or 0) > 0:
+        # it drafted: draft forwards ran, or draft positions were put to the target (Medusa's heads run no
+        # draft forward of their own)
+        if accepted and ((get("draft_steps") or 0) > 0 or any(as_list(get("drafted") or []))):
             requests.append([int(e) for e in accepted])
     if not requests:
         return None

@@ -1,7 +1,7 @@
 """Step costs outside the window: Leviathan's t_ar, t_draft and t_verify, and the machine's speed probe.
 
     t_ar, t_verify = step_times(target_model, prompt, gamma, device)
-    costs = drafter_costs(decoder, prompt, device)        # {t_ar, t_draft, t_verify}, the decoder's own drafter
+    costs = drafter_costs(decoder, prompt, device)        # {t_ar, t_draft, t_verify, depth}, as the decoder drafts
     ms = probe_step_ms(target_model, device)              # before and after each window, and at calibration
     calibrate_draft_length(decoder, prompt, device)       # draft_cost / verify_cost: auto, before the window
     disturbance([before, after], calibrated_ms)           # {step_slowdown, disturbed}
@@ -19,6 +19,7 @@ import torch
 
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.timing import median_times
+from pipeline.decoding.tree_verify import tree_verify_forward
 from pipeline.device import synchronize
 
 PROBE_TOKENS = 32  # the probe's prompt: ids 1..32 (modulo the vocabulary), the same probe everywhere
@@ -26,11 +27,12 @@ DISTURBED_SLOWDOWN = 1.5  # a probe this many times the calibrated step: the mac
 
 
 def draft_length(decoder: Any) -> int | None:
-    """The chain length gamma a draft-verify decoder drafts per iteration (None for other methods)."""
-    gamma = getattr(getattr(decoder, "args", None), "gamma", None)
-    if gamma is None and getattr(decoder, "draft_shape", None) == "chain":
-        gamma = decoder.draft_length()  # a chain budget of another name (bild: max_small_steps)
-    return int(gamma) if isinstance(gamma, int) and not isinstance(gamma, bool) else None
+    """The chain length a decoder drafts per iteration as configured (gamma; bild: max_small_steps); None where
+    it drafts no chain (trees, methods without a draft)."""
+    if getattr(decoder, "shape", None) != "chain":
+        return None
+    depth = decoder.draft_depth
+    return int(depth) if isinstance(depth, int) and not isinstance(depth, bool) else None
 
 
 def step_times(
@@ -57,16 +59,75 @@ def step_times(
 
 
 def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> dict[str, float]:
-    """Leviathan's costs of a draft-based decoder, each drafter its own: ``t_ar`` and ``t_verify`` of the
-    target (``step_times``) and ``t_draft``, the decoder's drafter's own cost of one draft token
-    (``Drafter.step_cost``: a draft-model step, an EAGLE head step with its LM-head row, one n-gram lookup
-    per token), with the gamma of the decoder (its tree depth for tree methods)."""
-    gamma = draft_length(decoder) or int(getattr(decoder, "tree_depth", 1))
+    """The costs of a draft-based decoder as it is configured (``decoder.shape``, ``decoder.draft_depth``), each
+    drafter its own: ``t_ar`` (the target's step), ``t_draft`` (one draft position: a chain's token, a tree's
+    level) and ``t_verify`` (the target's pass over what one iteration drafts), with ``depth``, the draft
+    positions per iteration (gamma, or the tree's levels).
+
+    A chain: ``Drafter.step_cost`` (a draft-model step, an EAGLE head step with its LM-head row, one n-gram
+    lookup per token) and the target's pass over gamma + 1 positions. A tree: ``tree_costs`` (the drafter's own
+    ``propose_tree`` and the target's tree-attention pass over that tree)."""
+    if decoder.shape == "tree":
+        return tree_costs(decoder, prompt, device, reps=reps)
+    gamma = int(decoder.draft_depth)
     t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
     t_draft = decoder.drafter_impl.step_cost(
         decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device)
     )
-    return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify}
+    return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify, "depth": float(gamma)}
+
+
+def tree_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> dict[str, float]:
+    """A tree decoder's costs, its drafter's own: after one plain target step (the tree loop's first iteration,
+    which gives a drafter that reads hidden states, Medusa's heads, its first state), the median of ``reps``
+    ``propose_tree`` calls with the decoder's tree shape and children (``t_draft``: per level of the tree drawn)
+    and of the target's tree-attention pass over that tree (``t_verify``); ``t_ar``: the target's step
+    (``step_times``). Returns ``{t_ar, t_draft, t_verify, depth, nodes}``."""
+    target, drafter = decoder.target, decoder.drafter_impl
+    prompt = list(prompt)
+    sync = lambda: synchronize(device)  # noqa: E731
+    t_ar = step_times(target.model, prompt, 1, device, reps=reps)[0]
+    shape = decoder.tree_shape(int(decoder.draft_depth))
+    children = decoder.walk_impl.children
+    generator = torch.Generator(device=target.device).manual_seed(0)
+    with torch.inference_mode():
+        target.reset()
+        hidden = None
+        target.capture_hidden = drafter.uses_hidden and drafter.prompt_hidden
+        if target.capture_hidden:
+            hidden = target.prefill_hidden(prompt[:-1])
+        else:
+            target.prefill(prompt[:-1])
+        target.capture_hidden = drafter.uses_hidden
+        drafter.start(prompt, hidden)
+        row = target.forward(prompt[-1:], keep=1)[-1]  # a plain step, as the loop's first
+        drafter.feedback(len(prompt), 0, target.hidden if drafter.uses_hidden else None)
+        context = prompt + [int(row.argmax())]
+
+        def propose() -> Any:
+            return drafter.propose_tree(context, shape, decoder.warper, generator, children)
+
+        def restore() -> None:
+            drafter.rollback(len(context) - 1)
+            target.rollback(len(context) - 1)
+
+        tree = propose()
+        restore()
+        if tree is None or len(tree) == 0:
+            raise RuntimeError(f"drafter {drafter.kind!r} proposed no tree to time (method {decoder.name!r})")
+        t_propose, t_verify = median_times(
+            propose, lambda: tree_verify_forward(target, context, tree), reps=reps, warmup=1, sync=sync, after=restore
+        )
+        target.reset()
+        target.capture_hidden = False
+    depth = max(tree.depths) + 1
+    return {
+        "t_ar": t_ar,
+        "t_draft": t_propose / depth,
+        "t_verify": t_verify,
+        "depth": float(depth),
+        "nodes": float(len(tree)),
+    }
 
 
 def proposal_cost(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> float:

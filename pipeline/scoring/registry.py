@@ -39,6 +39,9 @@ class Scorer:
     name: str
     score: ScoreFn
     fields: tuple[str, ...]
+    # the per-sample field (one of ``fields``) that is a sample's own score (the analysis's per-sample value)
+    sample_value: str | None = None
+    higher_is_better: bool = True  # the direction of its score (tables mark the best by it)
     uses_judge: bool = False
     check: Callable[[Mapping[str, Any] | None], Any] = _no_judge
     """Plan time, no network: raise ValueError on a judge config that cannot work."""
@@ -88,18 +91,23 @@ def score_mt_bench(
 
 
 def _scorer_problem(entry: Any) -> str | None:
-    return None if isinstance(entry, Scorer) else f"is a {type(entry).__name__}, not a pipeline.scoring.registry.Scorer"
+    if not isinstance(entry, Scorer):
+        return f"is a {type(entry).__name__}, not a pipeline.scoring.registry.Scorer"
+    if entry.sample_value is not None and entry.sample_value not in entry.fields:
+        return f"sample_value {entry.sample_value!r} is not one of its fields {list(entry.fields)}"
+    return None
 
 
 SCORERS: Registry[Scorer] = Registry("scorer", check=_scorer_problem)
 for _scorer in (
-    Scorer("humaneval", score_humaneval, fields=("passed", "result")),
-    Scorer("spider", score_spider, fields=("correct", "sql", "error", "timed_out")),
-    Scorer("rouge", score_rouge, fields=rouge.ROUGE_TYPES),
+    Scorer("humaneval", score_humaneval, fields=("passed", "result"), sample_value="passed"),
+    Scorer("spider", score_spider, fields=("correct", "sql", "error", "timed_out"), sample_value="correct"),
+    Scorer("rouge", score_rouge, fields=rouge.ROUGE_TYPES, sample_value="rougeL"),
     Scorer(
         "mt_bench",
         score_mt_bench,
         fields=("score", "judgment"),
+        sample_value="score",
         uses_judge=True,
         check=judges.judge_identity,
         preflight=judges.preflight,
