@@ -79,7 +79,18 @@ def results(tmp_path_factory):
     over = [o for o in overrides(root) if not o.startswith("sweep=")]
     plan = sweep.expand(sweep.compose(["sweep=caps", *over], root / "conf"), root)
     batched = sweep.expand(
-        sweep.compose(["sweep=caps", *over, "sweep.methods=[spd]", "sweep.batch_sizes=[2]"], root / "conf"), root
+        sweep.compose(
+            [
+                "sweep=caps",
+                *over,
+                "sweep.methods=[spd]",
+                "sweep.batch_sizes=[2]",
+                # a batch of 2 needs a slice of at least 2 requests (the plan refuses a larger batch)
+                "sweep.datasets=[{dataset: humaneval, limit: 2, max_new_tokens: 6}]",
+            ],
+            root / "conf",
+        ),
+        root,
     )
     cells = [*plan.cells, *batched.cells]
     assert {c.label for c in plan.cells} >= {"typical(medusa)", "typical(tree)", "medusa", "bild", "spectr"}
