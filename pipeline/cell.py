@@ -56,7 +56,7 @@ from pipeline.measure.acceptance import checkpoint_id, speculation_profile
 from pipeline.measure.costs import drafter_costs, probe_step_ms, step_times
 from pipeline.measure.energy import make_energy_meter
 from pipeline.measure.records import Protocol, predictions, predictions_for_scoring, request_metrics
-from pipeline.measure.window import run_window, run_window_batched
+from pipeline.measure.window import run_window
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
@@ -209,8 +209,7 @@ def run_cell(cell: Cell) -> CellResult:
             decoder = build_decoder(
                 cell.method, pair.target, pair.draft, assets=pair.assets, args=method_args(cell.method, cell.params)
             )  # validated in the plan
-            if int(cell.batch_size) > 1:
-                check_batch(type(decoder), decoder.config, int(cell.batch_size))
+            check_batch(type(decoder), decoder.config, int(cell.batch_size))
             samples, warm, _ = load_slice(dataset, warmup_samples=protocol.warmup_samples)
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, protocol.energy_meter)
@@ -225,10 +224,10 @@ def run_cell(cell: Cell) -> CellResult:
                 calibration = calibrate_draft_length(decoder, first, device)
         with _stage(result, "generate"):
             inject_fault(cell, "generate")
-            batched = int(cell.batch_size) > 1
-            window = (partial(run_window_batched, batch_size=int(cell.batch_size)) if batched else run_window)(
+            window = run_window(
                 decoder,
                 samples,
+                batch_size=int(cell.batch_size),
                 tokenizer=pair.tokenizer,
                 formatter=partial(_format, task, pair.tokenizer, spec.chat),
                 eos_token_ids=eos_ids(pair.tokenizer, pair.target),

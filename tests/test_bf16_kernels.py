@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_tokens
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, cpu_kernels
-from pipeline.decoding.drafting import draft_chain
+from pipeline.decoding.drafters import ModelDrafter
 from pipeline.decoding.fast_forward import LeanForward, model_kernel_path
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head
@@ -191,7 +191,7 @@ def test_fused_draft_chain_draws_what_the_steps_draw(restricted, feed, monkeypat
                 context = [1, 2, 3, 4, 5 + seed % 7, 9][: 4 + feed]
                 draft.prefill(context[:-feed])
                 gen = make_generator(seed)
-                chain = draft_chain(draft, context, 3, warper, gen)
+                chain = ModelDrafter(draft).propose(context, 3, warper, gen)
                 k_cache = draft.cache.layers[0].keys.clone()
                 out.append(
                     (

@@ -30,6 +30,13 @@ BATCHABLE = [
     ("spd", {"gamma": 3, "drafter": "ngram"}),
     ("block", {"gamma": 2, "drafter": "ngram"}),
     ("mtad", {"gamma": 3, "drafter": "ngram"}),
+    ("hsd", {"gamma": 3}),
+    ("hsd_ref", {"gamma": 2, "drafter": "ngram"}),
+    # draft_stop at batch > 1: each request's own confidence stop and running acceptance estimate
+    ("spd", {"gamma": 4, "draft_stop": "confidence", "draft_threshold": 0.5}),
+    ("block", {"gamma": 4, "draft_stop": "acceptance", "draft_cost": 0.3}),
+    ("mtad", {"gamma": 3, "num_beams": 2, "draft_stop": "confidence", "draft_threshold": 0.4}),
+    ("typical", {"gamma": 3, "drafter": "ngram", "draft_stop": "acceptance"}),
 ]
 PROMPTS = [[0], [5, 9, 2], list(range(1, 20)), [7, 7, 7, 7, 7, 7], [3, 1]]
 
@@ -52,11 +59,19 @@ def batched_first_tokens(decoder, n, length, batch_size, max_new):
 
 @pytest.mark.parametrize(
     "method,params",
-    [("ar", {}), ("spd", {"gamma": 2}), ("block", {"gamma": 3}), ("mtad", {"tau": 1.0, "gamma": 2, "num_beams": 2})],
+    [
+        ("ar", {}),
+        ("spd", {"gamma": 2}),
+        ("block", {"gamma": 3}),
+        ("hsd", {"gamma": 2}),
+        ("mtad", {"tau": 1.0, "gamma": 2, "num_beams": 2}),
+        ("spd", {"gamma": 3, "draft_stop": "confidence", "draft_threshold": 0.3}),
+        ("block", {"gamma": 3, "draft_stop": "acceptance", "draft_cost": 0.2}),
+    ],
 )
 def test_every_request_of_a_batch_samples_the_target_law(tiny_pair, law2, method, params):
     """Per-request exactness at B = 4: each request's first two tokens follow the warped target's law
-    (mtad at tau = 1 keeps no draft token: plain sampling)."""
+    (mtad at tau = 1 keeps no draft token: plain sampling; draft_stop keeps the lossless rules lossless)."""
     decoder = build_decoder(method, *tiny_pair, **WARP, **params)
     samples = batched_first_tokens(decoder, 1000, 2, 4, max_new=3)
     assert chi_square_pvalue(samples, law2) > 1e-3
@@ -234,7 +249,12 @@ def test_trees_and_sequence_drafters_refuse_batching():
         check_batch(method_class("ar"), {}, 0)
 
 
-def test_a_tree_method_has_no_batched_loop_even_at_batch_one(tiny_pair):
+def test_a_tree_method_runs_its_own_generate_at_batch_one(tiny_pair):
+    """Batch 1 of a method with a loop of its own (a tree): the engine calls its generate, request by request."""
     decoder = build_decoder("specinfer", *tiny_pair, **WARP)
-    with pytest.raises(ValueError, match="has no batched loop.*one request at a time"):
-        BatchedDecoder(decoder, 1)
+    got = BatchedDecoder(decoder, 1).generate(
+        [PROMPT, [1, 2]], max_new_tokens=6, generators=[make_generator(2), make_generator(3)]
+    )
+    alone = decoder.generate([1, 2], max_new_tokens=6, generator=make_generator(3))
+    assert (got[1].tokens, got[1].steps, got[1].accepted) == (alone.tokens, alone.steps, alone.accepted)
+    assert got[1].admitted_at < got[1].first_token_at < got[1].finished_at

@@ -137,12 +137,23 @@ def test_only_drafters_that_cannot_batch_are_refused():
 @pytest.mark.skipif(
     cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
 )
+@pytest.mark.parametrize(
+    "method,params",
+    [
+        ("spd", {}),
+        ("block", {"draft_stop": "acceptance", "draft_cost": 0.2}),
+        ("spd", {"draft_stop": "confidence", "draft_threshold": 0.5}),
+        ("mtad", {}),
+        ("typical", {}),
+    ],
+)
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-def test_output_at_batch_b_is_identical_to_batch_one_on_the_bf16_kernels(tmp_path, kind):
+def test_output_at_batch_b_is_identical_to_batch_one_on_the_bf16_kernels(tmp_path, kind, method, params):
     """A bf16 target on the CPU kernels (batch-invariant rows, bf16-avx512 or bf16-avx2): sampled and greedy,
     each request's tokens and counters at B = 2 and 4 are those it gets alone, bit for bit: the packed steps'
     hidden rows (EAGLE-3: the three layers' inputs, tapped inside the kernels' forward), hence the heads'
-    drafts, do not depend on the companions."""
+    drafts, do not depend on the companions; with every chain method, and with draft_stop (each request its
+    own policy)."""
     if kind == "eagle":
         target = tiny_llama(3, layers=2).to(torch.bfloat16)
         head = load_eagle(eagle_head_folder(target, tmp_path / kind, seed=1), target)
@@ -152,7 +163,7 @@ def test_output_at_batch_b_is_identical_to_batch_one_on_the_bf16_kernels(tmp_pat
     assert CachedModel(target).lean.kernel_path == f"bf16-{cpu_kernels.kernels_isa()}"
     seeds = range(len(PROMPTS))
     for warp in (WARP, {"temperature": 0.0}):
-        decoder = build_decoder("spd", target, None, assets={"eagle": head}, drafter=kind, gamma=3, **warp)
+        decoder = build_decoder(method, target, None, assets={"eagle": head}, drafter=kind, gamma=3, **warp, **params)
         alone = [decoder.generate(p, max_new_tokens=16, generator=make_generator(s)) for p, s in zip(PROMPTS, seeds)]
         assert any(n > 1 for a in alone for n in a.accepted)
         for b in (2, 4):

@@ -144,10 +144,11 @@ def test_bad_values_name_the_fix(params, fix):
     assert fix in str(err.value)
 
 
-def test_the_batched_engine_refuses_an_adaptive_length():
-    values = check_method("spd", {"draft_stop": "acceptance"})
-    assert "draft_stop: acceptance" in method_class("spd").batch_refusal({**values})
-    assert method_class("spd").batch_refusal(check_method("spd", {})) is None
+def test_an_adaptive_length_batches():
+    """Each request keeps its own draft-length policy in the chain loop, so draft_stop works at every batch size
+    (tests/test_decoding_batched.py checks batch invariance and the laws with it)."""
+    for stop in ("confidence", "acceptance"):
+        assert method_class("spd").batch_refusal(check_method("spd", {"draft_stop": stop})) is None
 
 
 def test_the_hindsight_oracle_reads_the_first_rejections():

@@ -1,4 +1,5 @@
-"""The batched measurement window (pipeline/measure/window.py, run_window_batched) and the sweep's batch-size axis."""
+"""The measurement window at batch > 1 (pipeline/measure/window.py, run_window with batch_size) and the sweep's
+batch-size axis."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pipeline import sweep
 from pipeline.data.base import Sample
 from pipeline.decoding import build_decoder
 from pipeline.measure.records import request_metrics
-from pipeline.measure.window import run_window, run_window_batched
+from pipeline.measure.window import run_window
 from pipeline.sweep import SweepConfigError
 
 torch.set_num_threads(1)
@@ -60,7 +61,7 @@ def test_a_batched_window_gives_every_sample_its_batch_one_tokens(models, tokeni
     decoder = build_decoder(method, *(models if method != "ar" else (models[0], None)), **WARP)
     samples = _samples(5, turns=2)
     alone = run_window(decoder, samples, **_kw(tokenizer))
-    together = run_window_batched(decoder, samples, batch_size=3, **_kw(tokenizer))
+    together = run_window(decoder, samples, batch_size=3, **_kw(tokenizer))
     assert [(r.id, r.turn, r.tokens, r.steps) for r in together.records] == [
         (r.id, r.turn, r.tokens, r.steps) for r in alone.records
     ]
@@ -78,7 +79,7 @@ def test_a_batched_window_gives_every_sample_its_batch_one_tokens(models, tokeni
 
 def test_a_batched_window_honours_the_time_budget(models, tokenizer):
     decoder = build_decoder("ar", models[0], None, **WARP)
-    result = run_window_batched(decoder, _samples(7), batch_size=2, time_budget_s=0.0, **_kw(tokenizer))
+    result = run_window(decoder, _samples(7), batch_size=2, time_budget_s=0.0, **_kw(tokenizer))
     assert result.budget_exhausted and result.summary()["samples_finished"] == 0
 
 

@@ -14,7 +14,7 @@ from helpers.models import tiny_llama
 from pipeline.decoding import verification, warping
 from pipeline.decoding.beam_sampling import beam_sample
 from pipeline.decoding.cpu_kernels import kernels, kernels_unavailable_reason
-from pipeline.decoding.drafting import draft_chain
+from pipeline.decoding.drafters import ModelDrafter
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.verification import (
     block_verify,
@@ -75,7 +75,7 @@ def _chains(draft: CachedModel, warper: Warper, monkeypatch, sparse: bool, seeds
             draft.reset()
             context = [1, 2, 3, seed % 7]
             draft.prefill(context[:-1])
-            chain = draft_chain(draft, context, 3, warper, make_generator(seed))
+            chain = ModelDrafter(draft).propose(context, 3, warper, make_generator(seed))
             out.append((chain.tokens.tolist(), chain.probs))
     monkeypatch.undo()
     return out
@@ -93,8 +93,8 @@ def test_draft_chain_sparse_path_equals_the_dense_one(restricted, monkeypatch):
     warper = Warper(temperature=0.9, top_k=6, top_p=0.95)
     assert warper.sparse(draft.vocab_size)
     calls = []
-    original = CachedModel.forward_sparse
-    monkeypatch.setattr(CachedModel, "forward_sparse", lambda self, *a: calls.append(1) or original(self, *a))
+    original = CachedModel.top_k_rows
+    monkeypatch.setattr(CachedModel, "top_k_rows", lambda self, *a: calls.append(1) or original(self, *a))
     fast = _chains(draft, warper, monkeypatch, sparse=True)
     assert len(calls) == 40 * 3  # the chain really took the sparse path
     slow = _chains(draft, warper, monkeypatch, sparse=False)

@@ -2,8 +2,8 @@
 
 For every batch size B and mode (greedy, sample) it decodes the same request set (``batch_requests`` requests:
 the bench's prompts cycled, request i with its own generator seeded ``seed + i``) with every batchable method of
-``methods`` (``decoding/batched.py``: B requests together, continuous batching; B = 1 is ``Decoder.generate`` one
-request at a time, the engine's batch-1 path), and with transformers' batched ``generate()`` as the peer of
+``methods`` (the chain loop of ``decoding/batched.py``: B requests together, continuous batching; B = 1 is the
+loop ``Decoder.generate`` runs, one request at a time), and with transformers' batched ``generate()`` as the peer of
 ``ar`` (left-padded batches of B prompts, static batching, the pair's dtype). Per row:
 
 - throughput: output tokens over all requests / the pass's wall time (median over ``repeats`` passes; the runners
@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from pipeline.bench.plan import generate_kwargs
 from pipeline.decoding import build_decoder
-from pipeline.decoding.batched import BatchedDecoder, check_batch
+from pipeline.decoding.batched import BatchedDecoder
 from pipeline.decoding.warping import make_generator
 from pipeline.device import synchronize
 from pipeline.measure.energy import energy_summary
@@ -90,30 +90,18 @@ class BatchBench:
         dec = build_decoder(
             method, bench.pair.target, bench.pair.draft if method != "ar" else None, assets=bench.pair.assets, **params
         )
-        if b > 1:
-            check_batch(type(dec), dec.config, b)
-        engine = BatchedDecoder(dec, b) if b > 1 else None
+        engine = BatchedDecoder(dec, b)  # the chain loop at every batch size (batch 1: Decoder.generate's)
 
         def run(p: int) -> Pass:
             gens = [make_generator(self.cfg.seed + p * self.n + i, bench.device) for i in range(self.n)]
             synchronize(bench.device)
             t0 = time.perf_counter()
-            if b == 1:  # the engine's own batch-1 path, one request after the other
-                outs = []
-                for ids, g in zip(self.prompts, gens):
-                    s = time.perf_counter()
-                    gen = dec.generate(
-                        ids, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generator=g
-                    )
-                    outs.append((gen, s, time.perf_counter(), s + dec.prefill_seconds()))
-            else:
-                assert engine is not None
-                outs = [
-                    (g, g.admitted_at, g.finished_at, g.first_token_at)
-                    for g in engine.generate(
-                        self.prompts, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generators=gens
-                    )
-                ]
+            outs = [
+                (g, g.admitted_at, g.finished_at, g.first_token_at)
+                for g in engine.generate(
+                    self.prompts, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=bench.eos, generators=gens
+                )
+            ]
             synchronize(bench.device)
             seconds = time.perf_counter() - t0
             per = [

@@ -1,25 +1,18 @@
-"""ar: autoregressive multinomial sampling from the warped target; temperature 0 is greedy."""
+"""ar: autoregressive multinomial sampling from the warped target; temperature 0 is greedy.
+
+Its loop is the chain loop (``batched.py``) with nothing drafted: every iteration is one plain target step."""
 
 from __future__ import annotations
 
 from .base import Decoder, Generation
+from .batched import BatchedDecoder
 
 
 class AutoregressiveDecoder(Decoder):
     name = "ar"
     lossless = True
     batchable = True
+    plain_loop = True  # the chain loop's plain steps (no drafter)
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        target = self.target
-        self._start(prompt)
-        pending = prompt[-1:]
-        out: list[int] = []
-        for _ in range(max_new_tokens):
-            logits = target.forward(pending, keep=1)[-1]
-            y = self.warper.draw(logits, generator)
-            pending = y.reshape(1)
-            out.append(int(y))
-            if out[-1] in eos:
-                break
-        return Generation(out, target.forwards, 0, [1] * len(out))
+        return BatchedDecoder(self, 1).decode(prompt, max_new_tokens, eos, generator)

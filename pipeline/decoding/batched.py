@@ -1,32 +1,38 @@
-"""Batch > 1: B requests decode together through one packed KV cache per model (continuous batching).
+"""The chain loop: one iteration (propose, verify, emit, feedback) over per-request state, at every batch size.
 
-The chain methods (``batchable`` on the method class: ar, spd, block, hsd, hsd_ref, mtad, typical over a chain) run
-when a cell or the bench asks for ``batch_size > 1``, with a ``batchable`` drafter (the draft model, n-gram, EAGLE,
-EAGLE-3). One iteration of the loop, over every live request:
+``Decoder.generate`` of every chain method (ar, spd, block, hsd, hsd_ref, mtad, typical over a chain, bild) is this
+loop over one request (``ChainLoop(decoder, 1)``), and a cell or the bench with ``batch_size > 1`` runs it over
+``batch_size`` slots (continuous batching; ``batchable`` on the method class and the drafter). Each request has its
+own context, counters, generator, draft-length policy (``draft_stop``: its own running acceptance estimate) and
+drafter (``Drafter.slots``: the decoder's own drafter at batch 1; at batch B a copy per slot, the draft model's
+copies sharing one packed cache). One iteration, over every live request:
 
-1. draft: one batched draft-model step per draft position (each request's rows in one forward; MTAD's
-   beams are tree nodes of their request); any other drafter proposes per request on its slot's own copy
-   (``Drafter.fork``: n-gram lookup; an EAGLE head's own KV cache and the target features it has seen);
-2. one target forward over all requests' rows (a newly admitted request's prompt included: its prefill
-   rides in its first step), the LM head on the verification rows only; a drafter that reads the target's
-   hidden states (``uses_hidden``: EAGLE, EAGLE-3) gets each request's hidden rows from it
-   (``PackedCache.step_hidden``), and its admitted requests' prompts are prefilled in one packed forward
-   before they draft, as ``DraftVerifyDecoder._start`` prefills at batch 1 (their first iteration drafts);
-3. the method's own rule per request (``Decoder.verify``: the rules of ``verification.py``), with that
-   request's generator;
-4. rollback per request (its rejected slots leave the packed cache), the verdict to the request's drafter
-   (``feedback``: kept drafts, the hidden rows of the kept positions), emit, and a finished request's slot
-   takes the next prompt at once.
+1. propose: the method asks for each request's chain (``DraftVerifyDecoder.propose_chains``: the drafter's chains,
+   ``Drafter.propose_chains``, or MTAD's beams, ``ModelDrafter.propose_beams``; the draft model drafts every
+   request's chain in one forward per draft position, ``drafting.draft_chain``); the drafting lives in the
+   drafter, none here;
+2. verify: one target forward over every request's rows (a newly admitted request's prompt included at batch > 1:
+   its prefill rides in its first step), the LM head on the verification rows only; the method's rule per request
+   (``Decoder.verify``, with that request's generator), or a plain step where nothing was drafted;
+3. emit: the kept drafts and the next token (one host read per request), cut at EOS and ``max_new_tokens``;
+4. feedback: rollback of the rejected positions, the verdict to the request's draft-length policy and drafter
+   (with the target's hidden rows of the kept positions for a drafter that reads them, ``uses_hidden``); a
+   finished request's slot takes the next prompt at once.
 
-Packing (``PackedCache``, ``packed.py``): the sequences share one ``CachedModel`` cache; every cached position
-belongs to one request (``owner``, -1 once rolled back) and each new row sees exactly its own request's live
-positions, in order (``CachedModel.forward_masked_rows``), as the teacher-data engine packs its sequences
-(``pipeline/training/teacher_data.py``). On the bf16 CPU kernels a row attends to its allowed keys in cache
-order and every matmul row is computed alone (``csrc/bf16_decoder.cpp``), so a request's rows are
-bit-identical to the ones it gets decoding alone; with the same draws from its own generator (seeded from the
-cell seed and the prompt id) its tokens do not depend on its companions: the output at batch B equals the
-output at batch 1, and equals ``Decoder.generate``'s. Elsewhere (float32, CUDA) rows differ by rounding and
-outputs can differ; ``batch_divergence`` measures how often.
+The models' caches are ``packed.SoloCache`` at batch 1 (the model's own cache: the prompt prefilled and timed,
+the bf16 kernels' fused draft chain and the CUDA graphs as ``CachedModel.forward`` has them) and
+``packed.PackedCache`` at batch > 1: the sequences share one ``CachedModel`` cache; every cached position belongs
+to one request and each new row sees exactly its own request's live positions, in order
+(``CachedModel.forward_masked_rows``), as the teacher-data engine packs its sequences
+(``pipeline/training/teacher_data.py``). On the bf16 CPU kernels a row attends to its allowed keys in cache order
+and every matmul row is computed alone (``csrc/bf16_decoder.cpp``), so a request's rows are bit-identical to the
+ones it gets decoding alone; with the same draws from its own generator (seeded from the cell seed and the prompt
+id) its tokens and counters do not depend on its companions: the output at batch B equals the output at batch 1,
+which is ``Decoder.generate``'s. Elsewhere (float32, CUDA) rows differ by rounding and outputs can differ;
+``batch_divergence`` measures how often.
+
+Tree methods (specinfer, mcss, traversal, typical with a tree, EAGLE trees) keep their own loop at batch 1
+(``DraftVerifyDecoder._tree_step``) and do not batch.
 """
 
 from __future__ import annotations
@@ -34,18 +40,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
 from .base import Decoder, Generation, _as_token_list, emit
-from .beam_sampling import first_beams, first_beams_sparse, next_beams, next_beams_sparse
-from .drafters import Drafter, ModelDrafter
-from .drafting import ChainDraft
-from .packed import PackedCache, PackedRows
-from .speculative import DraftVerifyDecoder
-from .tree import TokenTree
-from .warping import sample, sample_sparse
+from .draft_length import DraftLength
+from .drafters import Drafter
+from .drafting import ChainAsk
+from .packed import Lanes, PackedCache, PackedRows, SoloCache
 
 
 @dataclass
@@ -66,6 +69,7 @@ class BatchedGeneration(Generation):
     admitted_at: float = 0.0
     first_token_at: float = 0.0
     finished_at: float = 0.0
+    prefill_s: float = 0.0  # batch 1: the part spent writing the prompt into the caches (``prefill_seconds``)
     tag: Any = None
 
 
@@ -83,51 +87,66 @@ def check_batch(cls: type[Decoder], values: dict[str, Any], batch_size: Any) -> 
 
 @dataclass
 class _Live:
-    """A request in a slot: its context, output and counters, and this iteration's draft."""
+    """A request in a slot: its context, output and counters, its drafter and draft-length policy, and this
+    iteration's proposal."""
 
     index: int
     request: BatchRequest
     slot: int
     context: list[int]
     admitted_at: float
+    drafter: Any = None
+    policy: DraftLength | None = None
     out: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     steps: int = 0
-    draft_steps: int = 0
     first_token_at: float = 0.0
-    gamma: int = 0
-    tokens: list[int] = field(default_factory=list)  # this iteration's draft tokens
-    rows: list[torch.Tensor] = field(default_factory=list)  # their warped draft rows (dense [V] each)
-    proposal: Any = None
+    prefill_s: float = 0.0
+    cached: int = 0  # context positions the target's cache holds (its length, kept here: no cache query per step)
+    tokens: torch.Tensor | None = None  # this iteration's draft tokens [g] (None: nothing drafted)
+    proposal: Any = None  # what the rule reads beside them (``DraftVerifyDecoder.propose_chains``)
+
+
+def has_chain_loop(decoder: Decoder) -> str | None:
+    """None when ``decoder`` runs the chain loop (ar, and a chain method over a chain drafter), else why not."""
+    if getattr(decoder, "drafter_impl", None) is None:
+        return None if getattr(decoder, "plain_loop", False) else "it decodes with a loop of its own"
+    if getattr(decoder, "shape", "chain") != "chain":
+        return "it verifies a token tree, and trees decode one sequence at a time"
+    return None
 
 
 class BatchedDecoder:
-    """Continuous batching of one chain decoder (``batchable``) over ``batch_size`` slots.
+    """The chain loop of one decoder over ``batch_size`` slots (batch 1: ``Decoder.generate``'s own loop); at batch 1
+    a method with a loop of its own (beam, mtjd, the tree methods) runs its ``generate`` request by request behind
+    the same ``run`` (the window and the bench decode every method through this class).
 
     ``decoder`` is the method as ``build_decoder`` made it (parameters validated, warper, models, drafter, rule);
-    this class owns only the packing and the loop. Its models' caches are packed while ``run`` works and
-    emptied after it (the decoder's own ``generate`` can be called again).
+    this class owns the per-request state, the caches' view (``SoloCache`` at batch 1, ``PackedCache`` above) and
+    the iteration. At batch > 1 the caches are packed while ``run`` works and emptied after it (the decoder's own
+    ``generate`` can be called again).
     """
 
     def __init__(self, decoder: Decoder, batch_size: int) -> None:
-        check_batch(type(decoder), decoder.config, batch_size)
-        reason = type(decoder).batch_refusal(decoder.config)
-        if reason:  # at batch 1 too: this loop is the chain loop (a tree method's batch 1 is its own generate)
+        check_batch(type(decoder), getattr(decoder, "config", {}), batch_size)
+        reason = has_chain_loop(decoder) if isinstance(decoder, Decoder) else "it is not a Decoder"
+        if reason and batch_size > 1:
             raise ValueError(
                 f"method {decoder.name!r} has no batched loop: {reason}; call its generate() one request at a time"
             )
         self.decoder = decoder
         self.batch_size = batch_size
-        self.drafter = getattr(decoder, "drafter_impl", None)
-        self.gamma = int(decoder.config.get("gamma") or 0) if self.drafter is not None else 0
-        self.beams = bool(getattr(type(decoder), "beam_drafts", False)) and isinstance(self.drafter, ModelDrafter)
-        # a drafter that proposes per request gets one copy per slot (``Drafter.fork``: an EAGLE head's own cache
-        # and features); one that reads the target's hidden states gets each request's rows of every target step
-        self.slots: list[Drafter] | None = None
-        if self.drafter is not None and not isinstance(self.drafter, ModelDrafter):
-            self.slots = [self.drafter.fork() for _ in range(batch_size)]
-        self.hidden = self.slots is not None and self.drafter is not None and self.drafter.uses_hidden
+        self.own_loop = reason is not None  # batch 1 of a method with its own loop: its generate, request by request
+        if self.own_loop:  # (or of any object with Decoder.generate's signature)
+            return
+        drafter: Drafter | None = getattr(decoder, "drafter_impl", None)
+        self.drafter = drafter
+        self.slots: list[Any] = drafter.slots(batch_size) if drafter is not None else [None] * batch_size
+        self.hidden = drafter is not None and drafter.uses_hidden
+        self.prompt_hidden = self.hidden and drafter is not None and drafter.prompt_hidden
+        self.target: Lanes = SoloCache(decoder.target) if batch_size == 1 else PackedCache(decoder.target)
+        self.length_args = getattr(decoder, "args", None)
 
     def generate(
         self,
@@ -151,6 +170,17 @@ class BatchedDecoder:
         self.run(queue, eos_token_ids=eos_token_ids, on_finish=done)
         return out  # type: ignore[return-value]
 
+    def decode(self, prompt: list[int], max_new_tokens: int, eos: frozenset[int], generator) -> Generation:
+        """One request, checked by the caller (``Decoder.generate``): its ``Generation``."""
+        got: list[BatchedGeneration] = []
+        self.run(
+            deque([BatchRequest(prompt, max_new_tokens, generator)]),
+            eos_token_ids=eos,
+            on_finish=lambda r, g: got.append(g),
+        )
+        g = got[0]
+        return Generation(g.tokens, g.steps, g.draft_steps, g.accepted, g.drafted)
+
     def _check(self, request: BatchRequest) -> list[int]:
         prompt = _as_token_list(request.prompt)
         if not prompt:
@@ -170,7 +200,7 @@ class BatchedDecoder:
         self,
         queue: deque,
         *,
-        eos_token_ids: Sequence[int] | int | None = (),
+        eos_token_ids: Collection[int] | int | None = (),
         on_finish: Callable[[BatchRequest, BatchedGeneration], None] | None = None,
     ) -> int:
         """Decode the requests of ``queue`` (taken from the left as slots free up; ``on_finish`` may append
@@ -181,225 +211,178 @@ class BatchedDecoder:
             if isinstance(eos_token_ids, int)
             else frozenset(int(t) for t in (eos_token_ids or ()))
         )
-        dec = self.decoder
+        if self.own_loop:
+            return self._run_own(queue, eos, on_finish)
+        live: list[_Live] = []
+        free = list(range(self.batch_size))[::-1]
+        count = 0
         with torch.inference_mode():
-            target = PackedCache(dec.target)
-            draft = PackedCache(dec.draft_model) if isinstance(self.drafter, ModelDrafter) else None
-            live: list[_Live] = []
-            free = list(range(self.batch_size))[::-1]
-            count = 0
+            self._close()
             try:
                 while queue or live:
                     admitted = []
                     while queue and free:
                         request = queue.popleft()
                         prompt = self._check(request)
-                        admitted.append(_Live(count, request, free.pop(), list(prompt), time.perf_counter()))
+                        slot = free.pop()
+                        admitted.append(
+                            _Live(count, request, slot, list(prompt), time.perf_counter(), self.slots[slot])
+                        )
                         count += 1
-                    if admitted and self.slots is not None:
-                        self._start(admitted, target)
+                    if admitted:
+                        self._start(admitted)
                     live.extend(admitted)
-                    self._iterate(live, target, draft, eos)
+                    self._iterate(live, eos)
                     for r in [r for r in live if r.slot < 0]:
                         live.remove(r)
                         free.append(-r.slot - 1)
                         gen = BatchedGeneration(
                             r.out,
                             r.steps,
-                            r.draft_steps,
+                            r.drafter.forwards if r.drafter is not None else 0,
                             r.accepted,
                             r.drafted,
                             admitted_at=r.admitted_at,
                             first_token_at=r.first_token_at,
                             finished_at=time.perf_counter(),
+                            prefill_s=r.prefill_s,
                             tag=r.request.tag,
                         )
                         if on_finish is not None:
                             on_finish(r.request, gen)
             finally:
-                for model in (dec.target, dec.draft):
-                    if model is not None:
-                        model.reset()
+                self._close()
+        return count
+
+    def _close(self) -> None:
+        """Empty packed caches (a no-op at batch 1, whose caches keep the last request and its prefill time)."""
+        self.target.close()
+        for d in {id(d): d for d in self.slots if d is not None}.values():
+            d.close()
+
+    def _run_own(self, queue: deque, eos: frozenset[int], on_finish) -> int:
+        """A method with a loop of its own (beam, mtjd, the tree methods) at batch 1: its ``generate`` per request,
+        bracketed by device synchronisations; its first token's time is estimated as its prefill plus one step."""
+        dec, count = self.decoder, 0
+        target = getattr(dec, "target", None)
+        cuda = target is not None and target.device.type == "cuda"
+        sync = (lambda: torch.cuda.synchronize(target.device)) if cuda else (lambda: None)  # type: ignore[union-attr]
+        prefill_seconds = getattr(dec, "prefill_seconds", lambda: 0.0)
+        while queue:
+            request = queue.popleft()
+            sync()
+            t0 = time.perf_counter()
+            gen = dec.generate(
+                request.prompt,
+                max_new_tokens=request.max_new_tokens,
+                eos_token_ids=sorted(eos),
+                generator=request.generator,
+            )
+            sync()
+            end = time.perf_counter()
+            prefill = float(prefill_seconds())
+            count += 1
+            if on_finish is not None:
+                on_finish(
+                    request,
+                    BatchedGeneration(
+                        gen.tokens,
+                        gen.steps,
+                        gen.draft_steps,
+                        gen.accepted,
+                        gen.drafted,
+                        admitted_at=t0,
+                        first_token_at=t0 + prefill + (end - t0 - prefill) / max(gen.steps, 1),
+                        finished_at=end,
+                        prefill_s=prefill,
+                        tag=request.tag,
+                    ),
+                )
         return count
 
     # ------------------------------------------------------------------------------------------ one iteration
 
-    def _start(self, requests: list[_Live], target: PackedCache) -> None:
-        """Start the admitted requests' own drafters (``slots``). One that reads the target's hidden states gets
-        those of ``prompt[:-1]``, prefilled for every admitted request in one packed target forward, as
-        ``DraftVerifyDecoder._start`` prefills at batch 1 (its first iteration then drafts, as it would alone);
-        the other drafters' prompts ride in their request's first target step."""
-        assert self.slots is not None
-        hidden: dict[int, torch.Tensor] = {}
-        if self.hidden:
-            groups = [
-                PackedRows(r.slot, torch.tensor(r.context[:-1], dtype=torch.long), [])
-                for r in requests
-                if len(r.context) > 1
-            ]
-            if groups:
-                hidden = dict(zip([g.slot for g in groups], target.step_hidden(groups)[1]))
-        for r in requests:
-            rows = hidden.get(r.slot, self.decoder.target.prefill_hidden([])) if self.hidden else None
-            self.slots[r.slot].start(r.context, rows)  # a one-token prompt: no rows (prefill_hidden of nothing)
-
-    def _iterate(self, live: list[_Live], target: PackedCache, draft: PackedCache | None, eos: frozenset[int]) -> None:
+    def _start(self, requests: list[_Live]) -> None:
+        """Start the admitted requests: the target caches ``prompt[:-1]`` (at batch 1; at batch > 1 it rides in the
+        request's first step, unless the drafter reads the prompt's hidden states: then every admitted prompt is
+        written in one packed forward), each request's drafter starts (with those hidden states) and its
+        draft-length policy starts from the prior."""
         dec = self.decoder
+        hidden = self.target.start({r.slot: r.context for r in requests}, self.prompt_hidden)
+        for r in requests:
+            if r.drafter is not None:
+                r.drafter.start(r.context, hidden.get(r.slot))
+                r.policy = DraftLength.of(self.length_args)
+            r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
+            r.cached = self.target.length(r.slot)
+
+    def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
+        dec = self.decoder
+        target = self.target
+        asks: list[tuple[_Live, ChainAsk]] = []
+        for r in live:  # 1. propose
+            r.tokens, r.proposal = None, None
+            if r.policy is not None:
+                room = r.request.max_new_tokens - len(r.out) - 1
+                gamma = min(r.policy.budget(dec.draft_length()), room)  # type: ignore[attr-defined]
+                if gamma > 0:
+                    asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter)))
+        if asks:
+            proposals = dec.propose_chains([a for _, a in asks])  # type: ignore[attr-defined]
+            for (r, _), proposed in zip(asks, proposals):
+                if proposed is not None:
+                    r.tokens, r.proposal = proposed
+        groups = []  # 2. one target forward
         for r in live:
-            r.gamma = min(self.gamma, r.request.max_new_tokens - len(r.out) - 1)
-            r.tokens, r.rows, r.proposal = [], [], None
-        if draft is not None and self.beams:
-            self._draft_beams([r for r in live if r.gamma > 0], draft)
-        elif draft is not None:
-            self._draft_model([r for r in live if r.gamma > 0], draft)
-        elif self.slots is not None:
-            for r in live:
-                if r.gamma > 0:
-                    drafter = self.slots[r.slot]
-                    before = drafter.forwards
-                    self._take_chain(r, drafter.propose(r.context, r.gamma, dec.warper, r.request.generator))
-                    r.draft_steps += drafter.forwards - before
-        for r in live:
-            r.gamma = len(r.tokens)
-        groups = []
-        for r in live:
-            feed = r.context[target.length(r.slot) :] + r.tokens
-            groups.append(
-                PackedRows(
-                    r.slot, torch.tensor(feed, dtype=torch.long), list(range(len(feed) - r.gamma - 1, len(feed)))
-                )
-            )
-        raws, hiddens = target.step_hidden(groups) if self.hidden else (target.step(groups), [None] * len(groups))
+            tail = r.context[r.cached :]
+            if r.tokens is None:
+                feed = torch.tensor(tail, dtype=torch.long)
+                g = 0
+            else:
+                feed = torch.cat([torch.tensor(tail, dtype=torch.long, device=r.tokens.device), r.tokens])
+                g = r.tokens.shape[0]
+            m = feed.shape[0]
+            groups.append(PackedRows(r.slot, feed, list(range(m - g - 1, m))))
+        hiddens: list[torch.Tensor | None]
+        if self.hidden:
+            raws, got = target.step_hidden(groups)
+            hiddens = list(got)
+        else:
+            raws, hiddens = target.step(groups), [None] * len(groups)
         for r, raw, hidden in zip(live, raws, hiddens):
             logits = dec.target._logits(raw)
             gen = r.request.generator
             length = len(r.context)
             r.steps += 1
             n = 0
-            if r.gamma == 0:
-                emitted = [int(dec._next_token(logits[-1], gen))]
-                if self.drafter is not None:
+            if r.tokens is None:  # nothing drafted: a plain step
+                emitted = [dec._next_token(logits[-1], gen)]
+                if r.policy is not None:
                     r.drafted.append(0)
-            else:  # drafts came from a drafter: the decoder verifies chains (DraftVerifyDecoder's interface)
-                chains = cast(DraftVerifyDecoder, dec)
-                tokens = torch.tensor(r.tokens, dtype=torch.long, device=logits.device)
-                proposal = r.proposal if self.beams else chains.chain_proposal(tokens, torch.stack(r.rows))
-                accepted, token = chains.verify(logits, tokens, proposal, gen)
-                n, y = int(accepted), int(token)
-                emitted = r.tokens[:n] + [y]
-                r.drafted.append(r.gamma)
+            else:  # the method's rule, then the iteration's one host read
+                tokens = r.tokens
+                g = tokens.shape[0]
+                n_t, y_t = dec.verify(logits, tokens, r.proposal, gen)  # type: ignore[attr-defined]
+                head = [torch.as_tensor(v, device=tokens.device).reshape(1) for v in (n_t, y_t)]
+                read = torch.cat([*head, tokens]).tolist()
+                n = int(read[0])
+                emitted = read[2 : 2 + n] + [int(read[1])]
+                r.drafted.append(g)
                 target.rollback(r.slot, length + n)
-                if draft is not None:
-                    draft.rollback(r.slot, length + n)
-            if self.slots is not None:  # the verdict, with the hidden rows of the last context token and the kept
-                kept = None if hidden is None else hidden[hidden.shape[0] - r.gamma - 1 :][: n + 1]
-                self.slots[r.slot].feedback(length, n, kept)
+                assert r.policy is not None
+                r.policy.observe(g, n)
+            r.cached = length + n
+            if r.drafter is not None:  # 4. feedback, with the hidden rows of the last context token and the kept
+                g = 0 if r.tokens is None else r.tokens.shape[0]
+                kept = None if hidden is None else hidden[hidden.shape[0] - g - 1 :][: n + 1]
+                r.drafter.feedback(length, n, kept)
             if not r.out:
                 r.first_token_at = time.perf_counter()
-            if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):
+            if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):  # 3. emit
                 target.release(r.slot)
-                if draft is not None:
-                    draft.release(r.slot)
+                if r.drafter is not None:
+                    r.drafter.finish()
                 r.slot = -r.slot - 1  # finished: the loop frees the slot
-
-    def _take_chain(self, r: _Live, chain: ChainDraft | None) -> None:
-        if chain is None:
-            return
-        r.tokens = [int(t) for t in chain.tokens.tolist()]
-        r.rows = list(chain.probs)
-
-    def _draft_model(self, requests: list[_Live], draft: PackedCache) -> None:
-        """``drafting.draft_chain`` for every request at once: one packed draft forward per draft position,
-        each request's row warped and sampled with its own generator (the same draws as alone)."""
-        dec = self.decoder
-        model, warper = dec.draft_model, dec.warper
-        sparse = warper.sparse(model.vocab_size)
-        for j in range(max((r.gamma for r in requests), default=0)):
-            step = [r for r in requests if r.gamma > j]
-            groups = []
-            for r in step:
-                feed = r.context[draft.length(r.slot) :] if j == 0 else r.tokens[-1:]
-                groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
-            raws = draft.step(groups)
-            for r, raw in zip(step, raws):
-                gen = r.request.generator
-                if sparse:
-                    ids, probs = model.top_k_rows(raw[0], warper)
-                    row = torch.zeros(model.vocab_size, device=model.device).scatter_(-1, ids, probs)
-                    t = sample_sparse(ids, probs, gen)
-                else:
-                    row = warper(model._logits(raw)[0])
-                    t = sample(row, gen) if not warper.greedy else row.argmax(-1)
-                r.tokens.append(int(t))
-                r.rows.append(row)
-                r.draft_steps += 1
-
-    def _draft_beams(self, requests: list[_Live], draft: PackedCache) -> None:
-        """``beam_sampling.beam_sample`` (MTAD's draft) for every request at once: each request's W beams are
-        tree nodes of its own sequence, one packed draft forward per depth; the chosen beam's nodes stay."""
-        dec = self.decoder
-        model, warper = dec.draft_model, dec.warper
-        W, weights_kind, replacement = int(dec.args.num_beams), dec.args.beam_weights, bool(dec.args.replacement)
-        sparse = not warper.greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
-        state: dict[int, dict[str, Any]] = {}
-        for j in range(max((r.gamma for r in requests), default=0)):
-            step = [r for r in requests if r.gamma > j]
-            groups = []
-            for r in step:
-                if j == 0:
-                    feed = r.context[draft.length(r.slot) :]
-                    groups.append(PackedRows(r.slot, torch.tensor(feed, dtype=torch.long), [len(feed) - 1]))
-                    continue
-                s = state[r.index]
-                parents = [n[-1] if n else -1 for n in s["nodes"]]
-                s["fed"] = s["tree"].extend(s["beams"][:, -1].tolist(), parents)
-                old = s["tree"].fed
-                ids, positions, mask = s["tree"].feed()
-                m = ids.numel()
-                sees = torch.cat([torch.ones(m, s["start"], dtype=torch.bool), mask[:, :old]], 1)
-                groups.append(
-                    PackedRows(r.slot, ids, list(range(m)), positions=positions, sees=sees, inner=mask[:, old:])
-                )
-            raws = draft.step(groups)
-            for r, raw in zip(step, raws):
-                gen = r.request.generator
-                r.draft_steps += 1
-                if j == 0:
-                    start = draft.length(r.slot)
-                    s = state[r.index] = {"start": start, "tree": TokenTree(start)}
-                    if sparse:
-                        ids, probs = model.top_k_rows(raw[0], warper)
-                        first, s["weights"], s["log_q"] = first_beams_sparse(
-                            ids, probs, W, gen, weights_kind, replacement
-                        )
-                    else:
-                        logits = model._logits(raw)[0]
-                        first, s["weights"], s["log_q"] = first_beams(logits, W, warper, gen, weights_kind, replacement)
-                    s["beams"] = first[:, None]
-                    s["nodes"] = [[] for _ in range(len(s["beams"]))]
-                    continue
-                s = state[r.index]
-                weights = s["weights"]
-                if sparse:
-                    ids, probs = model.top_k_rows(raw, warper)
-                    b, v, s["weights"], step_lq = next_beams_sparse(
-                        ids, probs, weights, W, gen, weights_kind, replacement
-                    )
-                else:
-                    b, v, s["weights"], step_lq = next_beams(
-                        model._logits(raw), weights, W, warper, gen, weights_kind, replacement
-                    )
-                s["log_q"] = torch.cat([s["log_q"][b], step_lq[:, None]], 1)
-                s["beams"] = torch.cat([s["beams"][b], v[:, None]], 1)
-                s["nodes"] = [s["nodes"][i] + [s["fed"][i]] for i in b.tolist()]
-        for r in requests:
-            s = state[r.index]
-            best = int(s["weights"].argmax())
-            path = s["nodes"][best]
-            if path:
-                draft.keep_path(r.slot, s["start"], path)
-            r.tokens = [int(t) for t in s["beams"][best].tolist()]
-            r.proposal = s["log_q"][best]
 
 
 def batch_divergence(

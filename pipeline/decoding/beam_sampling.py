@@ -15,10 +15,13 @@ Temperature 0 is deterministic beam search on the unwarped log-probabilities.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from .drafting import ChainAsk
 from .kv import CachedModel
+from .packed import Lanes, PackedRows, SoloCache
 from .tree import TokenTree
 from .warping import Warper, sample_k
 
@@ -113,6 +116,84 @@ def next_beams_sparse(
     return keep[pick] // k, cand[pick], _renormalize(flat[pick], beam_weights), torch.log(q[pick])
 
 
+def draft_beams(
+    model: CachedModel,
+    cache: Lanes,
+    asks: list[ChainAsk],
+    num_beams: int,
+    warper: Warper,
+    beam_weights: str = "paper",
+    replacement: bool = False,
+) -> list[Beam]:
+    """Beam sampling after each ask's context, ``ask.gamma`` deep (``>= 1``), on ``model`` whose sequences are
+    ``cache`` (its own cache at batch 1; several requests packed at batch > 1): each request's W beams are tree
+    nodes of its own sequence, one forward per depth over every request, each drawn with its own generator; the
+    best beam of each (its nodes compacted into place: the sequence then holds ``context + x[:-1]``).
+
+    A top-k warper on the CPU warps on the rows' k entries (the same beams and draws as the dense rows: the
+    candidates are their non-zero entries, in their order)."""
+    sparse = not warper.greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size)
+    state: list[dict[str, Any]] = [{} for _ in asks]
+    for j in range(max((a.gamma for a in asks), default=0)):
+        step = [i for i, a in enumerate(asks) if a.gamma > j]
+        groups = []
+        for i in step:
+            a, s = asks[i], state[i]
+            if j == 0:
+                feed = torch.tensor(a.context[cache.length(a.slot) :], dtype=torch.long)
+                groups.append(PackedRows(a.slot, feed, [feed.numel() - 1]))
+                continue
+            parents = [n[-1] if n else -1 for n in s["nodes"]]
+            s["fed"] = s["tree"].extend(s["beams"][:, -1].tolist(), parents)
+            old = s["tree"].fed
+            ids, positions, mask = s["tree"].feed()
+            m = ids.numel()
+            sees = torch.cat([torch.ones(m, s["start"], dtype=torch.bool), mask[:, :old].cpu()], 1)
+            groups.append(
+                PackedRows(a.slot, ids, list(range(m)), positions=positions, sees=sees, inner=mask[:, old:].cpu())
+            )
+        raws = cache.step(groups)
+        for i, raw in zip(step, raws):
+            a, s = asks[i], state[i]
+            gen = a.generator
+            if j == 0:
+                s["start"] = cache.length(a.slot)
+                s["tree"] = TokenTree(s["start"])
+                if sparse:
+                    ids, probs = model.top_k_rows(raw[-1], warper)
+                    first, s["weights"], s["log_q"] = first_beams_sparse(
+                        ids, probs, num_beams, gen, beam_weights, replacement
+                    )
+                else:
+                    logits = model._logits(raw[-1:])[0]
+                    first, s["weights"], s["log_q"] = first_beams(
+                        logits, num_beams, warper, gen, beam_weights, replacement
+                    )
+                s["beams"] = first[:, None]
+                s["nodes"] = [[] for _ in range(len(first))]
+                continue
+            if sparse:
+                ids, probs = model.top_k_rows(raw, warper)
+                b, v, s["weights"], step_lq = next_beams_sparse(
+                    ids, probs, s["weights"], num_beams, gen, beam_weights, replacement
+                )
+            else:
+                b, v, s["weights"], step_lq = next_beams(
+                    model._logits(raw), s["weights"], num_beams, warper, gen, beam_weights, replacement
+                )
+            s["log_q"] = torch.cat([s["log_q"][b], step_lq[:, None]], 1)
+            s["beams"] = torch.cat([s["beams"][b], v[:, None]], 1)
+            s["nodes"] = [s["nodes"][k] + [s["fed"][k]] for k in b.tolist()]
+    out = []
+    for a, s in zip(asks, state):
+        best = int(s["weights"].argmax())
+        path = s["nodes"][best]
+        if path:
+            cache.keep_path(a.slot, s["start"], path)
+        out.append(Beam(s["beams"][best].tolist(), s["log_q"][best]))
+    return out
+
+
 def beam_sample(
     model: CachedModel,
     context: list[int],
@@ -123,30 +204,10 @@ def beam_sample(
     beam_weights: str = "paper",
     replacement: bool = False,
 ) -> Beam:
-    """Draw ``depth`` tokens by beam sampling from ``model`` after ``context``; return the best beam."""
-    if not warper.greedy and model.device.type == "cpu" and warper.sparse(model.vocab_size):
-        return _beam_sample_sparse(model, context, depth, num_beams, warper, generator, beam_weights, replacement)
-    logits = model.forward(context[model.length :], keep=1)[-1]
-    start = model.length  # == len(context)
-    idx, weights, log_q = first_beams(logits, num_beams, warper, generator, beam_weights, replacement)
-    beams = idx[:, None]  # [W, s] tokens
-    nodes: list[list[int]] = [[] for _ in range(len(idx))]
-    tree = TokenTree(start)
-    for _ in range(1, depth):
-        parents = [n[-1] if n else -1 for n in nodes]
-        fed = tree.extend(beams[:, -1].tolist(), parents)
-        ids, positions, mask = tree.feed()
-        out = model.forward_tree(ids, positions, mask, start)  # [W, V]
-        b, v, weights, step_lq = next_beams(out, weights, num_beams, warper, generator, beam_weights, replacement)
-        log_q = torch.cat([log_q[b], step_lq[:, None]], 1)
-        beams = torch.cat([beams[b], v[:, None]], 1)
-        bl = b.tolist()
-        nodes = [nodes[i] + [fed[i]] for i in bl]
-    best = int(weights.argmax())
-    path = nodes[best]
-    if path:
-        model.compact(start, path)
-    return Beam(beams[best].tolist(), log_q[best])
+    """Draw ``depth`` tokens by beam sampling from ``model`` after ``context``; return the best beam
+    (``draft_beams`` of one sequence in the model's own cache: mtjd's draws from the target)."""
+    ask = ChainAsk(0, context, depth, generator)
+    return draft_beams(model, SoloCache(model), [ask], num_beams, warper, beam_weights, replacement)[0]
 
 
 def _nonzero_by_id(ids: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,28 +217,3 @@ def _nonzero_by_id(ids: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor
     ids, probs = ids.gather(-1, order), probs.gather(-1, order)
     keep = (probs > 0).flatten().nonzero().squeeze(-1)
     return keep, ids.flatten()[keep], probs.flatten()[keep]
-
-
-def _beam_sample_sparse(model, context, depth, num_beams, warper, generator, beam_weights, replacement) -> Beam:
-    """``beam_sample`` for a top-k warper on the CPU, on the rows' k entries: the same beams and the same
-    random draws as the dense form (the candidates are the dense rows' non-zero entries, in their order)."""
-    ids, probs = model.forward_sparse(context[model.length :], warper)
-    start = model.length
-    first, weights, log_q = first_beams_sparse(ids, probs, num_beams, generator, beam_weights, replacement)
-    beams = first[:, None]
-    nodes: list[list[int]] = [[] for _ in range(len(first))]
-    tree = TokenTree(start)
-    for _ in range(1, depth):
-        parents = [n[-1] if n else -1 for n in nodes]
-        fed = tree.extend(beams[:, -1].tolist(), parents)
-        tok, positions, mask = tree.feed()
-        ids, probs = model.forward_tree(tok, positions, mask, start, warper=warper)  # [W, k] each
-        b, v, weights, step_lq = next_beams_sparse(ids, probs, weights, num_beams, generator, beam_weights, replacement)
-        log_q = torch.cat([log_q[b], step_lq[:, None]], 1)
-        beams = torch.cat([beams[b], v[:, None]], 1)
-        nodes = [nodes[i] + [fed[i]] for i in b.tolist()]
-    best = int(weights.argmax())
-    path = nodes[best]
-    if path:
-        model.compact(start, path)
-    return Beam(beams[best].tolist(), log_q[best])

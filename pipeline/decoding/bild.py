@@ -11,11 +11,11 @@ next token. Both caches are rolled back to what was kept. Lossy by design. Limit
 back / the small model never decodes). Confidence is read from the warped small row (from the raw
 softmax at temperature 0, as the greedy reference does).
 
-This is the chain loop of ``speculative.DraftVerifyDecoder`` with a draft of variable length
-(``propose``: the small model's confident run, at most ``max_small_steps`` tokens, ending at EOS) and
-the rollback policy as its rule (``bild_rule`` over ``verification.bild_verify``: the one rule that reads
-the target's raw logits, so the method supplies ``verify`` itself). When the small model is unsure at
-once, the iteration is a plain large-model step.
+This is the chain loop (``batched.py``, at batch 1) with a draft of variable length (``propose_chains``:
+the small model's confident run, at most ``max_small_steps`` tokens, ending at EOS) and the rollback
+policy as its rule (``bild_rule`` over ``verification.bild_verify``: the one rule that reads the target's
+raw logits, so the method supplies ``verify`` itself). When the small model is unsure at once, the
+iteration is a plain large-model step.
 """
 
 from __future__ import annotations
@@ -67,7 +67,11 @@ class BiLDDecoder(DraftVerifyDecoder):
         self.eos = eos  # the small model stops at EOS
         return super()._generate(prompt, max_new_tokens, eos, generator)
 
-    def propose(self, context, gamma, generator):
+    def propose_chains(self, asks):
+        """The small model's confident run after each ask's context (BiLD decodes one sequence at a time)."""
+        return [self._small_run(a.context, a.gamma, a.generator) for a in asks]
+
+    def _small_run(self, context, gamma, generator):
         draft, warper = self.draft_model, self.warper
         pending: list[int] = []
         feed = context[draft.length :]

@@ -20,6 +20,10 @@ proposers):
 - ``stop``: set by the decoder (``draft_stop: confidence``, ``draft_length.py``): ``stop(q_row, token)`` after
   each draft says to end the chain there; a drafter may honour it inside its own loop (the draft model's chain
   does), and the decoder cuts any longer chain after the fact, so a drafter may also ignore it;
+- ``slots(n)``, ``propose_chains(asks, warper)``, ``finish()``: the chain loop's (``batched.py``) per-request
+  drafters (this one at batch 1, ``fork`` copies above; the draft model's share one packed cache), every live
+  request's chain at once (default: each drafter's ``propose``; the draft model drafts them together, one forward
+  per draft position, ``drafting.draft_chain``), and a request's end;
 - ``forwards``: draft forward passes of the current generation;
 - ``step_cost(target, prompt, gamma, warper, reps, sync)``: its own cost of one draft token (t_draft),
   which the cell and the bench ask for (c = t_draft / t_ar is the drafter's, not the draft model's).
@@ -60,9 +64,11 @@ from typing import Any, Callable, ClassVar, Mapping
 import torch
 
 from .base import DRAFTERS, METHODS, DrafterContext, Param, eagle_version, int_at_least
-from .drafting import ChainDraft, draft_chain
+from .beam_sampling import Beam, draft_beams
+from .drafting import ChainAsk, ChainDraft, draft_chain
 from .kv import CachedModel
 from .medusa_heads import medusa_heads_of
+from .packed import Lanes, PackedCache, SoloCache
 from .timing import median_times
 from .tree import TokenTree
 from .tree_verify import cartesian_tree, commit_draft, sample_token_tree
@@ -246,6 +252,23 @@ class Drafter:
         between ``start`` and the end of a generation that another sequence's calls could disturb)."""
         return self
 
+    def slots(self, n: int) -> list["Drafter"]:
+        """The drafters of ``n`` requests decoding together (the chain loop's slots, ``decoding/batched.py``):
+        this drafter itself at batch 1, else ``n`` forks."""
+        return [self] if n == 1 else [self.fork() for _ in range(n)]
+
+    def propose_chains(self, asks: list[ChainAsk], warper: Warper) -> list[ChainDraft | None]:
+        """The chains of several requests (each ask with its own drafter of ``slots``; called on one of them): by
+        default each drafter's ``propose``. A drafter that drafts them together overrides it (the draft model: one
+        packed forward per draft position)."""
+        return [a.drafter.propose(a.context, a.gamma, warper, a.generator) for a in asks]
+
+    def finish(self) -> None:
+        """The request in this drafter's slot is done (a packed draft cache frees its sequence)."""
+
+    def close(self) -> None:
+        """The chain loop starts or ends a run over its slots (a packed draft cache is emptied)."""
+
     def propose_tree(
         self, context: list[int], k_config: list[int], warper: Warper, generator, children: str = "iid"
     ) -> TokenTree | None:
@@ -321,8 +344,11 @@ class ModelDrafter(Drafter):
     transformers = "assistant_model"
     batchable = True
 
-    def __init__(self, draft: CachedModel) -> None:
+    def __init__(self, draft: CachedModel, cache: Lanes | None = None, slot: int = 0) -> None:
         self.model = draft
+        self.cache: Lanes = SoloCache(draft) if cache is None else cache  # its sequence(s): its own cache at batch 1
+        self.slot = slot
+        self.drafted = 0  # draft forwards of this slot's request in a packed cache
 
     @classmethod
     def create(cls, decoder, scope):
@@ -332,14 +358,48 @@ class ModelDrafter(Drafter):
             )
         return cls(decoder.draft)
 
+    def slots(self, n: int) -> list[Drafter]:
+        """Batch > 1: ``n`` drafters over one packed cache of the draft model (slot i: request i's sequence)."""
+        if n == 1:
+            return [self]
+        packed = PackedCache(self.model)
+        out: list[Drafter] = []
+        for i in range(n):
+            d = ModelDrafter(self.model, packed, i)
+            d.stop = self.stop
+            out.append(d)
+        return out
+
     def start(self, prompt, hidden=None) -> None:
-        self.model.reset()
-        self.model.prefill(prompt[:-1])
+        self.drafted = 0
+        self.cache.start({self.slot: prompt})  # batch 1: prefill prompt[:-1]; packed: it rides in the first step
 
     def propose(self, context, gamma, warper, generator):
-        """The draft model's chain; ``stop`` ends it early token by token (the fused C++ chain, which draws all
-        ``gamma`` in one call, is cut afterwards by the decoder)."""
-        return draft_chain(self.model, context, gamma, warper, generator, self.stop)
+        """The draft model's chain; ``stop`` ends it early token by token."""
+        return self.propose_chains([ChainAsk(self.slot, context, gamma, generator, self)], warper)[0]
+
+    def propose_chains(self, asks, warper):
+        """``drafting.draft_chain`` over every ask's sequence at once (one draft forward per position)."""
+        chains = draft_chain(self.model, self.cache, asks, warper, self.stop)
+        for a, chain in zip(asks, chains):
+            a.drafter.drafted += chain.tokens.shape[0]
+        return chains
+
+    def propose_beams(
+        self, asks: list[ChainAsk], warper: Warper, num_beams: int, beam_weights: str, replacement: bool
+    ) -> list[Beam]:
+        """MTAD's draft: the best of ``num_beams`` beams of beam sampling per ask (``beam_sampling.draft_beams``,
+        one draft forward per depth over every ask's sequence)."""
+        beams = draft_beams(self.model, self.cache, asks, num_beams, warper, beam_weights, replacement)
+        for a, beam in zip(asks, beams):
+            a.drafter.drafted += len(beam.tokens)
+        return beams
+
+    def finish(self) -> None:
+        self.cache.release(self.slot)
+
+    def close(self) -> None:
+        self.cache.close()
 
     def propose_tree(self, context, k_config, warper, generator, children="iid"):
         return sample_token_tree(self.model, context, k_config, warper, generator, children)
@@ -351,11 +411,12 @@ class ModelDrafter(Drafter):
             commit_draft(self.model, length, tree, path or [])
 
     def rollback(self, length: int) -> None:
-        self.model.rollback(min(self.model.length, length))
+        self.cache.rollback(self.slot, length)
 
     @property
     def forwards(self) -> int:
-        return self.model.forwards
+        """Draft forwards of the current generation (the model's own count at batch 1, trees included)."""
+        return self.model.forwards if self.cache.solo else self.drafted
 
 
 class MedusaDrafter(Drafter):

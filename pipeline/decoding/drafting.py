@@ -1,13 +1,19 @@
-"""Chain drafting: the draft model proposes gamma tokens autoregressively (shared by spd and block)."""
+"""The draft model's chain drafting (``ModelDrafter``'s, for every method over ``drafter: model``), at every batch size.
+
+``draft_chain`` drafts the chains of one or several requests: one draft forward per draft position over every
+request still drafting (their rows packed into one step by a ``PackedCache``; a ``SoloCache`` at batch 1), each
+request's row warped and sampled with its own generator, so a request draws what it draws alone.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from .kv import CachedModel
+from .packed import Lanes, PackedRows
 from .warping import Warper, sample, sample_sparse
 
 
@@ -17,44 +23,71 @@ class ChainDraft:
     probs: torch.Tensor  # [g, V] warped draft rows the tokens were drawn from
 
 
-def draft_chain(
-    draft: CachedModel,
-    context: list[int],
-    gamma: int,
-    warper: Warper,
-    generator: torch.Generator | None,
-    stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
-) -> ChainDraft:
-    """Sample ``gamma`` tokens from the warped draft after ``context`` (fewer when ``stop(q_row, token)``, called
-    after each draft, says to end there: ``draft_stop: confidence``; one host read per draft then).
+@dataclass
+class ChainAsk:
+    """One request's proposal to make: up to ``gamma`` drafts after ``context``, drawn with ``generator``; ``slot``:
+    its place in the loop (its sequence in a packed cache); ``drafter``: its own drafter (``Drafter.slots``)."""
 
-    The draft cache may hold any prefix of ``context``; the first forward feeds the rest (usually
-    one token, two after a fully accepted block). Afterwards the cache holds ``context + x[:-1]``.
+    slot: int
+    context: list[int]
+    gamma: int
+    generator: torch.Generator | None
+    drafter: Any = None
+
+
+def draft_chain(
+    model: CachedModel,
+    cache: Lanes,
+    asks: list[ChainAsk],
+    warper: Warper,
+    stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
+) -> list[ChainDraft]:
+    """Sample up to ``ask.gamma`` tokens from the warped draft ``model`` after each ask's context (fewer when
+    ``stop(q_row, token)``, called after each draft, says to end there: ``draft_stop: confidence``).
+
+    ``cache``: the draft model's sequences (``model``'s own cache at batch 1). A sequence's cache may hold any
+    prefix of its context; its first forward feeds the rest (usually one token, two after a fully accepted block,
+    a new request's whole prompt in a packed cache). Afterwards it holds ``context + x[:-1]``. A top-k warper
+    warps and samples on the draft's own (restricted) head; at batch 1 without a stop the bf16 kernels draw the
+    whole chain in one call (``CachedModel.fused_chain``: the same draws as the steps).
     """
-    pending: list[int] | torch.Tensor = context[draft.length :]
-    tokens: list[torch.Tensor] = []
-    rows: list[torch.Tensor] = []
-    if warper.sparse(draft.vocab_size):  # top-k sampling: warp and sample on the draft's own (restricted) head
-        dense = torch.zeros(gamma, draft.vocab_size, device=draft.device)
-        fused = draft.fused_chain(pending, gamma, warper, generator)  # the same draws in one kernel call
+    sparse = warper.sparse(model.vocab_size)
+    if sparse and stop is None and cache.solo and len(asks) == 1:
+        a = asks[0]
+        fused = model.fused_chain(a.context[cache.length(a.slot) :], a.gamma, warper, a.generator)
         if fused is not None:
             chain, ids, probs = fused
-            return ChainDraft(chain, dense.scatter_(-1, ids, probs))
-        for i in range(gamma):
-            ids, probs = draft.forward_sparse(pending, warper)
-            dense[i].scatter_(-1, ids, probs)
-            t = sample_sparse(ids, probs, generator)
-            tokens.append(t)
-            pending = t.reshape(1)
-            if stop is not None and i + 1 < gamma and stop(dense[i], t):
-                break
-        return ChainDraft(torch.stack(tokens), dense[: len(tokens)])
-    for i in range(gamma):
-        q = warper(draft.forward(pending, keep=1)[-1])
-        t = sample(q, generator) if not warper.greedy else q.argmax(-1)
-        rows.append(q)
-        tokens.append(t)
-        pending = t.reshape(1)
-        if stop is not None and i + 1 < gamma and stop(q, t):
-            break
-    return ChainDraft(torch.stack(tokens), torch.stack(rows))
+            dense = torch.zeros(a.gamma, model.vocab_size, device=model.device)
+            return [ChainDraft(chain, dense.scatter_(-1, ids, probs))]
+    tokens: list[list[torch.Tensor]] = [[] for _ in asks]
+    rows: list[list[torch.Tensor]] = [[] for _ in asks]
+    drafting = [i for i, a in enumerate(asks) if a.gamma > 0]
+    j = 0
+    while drafting:
+        groups = []
+        for i in drafting:
+            a = asks[i]
+            feed = torch.tensor(a.context[cache.length(a.slot) :], dtype=torch.long) if j == 0 else tokens[i][-1]
+            groups.append(PackedRows(a.slot, feed.reshape(-1), [feed.numel() - 1]))
+        raws = cache.step(groups)
+        going = []
+        for i, raw in zip(drafting, raws):
+            a = asks[i]
+            if sparse:
+                ids, probs = model.top_k_rows(raw[-1], warper)
+                q = torch.zeros(model.vocab_size, device=model.device).scatter_(-1, ids, probs)
+                t = sample_sparse(ids, probs, a.generator)
+            else:
+                q = warper(model._logits(raw[-1:])[0])
+                t = q.argmax(-1) if warper.greedy else sample(q, a.generator)
+            tokens[i].append(t)
+            rows[i].append(q)
+            if j + 1 < a.gamma and not (stop is not None and stop(q, t)):
+                going.append(i)
+        drafting, j = going, j + 1
+    return [
+        ChainDraft(torch.stack(t), torch.stack(q))
+        if t
+        else ChainDraft(torch.zeros(0, dtype=torch.long), torch.zeros(0))
+        for t, q in zip(tokens, rows)
+    ]

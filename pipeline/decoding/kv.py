@@ -305,6 +305,14 @@ class CachedModel:
         self.forwards += 1
         return self._logits(logits[0])
 
+    def forward_raw(self, tokens: Sequence[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
+        """``forward`` without the conversion to the target vocabulary: the last ``keep`` rows of this model's own
+        head ``[keep, V_own]`` (``_logits`` or ``top_k_rows`` convert them), as ``forward_masked_rows`` gives a
+        packed step's (the chain loop's one-sequence cache, ``packed.SoloCache``)."""
+        logits = self._run(self._ids(tokens), keep=keep)
+        self.forwards += 1
+        return logits[0]
+
     def forward_sparse(self, tokens: Sequence[int] | torch.Tensor, warper) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``tokens`` (a causal chain) and warp the last row with a top-k ``warper`` on this model's
         own head: ``(ids, probs)``, the target-vocabulary ids of the kept tokens and their warped
@@ -359,13 +367,20 @@ class CachedModel:
         return self.forward_masked(tokens, positions, allowed, warper=warper)
 
     def forward_masked(
-        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: int = 0, warper=None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        allowed: torch.Tensor,
+        keep: int = 0,
+        warper=None,
+        raw: bool = False,
     ):
         """Append ``tokens`` [n] at absolute ``positions`` [n], row i seeing exactly the slots ``allowed[i]``
         (bool ``[n, length + n]`` over the cache and the new rows): a tree after a shared prefix, or
         independent sequences packed into one cache (each row sees only its own sequence's slots). Returns
         the logits of the last ``keep`` rows (0 = all) over the target vocabulary, or with a top-k
-        ``warper`` their warped rows as ``(ids, probs)``, as ``forward_sparse``."""
+        ``warper`` their warped rows as ``(ids, probs)``, as ``forward_sparse``; ``raw``: the rows of this model's
+        own head, unconverted (``forward_raw``)."""
         n = tokens.numel()
         start = self.length
         allowed = allowed.to(self.device)
@@ -382,6 +397,8 @@ class CachedModel:
             tree["cache_position"] = torch.arange(start, start + n, device=self.device)
         logits = self._run(self._ids(tokens), keep=keep, **tree)
         self.forwards += 1
+        if raw:  # this model's own head rows (``packed.SoloCache``'s tree rows)
+            return logits[0]
         return self._logits(logits[0]) if warper is None else self.top_k_rows(logits[0], warper)
 
     def forward_masked_rows(

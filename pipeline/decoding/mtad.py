@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .base import Param, boolean, in_closed, int_at_least, one_of
-from .beam_sampling import BEAM_WEIGHTS, beam_sample
+from .beam_sampling import BEAM_WEIGHTS
 from .exact import mtad_cases
 from .rules import ChainRule
 from .speculative import DraftVerifyDecoder
@@ -40,9 +40,6 @@ class MTADDecoder(DraftVerifyDecoder):
     prefix_drafts = False
     rule = MTAD_RULE
     batchable = True
-    beam_drafts = (
-        True  # with drafter: model the chain is the best of num_beams beams (decoding/batched.py drafts them too)
-    )
     params = {
         **DraftVerifyDecoder.params,
         "gamma": Param(
@@ -56,15 +53,19 @@ class MTADDecoder(DraftVerifyDecoder):
         "replacement": Param(False, boolean, "sample (beam, token) pairs with replacement"),
     }
 
-    def propose(self, context, gamma, generator):
-        """The draft model's best beam of beam sampling (its log q along the beam); another drafter's chain as the
-        loop proposes it (log q: the chain's rows at its tokens, 0 for n-gram's one-hot rows)."""
-        if self.drafter_impl.kind != "model":
-            return super().propose(context, gamma, generator)
+    def propose_chains(self, asks):
+        """With the draft model: each ask's best beam of beam sampling (``ModelDrafter.propose_beams``: every
+        request's beams in one draft forward per depth) and its log q along the beam, cut by ``draft_stop:
+        confidence`` on the beam's own q(x_i); another drafter's chains as every chain method proposes them
+        (log q: the chain's rows at its tokens, 0 for n-gram's one-hot rows)."""
+        drafter = asks[0].drafter
+        if drafter.kind != "model":
+            return super().propose_chains(asks)
         a = self.args
-        beam = beam_sample(
-            self.draft_model, context, gamma, a.num_beams, self.warper, generator, a.beam_weights, a.replacement
-        )
-        tokens = torch.tensor(beam.tokens, device=self.draft_model.device)
-        k = self.length_policy.cut(beam.log_q.exp())  # draft_stop: confidence on the beam's own q(x_i)
-        return tokens[:k], beam.log_q[:k]
+        beams = drafter.propose_beams(asks, self.warper, a.num_beams, a.beam_weights, a.replacement)
+        out = []
+        for beam in beams:
+            tokens = torch.tensor(beam.tokens, device=self.draft_model.device)
+            k = self.length_policy.cut(beam.log_q.exp())
+            out.append((tokens[:k], beam.log_q[:k]))
+        return out

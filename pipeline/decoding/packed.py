@@ -1,6 +1,18 @@
-"""Several sequences in one KV cache (the batched engine's packing, ``batched.py``): each new row sees exactly its
-own sequence's live positions, in order (``CachedModel.forward_masked_rows``), and a sequence rolls back, keeps a
-tree path or leaves without touching the others."""
+"""A model's KV cache as the chain loop (``batched.py``) and the draft model's drafting (``drafting.draft_chain``,
+``beam_sampling.draft_beams``) see it: the sequences of the requests in its slots.
+
+Two kinds, with one interface (``length``, ``start``, ``step``, ``step_hidden``, ``rollback``, ``keep_path``,
+``release``, ``close``):
+
+- ``PackedCache``: several sequences in one cache (batch > 1): each new row sees exactly its own sequence's live
+  positions, in order (``CachedModel.forward_masked_rows``), and a sequence rolls back, keeps a tree path or leaves
+  without touching the others; a prompt rides in its request's first step;
+- ``SoloCache``: one sequence in the model's own cache (batch 1): the prompt is prefilled (timed as
+  ``prefill_s``), a step is the model's plain forward (the bf16 kernels' fused draft chain and the CUDA graphs
+  serve it as they serve ``CachedModel.forward``).
+
+On the bf16 CPU kernels the two give a sequence the same rows, bit for bit (``PackedCache``'s doc).
+"""
 
 from __future__ import annotations
 
@@ -33,12 +45,35 @@ class PackedCache:
     see alone, in the same order. Dead slots are compacted away when they outnumber the live ones.
     """
 
+    solo = False
+
     def __init__(self, model: CachedModel, compact_at: int = 256) -> None:
         model.reset()
         self.model = model
         self.owner = torch.empty(0, dtype=torch.long)
         self.lengths: dict[int, int] = {}
         self.compact_at = compact_at
+
+    def start(self, prompts: dict[int, list[int]], hidden: bool = False) -> dict[int, torch.Tensor]:
+        """New sequences in ``slots`` (slot -> prompt): nothing is written (a prompt rides in its request's first
+        step) unless ``hidden``: then ``prompt[:-1]`` of every sequence is written in one packed forward and
+        their hidden states returned (slot -> ``[len - 1, width]``; a drafter that reads the target's features
+        starts on them)."""
+        for slot in prompts:
+            self.release(slot)
+        if not hidden:
+            return {}
+        groups = [PackedRows(s, torch.tensor(p[:-1], dtype=torch.long), []) for s, p in prompts.items() if len(p) > 1]
+        rows = dict(zip([g.slot for g in groups], self.step_hidden(groups)[1])) if groups else {}
+        empty = self.model.prefill_hidden([])
+        return {s: rows.get(s, empty) for s in prompts}
+
+    def close(self) -> None:
+        """Empty the cache of every sequence (the loop starts or ends a run; the model's own ``generate`` can
+        run in between)."""
+        self.model.reset()
+        self.owner = torch.empty(0, dtype=torch.long)
+        self.lengths = {}
 
     def length(self, slot: int) -> int:
         return self.lengths.get(slot, 0)
@@ -116,3 +151,65 @@ class PackedCache:
         finally:
             model.capture_hidden = saved
         return raws, list(model.captured().split([g.tokens.numel() for g in groups]))
+
+
+class SoloCache:
+    """One sequence in ``model``'s own cache (batch 1), with ``PackedCache``'s interface (any slot number names it):
+    the prompt is prefilled (``CachedModel.prefill``, timed in ``prefill_s``), a step is one plain forward."""
+
+    solo = True
+
+    def __init__(self, model: CachedModel) -> None:
+        self.model = model
+
+    def length(self, slot: int) -> int:
+        return self.model.length
+
+    def start(self, prompts: dict[int, list[int]], hidden: bool = False) -> dict[int, torch.Tensor]:
+        """Empty the cache and write ``prompt[:-1]`` (with ``hidden``: and return its hidden states)."""
+        ((slot, prompt),) = prompts.items()
+        self.model.reset()
+        if hidden:
+            return {slot: self.model.prefill_hidden(prompt[:-1])}
+        self.model.prefill(prompt[:-1])
+        return {}
+
+    def step(self, groups: list[PackedRows]) -> list[torch.Tensor]:
+        """``PackedCache.step`` of the one sequence: its ``keep`` rows (the last ones; all of a tree's nodes)."""
+        ((g,),) = (groups,)
+        model = self.model
+        if g.positions is None and g.sees is None and g.inner is None:  # a causal chain after the cache
+            return [model.forward_raw(g.tokens, keep=len(g.keep))]
+        m = g.tokens.numel()
+        sees = torch.ones(m, model.length, dtype=torch.bool) if g.sees is None else g.sees
+        inner = torch.ones(m, m, dtype=torch.bool).tril() if g.inner is None else g.inner
+        positions = torch.arange(model.length, model.length + m) if g.positions is None else g.positions
+        rows = model.forward_masked(g.tokens, positions, torch.cat([sees, inner], 1), raw=True)
+        return [rows[torch.tensor(g.keep, dtype=torch.long, device=rows.device)]]
+
+    def step_hidden(self, groups: list[PackedRows]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``step``, and the target's hidden states of the kept rows."""
+        model = self.model
+        saved = model.capture_hidden
+        model.capture_hidden = True
+        try:
+            raws = self.step(groups)
+        finally:
+            model.capture_hidden = saved
+        return raws, [model.captured()]
+
+    def rollback(self, slot: int, length: int) -> None:
+        if self.model.length > length:
+            self.model.rollback(length)
+
+    def keep_path(self, slot: int, start: int, path: list[int]) -> None:
+        self.model.compact(start, path)
+
+    def release(self, slot: int) -> None:
+        """Nothing to free: the next ``start`` empties the cache."""
+
+    def close(self) -> None:
+        """Nothing to do: the cache keeps the last sequence (and its ``prefill_s``) until the next ``start``."""
+
+
+Lanes = PackedCache | SoloCache

@@ -4,10 +4,11 @@ A speculative method declares what is particular to it (``rules.py``): a chain m
 method its ``walk`` and tree shape, both their parameters; its ``drafter`` (``drafters.py``: a draft model,
 an EAGLE head, n-gram lookup, Medusa heads, or one of your own) proposes. One iteration is
 
-- a chain (``_chain_step``, docs/ALGORITHMS.md appendix A.1): the drafter proposes g tokens; one target
-  forward over ``[last token] + draft`` gives g + 1 rows; the rule says how many drafts to keep and what
-  comes next (``verify`` -> ``rule``, the one host read of the iteration after it); the target's cache is
-  rolled back to what was kept and the drafter gets the verdict (``feedback``);
+- a chain (the chain loop of ``batched.py``, at every batch size, batch 1 included; docs/ALGORITHMS.md appendix
+  A.1): the drafter proposes g tokens (``propose_chains``); one target forward over ``[last token] + draft``
+  gives g + 1 rows; the rule says how many drafts to keep and what comes next (``verify`` -> ``rule``, the one
+  host read of the iteration after it); the target's cache is rolled back to what was kept and the drafter gets
+  the verdict (``feedback``);
 - a tree (``_tree_step``): the drafter proposes a token tree (``tree.TokenTree``) drawn as the walk needs;
   one target forward with tree attention scores every node (``tree_verify.tree_verify_forward``); the walk
   returns the accepted path and the next token; the path's KV is compacted into place and the drafter
@@ -28,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from .base import Decoder, Generation, Param, emit, int_at_least
+from .batched import BatchedDecoder
 from .draft_length import DRAFT_LENGTH_PARAMS, DraftLength, check_draft_length
 from .drafters import (
     DRAFTERS,
@@ -39,7 +41,7 @@ from .drafters import (
     fold_drafter_short_forms,
     resolve_drafter,
 )
-from .drafting import ChainDraft
+from .drafting import ChainAsk, ChainDraft
 from .rules import ChainRule, TreeWalk
 from .tree import TokenTree
 from .tree_verify import greedy_tree_walk, tree_verify_forward
@@ -176,22 +178,12 @@ class DraftVerifyDecoder(Decoder):
 
     @classmethod
     def batch_refusal(cls, values):
-        if values.get("draft_stop", "none") != "none":
-            return f"draft_stop: {values['draft_stop']} adapts each request's chain, which the batched engine does not"
         refusal = super().batch_refusal(values)
         kind = values["drafter"]["kind"] if isinstance(values.get("drafter"), dict) else values.get("drafter")
         if refusal is None and not (kind in DRAFTERS and DRAFTERS[kind].batchable):
             batchable = DRAFTERS.names(where=lambda c: c.batchable)
             return f"drafter {kind} drafts one sequence at a time (batchable drafters: {batchable})"
         return refusal
-
-    def chain_proposal(self, tokens: torch.Tensor, probs: torch.Tensor) -> Any:
-        """What ``verify`` takes beside a chain ``tokens [g]`` drawn from the warped draft rows ``probs [g, V]``
-        (the batched engine drafts for many requests, then hands each chain to the method's rule): what the rule
-        declares it reads (``ChainRule.draft``): the rows, their log-probabilities at the tokens, or nothing."""
-        if self.chain_rule.draft == "log_q":
-            return torch.log(probs[torch.arange(tokens.shape[0], device=probs.device), tokens])
-        return probs if self.chain_rule.draft == "rows" else None
 
     def _start(self, prompt: list[int]) -> None:
         """Empty the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the
@@ -210,38 +202,19 @@ class DraftVerifyDecoder(Decoder):
         self.length_policy.start()
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
+        if self.shape == "chain":  # the chain loop, over this one request (decoding/batched.py)
+            return BatchedDecoder(self, 1).decode(prompt, max_new_tokens, eos, generator)
         self._start(prompt)
-        step = self._tree_step if self.shape == "tree" else self._chain_step
         context = list(prompt)
         out: list[int] = []
         accepted: list[int] = []
-        drafted: list[int] = []  # draft positions put to the target per iteration (a chain's length, a tree's depth)
+        drafted: list[int] = []  # per iteration, the tree's depth (0: a plain step)
         while len(out) < max_new_tokens:
-            emitted, width = step(context, max_new_tokens - len(out) - 1, generator)
+            emitted, width = self._tree_step(context, max_new_tokens - len(out) - 1, generator)
             drafted.append(width)
             if emit(emitted, eos, max_new_tokens, out, context, accepted):
                 break
         return Generation(out, self.target.forwards, self.drafter_impl.forwards, accepted, drafted)
-
-    def _chain_step(self, context: list[int], room: int, generator) -> tuple[list[int], int]:
-        """One chain iteration after ``context`` with at most ``room`` drafts: (emitted tokens, drafts verified)."""
-        target, drafter, length = self.target, self.drafter_impl, len(context)
-        gamma = min(self.length_policy.budget(self.draft_length()), room)
-        proposed = self.propose(context, gamma, generator) if gamma > 0 else None  # draft
-        if proposed is None:
-            return self._plain_step(context, generator), 0
-        tokens, q = proposed
-        g = tokens.shape[0]
-        feed = torch.cat([torch.tensor(context[-1:], device=tokens.device), tokens])
-        logits = target.forward(feed, keep=g + 1)  # one target forward
-        n, y = self.verify(logits, tokens, q, generator)  # the rule
-        head = [torch.as_tensor(v, device=tokens.device).reshape(1) for v in (n, y)]
-        read = torch.cat([*head, tokens]).tolist()  # the one host read of the iteration
-        n = read[0]
-        target.rollback(length + n)  # roll back
-        self.length_policy.observe(int(g), n)
-        drafter.feedback(length, n, target.captured()[: n + 1] if drafter.uses_hidden else None)
-        return read[2 : 2 + n] + [read[1]], int(g)
 
     def _tree_step(self, context: list[int], room: int, generator) -> tuple[list[int], int]:
         """One tree iteration after ``context`` with at most ``room`` levels: (emitted tokens, the tree's depth)."""
@@ -274,13 +247,20 @@ class DraftVerifyDecoder(Decoder):
         """The chain's length budget (``gamma``)."""
         return self.args.gamma
 
+    def propose_chains(self, asks: list[ChainAsk]) -> list[tuple[torch.Tensor, Any] | None]:
+        """Each ask's chain (the chain loop's step 1, for every live request at once): up to ``ask.gamma`` draft
+        tokens after its context from its own drafter (``Drafter.propose_chains``; the asks' drafters are slots of
+        ``drafter_impl``), cut by ``draft_stop: confidence``, with what the rule reads as Q (``ChainRule.draft``:
+        the drafter's rows, their log-probabilities at the drafts, or None); None: nothing drafted."""
+        chains = asks[0].drafter.propose_chains(asks, self.warper)
+        return [None if c is None or c.tokens.shape[0] == 0 else self.rule_input(self.cut_draft(c)) for c in chains]
+
     def propose(self, context: list[int], gamma: int, generator) -> tuple[torch.Tensor, Any] | None:
-        """Up to ``gamma`` draft tokens after ``context`` and what the rule reads as Q (``ChainRule.draft``: the
-        drafter's rows, their log-probabilities at the drafts, or None); None: nothing drafted."""
-        draft = self.drafter_impl.propose(context, gamma, self.warper, generator)
-        if draft is None:
-            return None
-        draft = self.cut_draft(draft)
+        """``propose_chains`` of one request after ``_start`` (the bench's cost of a proposal)."""
+        return self.propose_chains([ChainAsk(0, context, gamma, generator, self.drafter_impl)])[0]
+
+    def rule_input(self, draft: ChainDraft) -> tuple[torch.Tensor, Any]:
+        """A chain's tokens and what the rule declares it reads (``ChainRule.draft``)."""
         if self.chain_rule.draft == "log_q":
             rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
             return draft.tokens, torch.log(draft.probs[rows, draft.tokens])
@@ -288,8 +268,9 @@ class DraftVerifyDecoder(Decoder):
 
     def cut_draft(self, draft: ChainDraft) -> ChainDraft:
         """The chain as ``draft_stop: confidence`` keeps it: up to and including the first draft whose own probability
-        is under the threshold (a drafter that stopped inside its loop comes back whole; the others' drafts past the
-        stop are discarded here, and ``feedback`` rolls their caches back to what the target kept)."""
+        is under the threshold (the draft model stops inside its loop and comes back whole; the other drafters'
+        drafts past the stop are discarded here, and ``feedback`` rolls their caches back to what the target
+        kept)."""
         if self.length_policy.stop != "confidence":
             return draft
         rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)

@@ -1,6 +1,6 @@
 """Measurement (docs/DESIGN.md section 5): what a cell measures around and after its decoding.
 
-- ``window``: the timed, metered window, batch 1 (``run_window``) and batched (``run_window_batched``);
+- ``window``: the timed, metered window at every batch size (``run_window``);
 - ``records``: its protocol, per-generation records, result and summary, predictions, per-request latencies;
 - ``costs``: step costs outside the window (Leviathan's t_ar, t_draft, t_verify) and the machine's speed probe;
 - ``energy`` (factory and summary) and ``meters`` (NVML, RAPL, Zeus): energy of a window;

@@ -1,7 +1,7 @@
 """What a cell's window yields: its protocol, its per-generation records and the window's result with its flat
 summary; the predictions handed to scoring and the per-request latency metrics (docs/DESIGN.md section 5).
 
-The window itself (``run_window``, ``run_window_batched``) is ``pipeline.measure.window``.
+The window itself (``run_window``, at every batch size) is ``pipeline.measure.window``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class GenerationRecord:
         default_factory=list
     )  # per iteration: draft positions put to the target (speculative methods)
     prefill_s: float = 0.0  # the part of decode_s spent writing the prompt into the caches (Decoder.prefill_seconds)
-    # batch > 1 (window.run_window_batched): decode_s is the request's time in a slot; before it, its wait for one
+    # batch > 1 (run_window's batch_size): decode_s is the request's time in a slot; before it, its wait for one
     queue_s: float | None = None  # from the window's start (or its previous turn's end) to taking a slot
     ttft_s: float | None = None  # from taking a slot to its first token
 

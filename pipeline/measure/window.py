@@ -1,4 +1,4 @@
-"""The measurement window of one cell, batch 1 and batched (docs/DESIGN.md section 5).
+"""The measurement window of one cell, at every batch size (docs/DESIGN.md section 5).
 
     result = run_window(decoder, samples, tokenizer=tok, chat=True, eos_token_ids=[2],
                         max_new_tokens=128, seed=0, device="cuda", meter=make_energy_meter("cuda"),
@@ -11,9 +11,8 @@ Protocol:
 2. Warm-up on samples that are not measured: at least ``warmup_generations`` and ``warmup_seconds``.
 3. Idle power with the models resident (``idle_seconds``), when an energy meter is available.
 4. One window over the slice: synchronise the device, read ``perf_counter`` and the energy counter;
-   decode every sample; synchronise; read both again. Each ``generate`` call is bracketed by its own
-   synchronisation, so ``decode_s`` (the sum of those intervals) is decode time only and
-   ``window_s - decode_s`` is everything else that happened inside the window.
+   decode every sample; synchronise; read both again. ``decode_s`` is the time requests spent decoding (below),
+   so ``window_s - decode_s`` is everything else that happened inside the window.
 5. Tokens are the generated ids as the decoder returns them (cut at the first EOS, EOS included),
    counted the same way for every method; rates and J/token use them. Stop strings (continuation
    prompts) are applied after the window: they cut the text handed to scoring and give
@@ -26,16 +25,19 @@ Protocol:
    (``disturbance``), it tells a cell measured while something else loaded the machine.
 
 Randomness: each generation gets its own generator seeded from ``(seed, sample id, turn)``, so a
-sample's output does not depend on the warm-up, the slice or the budget.
+sample's output does not depend on the warm-up, the slice, the budget or its companions.
 
-Batched (``run_window_batched``, a cell with ``batch_size > 1``): the same protocol with the samples decoded
-``batch_size`` at a time by the batched engine (``decoding/batched.py``): every request is in the queue at the
-window's start (an offline batch), a finished request's slot takes the next one at once, and a multi-turn sample's
-next turn joins the queue when its previous turn ends (formatted then, off no clock: the batch goes on meanwhile).
-Per request: ``decode_s`` is its time in a slot (its latency once admitted), ``queue_s`` its wait for a slot,
-``ttft_s`` its time to the first token. ``decode_s`` of the window is the engine's wall time (formatting of later
-turns excluded), so ``tokens_per_s`` is the throughput over all requests. Each request's generator is seeded as at
-batch 1, so its tokens do not depend on its companions.
+Batch size: one window for every ``batch_size``. The samples are decoded by the chain loop
+(``decoding/batched.py``) ``batch_size`` at a time: every request is in the queue at the window's start (an offline
+batch), a finished request's slot takes the next one at once, and a multi-turn sample's next turn joins the queue
+when its previous turn ends (formatted then, off the decode clock). Per request: ``decode_s`` is its time in a slot
+(its latency once admitted; at batch 1 its ``generate`` time), ``prefill_s`` the part spent writing its prompt
+into the caches (batch 1; at batch > 1 a prompt rides in its first step), ``queue_s`` its wait for a slot,
+``ttft_s`` its time to the first token. ``decode_s`` of the window is the time some request was in a slot, less
+what ran off the decode clock meanwhile (formatting a later turn, records: the other requests wait), so
+``tokens_per_s`` is the throughput over all requests; at batch 1 it is the sum of the requests' ``decode_s``. A
+method with a loop of its own (beam, mtjd, the tree methods; batch 1 only) is decoded one ``generate`` call at a
+time behind the same engine, each bracketed by a device synchronisation.
 
 The records, the result and its summary are ``pipeline.measure.records``; step costs ``pipeline.measure.costs``.
 """
@@ -63,14 +65,6 @@ from pipeline.measure.records import PROTOCOL, GenerationRecord, WindowResult, c
 Formatter = Callable[[Sample, int, Sequence[str]], Prompt]
 
 
-def _generate_timed(decoder: Any, input_ids: list[int], device, max_new_tokens: int, eos, generator):
-    synchronize(device)
-    t0 = time.perf_counter()
-    gen = decoder.generate(input_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos, generator=generator)
-    synchronize(device)
-    return gen, time.perf_counter() - t0
-
-
 def warm_up(
     decoder: Any,
     prompts: Sequence[list[int]],
@@ -81,39 +75,25 @@ def warm_up(
     seed: int,
     min_generations: int = PROTOCOL.warmup_generations,
     min_seconds: float = PROTOCOL.warmup_seconds,
+    batch_size: int = 1,
 ) -> dict[str, Any]:
-    """Generate on ``prompts`` (cycled) until both minimums are met."""
+    """Generate on ``prompts`` (cycled), ``batch_size`` at a time, until both minimums are met."""
     if not prompts or (min_generations <= 0 and min_seconds <= 0):
         return {"generations": 0, "seconds": 0.0}
+    engine = BatchedDecoder(decoder, batch_size)
     start, count = time.perf_counter(), 0
     while count < min_generations or time.perf_counter() - start < min_seconds:
-        generator = make_generator(sample_seed(seed, "__warmup__", count), device)
-        _generate_timed(decoder, list(prompts[count % len(prompts)]), device, max_new_tokens, eos_token_ids, generator)
-        count += 1
-    return {"generations": count, "seconds": time.perf_counter() - start}
-
-
-def warm_up_batched(
-    engine: BatchedDecoder,
-    prompts: Sequence[list[int]],
-    *,
-    device,
-    max_new_tokens: int,
-    eos_token_ids: Sequence[int],
-    seed: int,
-    min_generations: int,
-    min_seconds: float,
-) -> dict[str, Any]:
-    """Batches of ``batch_size`` warm-up prompts (cycled) until both minimums are met."""
-    if not prompts or (min_generations <= 0 and min_seconds <= 0):
-        return {"generations": 0, "seconds": 0.0}
-    start, count = time.perf_counter(), 0
-    while count < min_generations or time.perf_counter() - start < min_seconds:
-        batch = [list(prompts[(count + i) % len(prompts)]) for i in range(engine.batch_size)]
-        gens = [make_generator(sample_seed(seed, "__warmup__", count + i), device) for i in range(len(batch))]
-        engine.generate(batch, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, generators=gens)
+        queue = deque(
+            BatchRequest(
+                list(prompts[(count + i) % len(prompts)]),
+                max_new_tokens,
+                make_generator(sample_seed(seed, "__warmup__", count + i), device),
+            )
+            for i in range(batch_size)
+        )
+        engine.run(queue, eos_token_ids=eos_token_ids)
         synchronize(device)
-        count += len(batch)
+        count += batch_size
     return {"generations": count, "seconds": time.perf_counter() - start}
 
 
@@ -142,8 +122,8 @@ class _Window:
     t0: float = 0.0
 
     def prepare(self, samples: Sequence[Sample], warmup_samples: Sequence[Sample], warm: Callable[..., dict]) -> None:
-        """1. first-turn prompts, outside the window; 2. warm-up (``warm``: ``warm_up`` or ``warm_up_batched``
-        with its decoder); 3. idle power; the probe before."""
+        """1. first-turn prompts, outside the window; 2. warm-up (``warm``: ``warm_up`` with its decoder and
+        batch size); 3. idle power; the probe before."""
         self.first_prompts = [self.formatter(s, 0, ()) for s in samples]
         warm_prompts = [self.formatter(s, 0, ()).input_ids for s in warmup_samples]
         on_measured = False
@@ -210,12 +190,11 @@ def _finish_window(
     samples_total: int,
     samples_finished: int,
     budget_exhausted: bool,
-    decode_s: float | None = None,
-    off_clock_s: float = 0.0,
+    decode_s: float,
     **settings: Any,
 ) -> WindowResult:
     """The window closes (synchronise, read clock and meter, peak memory, the probe after); 7. after it:
-    detokenise, cut at stop strings. ``decode_s`` None: the window's time less ``off_clock_s``."""
+    detokenise, cut at stop strings."""
     synchronize(w.device)
     window_s = time.perf_counter() - w.t0
     reading = w.meter.stop()
@@ -235,7 +214,7 @@ def _finish_window(
     return WindowResult(
         records=records,
         window_s=window_s,
-        decode_s=window_s - off_clock_s if decode_s is None else decode_s,
+        decode_s=decode_s,
         samples_total=samples_total,
         samples_finished=samples_finished,
         time_budget_s=w.time_budget_s,
@@ -282,89 +261,10 @@ def _record(sample: Sample, turn: int, prompt: Prompt, gen: Any, eos: Sequence[i
     )
 
 
-def run_window(
-    decoder: Any,
-    samples: Sequence[Sample],
-    *,
-    tokenizer: Any,
-    eos_token_ids: Sequence[int],
-    max_new_tokens: int,
-    seed: int,
-    device: torch.device | str = "cpu",
-    chat: bool | None = None,
-    formatter: Formatter | None = None,
-    meter: EnergyMeter | None = None,
-    warmup_samples: Sequence[Sample] = (),
-    warmup_generations: int = PROTOCOL.warmup_generations,
-    warmup_seconds: float = PROTOCOL.warmup_seconds,
-    idle_seconds: float = PROTOCOL.idle_seconds,
-    time_budget_s: float | None = None,
-    stop_strings: Sequence[str] = (),
-    max_turns: int | None = None,
-    probe: Callable[[], float] | None = None,
-) -> WindowResult:
-    """Warm up, measure idle power, then decode ``samples`` inside one timed, metered window.
-
-    ``formatter(sample, turn, previous_answers) -> Prompt`` builds prompts (default: the dataset's
-    own formatting via ``pipeline.data.format_sample`` with ``chat``). Multi-turn samples are answered
-    turn by turn (``max_turns`` caps them). Without warm-up samples the warm-up reuses the first
-    samples' prompts (recorded as ``warmup.on_measured_samples``). ``probe()`` (milliseconds, e.g.
-    ``probe_step_ms`` of the target) runs right before the window opens and right after it closes, outside it:
-    the summary's ``probe_before_ms`` and ``probe_after_ms``.
-    """
-    w = _window(
-        tokenizer,
-        chat,
-        formatter,
-        device,
-        meter,
-        eos_token_ids,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        idle_seconds=idle_seconds,
-        warmup_generations=warmup_generations,
-        warmup_seconds=warmup_seconds,
-        time_budget_s=time_budget_s,
-        stop_strings=stop_strings,
-        probe=probe,
-    )
-    w.prepare(samples, warmup_samples, partial(warm_up, decoder))
-    device, eos = w.device, w.eos
-
-    records: list[GenerationRecord] = []
-    finished, exhausted, decode_s = 0, False, 0.0
-    w.open()
-    for sample, first in zip(samples, w.first_prompts):
-        if w.over_budget():
-            exhausted = True
-            break
-        answers: list[str] = []
-        n_turns = sample.num_turns if max_turns is None else min(sample.num_turns, max_turns)
-        for turn in range(n_turns):
-            prompt = first if turn == 0 else w.formatter(sample, turn, answers)  # off the decode clock
-            generator = make_generator(sample_seed(seed, sample.id, turn), device)
-            gen, dt = _generate_timed(decoder, prompt.input_ids, device, max_new_tokens, eos, generator)
-            decode_s += dt
-            prefill_s = float(getattr(decoder, "prefill_seconds", lambda: 0.0)())
-            records.append(_record(sample, turn, prompt, gen, eos, decode_s=dt, prefill_s=prefill_s))
-            if turn + 1 < n_turns:
-                answers.append(tokenizer.decode(gen.tokens, skip_special_tokens=True))
-        finished += 1
-    return _finish_window(
-        w,
-        decoder,
-        records,
-        samples_total=len(samples),
-        samples_finished=finished,
-        budget_exhausted=exhausted,
-        decode_s=decode_s,
-    )
-
-
 @dataclass
 class _Progress:
-    """The batched window's queue as it goes: the next sample to start, requests open, finished samples, whether
-    the budget ended it, the time spent off the decode clock (formatting later turns, topping up)."""
+    """The window's queue as it goes: the next sample to start, requests open, finished samples, whether the
+    budget ended it, the time spent off the decode clock (formatting later turns, records, topping up)."""
 
     next: int = 0
     open: int = 0
@@ -373,15 +273,15 @@ class _Progress:
     off_clock: float = 0.0
 
 
-def run_window_batched(
+def run_window(
     decoder: Any,
     samples: Sequence[Sample],
     *,
-    batch_size: int,
     tokenizer: Any,
     eos_token_ids: Sequence[int],
     max_new_tokens: int,
     seed: int,
+    batch_size: int = 1,
     device: torch.device | str = "cpu",
     chat: bool | None = None,
     formatter: Formatter | None = None,
@@ -395,8 +295,16 @@ def run_window_batched(
     max_turns: int | None = None,
     probe: Callable[[], float] | None = None,
 ) -> WindowResult:
-    """``run_window`` with ``batch_size`` requests decoding together (see the module doc); ``probe`` as there
-    (the machine's speed right before and after the window)."""
+    """Warm up, measure idle power, then decode ``samples``, ``batch_size`` at a time, inside one timed, metered
+    window (see the module doc).
+
+    ``formatter(sample, turn, previous_answers) -> Prompt`` builds prompts (default: the dataset's
+    own formatting via ``pipeline.data.format_sample`` with ``chat``). Multi-turn samples are answered
+    turn by turn (``max_turns`` caps them). Without warm-up samples the warm-up reuses the first
+    samples' prompts (recorded as ``warmup.on_measured_samples``). ``probe()`` (milliseconds, e.g.
+    ``probe_step_ms`` of the target) runs right before the window opens and right after it closes, outside it:
+    the summary's ``probe_before_ms`` and ``probe_after_ms``.
+    """
     engine = BatchedDecoder(decoder, batch_size)
     w = _window(
         tokenizer,
@@ -414,7 +322,7 @@ def run_window_batched(
         stop_strings=stop_strings,
         probe=probe,
     )
-    w.prepare(samples, warmup_samples, partial(warm_up_batched, engine))
+    w.prepare(samples, warmup_samples, partial(warm_up, decoder, batch_size=batch_size))
     device, eos = w.device, w.eos
 
     records: list[tuple[int, int, GenerationRecord]] = []
@@ -453,9 +361,12 @@ def run_window_batched(
         t0 = time.perf_counter()
         i, turn, prompt, rid = request.tag
         state.open -= 1
+        others = state.open > 0  # requests still in flight: this callback holds them up (off the decode clock)
+        spans.append((gen.admitted_at, gen.finished_at))
         sample = samples[i]
         timing = {
             "decode_s": gen.finished_at - gen.admitted_at,
+            "prefill_s": gen.prefill_s,
             "queue_s": gen.admitted_at - ready[rid],
             "ttft_s": gen.first_token_at - gen.admitted_at,
         }
@@ -466,8 +377,10 @@ def run_window_batched(
         else:
             state.finished += 1
         top_up()
-        state.off_clock += time.perf_counter() - t0
+        if others:
+            state.off_clock += time.perf_counter() - t0
 
+    spans: list[tuple[float, float]] = []  # each request's time in a slot
     w.open()
     top_up()
     engine.run(queue, eos_token_ids=eos, on_finish=finish)
@@ -478,6 +391,16 @@ def run_window_batched(
         samples_total=len(samples),
         samples_finished=state.finished,
         budget_exhausted=state.exhausted,
-        off_clock_s=state.off_clock,
+        decode_s=_covered(spans) - state.off_clock,
         batch_size=batch_size,
     )
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """The time covered by at least one of ``spans`` (the union of the intervals)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
