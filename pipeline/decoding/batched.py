@@ -312,7 +312,9 @@ class BatchedDecoder:
         for r in requests:
             if r.drafter is not None:
                 r.drafter.start(r.context, hidden.get(r.slot))
-                r.policy = DraftLength.of(self.length_args)
+                # the decoder's policy (its costs calibrated by the cell) for this request, counts from the prior
+                template = getattr(dec, "length_policy", None)
+                r.policy = template.fresh() if template is not None else DraftLength.of(self.length_args)
             r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
             r.cached = self.target.length(r.slot)
 

@@ -174,6 +174,12 @@ class DraftLength:
             int(value["draft_min"]),
         )
 
+    def fresh(self) -> "DraftLength":
+        """A policy for one more request: the same parameters and calibrated costs, its counts from the prior."""
+        policy = DraftLength(self.stop, self.threshold, 0.0, 0.0, self.minimum)
+        policy.cost, policy.verify = self.cost, self.verify
+        return policy
+
     @property
     def needs_calibration(self) -> bool:
         """``draft_stop: acceptance`` with a cost still ``auto``: ``calibrate`` before generating."""
