@@ -253,7 +253,7 @@ def test_a_bench_whose_every_row_was_refused_exits_2_and_keeps_the_earlier_file(
 
     earlier = tmp_path / "t-batching.md"
     earlier.write_text("an earlier table")
-    refused = [BatchRow("ours", "specinfer", "sample", 2, note="specinfer decodes one sequence at a time")]
+    refused = [BatchRow("ours", "beam", "sample", 2, note="beam decodes one sequence at a time")]
     monkeypatch.setattr(bench_main, "BatchBench", lambda bench, cfg: SimpleNamespace(run=lambda: refused))
     monkeypatch.setattr(bench_main, "REPO_ROOT", tmp_path)
     cfg = OmegaConf.create({"out_dir": ".", "batch_sizes": [2]})
@@ -261,7 +261,7 @@ def test_a_bench_whose_every_row_was_refused_exits_2_and_keeps_the_earlier_file(
         bench_main.main_batched(cfg, SimpleNamespace(meter=SimpleNamespace(close=lambda: None)), "t")
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "every row of the bench was refused" in err and "specinfer decodes one sequence at a time" in err
+    assert "every row of the bench was refused" in err and "beam decodes one sequence at a time" in err
     assert earlier.read_text() == "an earlier table" and sorted(p.name for p in tmp_path.iterdir()) == [earlier.name]
     # one measured row is a table: the guard lets it through
     bench_main._refuse_if_nothing_ran([BatchRow("ours", "ar", "sample", 2, tokens_per_s=10.0), *refused], earlier)

@@ -10,6 +10,7 @@ import torch
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, cpu_kernels, make_generator, method_class
+from pipeline.decoding.base import DRAFTERS
 from pipeline.decoding.batched import (
     BatchedDecoder,
     BatchRequest,
@@ -227,8 +228,6 @@ def test_packed_cache_rows_see_only_their_own_sequence(greedy_pair):
         ("beam", {}, "one sequence at a time"),
         ("mtjd", {}, "one sequence at a time"),
         ("bild", {}, "one sequence at a time"),
-        ("specinfer", {}, "one sequence at a time"),
-        ("spectr", {}, "one sequence at a time"),
     ],
 )
 def test_methods_that_cannot_batch_refuse_before_any_model_loads(method, params, needle):
@@ -238,20 +237,26 @@ def test_methods_that_cannot_batch_refuse_before_any_model_loads(method, params,
     check_batch(method_class(method), values, 1)  # batch 1 is every method's
 
 
-def test_trees_and_sequence_drafters_refuse_batching():
+def test_only_drafters_that_draft_one_sequence_at_a_time_refuse_batching(monkeypatch):
+    """Chains and trees batch over every registered drafter (tests/test_decoding_batched_tree.py); a drafter that
+    declares ``batchable = False`` is refused above batch 1, by the chain and the tree methods alike."""
     typical = method_class("typical")
-    assert "tree" in typical.batch_refusal({"tree": True, "drafter": {"kind": "eagle"}})
-    assert "medusa" in typical.batch_refusal({"tree": False, "drafter": {"kind": "medusa"}})
-    assert "drafter medusa" in method_class("spd").batch_refusal({"drafter": {"kind": "medusa"}})
+    assert typical.batch_refusal({"tree": True, "drafter": {"kind": "eagle"}}) is None
+    assert typical.batch_refusal({"tree": False, "drafter": {"kind": "medusa"}}) is None
     assert method_class("spd").batch_refusal({"drafter": {"kind": "eagle"}}) is None  # test_decoding_batched_eagle.py
     assert method_class("spd").batch_refusal({"drafter": {"kind": "ngram"}}) is None
+    monkeypatch.setattr(DRAFTERS["model"], "batchable", False)
+    for method, values in [("spd", {"drafter": {"kind": "model"}}), ("specinfer", {"drafter": {"kind": "model"}})]:
+        why = method_class(method).batch_refusal(values)
+        assert why is not None and "drafter model drafts one sequence at a time" in why
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         check_batch(method_class("ar"), {}, 0)
 
 
-def test_a_tree_method_runs_its_own_generate_at_batch_one(tiny_pair):
-    """Batch 1 of a method with a loop of its own (a tree): the engine calls its generate, request by request."""
-    decoder = build_decoder("specinfer", *tiny_pair, **WARP)
+def test_a_method_with_a_loop_of_its_own_runs_its_generate_at_batch_one(tiny_pair):
+    """Batch 1 of a method with a loop of its own (beam sampling): the engine calls its generate, request by
+    request."""
+    decoder = build_decoder("beam", tiny_pair[0], **WARP, sample=True, num_beams=2)
     got = BatchedDecoder(decoder, 1).generate(
         [PROMPT, [1, 2]], max_new_tokens=6, generators=[make_generator(2), make_generator(3)]
     )

@@ -11,6 +11,7 @@ from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
 from helpers.heads import eagle3_head_folder, eagle_head_folder, with_eagle
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, cpu_kernels, make_generator, method_class
+from pipeline.decoding.base import DRAFTERS
 from pipeline.decoding.batched import BatchedDecoder
 from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.kv import CachedModel
@@ -125,13 +126,13 @@ def test_a_packed_step_returns_each_sequences_hidden_rows(layers):
     assert not packed_model.capture_hidden  # the flag is the model's own again
 
 
-def test_only_drafters_that_cannot_batch_are_refused():
-    spd = method_class("spd")
-    for kind in ("eagle", "eagle3", "model", "ngram"):
-        assert spd.batch_refusal({"drafter": {"kind": kind}}) is None
-    why = spd.batch_refusal({"drafter": {"kind": "medusa"}})
-    assert "drafter medusa drafts one sequence at a time" in why and "'eagle3'" in why
-    assert "one sequence at a time" in method_class("specinfer").batch_refusal({"drafter": {"kind": "eagle"}})
+def test_only_drafters_that_cannot_batch_are_refused(monkeypatch):
+    for method in ("spd", "specinfer", "traversal"):
+        for kind in ("eagle", "eagle3", "model"):
+            assert method_class(method).batch_refusal({"drafter": {"kind": kind}}) is None
+    monkeypatch.setattr(DRAFTERS["eagle"], "batchable", False)
+    why = method_class("mcss").batch_refusal({"drafter": {"kind": "eagle"}})
+    assert "drafter eagle drafts one sequence at a time" in why and "'ngram'" in why  # the batchable ones
 
 
 @pytest.mark.skipif(

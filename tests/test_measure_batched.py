@@ -110,8 +110,8 @@ def test_the_batching_sweep_plans_every_method_at_every_batch_size(project):
 @pytest.mark.parametrize(
     "methods,needle",
     [
-        ("[ar,specinfer]", "'specinfer' cannot decode with batch_size 2: it decodes one sequence"),
-        ("[ar,{method: typical, drafter: medusa}]", "cannot decode with batch_size 2: drafter: medusa"),
+        ("[ar,beam]", "'beam' cannot decode with batch_size 2: it decodes one sequence"),
+        ("[ar,bild]", "'bild' cannot decode with batch_size 2: it decodes one sequence"),
     ],
 )
 def test_a_method_that_cannot_batch_is_refused_at_plan_time(project, methods, needle):
@@ -121,13 +121,28 @@ def test_a_method_that_cannot_batch_is_refused_at_plan_time(project, methods, ne
         )
 
 
+def test_tree_methods_are_planned_above_batch_one(project):
+    """The tree methods batch (one packed target forward of every request's tree): a sweep plans them at every
+    batch size of its axis, as the chain methods."""
+    methods = "[specinfer,mcss,traversal,spectr,{method: typical, tree: true, label: typical-tree}]"
+    plan = sweep.expand(
+        sweep.compose(
+            ["sweep=batching", "data_root=data", "seeds=[0]", "sweep.batch_sizes=[1,2]", f"sweep.methods={methods}"]
+        ),
+        project,
+    )
+    got = {(c.label, c.batch_size) for c in plan.cells}
+    for label in ("specinfer", "mcss", "traversal", "spectr", "typical-tree"):
+        assert {(label, 1), (f"{label} (batch 2)", 2)} <= got
+
+
 def test_bad_batch_sizes_are_refused(project):
     with pytest.raises(SweepConfigError, match="batch_sizes must be a non-empty list of integers >= 1"):
         sweep.expand(sweep.compose(["sweep=batching", "data_root=data", "sweep.batch_sizes=[0,2]"]), project)
 
 
 def test_an_entry_of_its_own_batch_sizes_runs_only_there_with_its_baseline(project):
-    """``{method: spd, batch_sizes: [1, 4]}``: spd at 1 and 4, a tree method at the sweep's batch 1 only,
+    """``{method: spd, batch_sizes: [1, 4]}``: spd at 1 and 4, another method at the sweep's batch 1 only,
     and the ar baseline at every batch size some entry runs at (the claims sweep's batch axis)."""
     methods = "[{method: spd, gamma: 2, label: spd, batch_sizes: [4, 1]},specinfer]"
     plan = sweep.expand(
@@ -149,14 +164,14 @@ def test_an_entry_of_its_own_batch_sizes_runs_only_there_with_its_baseline(proje
             ),
             project,
         )
-    with pytest.raises(SweepConfigError, match="'specinfer' cannot decode with batch_size 2"):
+    with pytest.raises(SweepConfigError, match="'beam' cannot decode with batch_size 2"):
         sweep.expand(
             sweep.compose(
                 [
                     "sweep=batching",
                     "data_root=data",
                     "seeds=[0]",
-                    "sweep.methods=[{method: specinfer, batch_sizes: [2]}]",
+                    "sweep.methods=[{method: beam, batch_sizes: [2]}]",
                 ]
             ),
             project,

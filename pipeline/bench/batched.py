@@ -2,7 +2,7 @@
 
 For every batch size B and mode (greedy, sample) it decodes the same request set (``batch_requests`` requests:
 the bench's prompts cycled, request i with its own generator seeded ``seed + i``) with every batchable method of
-``methods`` (the chain loop of ``decoding/batched.py``: B requests together, continuous batching; B = 1 is the
+``methods`` (the chain and tree loop of ``decoding/batched.py``: B requests together, continuous batching; B = 1 is the
 loop ``Decoder.generate`` runs, one request at a time), and with transformers' batched ``generate()`` as the peer of
 ``ar`` (left-padded batches of B prompts, static batching, the pair's dtype). Per row:
 
@@ -90,7 +90,7 @@ class BatchBench:
         dec = build_decoder(
             method, bench.pair.target, bench.pair.draft if method != "ar" else None, assets=bench.pair.assets, **params
         )
-        engine = BatchedDecoder(dec, b)  # the chain loop at every batch size (batch 1: Decoder.generate's)
+        engine = BatchedDecoder(dec, b)  # the loop at every batch size (batch 1: Decoder.generate's)
 
         def run(p: int) -> Pass:
             gens = [make_generator(self.cfg.seed + p * self.n + i, bench.device) for i in range(self.n)]

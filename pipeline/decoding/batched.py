@@ -1,23 +1,29 @@
-"""The chain loop: one iteration (propose, verify, emit, feedback) over per-request state, at every batch size.
+"""The speculative loop: one iteration (propose, verify, emit, feedback) over per-request state, at every batch size,
+for chains and trees alike.
 
-``Decoder.generate`` of every chain method (ar, spd, block, hsd, hsd_ref, mtad, typical over a chain, bild) is this
-loop over one request (``ChainLoop(decoder, 1)``), and a cell or the bench with ``batch_size > 1`` runs it over
-``batch_size`` slots (continuous batching; ``batchable`` on the method class and the drafter). Each request has its
-own context, counters, generator, draft-length policy (``draft_stop``: its own running acceptance estimate) and
-drafter (``Drafter.slots``: the decoder's own drafter at batch 1; at batch B a copy per slot, the draft model's
+``Decoder.generate`` of every chain method (ar, spd, block, hsd, hsd_ref, mtad, typical over a chain, bild) and of
+every tree method (specinfer, mcss, traversal, spectr, medusa, typical over a tree) is this loop over one request
+(``BatchedDecoder(decoder, 1)``), and a cell or the bench with ``batch_size > 1`` runs it over ``batch_size`` slots
+(continuous batching; ``batch_refusal`` of the configured method and ``batchable`` on its drafter). Each request
+has its own context, counters, generator, draft-length policy (``draft_stop``: its own running acceptance estimate)
+and drafter (``Drafter.slots``: the decoder's own drafter at batch 1; at batch B a copy per slot, the draft model's
 copies sharing one packed cache). One iteration, over every live request:
 
 1. propose: the method asks for each request's chain (``DraftVerifyDecoder.propose_chains``: the drafter's chains,
    ``Drafter.propose_chains``, or MTAD's beams, ``ModelDrafter.propose_beams``; the draft model drafts every
-   request's chain in one forward per draft position, ``drafting.draft_chain``); the drafting lives in the
-   drafter, none here;
+   request's chain in one forward per draft position, ``drafting.draft_chain``) or, for a tree method, its token
+   tree (``DraftVerifyDecoder.propose_trees``: ``Drafter.propose_trees``; the draft model draws every request's
+   tree in one forward per level, ``tree_verify.draft_trees``); the drafting lives in the drafter, none here;
 2. verify: one target forward over every request's rows (a newly admitted request's prompt included at batch > 1:
-   its prefill rides in its first step), the LM head on the verification rows only; the method's rule per request
-   (``Decoder.verify``, with that request's generator), or a plain step where nothing was drafted;
-3. emit: the kept drafts and the next token (one host read per request), cut at EOS and ``max_new_tokens``;
-4. feedback: rollback of the rejected positions, the verdict to the request's draft-length policy and drafter
-   (with the target's hidden rows of the kept positions for a drafter that reads them, ``uses_hidden``); a
-   finished request's slot takes the next prompt at once.
+   its prefill rides in its first step): a chain's ``[last token] + drafts`` causally, a tree's ``[last token] +
+   nodes`` with its tree mask (each node sees its request's context, its ancestors and itself), the LM head on the
+   verification rows only; the method's rule (``Decoder.verify``) or walk (``verify_tree``) per request, with that
+   request's generator, or a plain step where nothing was drafted;
+3. emit: the kept drafts (a chain's prefix, a tree's path) and the next token, cut at EOS and ``max_new_tokens``;
+4. feedback: rollback of the rejected positions (a tree: its path's KV compacted into place), the verdict to the
+   request's draft-length policy (chains) and drafter (with the target's hidden rows of the last context token and
+   the kept positions for a drafter that reads them, ``uses_hidden``); a finished request's slot takes the next
+   prompt at once.
 
 The models' caches are ``packed.SoloCache`` at batch 1 (the model's own cache: the prompt prefilled and timed,
 the bf16 kernels' fused draft chain and the CUDA graphs as ``CachedModel.forward`` has them) and
@@ -31,8 +37,8 @@ id) its tokens and counters do not depend on its companions: the output at batch
 which is ``Decoder.generate``'s. Elsewhere (float32, CUDA) rows differ by rounding and outputs can differ;
 ``batch_divergence`` measures how often.
 
-Tree methods (specinfer, mcss, traversal, typical with a tree, EAGLE trees) keep their own loop at batch 1
-(``DraftVerifyDecoder._tree_step``) and do not batch.
+Methods with a loop of their own (beam, mtjd) run their ``generate`` request by request at batch 1 and do not
+batch.
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ import torch
 from .base import Decoder, Generation, _as_token_list, emit
 from .draft_length import DraftLength
 from .drafters import Drafter
-from .drafting import ChainAsk
+from .drafting import ChainAsk, TreeAsk
 from .packed import Lanes, PackedCache, PackedRows, SoloCache
+from .tree import TokenTree
 
 
 @dataclass
@@ -106,21 +113,20 @@ class _Live:
     cached: int = 0  # context positions the target's cache holds (its length, kept here: no cache query per step)
     tokens: torch.Tensor | None = None  # this iteration's draft tokens [g] (None: nothing drafted)
     proposal: Any = None  # what the rule reads beside them (``DraftVerifyDecoder.propose_chains``)
+    tree: TokenTree | None = None  # a tree method's: this iteration's token tree (None: nothing drafted)
 
 
-def has_chain_loop(decoder: Decoder) -> str | None:
-    """None when ``decoder`` runs the chain loop (ar, and a chain method over a chain drafter), else why not."""
+def has_loop(decoder: Decoder) -> str | None:
+    """None when ``decoder`` runs this module's loop (ar, and a chain or tree method over a drafter), else why not."""
     if getattr(decoder, "drafter_impl", None) is None:
         return None if getattr(decoder, "plain_loop", False) else "it decodes with a loop of its own"
-    if getattr(decoder, "shape", "chain") != "chain":
-        return "it verifies a token tree, and trees decode one sequence at a time"
     return None
 
 
 class BatchedDecoder:
-    """The chain loop of one decoder over ``batch_size`` slots (batch 1: ``Decoder.generate``'s own loop); at batch 1
-    a method with a loop of its own (beam, mtjd, the tree methods) runs its ``generate`` request by request behind
-    the same ``run`` (the window and the bench decode every method through this class).
+    """The loop of one decoder over ``batch_size`` slots (batch 1: ``Decoder.generate``'s own loop); at batch 1
+    a method with a loop of its own (beam, mtjd) runs its ``generate`` request by request behind the same ``run``
+    (the window and the bench decode every method through this class).
 
     ``decoder`` is the method as ``build_decoder`` made it (parameters validated, warper, models, drafter, rule);
     this class owns the per-request state, the caches' view (``SoloCache`` at batch 1, ``PackedCache`` above) and
@@ -130,7 +136,7 @@ class BatchedDecoder:
 
     def __init__(self, decoder: Decoder, batch_size: int) -> None:
         check_batch(type(decoder), getattr(decoder, "config", {}), batch_size)
-        reason = has_chain_loop(decoder) if isinstance(decoder, Decoder) else "it is not a Decoder"
+        reason = has_loop(decoder) if isinstance(decoder, Decoder) else "it is not a Decoder"
         if reason and batch_size > 1:
             raise ValueError(
                 f"method {decoder.name!r} has no batched loop: {reason}; call its generate() one request at a time"
@@ -147,6 +153,7 @@ class BatchedDecoder:
         self.prompt_hidden = self.hidden and drafter is not None and drafter.prompt_hidden
         self.target: Lanes = SoloCache(decoder.target) if batch_size == 1 else PackedCache(decoder.target)
         self.length_args = getattr(decoder, "args", None)
+        self.tree = getattr(decoder, "shape", "chain") == "tree"  # it verifies token trees (``_propose_trees``)
 
     def generate(
         self,
@@ -261,7 +268,7 @@ class BatchedDecoder:
             d.close()
 
     def _run_own(self, queue: deque, eos: frozenset[int], on_finish) -> int:
-        """A method with a loop of its own (beam, mtjd, the tree methods) at batch 1: its ``generate`` per request,
+        """A method with a loop of its own (beam, mtjd) at batch 1: its ``generate`` per request,
         bracketed by device synchronisations; its first token's time is estimated as its prefill plus one step."""
         dec, count = self.decoder, 0
         target = getattr(dec, "target", None)
@@ -306,24 +313,22 @@ class BatchedDecoder:
         """Start the admitted requests: the target caches ``prompt[:-1]`` (at batch 1; at batch > 1 it rides in the
         request's first step, unless the drafter reads the prompt's hidden states: then every admitted prompt is
         written in one packed forward), each request's drafter starts (with those hidden states) and its
-        draft-length policy starts from the prior."""
+        draft-length policy (a copy of the decoder's, with the costs a cell calibrated) starts from the prior."""
         dec = self.decoder
         hidden = self.target.start({r.slot: r.context for r in requests}, self.prompt_hidden)
+        template: DraftLength | None = getattr(dec, "length_policy", None)  # its costs as calibrated (``auto``)
         for r in requests:
             if r.drafter is not None:
                 r.drafter.start(r.context, hidden.get(r.slot))
-                # the decoder's policy (its costs calibrated by the cell) for this request, counts from the prior
-                template = getattr(dec, "length_policy", None)
                 r.policy = template.fresh() if template is not None else DraftLength.of(self.length_args)
             r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
             r.cached = self.target.length(r.slot)
 
-    def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
+    def _propose_chains(self, live: list[_Live]) -> None:
+        """Step 1 of a chain method: each request's chain (``r.tokens``, ``r.proposal``), up to its policy's budget."""
         dec = self.decoder
-        target = self.target
         asks: list[tuple[_Live, ChainAsk]] = []
-        for r in live:  # 1. propose
-            r.tokens, r.proposal = None, None
+        for r in live:
             if r.policy is not None:
                 room = r.request.max_new_tokens - len(r.out) - 1
                 gamma = min(r.policy.budget(dec.draft_length()), room)  # type: ignore[attr-defined]
@@ -334,30 +339,78 @@ class BatchedDecoder:
             for (r, _), proposed in zip(asks, proposals):
                 if proposed is not None:
                     r.tokens, r.proposal = proposed
-        groups = []  # 2. one target forward
+
+    def _propose_trees(self, live: list[_Live]) -> None:
+        """Step 1 of a tree method: each request's tree (``r.tree``) of at most the levels left before its limit."""
+        dec = self.decoder
+        asks: list[tuple[_Live, TreeAsk]] = []
         for r in live:
-            tail = r.context[r.cached :]
-            if r.tokens is None:
-                feed = torch.tensor(tail, dtype=torch.long)
-                g = 0
-            else:
-                feed = torch.cat([torch.tensor(tail, dtype=torch.long, device=r.tokens.device), r.tokens])
-                g = r.tokens.shape[0]
-            m = feed.shape[0]
-            groups.append(PackedRows(r.slot, feed, list(range(m - g - 1, m))))
+            depth = min(dec.tree_depth, r.request.max_new_tokens - len(r.out) - 1)  # type: ignore[attr-defined]
+            if depth > 0:
+                shape = dec.tree_shape(depth)  # type: ignore[attr-defined]
+                asks.append((r, TreeAsk(r.slot, r.context, shape, r.request.generator, r.drafter)))
+        if asks:
+            trees = dec.propose_trees([a for _, a in asks])  # type: ignore[attr-defined]
+            for (r, _), tree in zip(asks, trees):
+                r.tree = tree
+
+    def _rows(self, r: _Live) -> PackedRows:
+        """Step 2's rows of one request: the context it has not cached yet (at batch 1 its last token; at batch > 1
+        a new request's prompt), then its chain (causal) or its tree's nodes (each seeing the context, its
+        ancestors and itself); the rows kept: the last context token's and the drafts'."""
+        tail = r.context[r.cached :]
+        t = len(tail)
+        if r.tree is not None:
+            ids, positions, mask = r.tree.with_root(tail[-1])  # [1 + n]: the last context token, then the nodes
+            n = len(r.tree)
+            if t > 1:  # the uncached context before it, causal; every node sees all of it
+                ids = torch.cat([torch.tensor(tail[:-1], dtype=torch.long), ids])
+                positions = torch.cat([torch.arange(r.cached, r.cached + t - 1), positions])
+                inner = torch.ones(t + n, t + n, dtype=torch.bool).tril()
+                inner[t - 1 :, t - 1 :] = mask
+                inner[t:, : t - 1] = True
+                mask = inner
+            return PackedRows(r.slot, ids, list(range(t - 1, t + n)), positions, None, mask)
+        if r.tokens is None:
+            return PackedRows(r.slot, torch.tensor(tail, dtype=torch.long), [t - 1])
+        g = r.tokens.shape[0]
+        feed = torch.cat([torch.tensor(tail, dtype=torch.long, device=r.tokens.device), r.tokens])
+        return PackedRows(r.slot, feed, list(range(t - 1, t + g)))
+
+    def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
+        dec = self.decoder
+        target = self.target
+        for r in live:  # 1. propose
+            r.tokens, r.proposal, r.tree = None, None, None
+        if self.tree:
+            self._propose_trees(live)
+        else:
+            self._propose_chains(live)
+        groups = [self._rows(r) for r in live]  # 2. one target forward
         hiddens: list[torch.Tensor | None]
         if self.hidden:
             raws, got = target.step_hidden(groups)
             hiddens = list(got)
         else:
             raws, hiddens = target.step(groups), [None] * len(groups)
-        for r, raw, hidden in zip(live, raws, hiddens):
+        for r, rows, raw, hidden in zip(live, groups, raws, hiddens):
             logits = dec.target._logits(raw)
             gen = r.request.generator
             length = len(r.context)
+            last = rows.keep[0]  # the last context token's row (``hidden``'s rows are all of the request's rows)
             r.steps += 1
             n = 0
-            if r.tokens is None:  # nothing drafted: a plain step
+            kept_rows: list[int] | None = None  # a tree's: the hidden rows of the last context token and the path
+            path: list[int] | None = None
+            if r.tree is not None:  # the method's walk over the tree
+                tree = r.tree
+                path, y = dec.verify_tree(logits, tree, gen)  # type: ignore[attr-defined]
+                n = len(path)
+                emitted = [tree.tokens[i] for i in path] + [int(y)]
+                r.drafted.append(max(tree.depths) + 1 if tree.depths else 0)
+                target.keep_path(r.slot, length, path)
+                kept_rows = [last] + [last + 1 + i for i in path]
+            elif r.tokens is None:  # nothing drafted: a plain step
                 emitted = [dec._next_token(logits[-1], gen)]
                 if r.policy is not None:
                     r.drafted.append(0)
@@ -375,9 +428,10 @@ class BatchedDecoder:
                 r.policy.observe(g, n)
             r.cached = length + n
             if r.drafter is not None:  # 4. feedback, with the hidden rows of the last context token and the kept
-                g = 0 if r.tokens is None else r.tokens.shape[0]
-                kept = None if hidden is None else hidden[hidden.shape[0] - g - 1 :][: n + 1]
-                r.drafter.feedback(length, n, kept)
+                kept = None
+                if hidden is not None:
+                    kept = hidden[last : last + n + 1] if kept_rows is None else hidden[kept_rows]
+                r.drafter.feedback(length, n, kept, r.tree, path)
             if not r.out:
                 r.first_token_at = time.perf_counter()
             if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):  # 3. emit

@@ -28,7 +28,7 @@ chain drafter (model, eagle, eagle3, ngram, a drafter of your own):
 Exactness: each rule reads only the draft (its rows and tokens) and the verdicts of past iterations, never the
 target's rows of the current one, so the rule verifies whatever chain was proposed and every lossless rule stays
 lossless. The acceptance length is fixed before the draft is drawn (a fixed gamma given the past). With
-``draft_min: 0`` an iteration of length 0 is the decoder's plain step (``_plain_step``: one target forward, its
+``draft_min: 0`` an iteration of length 0 is the loop's plain step (``batched.py``: one target forward, its
 next token drawn from the warped target row, the drafter told that nothing was drafted): exactly an ar step, so the
 output law of such an iteration is the target's; the choice between 0 and g >= 1 is made from past verdicts and the
 iteration count only, so by the same argument every lossless rule stays lossless (tests/test_draft_length.py checks

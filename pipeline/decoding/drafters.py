@@ -20,10 +20,11 @@ proposers):
 - ``stop``: set by the decoder (``draft_stop: confidence``, ``draft_length.py``): ``stop(q_row, token)`` after
   each draft says to end the chain there; a drafter may honour it inside its own loop (the draft model's chain
   does), and the decoder cuts any longer chain after the fact, so a drafter may also ignore it;
-- ``slots(n)``, ``propose_chains(asks, warper)``, ``finish()``: the chain loop's (``batched.py``) per-request
-  drafters (this one at batch 1, ``fork`` copies above; the draft model's share one packed cache), every live
-  request's chain at once (default: each drafter's ``propose``; the draft model drafts them together, one forward
-  per draft position, ``drafting.draft_chain``), and a request's end;
+- ``slots(n)``, ``propose_chains(asks, warper)``, ``propose_trees(asks, warper, children)``, ``finish()``: the
+  loop's (``batched.py``) per-request drafters (this one at batch 1, ``fork`` copies above; the draft model's share
+  one packed cache), every live request's chain or tree at once (default: each drafter's ``propose`` or
+  ``propose_tree``; the draft model drafts them together, one forward per draft position or tree level,
+  ``drafting.draft_chain``, ``tree_verify.draft_trees``), and a request's end;
 - ``forwards``: draft forward passes of the current generation;
 - ``step_cost(target, prompt, gamma, warper, reps, sync)``: its own cost of one draft token (t_draft),
   which the cell and the bench ask for (c = t_draft / t_ar is the drafter's, not the draft model's).
@@ -65,13 +66,13 @@ import torch
 
 from .base import DRAFTERS, METHODS, DrafterContext, Param, eagle_version, int_at_least
 from .beam_sampling import Beam, draft_beams
-from .drafting import ChainAsk, ChainDraft, draft_chain
+from .drafting import ChainAsk, ChainDraft, TreeAsk, draft_chain
 from .kv import CachedModel
 from .medusa_heads import medusa_heads_of
 from .packed import Lanes, PackedCache, SoloCache
 from .timing import median_times
 from .tree import TokenTree
-from .tree_verify import cartesian_tree, commit_draft, sample_token_tree
+from .tree_verify import cartesian_tree, draft_trees
 from .warping import Warper
 
 TREE_CHILDREN = (
@@ -227,7 +228,8 @@ class Drafter:
     )
     no_transformers: ClassVar[str] = "transformers' assisted generation takes a draft model or prompt lookup"
     # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a drafter
-    # whose ``propose`` is called per request on its own copy (``fork``: n-gram lookup, the EAGLE heads)
+    # whose ``propose`` / ``propose_tree`` is called per request on its own copy (``fork``: n-gram lookup, the EAGLE
+    # heads, the Medusa heads)
     batchable: ClassVar[bool] = False
     # the confidence stop of draft_stop: confidence (None: draft gamma tokens), set by the decoder
     stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None
@@ -253,7 +255,7 @@ class Drafter:
         return self
 
     def slots(self, n: int) -> list["Drafter"]:
-        """The drafters of ``n`` requests decoding together (the chain loop's slots, ``decoding/batched.py``):
+        """The drafters of ``n`` requests decoding together (the loop's slots, ``decoding/batched.py``):
         this drafter itself at batch 1, else ``n`` forks."""
         return [self] if n == 1 else [self.fork() for _ in range(n)]
 
@@ -263,11 +265,17 @@ class Drafter:
         packed forward per draft position)."""
         return [a.drafter.propose(a.context, a.gamma, warper, a.generator) for a in asks]
 
+    def propose_trees(self, asks: list[TreeAsk], warper: Warper, children: str) -> list[TokenTree | None]:
+        """The trees of several requests (the tree loop's step 1; each ask with its own drafter of ``slots``): by
+        default each drafter's ``propose_tree``; the draft model draws them together (one packed forward per
+        level)."""
+        return [a.drafter.propose_tree(a.context, a.shape, warper, a.generator, children) for a in asks]
+
     def finish(self) -> None:
         """The request in this drafter's slot is done (a packed draft cache frees its sequence)."""
 
     def close(self) -> None:
-        """The chain loop starts or ends a run over its slots (a packed draft cache is emptied)."""
+        """The loop starts or ends a run over its slots (a packed draft cache is emptied)."""
 
     def propose_tree(
         self, context: list[int], k_config: list[int], warper: Warper, generator, children: str = "iid"
@@ -402,13 +410,17 @@ class ModelDrafter(Drafter):
         self.cache.close()
 
     def propose_tree(self, context, k_config, warper, generator, children="iid"):
-        return sample_token_tree(self.model, context, k_config, warper, generator, children)
+        return self.propose_trees([TreeAsk(self.slot, context, list(k_config), generator, self)], warper, children)[0]
+
+    def propose_trees(self, asks, warper, children):
+        """``tree_verify.draft_trees`` over every ask's sequence at once (one draft forward per level)."""
+        return list(draft_trees(self.model, self.cache, asks, warper, children))
 
     def feedback(self, length, kept, hidden=None, tree=None, path=None) -> None:
         if tree is None:
             self.rollback(length + kept)
-        else:  # keep the accepted nodes the draft has cached (a prefix of the path)
-            commit_draft(self.model, length, tree, path or [])
+        else:  # keep the accepted nodes the draft has cached (a prefix of the path: the fed ones)
+            self.cache.keep_path(self.slot, length, [i for i in path or [] if i < tree.fed])
 
     def rollback(self, length: int) -> None:
         self.cache.rollback(self.slot, length)
@@ -431,6 +443,7 @@ class MedusaDrafter(Drafter):
     asset_help = "a folder of Medusa heads for the target (pipeline.train_medusa)"
     uses_hidden = True
     prompt_hidden = False  # the heads read the last token's state, which the prompt's prefill does not give
+    batchable = True  # one copy per batch slot (``fork``: its own last hidden row)
 
     def __init__(self, heads, lm_head) -> None:
         self.heads, self.lm_head = heads, lm_head
@@ -447,6 +460,9 @@ class MedusaDrafter(Drafter):
     @property
     def max_depth(self) -> int:
         return self.heads.num_heads
+
+    def fork(self) -> "MedusaDrafter":
+        return MedusaDrafter(self.heads, self.lm_head)
 
     def start(self, prompt, hidden=None) -> None:
         self.head_row = None

@@ -1,8 +1,10 @@
-"""The draft model's chain drafting (``ModelDrafter``'s, for every method over ``drafter: model``), at every batch size.
+"""The draft model's chain drafting (``ModelDrafter``'s, for every method over ``drafter: model``), at every batch size,
+and what the loop asks a drafter for: a chain (``ChainAsk``) or a tree (``TreeAsk``).
 
 ``draft_chain`` drafts the chains of one or several requests: one draft forward per draft position over every
 request still drafting (their rows packed into one step by a ``PackedCache``; a ``SoloCache`` at batch 1), each
-request's row warped and sampled with its own generator, so a request draws what it draws alone.
+request's row warped and sampled with its own generator, so a request draws what it draws alone. The draft model's
+trees are drawn the same way, one packed forward per level (``tree_verify.draft_trees``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,18 @@ class ChainAsk:
     slot: int
     context: list[int]
     gamma: int
+    generator: torch.Generator | None
+    drafter: Any = None
+
+
+@dataclass
+class TreeAsk:
+    """One request's tree to draw: ``shape[d]`` children under each depth-d node after ``context`` (the tree loop's
+    ``tree_shape``), drawn with ``generator``; ``slot`` and ``drafter`` as in ``ChainAsk``."""
+
+    slot: int
+    context: list[int]
+    shape: list[int]
     generator: torch.Generator | None
     drafter: Any = None
 

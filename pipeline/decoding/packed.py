@@ -1,5 +1,6 @@
-"""A model's KV cache as the chain loop (``batched.py``) and the draft model's drafting (``drafting.draft_chain``,
-``beam_sampling.draft_beams``) see it: the sequences of the requests in its slots.
+"""A model's KV cache as the loop (``batched.py``, chains and trees) and the draft model's drafting
+(``drafting.draft_chain``, ``tree_verify.draft_trees``, ``beam_sampling.draft_beams``) see it: the sequences of
+the requests in its slots.
 
 Two kinds, with one interface (``length``, ``start``, ``step``, ``step_hidden``, ``rollback``, ``keep_path``,
 ``release``, ``close``):
@@ -185,6 +186,8 @@ class SoloCache:
         inner = torch.ones(m, m, dtype=torch.bool).tril() if g.inner is None else g.inner
         positions = torch.arange(model.length, model.length + m) if g.positions is None else g.positions
         rows = model.forward_masked(g.tokens, positions, torch.cat([sees, inner], 1), raw=True)
+        if len(g.keep) == m:  # every row (a tree's): no copy
+            return [rows]
         return [rows[torch.tensor(g.keep, dtype=torch.long, device=rows.device)]]
 
     def step_hidden(self, groups: list[PackedRows]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

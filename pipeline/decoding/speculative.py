@@ -9,10 +9,11 @@ an EAGLE head, n-gram lookup, Medusa heads, or one of your own) proposes. One it
   gives g + 1 rows; the rule says how many drafts to keep and what comes next (``verify`` -> ``rule``, the one
   host read of the iteration after it); the target's cache is rolled back to what was kept and the drafter gets
   the verdict (``feedback``);
-- a tree (``_tree_step``): the drafter proposes a token tree (``tree.TokenTree``) drawn as the walk needs;
-  one target forward with tree attention scores every node (``tree_verify.tree_verify_forward``); the walk
-  returns the accepted path and the next token; the path's KV is compacted into place and the drafter
-  gets the verdict.
+- a tree (the same loop of ``batched.py``, at every batch size): the drafter proposes a token tree
+  (``tree.TokenTree``, ``propose_trees``) drawn as the walk needs; one target forward with tree attention scores
+  every node, ``[last token] + nodes`` with the tree's mask (docs/ALGORITHMS.md A.2; at batch > 1 every request's
+  tree in one packed forward, each with its own mask); the walk returns the accepted path and the next token
+  (``verify_tree``); the path's KV is compacted into place and the drafter gets the verdict.
 
 A chain's length is ``gamma``, or, with ``draft_stop`` (``draft_length.py``), at most ``gamma``: chosen before
 drafting from the request's running acceptance, or cut where the draft's own confidence falls (the rule reads only
@@ -28,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .base import Decoder, Generation, Param, emit, int_at_least
+from .base import Decoder, Generation, Param, int_at_least
 from .batched import BatchedDecoder
 from .draft_length import DRAFT_LENGTH_PARAMS, DraftLength, check_draft_length
 from .drafters import (
@@ -41,10 +42,10 @@ from .drafters import (
     fold_drafter_short_forms,
     resolve_drafter,
 )
-from .drafting import ChainAsk, ChainDraft
+from .drafting import ChainAsk, ChainDraft, TreeAsk
 from .rules import ChainRule, TreeWalk
 from .tree import TokenTree
-from .tree_verify import greedy_tree_walk, tree_verify_forward
+from .tree_verify import greedy_tree_walk
 from .warping import sample, sample_sparse
 
 CHILDREN_WHY = {
@@ -179,8 +180,8 @@ class DraftVerifyDecoder(Decoder):
     @classmethod
     def batch_refusal(cls, values):
         refusal = super().batch_refusal(values)
-        kind = values["drafter"]["kind"] if isinstance(values.get("drafter"), dict) else values.get("drafter")
-        if refusal is None and not (kind in DRAFTERS and DRAFTERS[kind].batchable):
+        kind = cls.drafter_of(values)
+        if refusal is None and not (kind is not None and kind in DRAFTERS and DRAFTERS[kind].batchable):
             batchable = DRAFTERS.names(where=lambda c: c.batchable)
             return f"drafter {kind} drafts one sequence at a time (batchable drafters: {batchable})"
         return refusal
@@ -202,44 +203,8 @@ class DraftVerifyDecoder(Decoder):
         self.length_policy.start()
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        if self.shape == "chain":  # the chain loop, over this one request (decoding/batched.py)
-            return BatchedDecoder(self, 1).decode(prompt, max_new_tokens, eos, generator)
-        self._start(prompt)
-        context = list(prompt)
-        out: list[int] = []
-        accepted: list[int] = []
-        drafted: list[int] = []  # per iteration, the tree's depth (0: a plain step)
-        while len(out) < max_new_tokens:
-            emitted, width = self._tree_step(context, max_new_tokens - len(out) - 1, generator)
-            drafted.append(width)
-            if emit(emitted, eos, max_new_tokens, out, context, accepted):
-                break
-        return Generation(out, self.target.forwards, self.drafter_impl.forwards, accepted, drafted)
-
-    def _tree_step(self, context: list[int], room: int, generator) -> tuple[list[int], int]:
-        """One tree iteration after ``context`` with at most ``room`` levels: (emitted tokens, the tree's depth)."""
-        target, drafter, length = self.target, self.drafter_impl, len(context)
-        depth = min(self.tree_depth, room)
-        tree = (
-            drafter.propose_tree(context, self.tree_shape(depth), self.warper, generator, self.walk_impl.children)
-            if depth > 0
-            else None
-        )  # draft
-        if tree is None:
-            return self._plain_step(context, generator), 0
-        logits = tree_verify_forward(target, context, tree)  # one target forward (tree attention)
-        path, y = self.verify_tree(logits, tree, generator)  # the walk
-        target.compact(length, path)  # compact the path's KV into place
-        hidden = target.captured()[[0] + [1 + i for i in path]] if drafter.uses_hidden else None
-        drafter.feedback(length, len(path), hidden, tree, path)
-        return [tree.tokens[i] for i in path] + [y], (max(tree.depths) + 1 if tree.depths else 0)
-
-    def _plain_step(self, context: list[int], generator) -> list[int]:
-        """Nothing drafted (one token left, or nothing to propose): one target step."""
-        target, drafter = self.target, self.drafter_impl
-        y = self._next_token(target.forward(context[-1:], keep=1)[-1], generator)
-        drafter.feedback(len(context), 0, target.hidden if drafter.uses_hidden else None)
-        return [y]
+        """The loop of ``batched.py`` (chain or tree) over this one request."""
+        return BatchedDecoder(self, 1).decode(prompt, max_new_tokens, eos, generator)
 
     # ------------------------------------------------------------------ the method's part
 
@@ -301,6 +266,12 @@ class DraftVerifyDecoder(Decoder):
         """Children per node at each of ``depth`` levels."""
         return list(self.args.k_config[:depth])
 
+    def propose_trees(self, asks: list[TreeAsk]) -> list[TokenTree | None]:
+        """Each ask's tree (the tree loop's step 1, for every live request at once): ``ask.shape`` (``tree_shape``)
+        from its own drafter, its children drawn as the walk needs (``Drafter.propose_trees``); None: nothing to
+        propose (a plain target step)."""
+        return asks[0].drafter.propose_trees(asks, self.warper, self.walk_impl.children)
+
     def verify_tree(self, logits: torch.Tensor, tree: TokenTree, generator) -> tuple[list[int], int]:
         """The walk on the tree's target logits ``[1 + n, V]``: (accepted path, next token)."""
         if self.warper.greedy:
@@ -319,3 +290,4 @@ class TreeVerifyDecoder(DraftVerifyDecoder):
     """A tree method: its drafter proposes a token tree of ``k_config`` (``tree_shape``), its ``walk`` verifies it."""
 
     draft_shape = "tree"
+    batchable = True  # over a drafter that drafts for several requests (``Drafter.batchable``)

@@ -2,24 +2,30 @@
 
 The loop that uses them is ``speculative.TreeVerifyDecoder``. A draft tree (``tree.TokenTree``)
 holds nodes in BFS order, each with a token and a parent (-1 = the last context token, the root):
-``sample_token_tree`` draws one from the draft model level by level, ``cartesian_tree`` builds
+``sample_token_tree`` draws one from the draft model level by level (``draft_trees``: several requests' trees,
+one packed draft forward per level), ``cartesian_tree`` builds
 Medusa's from its heads' top-k. ``tree_verify_forward`` scores every node in ONE target pass
 with tree attention (4-D mask + position ids, docs/ALGORITHMS.md A.2): row 0 is the root's row (the
 distribution of depth-0 nodes), row 1 + i is node i's row. The walks (A.3) return the accepted
 path (node indices, root to leaf) and what the next token is drawn from; ``CachedModel.compact``
-then moves the path's KV into place (``target.compact(len(context), path)``), an O(path) copy.
+then moves the path's KV into place (``keep_path`` of the loop's cache, ``packed.py``: ``CachedModel.compact`` at
+batch 1), an O(path) copy. The loop (``batched.py``) runs the target pass itself, several requests' trees in one
+packed forward at batch > 1; ``tree_verify_forward`` is that pass over one request's tree in the model's own cache
+(the cost probe's, ``measure/costs.py``).
 
 Layout in the target cache during verification (context of length L, cache holding ``ctx[:L-1]``):
 slot L-1 = the root ``ctx[-1]``, slot L + i = node i. In the draft cache (holding the whole context
 after the first draft forward): slot L + i = node i for the nodes that were fed (all but the last
-level); ``commit_draft`` compacts the accepted ones.
+level); ``ModelDrafter.feedback`` keeps the accepted ones (``keep_path``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .drafting import TreeAsk
 from .kv import CachedModel
+from .packed import Lanes, PackedRows, SoloCache
 from .tree import TokenTree
 from .verification import kseq_verify, multi_candidate_verify, one_hot_acceptance, typical_acceptance
 from .warping import Warper, sample_k
@@ -56,29 +62,62 @@ def sample_token_tree(
     """Sample a tree from the draft: ``k_config[d]`` children under every depth-(d-1) node, each level
     drawn from the draft's row at its parent (one draft forward per level, the level's nodes fed as
     a tree): ``iid`` (with replacement), ``distinct`` (without) or the ``top`` k tokens of the warped row.
-    ``k_config = [k, 1, ..., 1]`` with ``iid`` gives k i.i.d. chains (SpecTr)."""
-    replacement, top = children == "iid", warper.greedy or children == "top"
+    ``k_config = [k, 1, ..., 1]`` with ``iid`` gives k i.i.d. chains (SpecTr). ``draft_trees`` of one request in
+    the model's own cache."""
+    return draft_trees(draft, SoloCache(draft), [TreeAsk(0, context, list(k_config), generator)], warper, children)[0]
+
+
+def draft_trees(
+    model: CachedModel, cache: Lanes, asks: list[TreeAsk], warper: Warper, children: str = "iid"
+) -> list[TokenTree]:
+    """Each ask's tree from the draft ``model`` (``sample_token_tree``'s), every request's level in one forward:
+    forward 0 feeds each request's context past what its sequence in ``cache`` holds (its prompt, in a packed
+    cache's first step) and its last row gives the roots; forward d feeds each request's depth-(d-1) nodes as a
+    tree (each row sees its context, its ancestors and itself) and their rows give their children. A request's
+    children are drawn with its own generator in the order it draws them alone, from rows that on the bf16 kernels
+    are bit-identical to its rows alone. Afterwards each sequence holds its context and every node but the last
+    level's (``TokenTree.fed``); the draft forwards a request took part in are added to ``ask.drafter.drafted``
+    (when the ask names a drafter)."""
+    replacement = children == "iid"
+    top = warper.greedy or children == "top"
     warped = children == "top" and not warper.greedy
-    logits = draft.forward(context[draft.length :], keep=1)[-1]
-    tree = TokenTree(draft.length)  # == len(context): the nodes follow the context in the draft's cache
-    q = warper(logits)
-    tree.q_rows[0] = q
-    for t in _draw_children(q, _ranked(logits, q, warped), k_config[0], replacement, top, generator):
-        tree.add(t, -1)
-    level = list(range(len(tree)))
-    for k in k_config[1:]:
-        if not level:
-            break
-        ids, positions, mask = tree.feed()  # the nodes not yet fed: this level
-        rows = draft.forward_tree(ids, positions, mask, tree.start)
-        qs = warper(rows)
+    trees = [TokenTree(len(a.context)) for a in asks]
+    parents: list[list[int]] = [[-1] for _ in asks]  # the nodes whose children the next forward's rows give
+    going = [i for i, a in enumerate(asks) if a.shape]
+    depth = 0
+    while going:
+        groups = []
+        for i in going:
+            a, tree = asks[i], trees[i]
+            if depth == 0:
+                feed = torch.tensor(a.context[cache.length(a.slot) :], dtype=torch.long)
+                groups.append(PackedRows(a.slot, feed, [feed.numel() - 1]))
+            else:
+                old = tree.fed
+                ids, positions, anc = tree.feed()  # the nodes not yet fed: the last level
+                m = ids.numel()
+                sees = torch.cat([torch.ones(m, tree.start, dtype=torch.bool), anc[:, :old]], 1)
+                groups.append(PackedRows(a.slot, ids, list(range(m)), positions, sees, anc[:, old:]))
+        raws = cache.step(groups)
         nxt = []
-        for node, row_logits, q in zip(level, rows, qs):
-            tree.q_rows[node + 1] = q
-            for t in _draw_children(q, _ranked(row_logits, q, warped), k, replacement, top, generator):
-                nxt.append(tree.add(t, node))
-        level = nxt
-    return tree
+        for i, raw in zip(going, raws):
+            a, tree = asks[i], trees[i]
+            if a.drafter is not None:
+                a.drafter.drafted += 1
+            rows = model._logits(raw)
+            qs = warper(rows)
+            level = []
+            for node, row_logits, q in zip(parents[i], rows, qs):
+                tree.q_rows[node + 1] = q
+                for t in _draw_children(
+                    q, _ranked(row_logits, q, warped), a.shape[depth], replacement, top, a.generator
+                ):
+                    level.append(tree.add(t, node))
+            parents[i] = level
+            if level and depth + 1 < len(a.shape):
+                nxt.append(i)
+        going, depth = nxt, depth + 1
+    return trees
 
 
 def cartesian_tree(head_logits: torch.Tensor, k_config: list[int], start: int) -> TokenTree:
@@ -106,12 +145,6 @@ def tree_verify_forward(target: CachedModel, context: list[int], tree: TokenTree
         )
     ids, positions, mask = tree.with_root(context[-1])
     return target.forward_tree(ids, positions, mask, start)
-
-
-def commit_draft(draft: CachedModel, context_length: int, tree: TokenTree, path: list[int]) -> None:
-    """Keep the accepted nodes that the draft has in its cache (a prefix of ``path``) after the context."""
-    keep = [i for i in path if i < tree.fed]
-    draft.compact(context_length, keep)
 
 
 # ------------------------------------------------------------------------------------------------

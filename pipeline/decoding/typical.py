@@ -39,7 +39,7 @@ class TypicalDecoder(DraftVerifyDecoder):
     prefix_drafts = True
     rule = TYPICAL_RULE
     walk = TYPICAL_WALK
-    batchable = True  # over a chain (tree: true and drafter: medusa decode one sequence at a time)
+    batchable = True  # over a chain or a tree (any batchable drafter: the model, EAGLE, n-gram, Medusa heads)
     params = {
         **DraftVerifyDecoder.params,
         "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
@@ -69,11 +69,3 @@ class TypicalDecoder(DraftVerifyDecoder):
             scope["kind"] = "model"
         values["drafter"] = scope
         super().resolve_drafter(values, ctx)
-
-    @classmethod
-    def batch_refusal(cls, values):
-        if values.get("tree"):
-            return "tree: true verifies a token tree, and trees decode one sequence at a time"
-        if values["drafter"]["kind"] == "medusa":
-            return "drafter: medusa drafts a token tree, and trees decode one sequence at a time"
-        return super().batch_refusal(values)

@@ -27,16 +27,16 @@ Protocol:
 Randomness: each generation gets its own generator seeded from ``(seed, sample id, turn)``, so a
 sample's output does not depend on the warm-up, the slice, the budget or its companions.
 
-Batch size: one window for every ``batch_size``. The samples are decoded by the chain loop
-(``decoding/batched.py``) ``batch_size`` at a time: every request is in the queue at the window's start (an offline
-batch), a finished request's slot takes the next one at once, and a multi-turn sample's next turn joins the queue
+Batch size: one window for every ``batch_size``. The samples are decoded by the loop (``decoding/batched.py``, chains
+and trees) ``batch_size`` at a time: every request is in the queue at the window's start (an offline batch), a
+finished request's slot takes the next one at once, and a multi-turn sample's next turn joins the queue
 when its previous turn ends (formatted then, off the decode clock). Per request: ``decode_s`` is its time in a slot
 (its latency once admitted; at batch 1 its ``generate`` time), ``prefill_s`` the part spent writing its prompt
 into the caches (batch 1; at batch > 1 a prompt rides in its first step), ``queue_s`` its wait for a slot,
 ``ttft_s`` its time to the first token. ``decode_s`` of the window is the time some request was in a slot, less
 what ran off the decode clock meanwhile (formatting a later turn, records: the other requests wait), so
 ``tokens_per_s`` is the throughput over all requests; at batch 1 it is the sum of the requests' ``decode_s``. A
-method with a loop of its own (beam, mtjd, the tree methods; batch 1 only) is decoded one ``generate`` call at a
+method with a loop of its own (beam, mtjd; batch 1 only) is decoded one ``generate`` call at a
 time behind the same engine, each bracketed by a device synchronisation.
 
 The records, the result and its summary are ``pipeline.measure.records``; step costs ``pipeline.measure.costs``.
