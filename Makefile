@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run test test-slow lint setup clean report check-speculators
+.PHONY: run test test-slow lint setup clean report check-speculators docs
 
 # The HumanEval sandbox runs generated code in bubblewrap: installed here when missing (root + apt),
 # otherwise a warning naming the fix (the scorer itself refuses to run without it).
@@ -59,7 +59,7 @@ test: $(STAMP)
 # ruff and mypy (both pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff format .` writes the
 # layout (120 columns) and `$(VENV)/bin/ruff check --fix .` mends
 # imports. mypy checks the packages below (third-party libraries are read for their types, never reported on).
-MYPY_PATHS := pipeline/tracking pipeline/measure pipeline/bench pipeline/cell_types.py pipeline/decoding pipeline/models.py pipeline/registry.py pipeline/fingerprints.py pipeline/faults.py pipeline/isolation.py
+MYPY_PATHS := pipeline/tracking pipeline/measure pipeline/bench pipeline/cell_types.py pipeline/decoding pipeline/models.py pipeline/registry.py pipeline/fingerprints.py pipeline/faults.py pipeline/isolation.py pipeline/docs_gen.py
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
@@ -77,6 +77,11 @@ check-speculators: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)
+
+# conf/method/*.yaml and the tables of docs/methods.md and docs/drafters.md, written from what the registries
+# declare (pipeline/docs_gen.py); `make docs ARGS=--check` writes nothing and fails with a diff where they differ
+docs: $(STAMP)
+	$(PY) -m pipeline.docs_gen $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

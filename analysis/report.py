@@ -306,7 +306,7 @@ def log_to_parent_run(
     """Log the report's figures, tables and runs.csv as artifacts of the sweep's latest parent run.
 
     Artifacts go under ``report/`` (figures under ``report/figures/``) so they open in the MLflow UI
-    from the parent run's page; the summary's per-method speed-up and accepted tokens per step are
+    from the parent run's page; the summary's per-method speed-up and tokens emitted per target step are
     logged as the parent's metrics (``speedup.<dataset>.<label>``, ``accepted_per_step.<dataset>.<label>``)
     so that the runs table shows them, with ``extra_metrics`` (the claims' effects, CIs and verdicts).
     Returns the parent run id, or None when the sweep has none.

@@ -1,4 +1,8 @@
-"""The docs as a reference: what they state about the code is checked against the code (issue 35).
+"""The docs as a reference: what they state about the code is checked against the code (issues 35, 45).
+
+- The generated copies are current: ``python -m pipeline.docs_gen --check`` (what ``make docs`` writes:
+  conf/method/*.yaml and the tables of docs/methods.md and docs/drafters.md) finds nothing to write, and names
+  ``make docs`` when a copy drifts. The checks below read the generated tables independently of the generator.
 
 - docs/methods.md's method table against the methods' declarations (``pipeline.decoding.METHODS``): every
   registered method has one row, and its module, draft shape, lossless and batchable flags, parameters with
@@ -12,11 +16,13 @@
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 import yaml
 
 from helpers.project import REPO
+from pipeline import docs_gen
 from pipeline.decoding import DRAFTERS, METHODS, check_method
 from pipeline.decoding.base import WARP_PARAMS, DrafterContext
 
@@ -109,6 +115,34 @@ def test_drafters_md_table_matches_the_registered_drafters():
     for kind, cls in DRAFTERS.items():
         declared = {name: p.default for name, p in cls.params.items()}
         assert parameters(rows[kind]["scope (default)"]) == declared, f"drafter {kind}: its scope's defaults"
+
+
+def test_make_docs_changes_nothing(capsys):
+    assert docs_gen.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_a_drifted_copy_fails_the_check_naming_make_docs(tmp_path, capsys):
+    for sub in ("conf/method", "docs"):
+        shutil.copytree(REPO / sub, tmp_path / sub)
+    spd = tmp_path / "conf" / "method" / "spd.yaml"
+    spd.write_text(spd.read_text().replace("gamma: 3 ", "gamma: 5 "))
+    page = tmp_path / "docs" / "methods.md"
+    page.write_text(page.read_text().replace("| `block` |", "| `blocks` |"))
+    assert docs_gen.main(["--check", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "-gamma: 5" in out and "+gamma: 3" in out and "+| `block` |" in out and "run `make docs`" in out
+    assert docs_gen.main(["--root", str(tmp_path)]) == 0  # the generator mends both
+    assert docs_gen.main(["--check", "--root", str(tmp_path)]) == 0
+    assert spd.read_text() == (REPO / "conf" / "method" / "spd.yaml").read_text()
+
+
+def test_a_page_without_its_generated_region_is_refused_naming_the_markers(tmp_path, capsys):
+    for sub in ("conf/method", "docs"):
+        shutil.copytree(REPO / sub, tmp_path / sub)
+    page = tmp_path / "docs" / "drafters.md"
+    page.write_text(page.read_text().replace(docs_gen.END, ""))
+    assert docs_gen.main(["--check", "--root", str(tmp_path)]) == 2
+    assert "needs one generated region" in capsys.readouterr().err
 
 
 def test_no_docs_page_is_a_note_moved_without_rewriting():

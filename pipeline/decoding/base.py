@@ -22,7 +22,7 @@ class Generation:
     ``accepted`` has one entry per decoding iteration: the tokens that iteration emitted (bonus
     token included). For speculative methods an iteration is one target forward, so
     ``len(accepted) == steps``; methods that spend several target forwards per iteration (MTJD,
-    beam search) say so in their docstring. Mean accepted tokens per target step is
+    beam search) say so in their docstring. Mean emitted tokens per target step is
     ``len(tokens) / steps`` for every method.
 
     ``drafted`` (speculative methods only, else empty): per iteration, the draft positions that

@@ -74,7 +74,7 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
                 "speedup": speedup,
                 # without the prompts' prefill: comparable with the bench's short-prompt rate
                 "decode tok/s": fmt_mean_std(g["tokens_per_s_decode"].mean(), g["tokens_per_s_decode"].std()),
-                "accepted/step": fmt_mean_std(g["accepted_per_step"].mean(), g["accepted_per_step"].std()),
+                "tokens/step": fmt_mean_std(g["accepted_per_step"].mean(), g["accepted_per_step"].std()),
                 "J/token": fmt_mean_std(g["j_per_token"].mean(), g["j_per_token"].std(), 4),
                 "perplexity": fmt_mean_std(g["perplexity"].mean(), g["perplexity"].std()),
                 "score": fmt_mean_std(g["score"].mean(), g["score"].std()),
