@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "pipeline.train_medusa",
             "pipeline.train_eagle",
             "pipeline.exact",
+            "pipeline.docs_gen",
             "analysis.report",
         ),
     ),
