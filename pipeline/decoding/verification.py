@@ -203,7 +203,7 @@ def block_verify_sparse(
     Z = R.sum(-1)
     den = Z + (1.0 - pi)
     h = torch.where(den > 0, Z / den.clamp_min(torch.finfo(den.dtype).tiny), torch.ones_like(Z))[1:]
-    tau = ((eta <= h).long() * torch.arange(1, g + 1, device=Q.device)).max()
+    tau = ((eta <= h).long() * torch.arange(1, g + 1, device=P_probs.device)).max()
     weights = R[tau]
     return tau, P_index[tau], torch.where(weights.sum() > 0, weights, P_probs[tau])
 
