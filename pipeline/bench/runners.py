@@ -193,7 +193,7 @@ class Bench(BenchPlan):
         kwargs = generate_kwargs(self.cfg, mode, self.pair.tokenizer.pad_token_id or 0)
         if assisted:  # the peer registered for the drafter (transformers_peers: only drafters that have one)
             ngram = OmegaConf.select(self.cfg, "method_params.spd.max_ngram", default=None) or 3
-            kwargs.update(PEERS[drafter].kwargs(PeerArgs(draft, self.gamma_of("spd"), int(ngram))))
+            kwargs.update(PEERS[drafter].kwargs(PeerArgs(draft, self.chain_gamma("spd"), int(ngram))))
 
         def run_one(i, ids):
             torch.manual_seed(self.cfg.seed + i)
