@@ -17,10 +17,11 @@ A pair is described by ``conf/pair/<name>.yaml`` (see docs/drafters.md). Each mo
 - ``tokenizer``: take the tokenizer from another model spec (needed by ``random_init`` models).
 
 Pair-level keys besides ``target``/``draft``: ``medusa: <dir>`` (Medusa heads), ``eagle: <dir>`` (an EAGLE-1/2 or
-EAGLE-3 head, ``pipeline.decoding.eagle`` / ``eagle3``; published checkpoints load as they are; loaded into
-``LoadedPair.assets`` and passed to the decoders explicitly) and ``drafter: model | eagle | eagle3 | ngram`` or
-``{kind: ..., <its parameters>}`` (what ``drafter: pair``, the default of every draft-based method, means for
-this pair).
+EAGLE-3 head, ``pipeline.decoding.eagle`` / ``eagle3``; published checkpoints load as they are) and
+``drafter: model | eagle | eagle3 | ngram`` or ``{kind: ..., <its parameters>}`` (what ``drafter: pair``, the
+default of every draft-based method, means for this pair). All three go into ``LoadedPair.assets`` (``medusa``,
+``eagle``, ``drafter``) and reach the decoders only where they are passed (``build_decoder(..., assets=...)``):
+nothing is set on the transformers models.
 
 GGUF files are converted once into a safetensors copy under the cache folder (``$PIPELINE_CACHE`` or
 ``~/.cache/pipeline``) because the conversion dominates load time.
@@ -401,7 +402,9 @@ class LoadedPair:
     target: Any
     draft: Any | None
     tokenizer: Any
-    assets: dict[str, Any] = field(default_factory=dict)  # drafters' assets, passed to build_decoder(..., assets=...)
+    # what the drafters read beside the models, passed to build_decoder(..., assets=...) and set on no model: the
+    # heads by role (``eagle``, ``medusa``) and the pair's default drafter (``drafter``, the pair's `drafter:`)
+    assets: dict[str, Any] = field(default_factory=dict)
 
     def precision(self) -> dict[str, Any]:
         """What the loaded models run in: per model its dtype and kernel path, and the CPU's bf16 capability."""
@@ -429,16 +432,16 @@ def load_pair(cfg: Mapping[str, Any] | PairSpec) -> LoadedPair:
     assets: dict[str, Any] = {}
     # A head folder the pair names but nobody has trained yet (the default pair names where
     # `python -m pipeline.train_eagle` / `train_medusa` write; no head is shipped) is skipped: the pair serves
-    # every other method, and a method that needs the head says how to train it (drafter_context, medusa_heads_of).
+    # every other method, and a method that needs the head says how to train it (drafter_context, the drafters).
     if spec.extra.get("eagle") and head_folder_exists(spec.extra["eagle"]):
         # an EAGLE-1/2 or EAGLE-3 head beside the pair (`eagle: models/<dir>`): an asset of the eagle drafters
         assets["eagle"] = load_eagle(spec.extra["eagle"], target)
-    if spec.extra.get("drafter"):
-        # the pair's default drafter (methods' `drafter: pair`), read by the decoders
-        object.__setattr__(target, "default_drafter", spec.extra["drafter"])
     if spec.extra.get("medusa") and head_folder_exists(spec.extra["medusa"]):
-        # Medusa heads beside the pair (`medusa: models/<dir>`): attached as `target.medusa_heads`
-        load_medusa_heads(spec.extra["medusa"], target)
+        # Medusa heads beside the pair (`medusa: models/<dir>`): an asset of the medusa drafter
+        assets["medusa"] = load_medusa_heads(spec.extra["medusa"], target)
+    if spec.extra.get("drafter"):
+        # the pair's default drafter (what the methods' `drafter: pair` means here), read with the assets
+        assets["drafter"] = spec.extra["drafter"]
     return LoadedPair(spec=spec, target=target, draft=draft, tokenizer=tokenizer, assets=assets)
 
 

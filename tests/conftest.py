@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from helpers.models import tiny_llama  # noqa: E402
 from pipeline.decoding import cpu_kernels  # noqa: E402
-from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads  # noqa: E402
+from pipeline.decoding.medusa_heads import MedusaHeads, place_medusa_heads  # noqa: E402
 
 # Tiny models gain nothing from intra-op threads, and oversubscribed threads slow CPUs badly.
 torch.set_num_threads(1)
@@ -26,14 +26,16 @@ DATA_ROOT = REPO_ROOT / "data"  # the project's own offline copy of the evaluati
 
 @pytest.fixture(scope="session")
 def tiny_pair():
-    """(target, draft): two different random models over the same 8-token vocabulary.
+    """(target, draft): two different random models over the same 8-token vocabulary (with ``tiny_assets``, every
+    registered method can be built over this pair)."""
+    return tiny_llama(0), tiny_llama(1)
 
-    The target carries (untrained) Medusa heads, as a pair with a ``medusa:`` key does, so that
-    every registered method can be built over this pair.
-    """
-    target = tiny_llama(0)
-    attach_medusa_heads(target, MedusaHeads(target.config.hidden_size, 2))
-    return target, tiny_llama(1)
+
+@pytest.fixture(scope="session")
+def tiny_assets(tiny_pair):
+    """What a pair with a ``medusa:`` key passes beside its models (``LoadedPair.assets``): (untrained) Medusa heads
+    for ``tiny_pair``'s target, never set on the model."""
+    return {"medusa": place_medusa_heads(tiny_pair[0], MedusaHeads(tiny_pair[0].config.hidden_size, 2))}
 
 
 @pytest.fixture

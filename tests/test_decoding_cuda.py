@@ -16,7 +16,7 @@ import torch
 from helpers.exact import PROMPT, WARP, chi_square_pvalue
 from helpers.models import tiny_llama
 from pipeline.decoding import METHODS, build_decoder
-from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads
+from pipeline.decoding.medusa_heads import MedusaHeads, place_medusa_heads
 from pipeline.decoding.warping import Warper, make_generator
 
 pytestmark = [
@@ -34,8 +34,9 @@ def _greedy_pair(dtype: torch.dtype):
     torch.manual_seed(5)
     for p in heads.parameters():  # random heads, so the trees differ from the LM head's top-k
         torch.nn.init.normal_(p, std=0.3)
-    attach_medusa_heads(target, heads)  # after the move: heads take the target's device when attached
-    return target, tiny_llama(11, vocab=64, hidden=32, layers=1).to("cuda", dtype)
+    place_medusa_heads(target, heads)  # after the move: heads take the target's device and dtype when placed
+    # (target, draft, assets): the heads are passed beside the models, never set on the target
+    return target, tiny_llama(11, vocab=64, hidden=32, layers=1).to("cuda", dtype), {"medusa": heads}
 
 
 @pytest.fixture(scope="module", params=sorted(DTYPES))
@@ -86,7 +87,7 @@ def test_same_cuda_seed_same_output(cuda_pair, method):
 @pytest.fixture(scope="module")
 def exact_pair():
     target = tiny_llama(0).to("cuda")
-    attach_medusa_heads(target, MedusaHeads(target.config.hidden_size, 2))
+    heads = place_medusa_heads(target, MedusaHeads(target.config.hidden_size, 2))
     draft = tiny_llama(1).to("cuda")
     warper = Warper(**WARP)
     law = {}
@@ -98,7 +99,7 @@ def exact_pair():
                 pr *= float(warper(logits)[seq[i]])
             if pr > 0:
                 law[seq] = pr
-    return target, draft, law
+    return target, draft, law, {"medusa": heads}
 
 
 @pytest.mark.parametrize(
@@ -114,8 +115,8 @@ def exact_pair():
     ],
 )
 def test_lossless_methods_match_the_target_distribution_on_cuda(exact_pair, method, params, n):
-    target, draft, law = exact_pair
-    decoder = build_decoder(method, target, draft, **WARP, **params)
+    target, draft, law, assets = exact_pair
+    decoder = build_decoder(method, target, draft, assets, **WARP, **params)
     gen = make_generator(1234, "cuda")
     samples = [tuple(decoder.generate(PROMPT, max_new_tokens=2, generator=gen).tokens[:2]) for _ in range(n)]
     assert chi_square_pvalue(samples, law) > 1e-3

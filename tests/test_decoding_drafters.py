@@ -329,8 +329,9 @@ def test_ngram_lookup():
     ctx = [4, 4, 7, 1, 4, 4]  # bigram [4 4] matched at 0 (the longest n wins over unigram matches)
     assert d.lookup(ctx, 3) == [7, 1, 4]
     draft = d.propose([1, 2, 3, 1, 2], 2, Warper(1.0, 0, 1.0), None)
-    assert draft.tokens.tolist() == [3, 1] and draft.probs.sum(-1).tolist() == [1.0, 1.0]
-    assert draft.probs[0, 3] == 1.0
+    # a deterministic proposal carries no rows (each q is the point mass at its token), no [g, V] one-hot
+    assert draft.tokens.tolist() == [3, 1] and draft.probs is None
+    assert draft.q_at_tokens().tolist() == [1.0, 1.0] and draft.one_hot(50)[0, 3] == 1.0 == draft.one_hot(50).sum() / 2
     assert NgramDrafter(50, "cpu", max_ngram=3, min_ngram=2).lookup([1, 2, 9, 2], 3) == []
 
 

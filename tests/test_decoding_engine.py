@@ -13,6 +13,7 @@ from pipeline.decoding.spd import SpeculativeDecoder
 from pipeline.decoding.tree import TokenTree
 from pipeline.decoding.verification import block_expected_accepted, block_weights, token_acceptance
 from pipeline.decoding.warping import Warper, sample
+from pipeline.measure.costs import chain_draft_cost
 
 
 @pytest.fixture(scope="module")
@@ -134,18 +135,18 @@ def test_target_forwards_are_steps_plus_prefill_and_never_recompute_the_prefix(t
     assert sum(out.accepted) == len(out.tokens) == 60
 
 
-def test_same_seed_same_output(tiny_pair):
+def test_same_seed_same_output(tiny_pair, tiny_assets):
     for method in METHODS:
-        dec = build_decoder(method, *tiny_pair, **WARP)
+        dec = build_decoder(method, *tiny_pair, tiny_assets, **WARP)
         a = dec.generate(PROMPT, max_new_tokens=12, generator=make_generator(5)).tokens
         b = dec.generate(PROMPT, max_new_tokens=12, generator=make_generator(5)).tokens
         assert a == b, method
 
 
-def test_eos_cuts_output(tiny_pair):
+def test_eos_cuts_output(tiny_pair, tiny_assets):
     for method in METHODS:
-        dec = build_decoder(method, *tiny_pair, temperature=0)
-        ref = build_decoder(method, *tiny_pair, temperature=0).generate(PROMPT, max_new_tokens=12).tokens
+        dec = build_decoder(method, *tiny_pair, tiny_assets, temperature=0)
+        ref = build_decoder(method, *tiny_pair, tiny_assets, temperature=0).generate(PROMPT, max_new_tokens=12).tokens
         eos = ref[2]
         out = dec.generate(PROMPT, max_new_tokens=12, eos_token_ids=[eos])
         assert out.tokens[-1] == eos and eos not in out.tokens[:-1], method
@@ -231,13 +232,13 @@ def test_the_preallocated_cache_is_allocated_once_not_per_generation(tiny_pair):
 
 def test_buffers_made_under_inference_mode_are_made_anew_outside_it(tiny_pair):
     """Generations run under torch.inference_mode; a cell's cost probe then prefills outside it (as
-    ``Drafter.step_cost`` does): the kept buffers are inference tensors that cannot be written there, so
+    ``costs.chain_draft_cost`` does): the kept buffers are inference tensors that cannot be written there, so
     the cache is made anew instead of failing."""
     target, draft = tiny_pair
     dec = build_decoder("spd", target, draft, gamma=3)
     first = dec.generate(PROMPT, max_new_tokens=12, eos_token_ids=[], generator=make_generator(7))
     assert dec.target.cache.layers[0]._k.is_inference()
-    assert dec.drafter_impl.step_cost(dec.target, PROMPT + [1, 2], 3, dec.warper, reps=2) > 0
+    assert chain_draft_cost(dec.drafter_impl, dec.target, PROMPT + [1, 2], 3, dec.warper, reps=2) > 0
     with torch.no_grad():
         dec.target.reset()
         dec.target.prefill(PROMPT)

@@ -13,7 +13,7 @@ from helpers.exact import PROMPT, WARP, chi_square_pvalue, count_forwards, exact
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.kv import CachedModel
-from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads
+from pipeline.decoding.medusa_heads import MedusaHeads, place_medusa_heads
 from pipeline.decoding.tree import TokenTree
 from pipeline.decoding.tree_verify import sample_token_tree, tree_verify_forward
 from pipeline.decoding.warping import Warper
@@ -80,8 +80,8 @@ def greedy_pair():
     torch.manual_seed(5)
     for p in heads.parameters():  # random (untrained) heads, so the trees differ from the LM head's top-k
         torch.nn.init.normal_(p, std=0.3)
-    attach_medusa_heads(target, heads)
-    return target, tiny_llama(11, vocab=64, hidden=32, layers=1)
+    # (target, draft, assets): the heads passed beside the models as a pair's `medusa:` passes them
+    return target, tiny_llama(11, vocab=64, hidden=32, layers=1), {"medusa": place_medusa_heads(target, heads)}
 
 
 @pytest.mark.parametrize(
@@ -174,11 +174,13 @@ def test_tree_attention_matches_plain_forwards_and_compaction_keeps_the_path():
         ("bild", {"max_small_steps": 3, "fallback": 0.0, "rollback": 1.0}, 4),
     ],
 )
-def test_target_forwards_are_steps_plus_prefill_and_never_recompute_the_prefix(tiny_pair, method, params, max_fed):
+def test_target_forwards_are_steps_plus_prefill_and_never_recompute_the_prefix(
+    tiny_pair, tiny_assets, method, params, max_fed
+):
     target, draft = tiny_pair
     calls, handle = count_forwards(target)
     try:
-        decoder = build_decoder(method, target, draft, **WARP, **params)
+        decoder = build_decoder(method, target, draft, tiny_assets, **WARP, **params)
         prompt = list(range(8)) * 4
         out = decoder.generate(prompt, max_new_tokens=60, generator=make_generator(3))
     finally:
@@ -206,8 +208,8 @@ def test_mcss_is_not_significantly_below_specinfer_in_realised_tokens_per_step(t
     assert 0 < se_diff < 0.1 and means["mcss"] >= means["specinfer"] - 2 * se_diff, (means, se_diff)
 
 
-def test_medusa_exact_acceptance_is_lossless(tiny_pair, law2):
-    decoder = build_decoder("medusa", tiny_pair[0], **WARP, acceptance="exact", k_config=[3, 2])
+def test_medusa_exact_acceptance_is_lossless(tiny_pair, tiny_assets, law2):
+    decoder = build_decoder("medusa", tiny_pair[0], None, tiny_assets, **WARP, acceptance="exact", k_config=[3, 2])
     samples = first_tokens(decoder, 1200, 2, max_new=3)
     assert chi_square_pvalue(samples, law2) > 1e-3
 

@@ -1,4 +1,4 @@
-"""Medusa heads: architecture, save/load/attach, training on frozen hidden states, heads made on the fly."""
+"""Medusa heads: architecture, save/load/place, training on frozen hidden states, heads made on the fly."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pipeline.decoding.medusa_heads import (
     CONFIG_FILE,
     HEADS_FILE,
     MedusaHeads,
-    attach_medusa_heads,
     load_medusa_heads,
+    place_medusa_heads,
     save_medusa_heads,
 )
 from pipeline.models import load_pair, pair_config
@@ -36,7 +36,7 @@ def test_fresh_heads_are_the_lm_head():
         assert torch.allclose(out[i], lm_head(h))
 
 
-def test_save_load_attach_roundtrip(tmp_path):
+def test_save_load_place_roundtrip(tmp_path):
     model = tiny_llama(0, vocab=32, hidden=16)
     heads = MedusaHeads(16, 2, num_layers=2)
     for p in heads.parameters():
@@ -44,11 +44,12 @@ def test_save_load_attach_roundtrip(tmp_path):
     save_medusa_heads(heads, tmp_path, dtype=torch.float32, note="x")
     assert json.loads((tmp_path / CONFIG_FILE).read_text())["note"] == "x"
     loaded = load_medusa_heads(tmp_path, model)
-    assert model.medusa_heads is loaded and "medusa_heads" not in dict(model.named_modules())
+    # placed beside the target, never set on it: the decoders get the heads where they are passed (assets)
+    assert not hasattr(model, "medusa_heads") and "medusa_heads" not in dict(model.named_modules())
     h = torch.randn(4, 16)
     assert torch.allclose(loaded(h, model.get_output_embeddings()), heads(h, model.get_output_embeddings()))
     with pytest.raises(ValueError, match="hidden size 16"):
-        attach_medusa_heads(tiny_llama(0, vocab=32, hidden=32), loaded)
+        place_medusa_heads(tiny_llama(0, vocab=32, hidden=32), loaded)
     with pytest.raises(ValueError, match="train_medusa"):
         load_medusa_heads(tmp_path / "missing")
 
@@ -93,12 +94,12 @@ def test_medusa_with_trained_heads_on_tiny_model_keeps_greedy_identity():
     heads = MedusaHeads(32, 2)
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.2)
-    attach_medusa_heads(model, heads)
+    assets = {"medusa": place_medusa_heads(model, heads)}
     ar = build_decoder("ar", model, temperature=0).generate([1, 2], max_new_tokens=20).tokens
     for acceptance in ("typical", "exact"):
-        out = build_decoder("medusa", model, temperature=0, acceptance=acceptance, k_config=[2, 2]).generate(
-            [1, 2], max_new_tokens=20
-        )
+        out = build_decoder(
+            "medusa", model, None, assets, temperature=0, acceptance=acceptance, k_config=[2, 2]
+        ).generate([1, 2], max_new_tokens=20)
         assert out.tokens == ar
 
 
@@ -109,7 +110,7 @@ def test_heads_made_by_the_training_code_are_small_and_say_how_they_were_made(tm
     config = json.loads((folder / CONFIG_FILE).read_text())
     assert config["num_heads"] == 3 and config["command"] == "made by a test"
     assert (folder / HEADS_FILE).stat().st_size < 64 * 2**10
-    assert load_medusa_heads(folder, model) is model.medusa_heads
+    assert load_medusa_heads(folder, model).num_heads == 3 and not hasattr(model, "medusa_heads")
 
 
 def test_offline_pair_without_heads_says_how_to_train_them_and_decodes_with_heads_made_on_the_fly(tmp_path):
@@ -120,15 +121,17 @@ def test_offline_pair_without_heads_says_how_to_train_them_and_decodes_with_head
     cfg = pair_config("smollm2-offline")
     cfg["medusa"] = str(tmp_path / "not-trained-yet")
     pair = load_pair(cfg)
-    assert getattr(pair.target, "medusa_heads", None) is None
+    assert "medusa" not in pair.assets
     with pytest.raises(ValueError, match="python -m pipeline.train_medusa"):
-        build_decoder("medusa", pair.target, temperature=0)
+        build_decoder("medusa", pair.target, None, pair.assets, temperature=0)
     prompt = pair.tokenizer("def fibonacci(n):")["input_ids"]
     ref = build_decoder("ar", pair.target, temperature=0).generate(prompt, max_new_tokens=24).tokens
     folder = medusa_heads_folder(pair.target, tmp_path / "heads", num_heads=2, sequences=[prompt + ref], steps=40)
-    load_medusa_heads(folder, pair.target)
-    out = build_decoder("medusa", pair.target, temperature=0).generate(prompt, max_new_tokens=24)
+    assets = {"medusa": load_medusa_heads(folder, pair.target)}
+    out = build_decoder("medusa", pair.target, None, assets, temperature=0).generate(prompt, max_new_tokens=24)
     assert out.tokens == ref
     assert len(out.tokens) / out.steps > 1.0  # the heads do predict some tokens
-    sampled = build_decoder("medusa", pair.target).generate(prompt, max_new_tokens=16, generator=make_generator(0))
+    sampled = build_decoder("medusa", pair.target, None, assets).generate(
+        prompt, max_new_tokens=16, generator=make_generator(0)
+    )
     assert len(sampled.tokens) == 16

@@ -11,13 +11,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.bench.peers import PEERS, PeerArgs, no_peer
 from pipeline.bench.plan import BenchPlan, Row, generate_kwargs
-from pipeline.decoding import DRAFTERS, build_decoder, make_generator
+from pipeline.decoding import build_decoder, make_generator
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for
 from pipeline.decoding.timing import median_times
 from pipeline.device import synchronize
 from pipeline.measure.bounds import alpha_from_accepted, hindsight_bound, hindsight_gamma, leviathan_bound
-from pipeline.measure.costs import step_times
+from pipeline.measure.costs import chain_draft_cost, step_times
 from pipeline.measure.energy import energy_summary, make_energy_meter
 from pipeline.measure.meters import IdleReading
 from pipeline.models import load_pair
@@ -86,14 +87,13 @@ class Bench(BenchPlan):
         self.eos = [] if cfg.ignore_eos else eos_ids(self.pair.tokenizer, self.pair.target)
 
     def transformers_peers(self) -> dict[str, str | None]:
-        """Drafter -> None when transformers' assisted generation runs with it (the drafter declares its
-        equivalent, ``Drafter.transformers``), else why not."""
+        """Drafter -> None when transformers' assisted generation runs with it (a peer is registered for its kind,
+        ``peers.PEERS``), else why not."""
         out: dict[str, str | None] = {}
         for d in self.drafters:
-            plugin = DRAFTERS.get(d)
-            if plugin.transformers is None:
-                out[d] = plugin.no_transformers
-            elif plugin.transformers == "assistant_model" and not self.draft_full_vocab:
+            if d not in PEERS:
+                out[d] = no_peer(d)
+            elif PEERS[d].full_vocab_draft and not self.draft_full_vocab:
                 out[d] = (
                     "transformers' assisted generation needs the draft's full-vocabulary head; this pair's draft has a "
                     "restricted head (rerun with pair.draft.restrict_head=false to time it)"
@@ -191,20 +191,9 @@ class Bench(BenchPlan):
     def transformers(self, assisted: bool, mode: str, drafter: str = "model"):
         target, draft = self.pair.target, self.pair.draft
         kwargs = generate_kwargs(self.cfg, mode, self.pair.tokenizer.pad_token_id or 0)
-        if assisted and DRAFTERS.get(drafter).transformers == "prompt_lookup":
+        if assisted:  # the peer registered for the drafter (transformers_peers: only drafters that have one)
             ngram = OmegaConf.select(self.cfg, "method_params.spd.max_ngram", default=None) or 3
-            kwargs.update(prompt_lookup_num_tokens=self.gamma_of("spd"), max_matching_ngram_size=int(ngram))
-        elif assisted:
-            assert draft is not None, "assisted generation with the draft model needs one"
-            draft.generation_config.num_assistant_tokens = self.gamma_of("spd")
-            draft.generation_config.num_assistant_tokens_schedule = "constant"
-            draft.generation_config.assistant_confidence_threshold = 0.0
-            kwargs.update(
-                assistant_model=draft,
-                num_assistant_tokens=self.gamma_of("spd"),
-                num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0,
-            )
+            kwargs.update(PEERS[drafter].kwargs(PeerArgs(draft, self.chain_gamma("spd"), int(ngram))))
 
         def run_one(i, ids):
             torch.manual_seed(self.cfg.seed + i)
@@ -230,11 +219,12 @@ class Bench(BenchPlan):
             t_ar, costs[f"t_verify_g{g}"] = step_times(target, prompt, g, self.device, reps=reps)
             costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
         costs["t_verify"] = costs[f"t_verify_g{max(lengths)}"]
-        for d in self.drafters:  # each drafter measures its own draft token (Drafter.step_cost), under spd's warping
+        for d in self.drafters:  # each drafter's own draft token (costs.chain_draft_cost), under spd's warping
             dec: Any = build_decoder(
                 "spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d)
             )
-            costs[f"t_draft_{d}"] = dec.drafter_impl.step_cost(
+            costs[f"t_draft_{d}"] = chain_draft_cost(
+                dec.drafter_impl,
                 dec.target,
                 list(prompt),
                 self.chain_gamma("spd"),

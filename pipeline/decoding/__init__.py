@@ -94,10 +94,11 @@ def method_args(name: str, params: dict[str, Any]) -> Any:
     return method_class(name).Args(**params)
 
 
-def build_decoder(name: str, target, draft=None, **params: Any) -> Decoder:
-    """Build the decoder ``name`` over ``target`` (and ``draft``): ``args=method_args(...)`` as the plan resolved
-    them, or keyword parameters, validated here first."""
-    return method_class(name)(target, draft, **params)
+def build_decoder(name: str, target, draft=None, assets=None, **params: Any) -> Decoder:
+    """Build the decoder ``name`` over ``target`` (and ``draft``, and the ``assets`` its drafter reads:
+    ``LoadedPair.assets``): ``args=method_args(...)`` as the plan resolved them, or keyword parameters, validated
+    here first."""
+    return method_class(name)(target, draft, assets, **params)
 
 
 def capabilities(

@@ -203,16 +203,18 @@ class DrafterContext:
 
     @classmethod
     def of_models(cls, target, draft, assets: Mapping[str, Any] | None = None) -> "DrafterContext":
-        head = (assets or {}).get("eagle")
+        """From loaded models and the assets passed beside them (``LoadedPair.assets``: ``eagle``, ``medusa`` heads
+        and the pair's default ``drafter``); an EAGLE head attached to the target by hand is read too."""
+        assets = assets or {}
+        head = assets.get("eagle")
         if head is None:
-            head = getattr(target, "eagle_head", None)  # attached by hand (load_eagle_head(path, target))
-        medusa = (assets or {}).get("medusa") or getattr(target, "medusa_heads", None)
+            head = getattr(target, "eagle_head", None)  # attached by hand (eagle.attach_eagle_head)
         return cls(
             has_draft=draft is not None,
             has_eagle=head is not None,
-            default=getattr(target, "default_drafter", None),
+            default=assets.get("drafter"),
             eagle_version=None if head is None else int(getattr(head, "eagle_version", 1)),
-            has_medusa=medusa is not None,
+            has_medusa=assets.get("medusa") is not None,
         )
 
 
@@ -307,8 +309,9 @@ class Decoder:
     ) -> None:
         """``args``: the method's resolved parameters (``validate_params``, done once in the plan; an ``Args``
         instance is taken as it is); else ``params`` are validated here (the API's ``build_decoder(..., gamma=3)``).
-        ``assets``: what the pair loaded beside its models for the drafters (``{"eagle": head}``), passed
-        explicitly (``LoadedPair.assets``); a head attached to the target by hand is read too."""
+        ``assets``: what the pair loaded beside its models for the drafters (``{"eagle": head, "medusa": heads,
+        "drafter": <the pair's default drafter>}``), passed explicitly (``LoadedPair.assets``); only an EAGLE head
+        attached to the target by hand is read from the target."""
         self.assets = dict(assets or {})
         if args is None:
             args = validate_params(

@@ -13,7 +13,7 @@ from .rules import ChainRule
 from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 from .verification import block_verify, block_verify_sparse
 
-BLOCK_RULE = ChainRule(block_verify, sparse=block_verify_sparse, exact=block_cases)
+BLOCK_RULE = ChainRule(block_verify, sparse=block_verify_sparse, exact=block_cases, point_mass=True)
 
 
 class BlockVerificationDecoder(DraftVerifyDecoder):

@@ -1,13 +1,14 @@
-"""The heads that ride on a target (Medusa heads, EAGLE heads): their checkpoint folders, a JSON config
+"""The heads that read a target (Medusa heads, EAGLE heads): their checkpoint folders, a JSON config
 beside the weights (safetensors, or a PyTorch ``.bin`` state dict as some published heads ship), and
-how they are attached to the target model.
+how they are placed beside the target model.
 
 ``read_checkpoint`` finds the folder (a relative path from the current directory, else from the
 repository root), reads the config and the first weights file present, and refuses a folder without
 them with a message naming the command that trains one; ``write_checkpoint`` writes the weights in a
 given dtype and the config. What the config holds and how the state becomes a module is the head's
-own business (``medusa_heads.py``, ``eagle.py``). ``attach`` puts a head on the target as a plain
-attribute after checking its width; ``attached`` reads it back or says how to provide one.
+own business (``medusa_heads.py``, ``eagle.py``). ``place`` checks a head's width against the target and moves it
+to the target's device and dtype; the pair's heads are passed to the decoders as assets, never set on the target
+(``attach`` remains for an EAGLE head attached by hand).
 """
 
 from __future__ import annotations
@@ -178,22 +179,22 @@ def write_checkpoint(
     return directory
 
 
-def attach(target: HFModel, head: nn.Module, attr: str, what: str) -> HFModel:
-    """Put ``head`` (with a ``hidden_size``) on ``target`` as ``target.<attr>``, on the target's device and dtype.
+def place(target: HFModel, head: nn.Module, what: str) -> nn.Module:
+    """Check ``head`` (with a ``hidden_size``) against ``target``'s width and move it to the target's device and dtype.
 
-    A plain attribute, not a registered submodule: the target's state dict and forward stay untouched.
+    The head is returned, never set on the target: it reaches the drafters that read it only where it is passed
+    (``LoadedPair.assets``, ``build_decoder(..., assets={...})``); the target's state dict and forward stay
+    untouched.
     """
     weight = target.get_output_embeddings().weight
     if head.hidden_size != weight.shape[1]:
         raise ValueError(f"{what} expects hidden size {head.hidden_size}, the target has {weight.shape[1]}")
     head.to(weight.device, weight.dtype)
-    object.__setattr__(target, attr, head)
-    return target
-
-
-def attached(target: HFModel, attr: str, missing: str) -> Any:
-    """``target.<attr>``, or a ValueError with ``missing`` (what the method needs and how to provide it)."""
-    head = getattr(target, attr, None)
-    if head is None:
-        raise ValueError(missing)
     return head
+
+
+def attach(target: HFModel, head: nn.Module, attr: str, what: str) -> HFModel:
+    """``place`` and put ``head`` on ``target`` as the plain attribute ``target.<attr>`` (an EAGLE head attached by
+    hand, ``eagle.attach_eagle_head``; the pair's heads are never attached: ``load_pair`` passes them as assets)."""
+    object.__setattr__(target, attr, place(target, head, what))
+    return target

@@ -6,8 +6,9 @@ proposers):
 - ``start(prompt, hidden)``: a new generation; the target has cached ``prompt[:-1]`` and, for a
   drafter that reads them (``uses_hidden``), passes its hidden states of those positions;
 - ``propose(context, gamma, warper, generator) -> ChainDraft | None``: a chain proposal, up to ``gamma``
-  tokens after ``context`` with the warped draft rows q they were drawn from, dense ``[g, V]`` (n-gram
-  lookup, which draws nothing, gives one-hot rows); None: nothing to propose, the decoder takes a plain
+  tokens after ``context`` with the warped draft rows q they were drawn from, dense ``[g, V]``, or no rows for
+  a deterministic proposal (n-gram lookup, which draws nothing: each q is the point mass at its token, which
+  the rules take as such, ``ChainRule.point_mass``); None: nothing to propose, the decoder takes a plain
   target step;
 - ``propose_tree(context, k_config, warper, generator, children) -> TokenTree | None``: a tree proposal
   where the drafter can make one (``shapes`` holds ``tree``), ``k_config[d]`` children under each
@@ -25,21 +26,22 @@ proposers):
   one packed cache), every live request's chain or tree at once (default: each drafter's ``propose`` or
   ``propose_tree``; the draft model drafts them together, one forward per draft position or tree level,
   ``drafting.draft_chain``, ``tree_verify.draft_trees``), and a request's end;
-- ``forwards``: draft forward passes of the current generation;
-- ``step_cost(target, prompt, gamma, warper, reps, sync)``: its own cost of one draft token (t_draft),
-  which the cell and the bench ask for (c = t_draft / t_ar is the drafter's, not the draft model's).
+- ``forwards``: draft forward passes of the current generation.
+
+What a drafter costs is measured from outside, through this interface (``pipeline.measure.costs``:
+``chain_draft_cost`` times ``propose``, ``tree_costs`` times ``propose_tree``), and the bench's transformers peers
+are the bench's declarations (``pipeline.bench.peers``): neither is part of the contract.
 
 A plugin (a ``Drafter`` subclass in the registry ``DRAFTERS``) declares its ``kind``, its capabilities
-(``shapes``, ``tree_children``, the ``asset`` the pair must offer, ``uses_hidden``, transformers'
-equivalent for the bench's peer rows), its own parameters (``params``: its configuration scope,
-``drafter: {kind: ngram, max_ngram: 3}``), checks them against what the pair offers before any model
-loads (``check``) and builds itself over the decoder's models and assets (``create``). A drafter of your
-own is named ``drafter: {kind: mypkg.drafts:MyDrafter, ...}`` (docs/extending.md). Which methods take
-which drafter follows from the capabilities (``Decoder.accepts``): a chain method takes every drafter
-with chain proposals, a tree method every drafter that draws the children its walk needs.
-``resolve_drafter`` is the one place that turns a method's ``drafter`` value into a resolved scope
-``{kind: ..., <its parameters>}``: only that scope enters the method's parameters (and so the cell key),
-so a new drafter changes no other cell.
+(``shapes``, ``tree_children``, the ``asset`` the pair must offer, ``uses_hidden``), its own parameters
+(``params``: its configuration scope, ``drafter: {kind: ngram, max_ngram: 3}``), checks them against what the
+pair offers before any model loads (``check``) and builds itself over the decoder's models and assets
+(``create``). A drafter of your own is named ``drafter: {kind: mypkg.drafts:MyDrafter, ...}``
+(docs/extending.md). Which methods take which drafter follows from the capabilities (``Decoder.accepts``): a
+chain method takes every drafter with chain proposals, a tree method every drafter that draws the children its
+walk needs. ``resolve_drafter`` is the one place that turns a method's ``drafter`` value into a resolved scope
+``{kind: ..., <its parameters>}``: only that scope enters the method's parameters (and so the cell key), so a
+new drafter changes no other cell.
 
 - ``model``: a draft model (chains and sampled trees; ``ModelDrafter``);
 - ``eagle``: an EAGLE-1/2 head on the target's last hidden states (``pipeline.decoding.eagle``; the drafter
@@ -49,7 +51,7 @@ so a new drafter changes no other cell.
 - ``ngram``: prompt lookup (Saxena 2023; transformers' ``PromptLookupCandidateGenerator``, vLLM's
   ``NgramProposer``): the continuation of the most recent earlier occurrence of the last n tokens
   in prompt + output, n from ``max_ngram`` down to ``min_ngram``. No model, no training; the draft
-  is deterministic (q one-hot), so token and block verification stay exact;
+  is deterministic (q a point mass, carried as no rows), so token and block verification stay exact;
 - ``medusa``: the pair's Medusa heads (``pipeline.decoding.medusa_heads``): a Cartesian tree of their
   top-k from the target's hidden state at the last accepted token.
 
@@ -68,9 +70,8 @@ from .base import DRAFTERS, METHODS, DrafterContext, Param, eagle_version, int_a
 from .beam_sampling import Beam, draft_beams
 from .drafting import ChainAsk, ChainDraft, TreeAsk, draft_chain
 from .kv import CachedModel
-from .medusa_heads import medusa_heads_of
+from .medusa_heads import missing_medusa_heads
 from .packed import Lanes, PackedCache, SoloCache
-from .timing import median_times
 from .tree import TokenTree
 from .tree_verify import cartesian_tree, draft_trees
 from .warping import Warper
@@ -223,10 +224,6 @@ class Drafter:
     asset_help: ClassVar[str] = ""
     uses_hidden: ClassVar[bool] = False  # it reads the target's hidden states (start, feedback)
     prompt_hidden: ClassVar[bool] = True  # ... of the prompt too (with uses_hidden)
-    transformers: ClassVar[str | None] = (
-        None  # transformers' assisted generation with the same drafter (the bench's peer row)
-    )
-    no_transformers: ClassVar[str] = "transformers' assisted generation takes a draft model or prompt lookup"
     # drafts for several requests at once (decoding/batched.py): the draft model in the packed cache, or a drafter
     # whose ``propose`` / ``propose_tree`` is called per request on its own copy (``fork``: n-gram lookup, the EAGLE
     # heads, the Medusa heads)
@@ -308,39 +305,6 @@ class Drafter:
     def forwards(self) -> int:
         return 0
 
-    def step_cost(
-        self,
-        target: CachedModel,
-        prompt: list[int],
-        gamma: int,
-        warper: Warper,
-        reps: int = 10,
-        sync: Callable[[], None] = lambda: None,
-    ) -> float:
-        """t_draft: median seconds per draft token of a ``gamma``-token proposal after ``prompt`` (the
-        drafter's whole work: forwards, warping, sampling or lookup), over ``reps`` proposals after one
-        warm-up. ``target`` is the decoder's cached target (it gives the prompt's features); ``sync``
-        waits for the device."""
-        prompt = list(prompt)
-        target.reset()
-        hidden = None
-        if self.uses_hidden:
-            hidden = target.prefill_hidden(prompt[:-1])
-        else:
-            target.prefill(prompt[:-1])
-        self.start(prompt, hidden)
-        generator = torch.Generator(device=target.device).manual_seed(0)
-        with torch.inference_mode():
-            (seconds,) = median_times(
-                lambda: self.propose(prompt, gamma, warper, generator),
-                reps=reps,
-                warmup=1,
-                sync=sync,
-                after=lambda: self.rollback(len(prompt) - 1),
-            )
-        target.reset()
-        return seconds / gamma
-
 
 class ModelDrafter(Drafter):
     """A draft model with its own KV cache (``CachedModel``): the pair's ``draft:``; chains and sampled trees."""
@@ -349,7 +313,6 @@ class ModelDrafter(Drafter):
     shapes = frozenset({"chain", "tree"})
     tree_children = frozenset(TREE_CHILDREN)
     asset = "draft"
-    transformers = "assistant_model"
     batchable = True
 
     def __init__(self, draft: CachedModel, cache: Lanes | None = None, slot: int = 0) -> None:
@@ -432,9 +395,9 @@ class ModelDrafter(Drafter):
 
 
 class MedusaDrafter(Drafter):
-    """Medusa heads on the target (``medusa_heads.py``): a Cartesian tree of the heads' top-k, read from the
-    target's hidden state at the last accepted token (fed back after every verification). Nothing to
-    propose before the first hidden state (the generation's first step is the target's own)."""
+    """Medusa heads (``medusa_heads.py``, the decoder's asset ``medusa``): a Cartesian tree of the heads' top-k,
+    read from the target's hidden state at the last accepted token (fed back after every verification). Nothing
+    to propose before the first hidden state (the generation's first step is the target's own)."""
 
     kind = "medusa"
     shapes = frozenset({"tree"})
@@ -454,7 +417,7 @@ class MedusaDrafter(Drafter):
         target = decoder.target.model
         heads = decoder.assets.get("medusa")
         if heads is None:
-            heads = medusa_heads_of(target, decoder.name)
+            raise ValueError(missing_medusa_heads(decoder.name))
         return cls(heads, target.get_output_embeddings())
 
     @property
@@ -485,7 +448,6 @@ class NgramDrafter(Drafter):
     """Prompt lookup: the continuation of the most recent earlier match of the context's last n tokens."""
 
     kind = "ngram"
-    transformers = "prompt_lookup"
     batchable = True
     params = {
         "max_ngram": Param(3, int_at_least(1), "longest suffix looked up"),
@@ -531,7 +493,5 @@ class NgramDrafter(Drafter):
         tokens = self.lookup(context, gamma)
         if not tokens:
             return None
-        x = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        probs = torch.zeros(len(tokens), self.vocab_size, device=self.device)
-        probs[torch.arange(len(tokens), device=self.device), x] = 1.0
-        return ChainDraft(x, probs)
+        # a deterministic proposal: no rows (each is the point mass at its token; ChainDraft.probs None)
+        return ChainDraft(torch.tensor(tokens, dtype=torch.long, device=self.device), None)

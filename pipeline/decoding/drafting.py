@@ -22,7 +22,23 @@ from .warping import Warper, sample, sample_sparse
 @dataclass
 class ChainDraft:
     tokens: torch.Tensor  # [g] draft tokens
-    probs: torch.Tensor  # [g, V] warped draft rows the tokens were drawn from
+    # [g, V] warped draft rows the tokens were drawn from; None: a deterministic proposal (prompt lookup), each row
+    # the point mass at its token (q(x_i) = 1), which the rules take without a one-hot (``ChainRule.point_mass``)
+    probs: torch.Tensor | None
+
+    def q_at_tokens(self) -> torch.Tensor:
+        """``q(x_i)`` of each draft token ``[g]`` (1 for a deterministic proposal)."""
+        if self.probs is None:
+            return torch.ones(self.tokens.shape[0], device=self.tokens.device)
+        return self.probs[torch.arange(self.tokens.shape[0], device=self.probs.device), self.tokens]
+
+    def one_hot(self, vocab_size: int) -> torch.Tensor:
+        """The rows ``[g, V]``, a deterministic proposal's as one-hot rows (for a rule that does not declare
+        ``point_mass``)."""
+        if self.probs is not None:
+            return self.probs
+        rows = torch.zeros(self.tokens.shape[0], vocab_size, device=self.tokens.device)
+        return rows.scatter_(1, self.tokens[:, None], 1.0)
 
 
 @dataclass

@@ -36,7 +36,6 @@ class EagleDrafter(Drafter):
     )
     uses_hidden = True
     batchable = True  # one copy per batch slot (``fork``: its own head cache and features)
-    no_transformers = "transformers has no EAGLE drafting (assisted generation takes a draft model or prompt lookup)"
     params = {
         "path": Param(None, optional_path, "an EAGLE head folder (null: the pair's `eagle:`)"),
         "top_nodes": Param(

@@ -19,8 +19,8 @@ from .hsd_verify import hsd_dense, hsd_reference_dense
 from .rules import ChainRule
 from .speculative import CHAIN_GAMMA, DraftVerifyDecoder
 
-HSD_RULE = ChainRule(hsd_dense, exact=hsd_cases)
-HSD_REFERENCE_RULE = ChainRule(hsd_reference_dense, exact=hsd_reference_cases)
+HSD_RULE = ChainRule(hsd_dense, exact=hsd_cases, point_mass=True)
+HSD_REFERENCE_RULE = ChainRule(hsd_reference_dense, exact=hsd_reference_cases, point_mass=True)
 
 
 class HSDDecoder(DraftVerifyDecoder):

@@ -28,12 +28,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .verification import _normalize
+from .verification import _normalize, draft_at, minus_point_mass
 from .warping import sample
 
 
 def hsd_weights(
-    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, capped: bool = True
+    P: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor, capped: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """HSD's keep probabilities ``h [g]`` (position k = 0..g-1), the whole-draft acceptance probability (0-d)
     and the residual rows ``R [g, V]`` (unnormalised, divided by ``Q(x_{<k})``).
@@ -44,9 +44,11 @@ def hsd_weights(
     """
     g = x.shape[0]
     ar = torch.arange(g, device=P.device)
-    S = F.pad(torch.cumsum(torch.log(P[ar, x]) - torch.log(Q[ar, x]), 0), (1, 0))  # [g+1]
+    S = F.pad(torch.cumsum(torch.log(P[ar, x]) - torch.log(draft_at(Q, x, P)), 0), (1, 0))  # [g+1]
     pi = torch.exp(S - torch.cummax(S, 0).values)  # S_0 = 0: the cap is never below 1
-    R = (pi[:g, None] * P[:g] - Q).clamp_min(0.0)  # p_plus / Q(x_{<k})
+    scaled = pi[:g, None] * P[:g]
+    # p_plus / Q(x_{<k}); a deterministic proposal (Q None): Q[k] is the point mass at x_k
+    R = (minus_point_mass(scaled, x) if Q is None else scaled - Q).clamp_min(0.0)
     Z = R.sum(-1)
     den = Z + (1.0 - pi[:g])  # max(sum p_plus, sum p_minus) / Q(x_{<k}): sum(q - pi p) = 1 - pi >= 0
     h = torch.where(den > 0, Z / den.clamp_min(torch.finfo(den.dtype).tiny), torch.ones_like(Z))
@@ -55,7 +57,12 @@ def hsd_weights(
 
 
 def hsd_verify(
-    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u_full: torch.Tensor, u_keep: torch.Tensor, capped: bool = True
+    P: torch.Tensor,
+    Q: torch.Tensor | None,
+    x: torch.Tensor,
+    u_full: torch.Tensor,
+    u_keep: torch.Tensor,
+    capped: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One HSD verification with explicit uniforms: the whole draft is accepted when ``u_full <= full``;
     otherwise position k is kept when ``u_keep[k] < h_k`` (position 0 always), and the draft stops at the
@@ -75,7 +82,7 @@ def hsd_verify(
 
 
 def hsd_dense(
-    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, capped: bool = True
+    P: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor, u: torch.Tensor, capped: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """HSD as a chain rule of the engine's loop (``rules.ChainRule``): g uniforms ``u`` suffice, since position 0 is
     always kept and its keep coin is never read: ``u[0]`` decides the whole draft, ``u[1:]`` the keep coins of
@@ -85,7 +92,7 @@ def hsd_dense(
 
 
 def hsd_reference_dense(
-    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor
+    P: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor, u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The published form (uncapped whole-draft acceptance) as a chain rule; see ``hsd_dense``."""
     return hsd_dense(P, Q, x, u, capped=False)

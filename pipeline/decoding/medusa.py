@@ -7,12 +7,11 @@ Here the head's output projection is the target's own (tied) LM head, shared and
 one 576x576 block for SmolLM2 (a few MB for all heads); ``python -m pipeline.train_medusa`` trains the
 blocks with the backbone frozen (Medusa-1).
 
-The heads themselves (architecture, save/load/attach) are in ``medusa_heads.py``. Where they come
-from: a pair config's ``medusa: models/<dir>`` key; ``load_pair`` calls ``load_medusa_heads(path, target)``,
-which attaches them to the target model as the attribute ``target.medusa_heads``.
-``build_decoder("medusa", target)`` (and any method with ``drafter: medusa``: ``typical``) read that
-attribute through the ``medusa`` drafter (``drafters.MedusaDrafter``); attach heads yourself with
-``attach_medusa_heads``.
+The heads themselves (architecture, save/load) are in ``medusa_heads.py``. Where they come from: a pair
+config's ``medusa: models/<dir>`` key; ``load_pair`` loads them (``load_medusa_heads(path, target)``, placed on the
+target's device, not attached to it) into ``LoadedPair.assets["medusa"]``. ``build_decoder("medusa", target,
+assets={"medusa": heads})`` (and any method with ``drafter: medusa``: ``typical``) reads them through the
+``medusa`` drafter (``drafters.MedusaDrafter``).
 
 Decoding: the root (the last emitted token) comes from the target; depth d of the tree holds the
 ``k_config[d]`` most likely tokens of head d+1 under every depth-(d-1) node (a Cartesian tree, the

@@ -1,10 +1,12 @@
-"""Medusa heads (Cai et al. 2024): the modules, their files, and how they ride on a target model.
+"""Medusa heads (Cai et al. 2024): the modules, their files, and how they are placed beside a target model.
 
 Head i (i = 1..K) reads the target's last hidden state h_t (the input of its LM head) and predicts
 token t+i+1: ``logits_i = LMHead(ResBlock_i^L(h_t))`` with ``ResBlock(x) = x + SiLU(Linear(x))``,
 Linear zero-initialised (a head starts as the LM head itself). The output projection is the target's
 own (tied) LM head, shared and frozen, never saved. ``python -m pipeline.train_medusa`` trains them;
-the decoders that use them are ``medusa`` and ``typical`` with ``drafter: medusa`` (``medusa.py``).
+the decoders that use them are ``medusa`` and ``typical`` with ``drafter: medusa`` (``medusa.py``), which read them
+from the assets they are passed (``build_decoder(..., assets={"medusa": heads})``; ``load_pair`` puts a pair's
+heads in ``LoadedPair.assets``), never from the target model.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from torch import nn
 
 from .checkpoints import (
     HFModel,
-    attach,
-    attached,
     check_against_weights,
     config_ints,
+    place,
     read_checkpoint,
     shapes_of,
     write_checkpoint,
@@ -82,7 +83,8 @@ def save_medusa_heads(heads: MedusaHeads, directory: str | Path, dtype: torch.dt
 
 
 def load_medusa_heads(path: str | Path, target: HFModel | None = None) -> MedusaHeads:
-    """Load heads saved by ``save_medusa_heads``; with ``target``, check the shapes and attach them to it.
+    """Load heads saved by ``save_medusa_heads``; with ``target``, check the shapes and move them to the target's
+    device and dtype (``place_medusa_heads``: not attached to it; pass them as ``assets={"medusa": heads}``).
 
     A relative ``path`` is looked up from the current directory, then from the repository root.
     """
@@ -105,23 +107,20 @@ def load_medusa_heads(path: str | Path, target: HFModel | None = None) -> Medusa
     heads.load_state_dict({k: v.float() for k, v in state.items()})
     heads.eval().requires_grad_(False)
     if target is not None:
-        attach_medusa_heads(target, heads)
+        place_medusa_heads(target, heads)
     return heads
 
 
-def attach_medusa_heads(target: HFModel, heads: MedusaHeads) -> HFModel:
-    """Put ``heads`` on ``target`` (as ``target.medusa_heads``, on its device and dtype) after checking shapes."""
-    return attach(target, heads, "medusa_heads", "Medusa heads")
+def place_medusa_heads(target: HFModel, heads: MedusaHeads) -> MedusaHeads:
+    """``heads`` checked against ``target`` (hidden size) and moved to its device and dtype; returned, not attached."""
+    place(target, heads, "Medusa heads")
+    return heads
 
 
-def medusa_heads_of(target: HFModel, method: str) -> MedusaHeads:
-    """The heads attached to ``target``, or a clear error saying how to provide them."""
-    return attached(
-        target,
-        "medusa_heads",
-        (
-            f"method {method!r} needs Medusa heads on the target: add `medusa: models/<dir>` to the pair "
-            f"config (train heads with `python -m pipeline.train_medusa pair=<pair>`), or call "
-            f"pipeline.decoding.medusa_heads.attach_medusa_heads(target, heads) / load_medusa_heads(path, target)"
-        ),
+def missing_medusa_heads(method: str) -> str:
+    """What a method whose drafter reads Medusa heads says when none were passed."""
+    return (
+        f"method {method!r} needs Medusa heads: add `medusa: models/<dir>` to the pair config (train heads with "
+        "`python -m pipeline.train_medusa pair=<pair>`), or pass assets={'medusa': heads} to build_decoder "
+        "(pipeline.decoding.medusa_heads.load_medusa_heads(path, target))"
     )

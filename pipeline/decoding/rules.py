@@ -1,7 +1,8 @@
 """What a speculative method declares: a chain rule or a tree walk (the loops are in ``speculative.py``).
 
 A chain rule is a pure function of the warped target rows ``P [g+1, V]``, the draft's rows ``Q [g, V]``
-(or, as the rule declares, their log-probabilities at the drafts ``log q [g]``, or None), the draft tokens ``x [g]``
+(or, as the rule declares, their log-probabilities at the drafts ``log q [g]``, or None; a rule that declares
+``point_mass`` gets None for a deterministic proposal: row i is the point mass at ``x[i]``), the draft tokens ``x [g]``
 and uniforms ``u [g]`` (None for a rule without coins), with the method's parameters as keywords::
 
     rule(P, Q, x, u, **params) -> (n accepted (0-d tensor), next-token distribution [V] or token (0-d))
@@ -48,6 +49,10 @@ class ChainRule:
     # what it reads as Q: the draft rows ("rows", [g, V]), their log-probabilities at x ("log_q", [g]) or nothing
     # ("none")
     draft: str = "rows"
+    # with draft "rows": it takes a deterministic proposal (prompt lookup) as Q = None, the point mass at each
+    # draft, without a vocabulary-sized one-hot (``verification.draft_at`` / ``minus_point_mass``); a rule that does
+    # not declare it is given the one-hot rows
+    point_mass: bool = False
     # the rule by exact case analysis (``pipeline.decoding.exact``): ``exact(P, Q, x, **params)`` yields
     # (probability, accepted n, next-token distribution) of every outcome of its randomness; a rule that declares
     # it is a row of the exact calculator (``python -m pipeline.exact``), named by its method

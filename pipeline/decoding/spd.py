@@ -23,7 +23,12 @@ def token_greedy(logits, x, *, lenience: float = 1.0):
 
 
 TOKEN_RULE = ChainRule(
-    token_verify, params=("lenience",), sparse=token_verify_sparse, greedy=token_greedy, exact=token_cases
+    token_verify,
+    params=("lenience",),
+    sparse=token_verify_sparse,
+    greedy=token_greedy,
+    exact=token_cases,
+    point_mass=True,
 )
 
 

@@ -225,11 +225,14 @@ class DraftVerifyDecoder(Decoder):
         return self.propose_chains([ChainAsk(0, context, gamma, generator, self.drafter_impl)])[0]
 
     def rule_input(self, draft: ChainDraft) -> tuple[torch.Tensor, Any]:
-        """A chain's tokens and what the rule declares it reads (``ChainRule.draft``)."""
-        if self.chain_rule.draft == "log_q":
-            rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
-            return draft.tokens, torch.log(draft.probs[rows, draft.tokens])
-        return draft.tokens, (draft.probs if self.chain_rule.draft == "rows" else None)
+        """A chain's tokens and what the rule declares it reads (``ChainRule.draft``); a deterministic proposal's
+        rows (``draft.probs`` None) stay None for a rule that declares ``point_mass``, else become one-hot rows."""
+        rule = self.chain_rule
+        if rule.draft == "log_q":
+            return draft.tokens, torch.log(draft.q_at_tokens())
+        if rule.draft != "rows":
+            return draft.tokens, None
+        return draft.tokens, (draft.probs if rule.point_mass else draft.one_hot(self.target.vocab_size))
 
     def cut_draft(self, draft: ChainDraft) -> ChainDraft:
         """The chain as ``draft_stop: confidence`` keeps it: up to and including the first draft whose own probability
@@ -238,9 +241,10 @@ class DraftVerifyDecoder(Decoder):
         kept)."""
         if self.length_policy.stop != "confidence":
             return draft
-        rows = torch.arange(draft.tokens.shape[0], device=draft.probs.device)
-        k = self.length_policy.cut(draft.probs[rows, draft.tokens])
-        return draft if k == draft.tokens.shape[0] else ChainDraft(draft.tokens[:k], draft.probs[:k])
+        k = self.length_policy.cut(draft.q_at_tokens())
+        if k == draft.tokens.shape[0]:
+            return draft
+        return ChainDraft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
 
     def verify(self, logits: torch.Tensor, x: torch.Tensor, q: Any, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain rule on target logits ``[g+1, V]``: (drafts accepted, next token) as 0-d tensors, left on the

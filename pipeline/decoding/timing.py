@@ -1,8 +1,7 @@
 """The one step-timing loop: median wall times of device work, each call bracketed by a device sync.
 
-Used by the measurement's step costs (``pipeline.measure.costs.step_times``), the drafters' own cost of a draft
-token (``Drafter.step_cost``) and the bench's per-method proposal cost; it lives here, in the engine's layer,
-so that the drafters can use it without importing the measurement.
+Used by the measurement's step costs (``pipeline.measure.costs``: ``step_times``, any drafter's cost of a draft
+token ``chain_draft_cost``) and the bench's per-method proposal cost (no drafter times itself).
 """
 
 from __future__ import annotations

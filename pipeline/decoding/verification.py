@@ -5,6 +5,11 @@ Shapes (one draft chain of length g over a vocabulary of V):
 ``x [g]`` draft tokens (``x[i] ~ Q[i]``). Each rule returns how many draft tokens are accepted (a
 0-d tensor, read once by the caller) and the distribution the next token is drawn from.
 No host synchronisation happens inside these functions.
+
+A deterministic proposal (prompt lookup: nothing is drawn) is ``Q = None``: row i of Q is the point mass at
+``x[i]``, so ``q(x_i) = 1`` and ``Q[i]`` is 0 elsewhere. The rules here take it as such without building a
+vocabulary-sized one-hot (``draft_at``, ``minus_point_mass``): the same numbers as the dense one-hot rows, bit
+for bit (``tests/test_verification_point_mass.py``).
 """
 
 from __future__ import annotations
@@ -23,16 +28,31 @@ def _normalize(row: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, row / total.clamp_min(torch.finfo(row.dtype).tiny), fallback)
 
 
-def token_acceptance(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
+def draft_at(Q: torch.Tensor | None, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``q(x_i)`` of each draft ``[g]``: Q's rows at the drafts, or 1 for a deterministic proposal (Q None), in
+    ``like``'s dtype and device."""
+    if Q is None:
+        return torch.ones(x.shape[0], dtype=like.dtype, device=like.device)
+    return Q[torch.arange(x.shape[0], device=Q.device), x]
+
+
+def minus_point_mass(rows: torch.Tensor, x: torch.Tensor, mass: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """``rows - mass * onehot(x)`` row by row (``rows [..., V]``, ``x`` of ``rows``' leading shape; a new tensor): a
+    deterministic proposal's Q subtracted without building it."""
+    src = torch.as_tensor(mass, dtype=rows.dtype, device=rows.device).expand(x.shape).unsqueeze(-1)
+    return rows.scatter_add(-1, x.unsqueeze(-1), -src)
+
+
+def token_acceptance(P: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
     """Per-position acceptance probabilities ``min(1, p(x_i) / (l * q(x_i)))`` of token verification."""
     g = x.shape[0]
     ar = torch.arange(g, device=P.device)
-    px, qx = P[ar, x], Q[ar, x]
+    px, qx = P[ar, x], draft_at(Q, x, P)
     return torch.clamp(px / (lenience * qx), max=1.0)
 
 
 def token_verify(
-    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, lenience: float = 1.0
+    P: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor, u: torch.Tensor, lenience: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token verification (Leviathan et al.; Chen et al.): accept x_i while ``u_i * l * q(x_i) <= p(x_i)``.
 
@@ -42,17 +62,21 @@ def token_verify(
     """
     g = x.shape[0]
     ar = torch.arange(g, device=P.device)
-    px, qx = P[ar, x], Q[ar, x]
+    px, qx = P[ar, x], draft_at(Q, x, P)
     accepted = u * (lenience * qx) <= px
     n = accepted.long().cumprod(0).sum()
     p_n = P[n]
-    q_n = Q[n.clamp(max=g - 1)] * (n < g)  # no draft row after the last draft: the bonus row P[g]
+    last = n.clamp(max=g - 1)
+    if Q is None:  # the point mass at x_n (none after the last draft: the bonus row P[g])
+        return n, _normalize(minus_point_mass(p_n, x[last], (n < g).to(p_n.dtype)).clamp_min(0.0), p_n)
+    q_n = Q[last] * (n < g)  # no draft row after the last draft: the bonus row P[g]
     return n, _normalize((p_n - q_n).clamp_min(0.0), p_n)
 
 
-def _chain_kernels(*tensors: torch.Tensor):
-    """The engine's C++ kernels for a sparse chain verification of these float32 CPU tensors, else None."""
-    if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+def _chain_kernels(*tensors: torch.Tensor | None):
+    """The engine's C++ kernels for a sparse chain verification of these float32 CPU tensors, else None (also
+    for a deterministic proposal, Q None: the kernels read dense draft rows)."""
+    if all(t is not None and t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
         return kernels()
     return None
 
@@ -66,7 +90,7 @@ def _sparse_at(P_index: torch.Tensor, P_probs: torch.Tensor, x: torch.Tensor) ->
 def token_verify_sparse(
     P_index: torch.Tensor,
     P_probs: torch.Tensor,
-    Q: torch.Tensor,
+    Q: torch.Tensor | None,
     x: torch.Tensor,
     u: torch.Tensor,
     lenience: float = 1.0,
@@ -84,11 +108,13 @@ def token_verify_sparse(
         return tuple(ext.token_verify_sparse(P_index, P_probs, Q, x, u, float(lenience)))
     g = x.shape[0]
     px = _sparse_at(P_index, P_probs, x)
-    qx = Q[torch.arange(g, device=Q.device), x]
+    qx = draft_at(Q, x, P_probs)
     accepted = u * (lenience * qx) <= px
     n = accepted.long().cumprod(0).sum()
     index, p_n = P_index[n], P_probs[n]
-    q_n = Q[n.clamp(max=g - 1)].gather(-1, index) * (n < g)
+    last = n.clamp(max=g - 1)
+    q_row = (index == x[last]).to(p_n.dtype) if Q is None else Q[last].gather(-1, index)  # Q[n] on P[n]'s support
+    q_n = q_row * (n < g)
     residual = (p_n - q_n).clamp_min(0.0)
     return n, index, torch.where(residual.sum() > 0, residual, p_n)
 
@@ -115,7 +141,7 @@ def lenient_greedy_verify(
     return n, arg[n]
 
 
-def block_weights(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_weights(P: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification's per-length pass probabilities ``h [g]`` (for lengths 1..g) and residual rows.
 
     Sun et al. (ICLR 2025), Algorithm 2, in log space (docs/ALGORITHMS.md section 3.2):
@@ -124,11 +150,15 @@ def block_weights(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor) -> tuple[to
     """
     g = x.shape[0]
     ar = torch.arange(g, device=P.device)
-    log_ratio = torch.log(P[ar, x]) - torch.log(Q[ar, x])
+    log_ratio = torch.log(P[ar, x]) - torch.log(draft_at(Q, x, P))
     S = F.pad(torch.cumsum(log_ratio, 0), (1, 0))
     log_pi = S - torch.cummax(S, 0).values
     pi = log_pi.exp()
-    R = (pi[:, None] * P - F.pad(Q, (0, 0, 0, 1))).clamp_min(0.0)
+    if Q is None:  # Q[i]: the point mass at x_i (i < g), Q[g] := 0
+        scaled = pi[:, None] * P
+        R = torch.cat([minus_point_mass(scaled[:g], x), scaled[g:]]).clamp_min(0.0)
+    else:
+        R = (pi[:, None] * P - F.pad(Q, (0, 0, 0, 1))).clamp_min(0.0)
     Z = R.sum(-1)
     den = Z + (1.0 - pi)  # parenthesized: (Z + 1) - pi loses Z when pi ~ 1
     h = torch.where(den > 0, Z / den.clamp_min(torch.finfo(den.dtype).tiny), torch.ones_like(Z))
@@ -136,7 +166,7 @@ def block_weights(P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor) -> tuple[to
 
 
 def block_verify(
-    P: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, eta: torch.Tensor
+    P: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor, eta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification: tau = the longest length i with ``eta_i <= h_i`` (no early stop).
 
@@ -151,7 +181,7 @@ def block_verify(
 
 
 def block_verify_sparse(
-    P_index: torch.Tensor, P_probs: torch.Tensor, Q: torch.Tensor, x: torch.Tensor, eta: torch.Tensor
+    P_index: torch.Tensor, P_probs: torch.Tensor, Q: torch.Tensor | None, x: torch.Tensor, eta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``block_verify`` with the target rows given by their non-zero entries (``P_index``, ``P_probs
     [g+1, k]``, as ``token_verify_sparse``). The residuals ``relu(pi_i P[i] - Q[i])`` vanish outside P[i]'s
@@ -163,16 +193,17 @@ def block_verify_sparse(
         return tuple(ext.block_verify_sparse(P_index, P_probs, Q, x, eta))
     g = x.shape[0]
     px = _sparse_at(P_index, P_probs, x)
-    qx = Q[torch.arange(g, device=Q.device), x]
+    qx = draft_at(Q, x, P_probs)
     S = F.pad(torch.cumsum(torch.log(px) - torch.log(qx), 0), (1, 0))
     log_pi = S - torch.cummax(S, 0).values
     pi = log_pi.exp()
-    q_on_p = F.pad(Q.gather(-1, P_index[:g]), (0, 0, 0, 1))  # Q[g] := 0
+    q_rows = (P_index[:g] == x[:, None]).to(P_probs.dtype) if Q is None else Q.gather(-1, P_index[:g])
+    q_on_p = F.pad(q_rows, (0, 0, 0, 1))  # Q[g] := 0
     R = (pi[:, None] * P_probs - q_on_p).clamp_min(0.0)
     Z = R.sum(-1)
     den = Z + (1.0 - pi)
     h = torch.where(den > 0, Z / den.clamp_min(torch.finfo(den.dtype).tiny), torch.ones_like(Z))[1:]
-    tau = ((eta <= h).long() * torch.arange(1, g + 1, device=Q.device)).max()
+    tau = ((eta <= h).long() * torch.arange(1, g + 1, device=P_probs.device)).max()
     weights = R[tau]
     return tau, P_index[tau], torch.where(weights.sum() > 0, weights, P_probs[tau])
 

@@ -1,6 +1,7 @@
 """Step costs outside the window: Leviathan's t_ar, t_draft and t_verify, and the machine's speed probe.
 
     t_ar, t_verify = step_times(target_model, prompt, gamma, device)
+    t_draft = chain_draft_cost(drafter, target, prompt, gamma, warper)  # any drafter's draft token, via propose
     costs = drafter_costs(decoder, prompt, device)        # {t_ar, t_draft, t_verify, depth}, as the decoder drafts
     ms = probe_step_ms(target_model, device)              # before and after each window, and at calibration
     calibrate_draft_length(decoder, prompt, device)       # draft_cost / verify_cost: auto, before the window
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -58,21 +59,62 @@ def step_times(
     return single, block
 
 
+def chain_draft_cost(
+    drafter: Any,
+    target: CachedModel,
+    prompt: Sequence[int],
+    gamma: int,
+    warper: Any,
+    reps: int = 10,
+    sync: Callable[[], None] = lambda: None,
+) -> float:
+    """t_draft of any drafter, timed through its public interface: median seconds per draft token of a
+    ``gamma``-token ``propose`` after ``prompt`` (the drafter's whole work: forwards, warping, sampling or lookup),
+    over ``reps`` proposals after one warm-up, each rolled back (``rollback``) before the next. ``target`` is the
+    decoder's cached target (it gives the prompt's features to a drafter that reads them); ``sync`` waits for the
+    device. c = t_draft / t_ar is the drafter's, not the draft model's."""
+    prompt = list(prompt)
+    target.reset()
+    hidden = None
+    if drafter.uses_hidden:
+        hidden = target.prefill_hidden(prompt[:-1])
+    else:
+        target.prefill(prompt[:-1])
+    drafter.start(prompt, hidden)
+    generator = torch.Generator(device=target.device).manual_seed(0)
+    with torch.inference_mode():
+        (seconds,) = median_times(
+            lambda: drafter.propose(prompt, gamma, warper, generator),
+            reps=reps,
+            warmup=1,
+            sync=sync,
+            after=lambda: drafter.rollback(len(prompt) - 1),
+        )
+    target.reset()
+    return seconds / gamma
+
+
 def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> dict[str, float]:
     """The costs of a draft-based decoder as it is configured (``decoder.shape``, ``decoder.draft_depth``), each
     drafter its own: ``t_ar`` (the target's step), ``t_draft`` (one draft position: a chain's token, a tree's
     level) and ``t_verify`` (the target's pass over what one iteration drafts), with ``depth``, the draft
     positions per iteration (gamma, or the tree's levels).
 
-    A chain: ``Drafter.step_cost`` (a draft-model step, an EAGLE head step with its LM-head row, one n-gram
+    A chain: ``chain_draft_cost`` (a draft-model step, an EAGLE head step with its LM-head row, one n-gram
     lookup per token) and the target's pass over gamma + 1 positions. A tree: ``tree_costs`` (the drafter's own
     ``propose_tree`` and the target's tree-attention pass over that tree)."""
     if decoder.shape == "tree":
         return tree_costs(decoder, prompt, device, reps=reps)
     gamma = int(decoder.draft_depth)
     t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
-    t_draft = decoder.drafter_impl.step_cost(
-        decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=lambda: synchronize(device)
+    t_draft = chain_draft_cost(
+        decoder.drafter_impl,
+        decoder.target,
+        prompt,
+        gamma,
+        decoder.warper,
+        reps=reps,
+        sync=lambda: synchronize(device),
     )
     return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify, "depth": float(gamma)}
 
@@ -131,14 +173,12 @@ def tree_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, 
 
 
 def proposal_cost(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> float:
-    """t_draft as the decoder drafts: its drafter's ``step_cost``, except mtad over the draft model, whose
+    """t_draft as the decoder drafts: its drafter's ``chain_draft_cost``, except mtad over the draft model, whose
     proposal is beam sampling (``num_beams`` beams a step: ``beam_sampling.beam_sample``), timed as such."""
     gamma = draft_length(decoder) or 1
     sync = partial(synchronize, torch.device(device))
     if not (getattr(decoder, "beam_drafts", False) and decoder.drafter_impl.kind == "model"):
-        return float(
-            decoder.drafter_impl.step_cost(decoder.target, list(prompt), gamma, decoder.warper, reps=reps, sync=sync)
-        )
+        return chain_draft_cost(decoder.drafter_impl, decoder.target, prompt, gamma, decoder.warper, reps, sync)
     from pipeline.decoding.beam_sampling import beam_sample  # noqa: PLC0415 - mtad only
 
     model, args, prompt = decoder.draft_model, decoder.args, list(prompt)
