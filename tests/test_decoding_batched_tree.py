@@ -19,7 +19,7 @@ from pipeline.decoding.batched import BatchedDecoder, BatchRequest, batch_diverg
 from pipeline.decoding.drafting import TreeAsk
 from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.kv import CachedModel
-from pipeline.decoding.medusa_heads import MedusaHeads, attach_medusa_heads
+from pipeline.decoding.medusa_heads import MedusaHeads, place_medusa_heads
 from pipeline.decoding.packed import PackedCache
 from pipeline.decoding.tree_verify import draft_trees, sample_token_tree
 from pipeline.decoding.warping import Warper
@@ -49,13 +49,14 @@ def counters(g):
     return g.tokens, g.steps, g.draft_steps, g.accepted, g.drafted
 
 
-def with_medusa(target, hidden):
+def medusa_assets(target, hidden):
+    """The assets a pair with Medusa heads passes beside its models: random (untrained) heads, so the trees differ
+    from the LM head's top-k."""
     heads = MedusaHeads(hidden, 3)
     torch.manual_seed(5)
-    for p in heads.parameters():  # random (untrained) heads, so the trees differ from the LM head's top-k
+    for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    attach_medusa_heads(target, heads.to(next(target.parameters()).dtype))
-    return target
+    return {"medusa": place_medusa_heads(target, heads)}
 
 
 def assert_batch_invariant(decoder, prompts, max_new, batch_sizes=(3,)):
@@ -83,7 +84,7 @@ def bf16_pair():
     target = tiny_llama(20, vocab=32, hidden=128, layers=2, heads=2, kv_heads=1).to(torch.bfloat16)
     draft = tiny_llama(21, vocab=32, hidden=128, layers=1, heads=2, kv_heads=1).to(torch.bfloat16)
     assert CachedModel(target).lean.kernel_path == f"bf16-{cpu_kernels.kernels_isa()}"
-    return with_medusa(target, 128), draft
+    return target, draft, medusa_assets(target, 128)
 
 
 @needs_kernels
@@ -150,10 +151,10 @@ def batched_first_two(decoder, n, batch_size, seed):
         ("medusa", {"acceptance": "exact", "k_config": [2, 2]}),
     ],
 )
-def test_every_request_of_a_batch_of_trees_samples_the_target_law(tiny_pair, law2, method, params):
+def test_every_request_of_a_batch_of_trees_samples_the_target_law(tiny_pair, tiny_assets, law2, method, params):
     """The lossless walks at batch 3 as at batch 1: each request's first two tokens (a depth-2 tree in its first
     iteration, drawn with its own generator) follow the warped target's law."""
-    decoder = build_decoder(method, *tiny_pair, **WARP, **params)
+    decoder = build_decoder(method, *tiny_pair, tiny_assets, **WARP, **params)
     assert chi_square_pvalue(batched_first_two(decoder, 600, 3, 5000), law2) > 1e-3
 
 
@@ -181,8 +182,8 @@ def test_the_batched_tree_chi_square_catches_shared_randomness(tiny_pair, law2):
 
 @pytest.fixture(scope="module")
 def greedy_pair():
-    target = with_medusa(tiny_llama(10, vocab=64, hidden=32, layers=2), 32)
-    return target, tiny_llama(11, vocab=64, hidden=32, layers=1)
+    target = tiny_llama(10, vocab=64, hidden=32, layers=2)
+    return target, tiny_llama(11, vocab=64, hidden=32, layers=1), medusa_assets(target, 32)
 
 
 @pytest.mark.parametrize(
