@@ -18,7 +18,8 @@ case "${1:-}" in
     rm -rf .gguf_parts && mkdir .gguf_parts
     split -b "${2:-33}M" "$SRC" .gguf_parts/part.
     (cd "$(dirname "$SRC")" && sha256sum "$FILE") > .gguf_parts/SHA256
-    grep -qx '/.gguf_parts/' .git/info/exclude 2>/dev/null || echo '/.gguf_parts/' >> .git/info/exclude
+    EXCLUDE=$(git rev-parse --git-common-dir)/info/exclude  # a worktree's .git is a file
+    grep -qx '/.gguf_parts/' "$EXCLUDE" 2>/dev/null || echo '/.gguf_parts/' >> "$EXCLUDE"
     ls -l .gguf_parts
     ;;
   join)

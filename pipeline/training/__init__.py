@@ -12,6 +12,7 @@ distill.py       distil a small draft for a pair's target (``python -m pipeline.
 distill_heldout.py
                  the held-out sets of a distillation run and the alpha measured on them
 distill_train.py the distillation's training loop (token map, batches, KD loss)
+gpu_teacher.py   the teacher data generated on a GPU node in bundles a device call brings back (jobs/gpu_teacher.sh)
 medusa.py        train Medusa heads for a target (``python -m pipeline.train_medusa``)
 eagle.py         train an EAGLE-1/2 head for a target (``python -m pipeline.train_eagle``)
 eagle3.py        train an EAGLE-3 head with the authors' training-time test

@@ -142,6 +142,48 @@ def cost_figures(target, draft_dir: Path) -> dict[str, float]:
     }
 
 
+MANIFEST = "manifest.json"
+# what a manifest's generation settings must agree on with the run that trains on its shards: the chat mix's
+# train split (and so the held-out chat conversations kept apart from it) is a function of these
+MANIFEST_KEYS = {
+    "prompts": "data.prompts",
+    "n_prompts": "data.n_prompts",
+    "seed": "seed",
+    "multi_turn": "data.multi_turn",
+}
+
+
+def read_manifest(data_dir: Path) -> dict:
+    """``manifest.json`` of a teacher-data folder generated elsewhere (jobs/gpu_teacher.py), or ``{}``."""
+    path = Path(data_dir) / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def check_teacher_dir(data_dir: Path, cfg) -> None:
+    """``data.teacher_dir`` holds shards, and its manifest's generation settings are this run's (before any
+    model loads)."""
+    from pipeline.training.teacher_data import shard_files  # noqa: PLC0415
+
+    if not data_dir.is_dir() or not shard_files(data_dir):
+        raise ValueError(
+            f"data.teacher_dir={data_dir}: no shard-*.pt / shard-*.npz there "
+            "(unpack the bundles a GPU node returned: bash jobs/teacher_back.sh <bundles>)"
+        )
+    manifest = read_manifest(data_dir)
+    mine = {
+        "prompts": cfg.data.get("prompts", "instructions"),
+        "n_prompts": cfg.data.n_prompts,
+        "seed": cfg.seed,
+        "multi_turn": cfg.data.get("multi_turn", 0.4),
+    }
+    wrong = [f"{key}={manifest[k]}" for k, key in MANIFEST_KEYS.items() if k in manifest and manifest[k] != mine[k]]
+    if wrong:
+        raise ValueError(
+            f"data.teacher_dir={data_dir} was generated with other settings: add {' '.join(wrong)} "
+            "(the held-out chat set is kept apart from the training split those settings make)"
+        )
+
+
 def run(cfg) -> dict:
     """The whole distillation run described by ``cfg`` (conf/distill.yaml)."""
     # the student and the training loop seed themselves (make_student, train): no global seed here
@@ -154,6 +196,9 @@ def run(cfg) -> dict:
     init_from = cfg.get("init_from")
     if init_from and not (repo_path(init_from) / "config.json").exists():
         raise ValueError(f"init_from={init_from}: no checkpoint there (a folder written by pipeline.distill)")
+    teacher_dir = d.get("teacher_dir")
+    if teacher_dir:
+        check_teacher_dir(repo_path(teacher_dir), cfg)
 
     pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
     pair_cfg["draft"] = None  # the draft is what we are making
@@ -175,32 +220,40 @@ def run(cfg) -> dict:
     heldout = held.pop("eval")
     h = cfg.heldout
 
-    # 2. teacher data
+    # 2. teacher data (or shards generated elsewhere, e.g. on a GPU node: data.teacher_dir)
+    if teacher_dir:
+        data_dir = repo_path(teacher_dir)
+        log(f"teacher data: the shards of {data_dir} (no generation here)")
     t0 = time.time()
-    generate_teacher_data(
-        target,
-        tok,
-        data_dir,
-        n_prompts=d.n_prompts,
-        tf_fraction=d.tf_fraction,
-        batch_size=d.batch_size,
-        max_new_tokens=d.max_new_tokens,
-        top_k_store=d.top_k_store,
-        sample_top_k=d.sample_top_k,
-        sample_top_p=d.sample_top_p,
-        seed=cfg.seed,
-        time_budget_s=d.time_budget_s,
-        max_shards=d.get("max_shards"),
-        engine=engine,
-        slots=d.get("slots", 64),
-        prompts=kind,
-        multi_turn=d.get("multi_turn", 0.4),
-        log=log,
-    )
+    if not teacher_dir:
+        generate_teacher_data(
+            target,
+            tok,
+            data_dir,
+            n_prompts=d.n_prompts,
+            tf_fraction=d.tf_fraction,
+            batch_size=d.batch_size,
+            max_new_tokens=d.max_new_tokens,
+            top_k_store=d.top_k_store,
+            sample_top_k=d.sample_top_k,
+            sample_top_p=d.sample_top_p,
+            seed=cfg.seed,
+            time_budget_s=d.time_budget_s,
+            max_shards=d.get("max_shards"),
+            engine=engine,
+            slots=d.get("slots", 64),
+            prompts=kind,
+            multi_turn=d.get("multi_turn", 0.4),
+            shard_format=d.get("shard_format", "pt"),
+            log=log,
+        )
     new_gen_s = time.time() - t0
-    stamp = data_dir / "wall_s.json"
-    wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0
-    stamp.write_text(json.dumps({"wall_s": wall + new_gen_s}))
+    if teacher_dir:  # the generation's wall time is the manifest's (the node's)
+        new_gen_s, wall = 0.0, float(read_manifest(data_dir).get("wall_s", 0.0))
+    else:
+        stamp = data_dir / "wall_s.json"
+        wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0
+        stamp.write_text(json.dumps({"wall_s": wall + new_gen_s}))
     if cfg.get("stop_after") == "data":
         log("stop_after=data: teacher data and held-out sets written, no training")
         return {}

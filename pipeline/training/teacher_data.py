@@ -102,13 +102,14 @@ def sample_answers(
     Finished rows are dropped from the batch (and the KV cache) so no step is spent on them.
     """
     b = len(prompt_ids)
-    ids, mask = left_pad(prompt_ids, pad_id)
+    device = next(target.parameters()).device
+    ids, mask = (t.to(device) for t in left_pad(prompt_ids, pad_id))
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     logits = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits[
         :, -1
     ]
-    alive = torch.arange(b)
+    alive = torch.arange(b, device=device)
     next_pos = pos[:, -1] + 1
     answers: list[list[int]] = [[] for _ in range(b)]
     tk_ids: list[list[torch.Tensor]] = [[] for _ in range(b)]
@@ -117,20 +118,22 @@ def sample_answers(
         logp = logits.float().log_softmax(-1)
         vals, idx = logp.topk(top_k_store, dim=-1)
         tok = _warped_sample(logits, sample_top_k, sample_top_p, gen)
+        # one copy to the host per step (on a GPU, a per-row read would wait for the device once a row)
+        tok_host, idx_host, vals_host = tok.tolist(), idx.to(torch.int32).cpu(), vals.to(torch.float16).cpu()
         keep = []
         for r, row in enumerate(alive.tolist()):
-            answers[row].append(int(tok[r]))
-            tk_ids[row].append(idx[r].to(torch.int32))
-            tk_lp[row].append(vals[r].to(torch.float16))
-            if int(tok[r]) != eos_id:
+            answers[row].append(tok_host[r])
+            tk_ids[row].append(idx_host[r])
+            tk_lp[row].append(vals_host[r])
+            if tok_host[r] != eos_id:
                 keep.append(r)
         if not keep or step == max_new_tokens - 1:
             break
         if len(keep) < len(alive):
-            sel = torch.tensor(keep)
+            sel = torch.tensor(keep, device=device)
             cache.batch_select_indices(sel)
             alive, mask, next_pos, tok = alive[sel], mask[sel], next_pos[sel], tok[sel]
-        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
+        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long, device=device)], dim=1)
         logits = target(
             input_ids=tok[:, None],
             attention_mask=mask,
@@ -296,13 +299,18 @@ def teacher_force(target, seqs: list[tuple[list[int], int]], *, top_k_store: int
     for i, (s, _) in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
-    hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    device = next(target.parameters()).device
+    hidden = target.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
     out = []
     for i, (s, start) in enumerate(seqs):
         h = hidden[i, start - 1 : len(s) - 1]
         logp = target.lm_head(h).float().log_softmax(-1)
         vals, idx = logp.topk(top_k_store, dim=-1)
-        out.append(Record(torch.tensor(s, dtype=torch.int32), start, idx.to(torch.int32), vals.to(torch.float16), "tf"))
+        out.append(
+            Record(
+                torch.tensor(s, dtype=torch.int32), start, idx.to(torch.int32).cpu(), vals.to(torch.float16).cpu(), "tf"
+            )
+        )
     return out
 
 
@@ -349,6 +357,8 @@ def generate_teacher_data(
     slots: int = 64,
     prompts: str = "instructions",
     multi_turn: float = 0.4,
+    shard_format: str = "pt",
+    stop_before_budget: bool = False,
     log=print,
 ) -> None:
     """Write teacher shards to ``out_dir`` until ``n_prompts`` are done or the time budget is spent.
@@ -366,9 +376,18 @@ def generate_teacher_data(
     (``chat_mix.chat_conversations``' train split: a broad chat mix, ``multi_turn`` of it with a second
     user turn answered after the target's own first answer). Either is checked against the evaluation
     sets first (``contamination.refuse_evaluation_prompts``).
+
+    ``shard_format``: ``pt`` (``torch.save`` of the records) or ``npz`` (``save_shard``'s compact arrays: what a GPU
+    node's run brings back, jobs/gpu_teacher.sh). Samples draw from a generator on the target's device.
+    ``stop_before_budget``: a shard that would end past the time budget (the longest shard so far is the forecast)
+    is not begun, so the run ends within the budget (a device call's bound); otherwise the shard that passes the
+    budget is the last.
     """
     if engine not in ("batched", "packed"):
         raise ValueError(f"data.engine must be batched or packed, not {engine!r}")
+    if shard_format not in SHARD_FORMATS:
+        raise ValueError(f"shard_format must be one of {SHARD_FORMATS}, not {shard_format!r}")
+    device = next(target.parameters()).device
     cached = CachedModel(target) if engine == "packed" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     if prompts == "instructions":
@@ -394,12 +413,12 @@ def generate_teacher_data(
     tf_seqs = build_tf_sequences(tokenizer, n_tf, seed, max_tf_len)
     pad = padding_id(tokenizer)
     t0 = time.time()
-    shard, pi, ti, total = 0, 0, 0, 0
-    done = {p.name for p in out_dir.glob("shard-*.pt")}
+    shard, pi, ti, total, longest = 0, 0, 0, 0, 0.0
+    done = {p.name.split(".")[0] for p in shard_files(out_dir)}
     every_tf = max(1, round(1 / tf_fraction) - 1) if tf_fraction > 0 else 0
     while (pi < len(items) or ti < len(tf_seqs)) and (max_shards is None or shard < max_shards):
         use_tf = tf_fraction > 0 and ti < len(tf_seqs) and (pi >= len(items) or (shard % (every_tf + 1) == every_tf))
-        name = f"shard-{shard:04d}.pt"
+        name = f"shard-{shard:04d}"
         if use_tf:
             batch = tf_seqs[ti : ti + max(1, batch_size // 2)]
             ti += len(batch)
@@ -409,7 +428,11 @@ def generate_teacher_data(
         if name in done:  # resume: the generator state is re-derived from the shard's index
             shard += 1
             continue
-        g = torch.Generator().manual_seed(seed * 100003 + shard)
+        if stop_before_budget and time.time() - t0 + longest > time_budget_s:
+            log(f"time budget: shard {shard} would end past {time_budget_s:.0f}s (the longest took {longest:.0f}s)")
+            break
+        ts = time.time()
+        g = torch.Generator(device=device).manual_seed(seed * 100003 + shard)
         if use_tf and cached is not None:
             recs = teacher_force_cached(cached, batch, top_k_store=top_k_store)
         elif use_tf:
@@ -431,10 +454,11 @@ def generate_teacher_data(
                 recs = sample_conversations(tokenizer, batch, sample)
             else:
                 recs = sample([chat_ids(tokenizer, p) for p in batch])
-        torch.save([r.__dict__ for r in recs], out_dir / name)
+        save_shard(recs, out_dir / f"{name}.{shard_format}")
         ntok = sum(len(r.topk_ids) for r in recs)
         total += ntok
         el = time.time() - t0
+        longest = max(longest, time.time() - ts)
         log(
             f"shard {shard} {'tf ' if use_tf else 'gen'} records {len(recs)} tokens {ntok} total {total} "
             f"elapsed {el:.0f}s rate {total / max(el, 1e-9):.1f} tok/s"
@@ -445,10 +469,84 @@ def generate_teacher_data(
             break
 
 
+# --------------------------------------------------------------------------------------------------
+# Shards on disk
+# --------------------------------------------------------------------------------------------------
+SHARD_FORMATS = ("pt", "npz")
+KINDS = ("gen", "gen2", "tf")
+
+
+def shard_files(data_dir: Path) -> list[Path]:
+    """The teacher shards in ``data_dir`` (``shard-XXXX.pt`` and ``shard-XXXX.npz``), in shard order."""
+    return sorted(p for fmt in SHARD_FORMATS for p in Path(data_dir).glob(f"shard-*.{fmt}"))
+
+
+def save_shard(records: list[Record], path: Path) -> None:
+    """Write ``records`` to ``path``: ``.pt`` is ``torch.save`` of their dicts; ``.npz`` is the compact form
+    (``numpy.savez_compressed``): every record's ids in one array, the top-k rows of all answer positions in
+    two ``[N, K]`` arrays, ids as uint16 when the vocabulary fits (49,152 here), log-probs float16 as stored.
+    At K = 32 that is 128 bytes an answer token (the ``.pt`` form: 192) before zlib."""
+    path = Path(path)
+    if path.suffix == ".pt":
+        torch.save([r.__dict__ for r in records], path)
+        return
+    if path.suffix != ".npz":
+        raise ValueError(f"a shard is .pt or .npz, not {path.name}")
+    import numpy as np  # noqa: PLC0415
+
+    if not records:
+        raise ValueError(f"{path.name}: no records to write")
+    ids = torch.cat([r.ids for r in records])
+    topk_ids = torch.cat([r.topk_ids for r in records])
+    top = max(int(ids.max()), int(topk_ids.max()))
+    id_type = np.uint16 if top < 2**16 else np.int32
+    with open(path, "wb") as f:
+        np.savez_compressed(
+            f,
+            ids=ids.numpy().astype(id_type),
+            lengths=np.array([len(r.ids) for r in records], dtype=np.int32),
+            starts=np.array([r.start for r in records], dtype=np.int32),
+            kinds=np.array([KINDS.index(r.kind) for r in records], dtype=np.uint8),
+            topk_ids=topk_ids.numpy().astype(id_type),
+            topk_logp=torch.cat([r.topk_logp for r in records]).to(torch.float16).numpy(),
+        )
+
+
+def load_shard(path: Path) -> list[dict]:
+    """The records of one shard as dicts (``Record``'s fields; ids int32, log-probs float16), either format."""
+    path = Path(path)
+    if path.suffix == ".pt":
+        return torch.load(path)
+    import numpy as np  # noqa: PLC0415
+
+    with np.load(path) as z:
+        ids = torch.from_numpy(z["ids"].astype(np.int32))
+        topk_ids = torch.from_numpy(z["topk_ids"].astype(np.int32))
+        topk_logp = torch.from_numpy(z["topk_logp"])
+        lengths, starts, kinds = z["lengths"].tolist(), z["starts"].tolist(), z["kinds"].tolist()
+    if int(sum(lengths)) != len(ids) or int(sum(n - s for n, s in zip(lengths, starts))) != len(topk_ids):
+        raise ValueError(f"{path}: its arrays do not add up (a damaged or truncated shard): bring it back again")
+    out, a, b = [], 0, 0
+    for n, start, kind in zip(lengths, starts, kinds):
+        m = n - start
+        out.append(
+            {
+                "ids": ids[a : a + n],
+                "start": start,
+                "topk_ids": topk_ids[b : b + m],
+                "topk_logp": topk_logp[b : b + m],
+                "kind": KINDS[kind],
+            }
+        )
+        a, b = a + n, b + m
+    return out
+
+
 def load_records(data_dir: Path) -> list[dict]:
+    """Every record of the shards in ``data_dir`` (``shard_files``), in shard order."""
     recs = []
-    for p in sorted(Path(data_dir).glob("shard-*.pt")):
-        recs.extend(torch.load(p))
+    for p in shard_files(data_dir):
+        recs.extend(load_shard(p))
     return recs
 
 
