@@ -37,6 +37,7 @@ Tree methods (specinfer, mcss, traversal, typical with a tree, EAGLE trees) keep
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -312,9 +313,17 @@ class BatchedDecoder:
         for r in requests:
             if r.drafter is not None:
                 r.drafter.start(r.context, hidden.get(r.slot))
-                r.policy = DraftLength.of(self.length_args)
+                r.policy = self._policy()
             r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
             r.cached = self.target.length(r.slot)
+
+    def _policy(self) -> DraftLength:
+        """A new request's draft-length policy: the decoder's own (its costs as set or calibrated by
+        ``calibrate_draft_length``: a copy, so each request keeps its own running estimate), from the prior."""
+        own = getattr(self.decoder, "length_policy", None)
+        policy = copy.copy(own) if isinstance(own, DraftLength) else DraftLength.of(self.length_args)
+        policy.start()
+        return policy
 
     def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
         dec = self.decoder
