@@ -105,15 +105,31 @@ def _leading_comments(lines: list[str]) -> list[str]:
     return out
 
 
+def declared(registry: Any) -> list[tuple[str, Any]]:
+    """A registry's entries in the order their classes are written (module path, then line): the registration order
+    depends on what a process imported first (a plugin test re-registering a name moves it), the pages must not."""
+
+    def where(item: tuple[str, Any]) -> tuple[str, int, str]:
+        cls = item[1]
+        try:
+            return (_module_path(cls), inspect.getsourcelines(cls)[1], item[0])
+        except (OSError, TypeError):
+            return (_module_path(cls), 0, item[0])
+
+    return sorted(registry.items(), key=where)
+
+
 def methods_table() -> str:
     rows = [
         "| method | module | what it does | shape | lossless | batchable | parameters (default) | drafters |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, cls in METHODS.items():
+    order = [kind for kind, _ in declared(DRAFTERS)]
+    for name, cls in declared(METHODS):
         defaults = {k: p.default for k, p in cls.all_params().items()}
         params = ", ".join(f"`{k}` {doc_value(p.default)}" for k, p in cls.params.items()) or "–"
-        drafters = ", ".join(accepted_kinds(cls, defaults)) if "drafter" in defaults else "–"
+        accepted = accepted_kinds(cls, defaults) if "drafter" in defaults else []
+        drafters = ", ".join(sorted(accepted, key=order.index)) or "–"
         cells = [
             f"`{name}`",
             f"`{_module_path(cls)}`",
@@ -133,7 +149,7 @@ def drafters_table() -> str:
         "| drafter | module | scope (default) | what proposes | shapes | batchable | needs |",
         "|---|---|---|---|---|---|---|",
     ]
-    for kind, cls in DRAFTERS.items():
+    for kind, cls in declared(DRAFTERS):
         scope = ", ".join(f"`{k}` {doc_value(p.default)}" for k, p in cls.params.items()) or "–"
         needs = "–" if cls.asset is None else f"`{cls.asset}:`" + (" or `path`" if "path" in cls.params else "")
         cells = [

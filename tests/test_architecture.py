@@ -160,7 +160,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_the_known_edges(graph):
     assert "pipeline.decoding.kv" in graph["pipeline.measure.costs"]
-    assert "pipeline.decoding.timing" in graph["pipeline.decoding.drafters"]  # relative import
+    assert "pipeline.decoding.drafting" in graph["pipeline.decoding.drafters"]  # relative import
     assert "pipeline.sweep.plan" in graph["pipeline.sweep.driver"]
     assert "pipeline.tracking" in graph["analysis.runs"]
     assert "pipeline.decoding.base" in graph["pipeline.decoding.spd"]  # relative import
