@@ -18,10 +18,10 @@ from pipeline.training.chat_mix import CATEGORY_WEIGHTS, MULTI_TURN, Conversatio
 from pipeline.training.contamination import contaminated, evaluation_prompts, refuse_evaluation_prompts
 from pipeline.training.distill_heldout import build_heldout
 from pipeline.training.prompt_sets import build_prompts
+from pipeline.training.shards import load_records
 from pipeline.training.teacher_data import (
     chat_heldout_conversations,
     generate_teacher_data,
-    load_records,
     sample_answers_packed,
     sample_conversations,
 )

@@ -19,14 +19,8 @@ from helpers.models import tiny_llama
 from helpers.tokenizers import word_tokenizer
 from pipeline.training import distill as distill_mod
 from pipeline.training import gpu_teacher, teacher_data
-from pipeline.training.teacher_data import (
-    Record,
-    generate_teacher_data,
-    load_records,
-    load_shard,
-    save_shard,
-    shard_files,
-)
+from pipeline.training.shards import load_records, load_shard, save_shard, shard_files
+from pipeline.training.teacher_data import Record, generate_teacher_data
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from helpers.models import tiny_llama
 from helpers.tokenizers import word_tokenizer
-from pipeline.decoding.checkpoints import attach, attached, read_checkpoint
+from pipeline.decoding.checkpoints import attach, place, read_checkpoint
 from pipeline.prompts import chat_ids
 from pipeline.training.common import repo_path, scheduled_steps, start_run, warmup_cosine
 from pipeline.training.prompt_sets import build_prompts, feature_prompts
@@ -111,16 +111,16 @@ def test_head_checkpoints_read_safetensors_or_bin_and_name_the_trainer(tmp_path)
     assert torch.equal(read_checkpoint(tmp_path, **kw)[2]["w"], torch.zeros(2))
 
 
-def test_attach_checks_the_width_and_keeps_the_targets_state_dict():
+def test_place_and_attach_check_the_width_and_keep_the_targets_state_dict():
     target = tiny_llama(0, vocab=32, hidden=32)
     head = torch.nn.Linear(32, 32)
     head.hidden_size = 32
     keys = set(target.state_dict())
-    assert attach(target, head, "extra_head", "Test head") is target and attached(target, "extra_head", "none") is head
+    assert place(target, head, "Test head") is head and not hasattr(target, "extra_head")  # placed, not attached
+    assert attach(target, head, "extra_head", "Test head") is target and target.extra_head is head
     assert set(target.state_dict()) == keys
     narrow = torch.nn.Linear(16, 16)
     narrow.hidden_size = 16
-    with pytest.raises(ValueError, match="Test head expects hidden size 16, the target has 32"):
-        attach(target, narrow, "other_head", "Test head")
-    with pytest.raises(ValueError, match="add it like this"):
-        attached(target, "missing_head", "add it like this")
+    for call in (lambda: place(target, narrow, "Test head"), lambda: attach(target, narrow, "other_head", "Test head")):
+        with pytest.raises(ValueError, match="Test head expects hidden size 16, the target has 32"):
+            call()

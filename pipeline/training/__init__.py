@@ -7,7 +7,10 @@ chat_mix_words.py, chat_mix_subjects.py
                  the chat mix's word lists
 contamination.py the check that refuses evaluation prompts in training data (word 13-grams)
 teacher_data.py  the offline teacher data (one copy): the target's sampled answers and top-k
-                 log-probs (draft distillation), and the feature corpus with the target's hidden states (heads)
+                 log-probs (draft distillation)
+shards.py        the teacher data's shards on disk (.pt, or compact .npz) and their loader
+feature_corpus.py
+                 the heads' feature corpus with the target's hidden states (Medusa, EAGLE)
 distill.py       distil a small draft for a pair's target (``python -m pipeline.distill``)
 distill_heldout.py
                  the held-out sets of a distillation run and the alpha measured on them

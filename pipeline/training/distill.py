@@ -40,7 +40,8 @@ from pipeline.training.chat_mix import chat_conversations
 from pipeline.training.common import repo_path, start_run
 from pipeline.training.distill_heldout import evaluate_alpha, heldout_sets
 from pipeline.training.distill_train import choose_token_map, train
-from pipeline.training.teacher_data import generate_teacher_data, load_records, padding_id
+from pipeline.training.shards import load_records
+from pipeline.training.teacher_data import generate_teacher_data, padding_id
 
 # --------------------------------------------------------------------------------------------------
 # Student
@@ -162,7 +163,7 @@ def read_manifest(data_dir: Path) -> dict:
 def check_teacher_dir(data_dir: Path, cfg) -> None:
     """``data.teacher_dir`` holds shards, and its manifest's generation settings are this run's (before any
     model loads)."""
-    from pipeline.training.teacher_data import shard_files  # noqa: PLC0415
+    from pipeline.training.shards import shard_files  # noqa: PLC0415
 
     if not data_dir.is_dir() or not shard_files(data_dir):
         raise ValueError(

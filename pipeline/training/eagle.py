@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from pipeline.decoding.eagle import EagleHead, eagle_config, save_eagle_head
 from pipeline.decoding.warping import Warper
 from pipeline.training.common import load_frozen_target, repo_path, start_run, train_head
-from pipeline.training.teacher_data import feature_data
+from pipeline.training.feature_corpus import feature_data
 
 
 def split_sequences(

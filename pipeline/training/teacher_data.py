@@ -27,7 +27,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -37,7 +37,8 @@ from pipeline.decoding.warping import Warper, warp
 from pipeline.prompts import chat_ids, encode_prompt
 from pipeline.training.chat_mix import Conversation, chat_conversations
 from pipeline.training.contamination import refuse_evaluation_prompts
-from pipeline.training.prompt_sets import build_prompts, feature_prompts, stdlib_chunks, stdlib_functions
+from pipeline.training.prompt_sets import build_prompts, stdlib_functions
+from pipeline.training.shards import SHARD_FORMATS, save_shard, shard_files
 
 # --------------------------------------------------------------------------------------------------
 # Teacher passes
@@ -467,173 +468,3 @@ def generate_teacher_data(
         if el > time_budget_s:
             log(f"time budget reached after {el:.0f}s")
             break
-
-
-# --------------------------------------------------------------------------------------------------
-# Shards on disk
-# --------------------------------------------------------------------------------------------------
-SHARD_FORMATS = ("pt", "npz")
-KINDS = ("gen", "gen2", "tf")
-
-
-def shard_files(data_dir: Path) -> list[Path]:
-    """The teacher shards in ``data_dir`` (``shard-XXXX.pt`` and ``shard-XXXX.npz``), in shard order."""
-    return sorted(p for fmt in SHARD_FORMATS for p in Path(data_dir).glob(f"shard-*.{fmt}"))
-
-
-def save_shard(records: list[Record], path: Path) -> None:
-    """Write ``records`` to ``path``: ``.pt`` is ``torch.save`` of their dicts; ``.npz`` is the compact form
-    (``numpy.savez_compressed``): every record's ids in one array, the top-k rows of all answer positions in
-    two ``[N, K]`` arrays, ids as uint16 when the vocabulary fits (49,152 here), log-probs float16 as stored.
-    At K = 32 that is 128 bytes an answer token (the ``.pt`` form: 192) before zlib."""
-    path = Path(path)
-    if path.suffix == ".pt":
-        torch.save([r.__dict__ for r in records], path)
-        return
-    if path.suffix != ".npz":
-        raise ValueError(f"a shard is .pt or .npz, not {path.name}")
-    import numpy as np  # noqa: PLC0415
-
-    if not records:
-        raise ValueError(f"{path.name}: no records to write")
-    ids = torch.cat([r.ids for r in records])
-    topk_ids = torch.cat([r.topk_ids for r in records])
-    top = max(int(ids.max()), int(topk_ids.max()))
-    id_type = np.uint16 if top < 2**16 else np.int32
-    with open(path, "wb") as f:
-        np.savez_compressed(
-            f,
-            ids=ids.numpy().astype(id_type),
-            lengths=np.array([len(r.ids) for r in records], dtype=np.int32),
-            starts=np.array([r.start for r in records], dtype=np.int32),
-            kinds=np.array([KINDS.index(r.kind) for r in records], dtype=np.uint8),
-            topk_ids=topk_ids.numpy().astype(id_type),
-            topk_logp=torch.cat([r.topk_logp for r in records]).to(torch.float16).numpy(),
-        )
-
-
-def load_shard(path: Path) -> list[dict]:
-    """The records of one shard as dicts (``Record``'s fields; ids int32, log-probs float16), either format."""
-    path = Path(path)
-    if path.suffix == ".pt":
-        return torch.load(path)
-    import numpy as np  # noqa: PLC0415
-
-    with np.load(path) as z:
-        ids = torch.from_numpy(z["ids"].astype(np.int32))
-        topk_ids = torch.from_numpy(z["topk_ids"].astype(np.int32))
-        topk_logp = torch.from_numpy(z["topk_logp"])
-        lengths, starts, kinds = z["lengths"].tolist(), z["starts"].tolist(), z["kinds"].tolist()
-    if int(sum(lengths)) != len(ids) or int(sum(n - s for n, s in zip(lengths, starts))) != len(topk_ids):
-        raise ValueError(f"{path}: its arrays do not add up (a damaged or truncated shard): bring it back again")
-    out, a, b = [], 0, 0
-    for n, start, kind in zip(lengths, starts, kinds):
-        m = n - start
-        out.append(
-            {
-                "ids": ids[a : a + n],
-                "start": start,
-                "topk_ids": topk_ids[b : b + m],
-                "topk_logp": topk_logp[b : b + m],
-                "kind": KINDS[kind],
-            }
-        )
-        a, b = a + n, b + m
-    return out
-
-
-def load_records(data_dir: Path) -> list[dict]:
-    """Every record of the shards in ``data_dir`` (``shard_files``), in shard order."""
-    recs = []
-    for p in shard_files(data_dir):
-        recs.extend(load_shard(p))
-    return recs
-
-
-# --------------------------------------------------------------------------------------------------
-# Feature corpus (Medusa and EAGLE heads): stdlib source as chat answers, the target's sampled answers
-# --------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def generate_answers(
-    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int, log
-) -> list[list[int]]:
-    """The target's sampled answers (prompt + answer ids), T=1 top-k 10 top-p 0.9, batched with left padding."""
-    torch.manual_seed(seed)
-    pad = padding_id(tokenizer)
-    out = []
-    for b in range(0, len(prompts), batch_size):
-        batch = [chat_ids(tokenizer, p) for p in prompts[b : b + batch_size]]
-        ids, mask = left_pad(batch, pad)
-        width = ids.shape[1]
-        gen = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_k=10,
-            top_p=0.9,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-        )
-        for x, row in zip(batch, gen[:, width:].tolist()):
-            eos = tokenizer.eos_token_id
-            answer = row[: row.index(eos) + 1] if eos in row else row
-            out.append(x + [t for t in answer if t != pad or t == eos])
-        log(f"sampled answers {min(b + batch_size, len(prompts))}/{len(prompts)}")
-    return out
-
-
-@torch.no_grad()
-def hidden_states(model, sequences: list[list[int]], log, tag: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Concatenated last hidden states ``[N, H]`` (fp32), token ids ``[N]`` and sequence ids ``[N]``."""
-    hs, ids, seq = [], [], []
-    backbone = model.get_decoder()
-    for i, s in enumerate(sequences):
-        x = torch.tensor([s])
-        hs.append(backbone(input_ids=x).last_hidden_state[0].float())
-        ids.append(x[0])
-        seq.append(torch.full((len(s),), i))
-        if (i + 1) % 20 == 0:
-            log(f"hidden states [{tag}] {i + 1}/{len(sequences)}")
-    return torch.cat(hs), torch.cat(ids), torch.cat(seq)
-
-
-def feature_data(
-    model, tokenizer, data_cfg: dict[str, Any], seed: int, cache: Path, log
-) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The offline training/held-out text and the frozen target's last hidden states over it (cached in ``cache``).
-
-    Tags ``train`` (stdlib source + the target's sampled answers), ``heldout_stdlib``, ``heldout_answers``;
-    each ``(hidden [N, H], token ids [N], sequence ids [N])`` (``hidden_states``). Used by Medusa and EAGLE training.
-    """
-    if cache.exists():
-        log(f"loaded cached data {cache}")
-        return torch.load(cache)
-    data = {
-        tag: hidden_states(model, seqs, log, tag)
-        for tag, seqs in feature_sequences(model, tokenizer, data_cfg, seed, log).items()
-    }
-    torch.save(data, cache)
-    log("data: " + ", ".join(f"{k} {v[0].shape[0]} tokens" for k, v in data.items()))
-    return data
-
-
-def feature_sequences(model, tokenizer, data_cfg: dict[str, Any], seed: int, log) -> dict[str, list[list[int]]]:
-    """The token sequences of the feature corpus by tag (``train``, ``heldout_stdlib``, ``heldout_answers``):
-    what ``feature_data`` runs the target over (EAGLE-3 training reads other layers of the same text)."""
-    train_prompts, held_prompts = feature_prompts(seed)
-    train_prompts = train_prompts[: data_cfg["n_prompts"]]
-    held_prompts = held_prompts[: data_cfg["n_heldout_prompts"]]
-    src_train, src_held = stdlib_chunks(
-        data_cfg["n_stdlib_files"], data_cfg["n_heldout_stdlib_files"], data_cfg["stdlib_chars"], seed
-    )
-    limit = data_cfg["max_len"]
-    seqs_train = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_train]
-    seqs_held = [chat_ids(tokenizer, f"Show me the code of {p}.", c)[:limit] for p, c in src_held]
-    gen_train = generate_answers(
-        model, tokenizer, train_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed, log
-    )
-    gen_held = generate_answers(
-        model, tokenizer, held_prompts, data_cfg["max_new_tokens"], data_cfg["batch_size"], seed + 1, log
-    )
-    return {"train": seqs_train + gen_train, "heldout_stdlib": seqs_held, "heldout_answers": gen_held}
