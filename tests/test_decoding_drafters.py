@@ -16,8 +16,8 @@ from helpers.exact import WARP, chi_square_pvalue, exact_law
 from helpers.heads import with_eagle
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
-from pipeline.decoding.base import DrafterContext
-from pipeline.decoding.drafters import NgramDrafter
+from pipeline.decoding.base import DRAFTERS, DrafterContext
+from pipeline.decoding.drafters import DRAFT, PAIR, NgramDrafter, register_drafter
 from pipeline.decoding.eagle import (
     EagleHead,
     EagleRunner,
@@ -402,3 +402,12 @@ def test_drafter_validation_before_any_model():
         DrafterContext.of_pair({**pair, "drafter": "medusa"})
     with pytest.raises(ValueError, match="kind"):
         check_method("spd", {"drafter": {"max_ngram": 3}}, drafters=ctx)
+
+
+@pytest.mark.parametrize("kind", [PAIR, DRAFT])
+def test_no_plugin_may_take_a_pseudo_kind(kind):
+    """``pair`` and ``draft`` are values of the ``drafter`` parameter that name no plugin (one constant each)."""
+    plugin = type("Shadow", (NgramDrafter,), {"kind": kind})
+    with pytest.raises(ValueError, match=f"a drafter plugin needs a kind other than pair/draft, got '{kind}'"):
+        register_drafter(plugin)
+    assert kind not in DRAFTERS
