@@ -322,7 +322,7 @@ def test_each_drafter_measures_its_own_draft_cost(eagle_pair, drafter):
 
 
 def test_ngram_lookup():
-    d = NgramDrafter(vocab_size=50, device="cpu", max_ngram=3, min_ngram=1)
+    d = NgramDrafter(device="cpu", max_ngram=3, min_ngram=1)
     assert d.lookup([1, 2, 3, 4, 1, 2, 3], 2) == [4, 1]  # the trigram [1 2 3] matched
     assert d.lookup([1, 2, 9, 7, 2, 8, 2], 3) == [8, 2]  # unigram 2: most recent earlier match, cut at the end
     assert d.lookup([5, 6, 7], 3) == []  # no match
@@ -332,7 +332,7 @@ def test_ngram_lookup():
     # a deterministic proposal carries no rows (each q is the point mass at its token), no [g, V] one-hot
     assert draft.tokens.tolist() == [3, 1] and draft.probs is None
     assert draft.q_at_tokens().tolist() == [1.0, 1.0] and draft.one_hot(50)[0, 3] == 1.0 == draft.one_hot(50).sum() / 2
-    assert NgramDrafter(50, "cpu", max_ngram=3, min_ngram=2).lookup([1, 2, 9, 2], 3) == []
+    assert NgramDrafter("cpu", max_ngram=3, min_ngram=2).lookup([1, 2, 9, 2], 3) == []
 
 
 def test_ngram_without_match_takes_plain_target_steps(eagle_pair):

@@ -458,10 +458,10 @@ class NgramDrafter(Drafter):
         "min_ngram": Param(1, int_at_least(1), "shortest suffix looked up"),
     }
 
-    def __init__(self, vocab_size: int, device, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, device, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.vocab_size, self.device = vocab_size, device
+        self.device = device
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.lookups = 0
 
@@ -475,7 +475,7 @@ class NgramDrafter(Drafter):
 
     @classmethod
     def create(cls, decoder, scope):
-        return cls(decoder.target.vocab_size, decoder.target.device, scope["max_ngram"], scope["min_ngram"])
+        return cls(decoder.target.device, scope["max_ngram"], scope["min_ngram"])
 
     def start(self, prompt, hidden=None) -> None:
         self.lookups = 0
