@@ -344,8 +344,8 @@ def write_claims(
     """Evaluate the claims and write claims.md|csv, acceptance.md|csv and figures/claims_forest.png|pdf under
     ``out_dir``. claims.md opens with the provenance (``command``, commit, machine, measured costs, date) and one
     paragraph per method, and carries each speed claim's memory-bound prediction (c: ``gpu_cost_ratio``, else each
-    pair's bytes ratio), the claims that hold on one side only, the frontier (where the sweep has hsd / hsd_ref /
-    traversal cells), the batch crossover (where batch size varies) and the sizes undecided claims need."""
+    pair's bytes ratio), the claims that hold on one side only, the frontier (where the sweep has cells of rules the
+    exact calculator declares), the batch crossover (where batch size varies) and the sizes undecided claims need."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     claims = list(claims) if claims is not None else load_claims(claims_file)
@@ -378,10 +378,9 @@ def write_claims(
         )
         + "\n"
     )
-    labels = set(runs["label"].astype(str))
-    if labels & {"hsd", "hsd_ref", "traversal", "mcss"}:
+    if transfer.frontier_rules(full):
         sections.append(
-            "## The frontier: HSD, block and token verification; Traversal beside SpecInfer and MCSS\n\n"
+            "## The frontier: the exact calculator's rules beside their cells\n\n"
             + transfer.frontier_markdown(full, samples)
         )
     if batching.varies(full):

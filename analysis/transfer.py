@@ -5,7 +5,7 @@ claims would need.
     c = gpu_cost_ratio("smollm2-offline")           # the pair's bytes ratio: Leviathan's c on a memory-bound device
     provenance_markdown(runs, sweep, command)        # claims.md's header: command, commit, machine, costs, date
     method_paragraphs(runs, samples, c)              # one paragraph per method: ratio to ar, bound, efficiency, limit
-    frontier_markdown(runs, samples)                 # hsd_ref / hsd / block / token, tree rules: exact vs measured
+    frontier_markdown(runs, samples)                 # the exact calculator's rules the sweep measured: exact vs cells
     crossover_markdown(runs, samples, c)             # batch 1..B: throughput, latency, acceptance, crossover
     sizing_markdown(table, runs)                     # the prompts an undecided claim needs, and whether it fits 2 hours
 
@@ -319,46 +319,51 @@ def method_paragraphs(runs: pd.DataFrame, samples: pd.DataFrame, gpu_c: Mapping[
 # ----------------------------------------------------------------------------------- the frontier
 
 
-def exact_rows(gamma: int = 2, k_config: list[int] | None = None) -> list[Any]:
-    """The exact calculator's rows on its toy table (p = 1/3, 2/3; q = 2/3, 1/3): every chain rule at ``gamma``, the
-    tree rules at ``k_config`` (default [2] + [1] * (gamma - 1), as ``python -m pipeline.exact``)."""
-    from pipeline.decoding.exact import Pair, chain_rules, evaluate, tree_config, tree_rules  # noqa: PLC0415
-
-    pair = Pair.context_free([1 / 3, 2 / 3], [2 / 3, 1 / 3])
-    rows = [evaluate(r, pair, gamma=gamma) for r in chain_rules() if r != "mtad"]
-    kc = list(k_config) if k_config else [2] + [1] * (gamma - 1)
-    rows += [evaluate(r, pair, k_config=tree_config(r, kc, 2, gamma)) for r in tree_rules() if r != "spectr"]
-    return rows
-
-
 EXACT_COMMAND = "python -m pipeline.exact --p 1/3,2/3 --q 2/3,1/3 --gamma 2"
 
 
-def exact_command_output() -> str:
-    """The table ``EXACT_COMMAND`` prints (the same calculator on the same toy table: every chain and tree rule that
-    declares its exact case analysis; analysis reads the library, not the command-line module)."""
-    from pipeline.decoding.exact import Pair, chain_rules, evaluate, format_table, tree_config, tree_rules  # noqa: PLC0415
+def exact_table() -> list[Any]:
+    """The rows ``EXACT_COMMAND`` prints: every chain and tree rule that declares its exact case analysis
+    (``ChainRule.exact``, ``TreeWalk.exact``), in the registry's order, on the calculator's toy table (p = 1/3, 2/3;
+    q = 2/3, 1/3): chains of 2 at tau 1, trees of k_config [2, 1] (SpecTr: 2 chains of 2). Analysis reads the library,
+    not the command-line module."""
+    from pipeline.decoding.exact import Pair, chain_rules, evaluate, tree_config, tree_rules  # noqa: PLC0415
 
     pair = Pair.context_free([1 / 3, 2 / 3], [2 / 3, 1 / 3])
     rows = [evaluate(r, pair, gamma=2, tau=1.0) for r in chain_rules()]
     rows += [evaluate(r, pair, k_config=tree_config(r, [2, 1], 2, 2)) for r in tree_rules()]
-    return format_table(rows) + "\n"
+    return rows
+
+
+def exact_command_output() -> str:
+    """The table ``EXACT_COMMAND`` prints (the same calculator on the same toy table)."""
+    from pipeline.decoding.exact import format_table  # noqa: PLC0415
+
+    return format_table(exact_table()) + "\n"
+
+
+def frontier_rules(runs: pd.DataFrame) -> list[str]:
+    """The exact calculator's rules this sweep measured: the methods that declare an exact case analysis and label
+    batch-1 cells (a method at its configured defaults is labelled by its name), in the calculator's order."""
+    from pipeline.decoding.exact import chain_rules, tree_rules  # noqa: PLC0415
+
+    labels = set(batch_one(runs)["label"].astype(str)) if "label" in runs else set()
+    return [r for r in chain_rules() + tree_rules() if r in labels]
 
 
 def frontier_markdown(runs: pd.DataFrame, samples: pd.DataFrame) -> str:
-    """hsd_ref / hsd / block / token (spd), then traversal beside specinfer and mcss: the calculator's exact E[tokens]
-    and total variation on its toy table beside each method's measured tokens/step, acceptance and perplexity (ratio
-    to ar's, mean over paired generations' cells)."""
-    from pipeline.decoding.exact import as_fraction  # noqa: PLC0415
+    """Every rule of the exact calculator the sweep measured (``frontier_rules``): the calculator's exact E[tokens]
+    and total variation on its toy table beside the method's measured tokens/step, acceptance and perplexity (ratio
+    to ar's, mean over paired generations' cells); the HSD finding where the sweep has hsd_ref."""
+    from pipeline.decoding.exact import as_fraction, format_table  # noqa: PLC0415
 
-    one = batch_one(runs)
-    exact = {o.rule: o for o in exact_rows(2)}
+    one, rules = batch_one(runs), frontier_rules(runs)
+    table = exact_table()
+    exact = {o.rule: o for o in table}
     ar_ppl = float(num(one[one["label"] == schema.BASELINE], "perplexity").mean())
 
     def measured(label: str) -> tuple[str, str, str]:
         g = one[one["label"] == label]
-        if g.empty:
-            return "no cells", "–", "–"
         tps = float(pd.to_numeric(g["accepted_per_step"], errors="coerce").mean())
         alpha = float(num(g, "draft_acceptance_rate_pooled").mean())
         ppl = float(num(g, "perplexity").mean())
@@ -376,29 +381,28 @@ def frontier_markdown(runs: pd.DataFrame, samples: pd.DataFrame) -> str:
         "measured draft acceptance | measured perplexity |",
         "|---|---|---|---|---|---|---|",
     ]
-    for label in ("hsd_ref", "hsd", "block", "spd", "specinfer", "mcss", "traversal"):
-        rule = label
-        o = exact.get(rule)
-        tps, alpha, ppl = measured(label)
+    for rule in rules:
+        o = exact[rule]
+        tps, alpha, ppl = measured(rule)
         lines.append(
-            f"| {label} | {rule} | {as_fraction(o.tokens) if o else '–'} | {as_fraction(o.distance) if o else '–'} | "
-            f"{tps} | {alpha} | {ppl} |"
+            f"| {rule} | {rule} | {as_fraction(o.tokens)} | {as_fraction(o.distance)} | {tps} | {alpha} | {ppl} |"
         )
-    hsd_ref, hsd, block = exact["hsd_ref"], exact["hsd"], exact["block"]
-    lines += ["", f"`{EXACT_COMMAND}` prints:", "", "```", exact_command_output().rstrip(), "```"]
-    lines += [
-        "",
-        (
-            f"**The HSD finding** (`{EXACT_COMMAND}`): HSD as its authors' code runs it (hsd_ref) emits "
-            f"{as_fraction(hsd_ref.tokens)} tokens per iteration against block verification's "
-            f"{as_fraction(block.tokens)}, but its output law is {as_fraction(hsd_ref.distance)} in total variation "
-            f"from the target's: it is lossy for gamma >= 2. HSD's lossless form (hsd) emits "
-            f"{as_fraction(hsd.tokens)} at distance {as_fraction(hsd.distance)}; block verification is the most a "
-            "lossless single-draft rule accepts (its Theorem 2), so no lossless HSD beats it. The measured rows say "
-            "whether the same ordering shows on the real pair (tokens/step) and whether hsd_ref's distance shows in "
-            "its perplexity (the lossless-perplexity claims above decide it at their size)."
-        ),
-    ]
+    lines += ["", f"`{EXACT_COMMAND}` prints:", "", "```", format_table(table).rstrip(), "```"]
+    if "hsd_ref" in rules:
+        hsd_ref, hsd, block = exact["hsd_ref"], exact["hsd"], exact["block"]
+        lines += [
+            "",
+            (
+                f"**The HSD finding** (`{EXACT_COMMAND}`): HSD as its authors' code runs it (hsd_ref) emits "
+                f"{as_fraction(hsd_ref.tokens)} tokens per iteration against block verification's "
+                f"{as_fraction(block.tokens)}, but its output law is {as_fraction(hsd_ref.distance)} in total "
+                f"variation from the target's: it is lossy for gamma >= 2. HSD's lossless form (hsd) emits "
+                f"{as_fraction(hsd.tokens)} at distance {as_fraction(hsd.distance)}; block verification is the most "
+                "a lossless single-draft rule accepts (its Theorem 2), so no lossless HSD beats it. The measured rows "
+                "say whether the same ordering shows on the real pair (tokens/step) and whether hsd_ref's distance "
+                "shows in its perplexity (the lossless-perplexity claims above decide it at their size)."
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,6 @@
 """Tokens/s of decoding methods with a pair's draft on held-out prompts (the code: ``pipeline.training.speed``).
 
-python -m pipeline.distill_speed --pair smollm2-offline --methods ar spd block mtad --repeats 3
+python -m pipeline.distill_speed --pair smollm2-offline --repeats 3  # --methods: the bench's (conf/bench.yaml)
 """
 
 from __future__ import annotations

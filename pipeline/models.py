@@ -236,17 +236,14 @@ def head_folder_exists(path: str | Path) -> bool:
 
 
 def drafter_context(spec: PairSpec) -> DrafterContext:
-    """What the pair offers to drafting (draft model, EAGLE head, default drafter), before any model loads.
-    An ``eagle:`` folder that is not there yet offers no head, so ``drafter: eagle`` is refused here with
-    the command that trains one, not after the models have loaded."""
-    eagle = spec.extra.get("eagle")
+    """What the pair offers to drafting (draft model, the assets its drafters declare: an EAGLE head, Medusa heads;
+    default drafter), before any model loads. An asset folder (``pair_attachments``) that is not there yet offers
+    nothing, so ``drafter: eagle`` is refused here with the command that trains one, not after the models have
+    loaded."""
+    folders = {role: spec.extra.get(role) for role in pair_attachments() if role != "drafter"}
+    offered = {role: path if path and head_folder_exists(path) else None for role, path in folders.items()}
     return DrafterContext.of_pair(
-        {
-            "name": spec.name,
-            "draft": spec.draft,
-            "eagle": eagle if eagle and head_folder_exists(eagle) else None,
-            "drafter": spec.extra.get("drafter"),
-        }
+        {"name": spec.name, "draft": spec.draft, **offered, "drafter": spec.extra.get("drafter")}
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers.models import tiny_llama
+from helpers.teacher import small_chat_run
 from helpers.tokenizers import word_tokenizer
 from pipeline.decoding.kv import CachedModel
 from pipeline.prompts import encode_prompt
@@ -133,21 +134,7 @@ def test_second_turns_follow_the_targets_own_first_answer():
 def test_chat_teacher_data_is_written_in_shards_and_checked_first(tmp_path, monkeypatch):
     tok = word_tokenizer()
     target = tiny_chat_target(tok)
-    kw = dict(
-        n_prompts=12,
-        tf_fraction=0.0,
-        batch_size=4,
-        max_new_tokens=5,
-        top_k_store=4,
-        sample_top_k=20,
-        sample_top_p=0.95,
-        seed=0,
-        time_budget_s=1e9,
-        engine="packed",
-        slots=8,
-        prompts="chat",
-        log=lambda m: None,
-    )
+    kw = small_chat_run(time_budget_s=1e9, engine="packed", slots=8)
     generate_teacher_data(target, tok, tmp_path / "a", **kw)
     recs = load_records(tmp_path / "a")
     assert len(list((tmp_path / "a").glob("shard-*.pt"))) == 3

@@ -16,8 +16,8 @@ from helpers.exact import WARP, chi_square_pvalue, exact_law
 from helpers.heads import with_eagle
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
-from pipeline.decoding.base import DrafterContext
-from pipeline.decoding.drafters import NgramDrafter
+from pipeline.decoding.base import DRAFTERS, DrafterContext
+from pipeline.decoding.drafters import DRAFT, PAIR, NgramDrafter, register_drafter
 from pipeline.decoding.eagle import (
     EagleHead,
     EagleRunner,
@@ -322,7 +322,7 @@ def test_each_drafter_measures_its_own_draft_cost(eagle_pair, drafter):
 
 
 def test_ngram_lookup():
-    d = NgramDrafter(vocab_size=50, device="cpu", max_ngram=3, min_ngram=1)
+    d = NgramDrafter(device="cpu", max_ngram=3, min_ngram=1)
     assert d.lookup([1, 2, 3, 4, 1, 2, 3], 2) == [4, 1]  # the trigram [1 2 3] matched
     assert d.lookup([1, 2, 9, 7, 2, 8, 2], 3) == [8, 2]  # unigram 2: most recent earlier match, cut at the end
     assert d.lookup([5, 6, 7], 3) == []  # no match
@@ -332,7 +332,7 @@ def test_ngram_lookup():
     # a deterministic proposal carries no rows (each q is the point mass at its token), no [g, V] one-hot
     assert draft.tokens.tolist() == [3, 1] and draft.probs is None
     assert draft.q_at_tokens().tolist() == [1.0, 1.0] and draft.one_hot(50)[0, 3] == 1.0 == draft.one_hot(50).sum() / 2
-    assert NgramDrafter(50, "cpu", max_ngram=3, min_ngram=2).lookup([1, 2, 9, 2], 3) == []
+    assert NgramDrafter("cpu", max_ngram=3, min_ngram=2).lookup([1, 2, 9, 2], 3) == []
 
 
 def test_ngram_without_match_takes_plain_target_steps(eagle_pair):
@@ -402,3 +402,12 @@ def test_drafter_validation_before_any_model():
         DrafterContext.of_pair({**pair, "drafter": "medusa"})
     with pytest.raises(ValueError, match="kind"):
         check_method("spd", {"drafter": {"max_ngram": 3}}, drafters=ctx)
+
+
+@pytest.mark.parametrize("kind", [PAIR, DRAFT])
+def test_no_plugin_may_take_a_pseudo_kind(kind):
+    """``pair`` and ``draft`` are values of the ``drafter`` parameter that name no plugin (one constant each)."""
+    plugin = type("Shadow", (NgramDrafter,), {"kind": kind})
+    with pytest.raises(ValueError, match=f"a drafter plugin needs a kind other than pair/draft, got '{kind}'"):
+        register_drafter(plugin)
+    assert kind not in DRAFTERS

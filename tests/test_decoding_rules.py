@@ -114,37 +114,39 @@ def test_a_taken_name_is_an_error_and_module_attr_names_resolve():
 
 
 def _literal_strings(node: ast.AST) -> list[str]:
-    """The string elements of a tuple / list / set literal (also inside frozenset(...), set(...), tuple(...)) or the
-    string keys of a dict literal; [] for anything else."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set", "tuple"):
-        return _literal_strings(node.args[0]) if node.args else []
+    """The string elements of a tuple / list / set literal, the string keys of a dict literal, or the string
+    positional arguments of a call (``one_of("a", "b")``; ``frozenset({...})`` is its inner set); [] for anything
+    else."""
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         elts = list(node.elts)
     elif isinstance(node, ast.Dict):
         elts = [k for k in node.keys if k is not None]
+    elif isinstance(node, ast.Call):
+        elts = list(node.args)
     else:
         return []
     return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
 
 
 def hand_lists(source: str, registries: dict[str, set[str]]) -> list[tuple[int, str, str, list[str]]]:
-    """Module-level tuple / list / set / dict literals that name two or more entries of one registry: (line,
-    assigned name, registry, the names). One registered name in a literal is a word that happens to match (a
-    config key ``model``, Spec-Bench's category ``mt_bench``); two or more are a list kept beside the registry."""
+    """Every literal of ``source`` that names two or more entries of one registry, wherever it is written (module
+    level, class bodies, function bodies, default arguments, call arguments): (line, where: the enclosing
+    ``def`` / ``class`` path or ``<module>``, registry, the names). One registered name in a literal is a word that
+    happens to match (a config key ``model``, Spec-Bench's category ``mt_bench``); two or more are a list kept
+    beside the registry."""
     found = []
-    for statement in ast.parse(source).body:
-        if isinstance(statement, ast.Assign):
-            target, value = statement.targets[0], statement.value
-        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-            target, value = statement.target, statement.value
-        else:
-            continue
-        strings = _literal_strings(value)
+
+    def visit(node: ast.AST, where: str) -> None:
         for kind, names in registries.items():
-            hit = sorted({s for s in strings if s in names})
+            hit = sorted({s for s in _literal_strings(node) if s in names})
             if len(hit) >= 2:
-                found.append((statement.lineno, ast.unparse(target), kind, hit))
-    return found
+                found.append((getattr(node, "lineno", 0), where, kind, hit))
+        for child in ast.iter_child_nodes(node):
+            scoped = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            visit(child, (child.name if where == "<module>" else f"{where}.{child.name}") if scoped else where)
+
+    visit(ast.parse(source), "<module>")
+    return sorted(found)
 
 
 def _registries() -> dict[str, set[str]]:
@@ -155,7 +157,8 @@ def _registries() -> dict[str, set[str]]:
 
 def test_no_module_keeps_a_list_of_registered_names_beside_the_registries():
     """Capabilities and rows come from what methods, drafters and scorers declare (issue 45): no module of the
-    pipeline or the analysis holds a module-level literal of their names, except the registry itself."""
+    pipeline or the analysis holds a literal of their names anywhere (module level, class or function body,
+    default or call argument), except the registry itself."""
     root = Path(__file__).resolve().parents[1]
     registries = _registries()
     found = {
@@ -172,7 +175,9 @@ def test_no_module_keeps_a_list_of_registered_names_beside_the_registries():
 
 
 def test_the_hand_list_check_can_fail():
-    """The check finds the lists it forbids, in every literal form, and lets single words and functions pass."""
+    """The check finds the lists it forbids in every literal form and every place one can be written (module
+    level, class body, function body, default argument, call argument, a comparison), and lets single words
+    pass."""
     registries = _registries()
     source = (
         'CHAIN = ("spd", "block")\n'
@@ -180,7 +185,26 @@ def test_the_hand_list_check_can_fail():
         'LOSSLESS = {"spd": True, "hsd": True}\n'
         'SCORES = ["humaneval", "spider"]\n'
         'KEYS = ("model", "api_base")\n'
-        "def f():\n    return ('spd', 'block')\n"
+        "def f(methods=('ar', 'spd')):\n"
+        "    for label in ('hsd', 'block'):\n"
+        "        g(label, one_of('mcss', 'traversal'), pick=['rouge', 'spider'])\n"
+        "    return label in {'eagle', 'eagle3'} or label == 'spd'\n"
+        "class C:\n"
+        "    OWN = ('medusa', 'ngram')\n"
+        "    def m(self):\n"
+        "        return ['typical', 'mtad']\n"
     )
-    got = [(line, name, kind) for line, name, kind, _ in hand_lists(source, registries)]
-    assert got == [(1, "CHAIN", "method"), (2, "KINDS", "drafter"), (3, "LOSSLESS", "method"), (4, "SCORES", "scorer")]
+    got = [(line, where, kind) for line, where, kind, _ in hand_lists(source, registries)]
+    assert got == [
+        (1, "<module>", "method"),
+        (2, "<module>", "drafter"),
+        (3, "<module>", "method"),
+        (4, "<module>", "scorer"),
+        (6, "f", "method"),
+        (7, "f", "method"),
+        (8, "f", "method"),
+        (8, "f", "scorer"),
+        (9, "f", "drafter"),
+        (11, "C", "drafter"),
+        (13, "C.m", "method"),
+    ]

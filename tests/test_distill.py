@@ -420,3 +420,20 @@ def test_the_card_shows_the_chat_heldout_set_and_the_continued_run(tmp_path):
     assert "| 10 | 40000 | 1.0 | 1.2 | 0.4600 | 0.4100 | 0.4800 |" in card
     assert "alpha **0.4100**" in card and "Continued from `models/smollm2-135m-draft`" in card
     assert "3 of them second turns" in card
+
+
+def test_distill_speed_times_the_bench_methods_and_refuses_an_unknown_one_before_any_model(capsys):
+    """``--methods`` defaults to the bench's configured methods (the one default list of methods to time lives in
+    conf/), and a name that is not registered exits 2 naming the registered methods, before any model loads."""
+    import yaml  # noqa: PLC0415
+
+    from pipeline.decoding import METHODS  # noqa: PLC0415
+    from pipeline.training import speed  # noqa: PLC0415
+
+    configured = yaml.safe_load((REPO / "conf" / "bench.yaml").read_text())["methods"]
+    assert speed.parse_args([]).methods == configured and set(configured) <= set(METHODS)
+    assert speed.parse_args(["--methods", "ar", "typical"]).methods == ["ar", "typical"]
+    with pytest.raises(SystemExit) as exit_info:
+        speed.parse_args(["--methods", "ar", "nope"])
+    assert exit_info.value.code == 2
+    assert "--methods: unknown method 'nope'; valid methods: the registered methods" in capsys.readouterr().err

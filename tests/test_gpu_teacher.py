@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from helpers.models import tiny_llama
+from helpers.teacher import small_chat_run
 from helpers.tokenizers import word_tokenizer
 from pipeline.training import distill as distill_mod
 from pipeline.training import gpu_teacher, teacher_data
@@ -75,20 +76,7 @@ def tiny(tok):
 
 def test_batched_generation_writes_npz_and_ends_inside_its_budget(tmp_path, monkeypatch):
     tok = word_tokenizer()
-    kw = dict(
-        n_prompts=12,
-        tf_fraction=0.0,
-        batch_size=4,
-        max_new_tokens=5,
-        top_k_store=4,
-        sample_top_k=20,
-        sample_top_p=0.95,
-        seed=0,
-        engine="batched",
-        prompts="chat",
-        shard_format="npz",
-        log=lambda m: None,
-    )
+    kw = small_chat_run(engine="batched", shard_format="npz")
     generate_teacher_data(tiny(tok), tok, tmp_path / "a", time_budget_s=1e9, **kw)
     assert [p.suffix for p in shard_files(tmp_path / "a")] == [".npz"] * 3
     recs = load_records(tmp_path / "a")
@@ -180,3 +168,29 @@ def test_distill_refuses_shards_made_with_other_settings(override, message, monk
         )
     with pytest.raises(ValueError, match=message):
         distill_mod.run(cfg)
+
+
+def test_the_distillation_and_a_node_make_their_generation_from_one_settings_mapping(tmp_path, monkeypatch):
+    """``teacher_settings``: conf/distill.yaml's ``data:`` keys are the generation's keywords (a key it does not take
+    is refused, naming those it takes); a node's run shares the distillation's sampler and records exactly the
+    settings it generated with in its manifest."""
+    data = gpu_teacher.distill_data()
+    settings = teacher_data.teacher_settings(data, seed=5)
+    assert set(settings) == set(data) - {"teacher_dir"} | {"seed"} and settings["seed"] == 5
+    with pytest.raises(ValueError, match=r"unknown teacher-data setting\(s\) \['n_prompt'\]; the generation takes"):
+        teacher_data.teacher_settings({**data, "n_prompt": 3})
+    tok = word_tokenizer()
+    monkeypatch.setattr("pipeline.models.load_pair", lambda cfg: types.SimpleNamespace(target=tiny(tok), tokenizer=tok))
+    (tmp_path / gpu_teacher.GGUF_FILE).write_bytes(b"GGUF")
+    argv = ["generate", "600", "--gguf-dir", str(tmp_path), "--device", "cpu", "--n-prompts", "6", "--batch-size", "3"]
+    argv += ["--max-new-tokens", "4", "--top-k", "4", "--tf-fraction", "0", "--work", str(tmp_path / "w")]
+    manifest = gpu_teacher.generate(gpu_teacher.parse_args([*argv, "--out", str(tmp_path / "o")]))
+    assert {k: manifest[k] for k in ("prompts", "n_prompts", "top_k_store", "engine", "shard_format")} == {
+        "prompts": "chat",
+        "n_prompts": 6,
+        "top_k_store": 4,
+        "engine": "batched",
+        "shard_format": "npz",
+    }
+    assert (manifest["sample_top_k"], manifest["sample_top_p"]) == (data["sample_top_k"], data["sample_top_p"])
+    assert manifest["shards"] == 2 and json.loads((tmp_path / "w" / "shards" / "manifest.json").read_text()) == manifest

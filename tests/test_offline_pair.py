@@ -94,6 +94,18 @@ def test_the_pair_loads_without_its_heads_and_refuses_eagle_before_loading(tmp_p
     assert getattr(pair.target, "medusa_heads", None) is None  # and nothing is set on the target
 
 
+def test_the_plan_sees_every_asset_folder_a_drafter_declares(tmp_path):
+    """``drafter_context`` offers each asset of ``pair_attachments`` whose folder is there (Medusa heads as an EAGLE
+    head): a pair whose default drafter reads Medusa heads is accepted once its folder holds them."""
+    cfg = {**pair_config("smollm2-offline"), "medusa": str(tmp_path / "medusa"), "drafter": "medusa"}
+    with pytest.raises(ValueError, match="drafter: medusa reads the pair's `medusa:`"):
+        drafter_context(PairSpec.from_config(cfg))
+    (tmp_path / "medusa").mkdir()
+    (tmp_path / "medusa" / "config.json").write_text("{}")
+    ctx = drafter_context(PairSpec.from_config(cfg))
+    assert ctx.has_medusa and ctx.offers("medusa") and not ctx.has_eagle and ctx.default == "medusa"
+
+
 def test_draft_head_is_restricted_and_mapped_onto_the_target_vocabulary(offline_pair):
     draft = CachedModel(offline_pair.draft, vocab_size=offline_pair.target.config.vocab_size)
     assert draft.token_map is not None and draft.vocab_size == 49152

@@ -239,6 +239,19 @@ def test_the_claims_report_opens_with_provenance_and_methods_and_carries_the_sec
     assert "predicted_verdict" in out["table"]
 
 
+def test_the_frontier_is_the_calculators_rules_the_sweep_measured():
+    """The frontier's rows come from the calculator's declarations and the sweep's labels, no list of names: the
+    rules that declare an exact case analysis and label batch-1 cells, in the calculator's order; a method without one
+    (beam) adds no row, a batched cell none either, and the HSD finding needs hsd_ref's cells."""
+    runs, samples = fake_sweep(labels=("ar", "beam", "traversal", "block"), batches=(1, 2))
+    assert transfer.frontier_rules(runs) == ["block", "traversal"]
+    text = transfer.frontier_markdown(runs, samples)
+    rows = [line.split("|")[1].strip() for line in text.split("```")[0].splitlines() if line.startswith("| ")]
+    assert rows == ["method", "block", "traversal"]
+    assert "The HSD finding" not in text and "| hsd_ref | no | 4/3" in text  # the calculator's whole table, printed
+    assert transfer.frontier_rules(fake_sweep(labels=("ar", "beam"))[0]) == []  # write_claims: no frontier section
+
+
 def test_the_make_run_size_decides_nothing_about_losslessness():
     """3 prompts per dataset (make run): every lossless-perplexity claim is 'too few prompts', never contradicted."""
     from analysis.claims_spec import load_claims  # noqa: PLC0415

@@ -77,7 +77,7 @@ def test_the_lossless_rules_declare_the_point_mass_and_the_ngram_drafter_carries
     rows = {name: cls.rule.point_mass for name, cls in METHODS.items() if getattr(cls, "rule", None) is not None}
     rows = {n: pm for n, pm in rows.items() if method_class(n).rule.draft == "rows"}
     assert rows and all(rows.values()), rows
-    draft = NgramDrafter(8, "cpu").propose([1, 2, 3, 1, 2], 3, Warper(1.0, 0, 1.0), None)
+    draft = NgramDrafter("cpu").propose([1, 2, 3, 1, 2], 3, Warper(1.0, 0, 1.0), None)
     assert draft is not None and draft.probs is None
 
 

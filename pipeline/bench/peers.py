@@ -38,6 +38,11 @@ class Peer:
 
 PEERS: Registry[Peer] = Registry("transformers peer", name_of=lambda p: p.drafter)
 
+# The method a peer runs as: transformers' assisted generation verifies a chain by token verification (Leviathan
+# et al.), our `spd`. Its rows are labelled with it, run at its gamma and its `max_ngram`, and compared with our
+# rows of each drafter; the bench's per-drafter costs and its roofline line are taken under it too.
+REFERENCE = "spd"
+
 
 def assistant_model(a: PeerArgs) -> dict[str, Any]:
     """Assisted generation with the pair's draft model, a constant ``gamma`` tokens per step, no confidence stop."""

@@ -12,8 +12,10 @@ from typing import Any, cast
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.bench.peers import REFERENCE
 from pipeline.decoding import DRAFTERS, check_method, method_class
 from pipeline.decoding.draft_length import DRAFT_STOPS
+from pipeline.decoding.drafters import PAIR
 from pipeline.measure.energy import check_energy_meter
 from pipeline.models import PairSpec, drafter_context
 from pipeline.sweep.checks import MAX_BATCH_SIZE, check_numbers, check_seeds, rule_errors
@@ -183,15 +185,13 @@ class BenchPlan:
         for entry in cfg.drafters:
             value: Any = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
             d: Any = value.get("kind") if isinstance(value, dict) else value
-            if d != "pair" and d not in DRAFTERS:
+            if d != PAIR and d not in DRAFTERS:
                 raise ValueError(
-                    f"unknown drafter {value!r} in drafters: choose from pair, {', '.join(DRAFTERS)} "
+                    f"unknown drafter {value!r} in drafters: choose from {PAIR}, {', '.join(DRAFTERS)} "
                     "(or {kind: ..., <its parameters>})"
                 )
-            if (
-                d == "pair"
-            ):  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
-                d = value = check_method("spd", {"drafter": "pair"}, drafters=ctx)["drafter"]["kind"]
+            if d == PAIR:  # the pair's drafter, resolved as the methods resolve it (eagle + an EAGLE-3 folder: eagle3)
+                d = value = check_method(REFERENCE, {"drafter": PAIR}, drafters=ctx)["drafter"]["kind"]
             if DRAFTERS.get(d).asset == "draft" and not ctx.has_draft:
                 raise ValueError(f"drafters has model but pair {spec.name!r} has no draft model")
             if (

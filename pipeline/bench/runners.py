@@ -11,14 +11,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.bench.peers import PEERS, PeerArgs, no_peer
+from pipeline.bench.peers import PEERS, REFERENCE, PeerArgs, no_peer
 from pipeline.bench.plan import BenchPlan, Row, generate_kwargs
 from pipeline.decoding import build_decoder, make_generator
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for
 from pipeline.decoding.timing import median_times
 from pipeline.device import synchronize
 from pipeline.measure.bounds import alpha_from_accepted, hindsight_bound, hindsight_gamma, leviathan_bound
-from pipeline.measure.costs import chain_draft_cost, step_times
+from pipeline.measure.costs import chain_draft_cost, per_draft_token, step_times
 from pipeline.measure.energy import energy_summary, make_energy_meter
 from pipeline.measure.meters import IdleReading
 from pipeline.models import load_pair
@@ -192,8 +192,8 @@ class Bench(BenchPlan):
         target, draft = self.pair.target, self.pair.draft
         kwargs = generate_kwargs(self.cfg, mode, self.pair.tokenizer.pad_token_id or 0)
         if assisted:  # the peer registered for the drafter (transformers_peers: only drafters that have one)
-            ngram = OmegaConf.select(self.cfg, "method_params.spd.max_ngram", default=None) or 3
-            kwargs.update(PEERS[drafter].kwargs(PeerArgs(draft, self.chain_gamma("spd"), int(ngram))))
+            ngram = OmegaConf.select(self.cfg, f"method_params.{REFERENCE}.max_ngram", default=None) or 3
+            kwargs.update(PEERS[drafter].kwargs(PeerArgs(draft, self.chain_gamma(REFERENCE), int(ngram))))
 
         def run_one(i, ids):
             torch.manual_seed(self.cfg.seed + i)
@@ -214,20 +214,26 @@ class Bench(BenchPlan):
         target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
         costs: dict[str, float] = {}
         d: str | None
-        lengths = self.gammas() or [self.chain_gamma("spd")]  # no chain row: spd's, for the roofline line
+        lengths = self.gammas() or [self.chain_gamma(REFERENCE)]  # no chain row: the reference's, for the roofline line
         for g in lengths:
             t_ar, costs[f"t_verify_g{g}"] = step_times(target, prompt, g, self.device, reps=reps)
             costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
         costs["t_verify"] = costs[f"t_verify_g{max(lengths)}"]
-        for d in self.drafters:  # each drafter's own draft token (costs.chain_draft_cost), under spd's warping
+        for (
+            d
+        ) in self.drafters:  # each drafter's own draft token (costs.chain_draft_cost), under the reference's warping
             dec: Any = build_decoder(
-                "spd", target, self.pair.draft, assets=self.pair.assets, **self.method_params("spd", "sample", d)
+                REFERENCE,
+                target,
+                self.pair.draft,
+                assets=self.pair.assets,
+                **self.method_params(REFERENCE, "sample", d),
             )
             costs[f"t_draft_{d}"] = chain_draft_cost(
                 dec.drafter_impl,
                 dec.target,
                 list(prompt),
-                self.chain_gamma("spd"),
+                self.chain_gamma(REFERENCE),
                 dec.warper,
                 reps=reps,
                 sync=lambda: synchronize(self.device),
@@ -251,15 +257,15 @@ class Bench(BenchPlan):
         generator = make_generator(0, self.device)
         with torch.inference_mode():
             dec._start(prompt)
-            (seconds,) = median_times(
-                lambda: dec.propose(prompt, gamma, generator),
-                reps=reps,
-                warmup=1,
-                sync=lambda: synchronize(self.device),
-                after=lambda: dec.drafter_impl.rollback(len(prompt) - 1),
-            )
+        seconds = per_draft_token(
+            lambda: dec.propose(prompt, gamma, generator),
+            lambda: dec.drafter_impl.rollback(len(prompt) - 1),
+            gamma,
+            reps,
+            lambda: synchronize(self.device),
+        )
         dec.target.reset()
-        return seconds / gamma
+        return seconds
 
     def run(self) -> tuple[list[Row], dict[str, Any]]:
         """All rows. Ratios, speedups and efficiencies are medians of per-pass values (each pass
@@ -278,7 +284,7 @@ class Bench(BenchPlan):
             }
             for d, why in hf_drafters.items():
                 if why is None:
-                    runners[("transformers", "spd", d)] = self.transformers(True, mode, d)
+                    runners[("transformers", REFERENCE, d)] = self.transformers(True, mode, d)
             runners.update({("ours", m, d): self.ours(m, mode, d) for m, d in self.runs()})
             adaptive = self.adaptive_runs(mode)
             runners.update({(f"ours:{s}", m, d): self.ours(m, mode, d, s) for m, d, s in adaptive})
@@ -292,16 +298,24 @@ class Bench(BenchPlan):
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))
             for d, why in hf_drafters.items():
                 if why is None:
-                    hf = results[("transformers", "spd", d)]
+                    hf = results[("transformers", REFERENCE, d)]
                     rows.append(
-                        Row("transformers", "spd", mode, med(hf[0]), hf[1], drafter=d, gamma=self.gamma_of("spd"))
+                        Row(
+                            "transformers",
+                            REFERENCE,
+                            mode,
+                            med(hf[0]),
+                            hf[1],
+                            drafter=d,
+                            gamma=self.gamma_of(REFERENCE),
+                        )
                     )
                 else:
-                    rows.append(Row("transformers", "spd", mode, None, 0, drafter=d, note=why))
+                    rows.append(Row("transformers", REFERENCE, mode, None, 0, drafter=d, note=why))
             ours_ar = results.get(("ours", "ar", None))
             for method, d in self.runs():
                 rates, tokens, outs, gens = results[("ours", method, d)]
-                peer = hf_ar if method == "ar" else results.get(("transformers", "spd", d))
+                peer = hf_ar if method == "ar" else results.get(("transformers", REFERENCE, d))
                 gamma = self.gamma_of(method)
                 row = Row("ours", method, mode, med(rates), tokens, drafter=d, gamma=gamma)
                 if peer is not None:

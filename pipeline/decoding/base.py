@@ -168,11 +168,9 @@ class DrafterContext:
     has_medusa: bool = False
 
     def offers(self, asset: str | None) -> bool:
-        """Whether the pair has ``asset`` (a drafter's or method's declared need: draft, eagle, medusa; None:
-        nothing)."""
-        return asset is None or {"draft": self.has_draft, "eagle": self.has_eagle, "medusa": self.has_medusa}.get(
-            asset, False
-        )
+        """Whether the pair has ``asset`` (a drafter's or method's declared need; None: nothing): the field
+        ``has_<asset>`` (``has_draft``, ``has_eagle``, ``has_medusa``); an asset without such a field is not offered."""
+        return asset is None or bool(getattr(self, f"has_{asset}", False))
 
     @classmethod
     def of_pair(cls, pair: Mapping[str, Any]) -> "DrafterContext":

@@ -82,6 +82,10 @@ TREE_CHILDREN = (
     "top",
 )  # how a tree's children are drawn: i.i.d. from q, from q without replacement, the top k
 
+# The pseudo-kinds of the `drafter` parameter: values that name no plugin (no plugin may take them as its kind)
+PAIR = "pair"  # the pair's own drafter (its `drafter:`) where the method takes it, else the draft model
+DRAFT = "draft"  # typical's older name of the draft model (`model`), accepted where a method lists it (`extra`)
+
 
 def drafter_class(kind: str) -> type["Drafter"]:
     """The drafter registered as ``kind`` (or ``module:attr`` of one); a clear error lists the kinds."""
@@ -92,7 +96,7 @@ def drafter_scope(value: Any) -> dict[str, Any]:
     """``value`` (a kind name or a ``{kind: ..., ...}`` mapping) as a mutable scope with ``kind``."""
     if isinstance(value, Mapping):
         if "kind" not in value:
-            raise ValueError(f"drafter: {dict(value)!r} needs a `kind:` (one of {['pair', *DRAFTERS]})")
+            raise ValueError(f"drafter: {dict(value)!r} needs a `kind:` (one of {[PAIR, *DRAFTERS]})")
         return dict(value)
     return {"kind": value}
 
@@ -100,7 +104,7 @@ def drafter_scope(value: Any) -> dict[str, Any]:
 def check_drafter_value(extra: tuple[str, ...] = ()) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         kind = value.get("kind") if isinstance(value, Mapping) else value
-        valid = ["pair", *extra, *DRAFTERS]
+        valid = [PAIR, *extra, *DRAFTERS]
         if isinstance(kind, str) and (kind in valid or ":" in kind):
             return None
         return (
@@ -115,7 +119,7 @@ def drafter_param(extra: tuple[str, ...] = (), help: str = "") -> Param:
     """The ``drafter`` parameter (any registered kind passes the type check; ``resolve_drafter`` says which
     ones the method accepts and why not the others)."""
     return Param(
-        "pair",
+        PAIR,
         check_drafter_value(extra),
         help or "who drafts: the pair's drafter (pair), a drafter kind, or {kind: ..., <its parameters>}",
     )
@@ -128,7 +132,7 @@ def fold_drafter_short_forms(params: dict[str, Any]) -> dict[str, Any]:
     """Top-level ``max_ngram`` / ``min_ngram`` (the pre-plugin form) move into the ``drafter`` scope."""
     short = {k: params.pop(k) for k in NGRAM_SHORT_FORMS if k in params}
     if short:
-        params["drafter"] = {**drafter_scope(params.get("drafter", "pair")), **short}
+        params["drafter"] = {**drafter_scope(params.get("drafter", PAIR)), **short}
     return params
 
 
@@ -157,7 +161,7 @@ def resolve_drafter(method: Any, values: dict[str, Any], ctx: DrafterContext) ->
     name = method.name
     scope = drafter_scope(values["drafter"])
     kind = scope.pop("kind")
-    if kind == "pair":
+    if kind == PAIR:
         base = drafter_scope(ctx.default) if ctx.default else {"kind": "model"}
         if base["kind"] == "eagle" and ctx.eagle_version == 3:
             base["kind"] = "eagle3"
@@ -196,8 +200,8 @@ def resolve_drafter(method: Any, values: dict[str, Any], ctx: DrafterContext) ->
 
 def register_drafter(cls: type["Drafter"]) -> type["Drafter"]:
     """Make ``cls`` selectable as ``drafter: {kind: cls.kind, ...}`` (a taken kind is an error)."""
-    if not cls.kind or cls.kind in ("pair", "draft"):
-        raise ValueError(f"a drafter plugin needs a kind other than pair/draft, got {cls.kind!r}")
+    if not cls.kind or cls.kind in (PAIR, DRAFT):
+        raise ValueError(f"a drafter plugin needs a kind other than {PAIR}/{DRAFT}, got {cls.kind!r}")
     return DRAFTERS.register(cls)
 
 
@@ -454,10 +458,10 @@ class NgramDrafter(Drafter):
         "min_ngram": Param(1, int_at_least(1), "shortest suffix looked up"),
     }
 
-    def __init__(self, vocab_size: int, device, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, device, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.vocab_size, self.device = vocab_size, device
+        self.device = device
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.lookups = 0
 
@@ -471,7 +475,7 @@ class NgramDrafter(Drafter):
 
     @classmethod
     def create(cls, decoder, scope):
-        return cls(decoder.target.vocab_size, decoder.target.device, scope["max_ngram"], scope["min_ngram"])
+        return cls(decoder.target.device, scope["max_ngram"], scope["min_ngram"])
 
     def start(self, prompt, hidden=None) -> None:
         self.lookups = 0

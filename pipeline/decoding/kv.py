@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Sequence, cast
+from typing import Iterator, Sequence, cast
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -284,15 +284,22 @@ class CachedModel:
         if len(tokens) == 0:
             width = self.model.config.hidden_size * max(1, len(self.capture_layers))
             return torch.zeros(0, width, device=self.device, dtype=self.dtype)
-        saved = self.capture_hidden
-        self.capture_hidden = True
         t0 = self._clock()
-        try:
+        with self.capturing():
             self._run(self._ids(tokens), keep=-1 if (self.lean is not None) else 0)
-        finally:
-            self.capture_hidden = saved
         self.prefill_s += self._clock() - t0
         return self.captured()
+
+    @contextmanager
+    def capturing(self) -> Iterator["CachedModel"]:
+        """The forwards inside run with ``capture_hidden`` set (``captured()`` reads their hidden states after);
+        the setting is restored on the way out."""
+        saved = self.capture_hidden
+        self.capture_hidden = True
+        try:
+            yield self
+        finally:
+            self.capture_hidden = saved
 
     def captured(self) -> torch.Tensor:
         """``hidden``, of the last forward, which ran with ``capture_hidden`` set."""
@@ -413,17 +420,13 @@ class CachedModel:
         allowed = allowed.to(self.device)
         rows = rows.to(self.device)
         if self.lean is not None:
-            saved = self.capture_hidden
-            self.capture_hidden = True
-            try:
+            with self.capturing():
                 self._run(
                     self._ids(tokens),
                     keep=-1,
                     attention_mask=allowed[None, None],
                     position_ids=positions.to(self.device, torch.long).reshape(1, -1),
                 )
-            finally:
-                self.capture_hidden = saved
             self.forwards += 1
             assert self.final_hidden is not None  # captured by the forward above
             return self.lean.head(self.final_hidden[rows][None])[0]

@@ -144,13 +144,8 @@ class PackedCache:
         """``step``, and per group the target's hidden states of all its rows ``[m, width]`` (what an EAGLE head
         reads: the LM head's input, or with ``capture_layers`` the inputs of those decoder layers, which
         ``forward_masked_rows`` taps in the lean forward, on the CPU kernels too)."""
-        model = self.model
-        saved = model.capture_hidden
-        model.capture_hidden = True
-        try:
+        with self.model.capturing() as model:
             raws = self.step(groups)
-        finally:
-            model.capture_hidden = saved
         return raws, list(model.captured().split([g.tokens.numel() for g in groups]))
 
 
@@ -192,13 +187,8 @@ class SoloCache:
 
     def step_hidden(self, groups: list[PackedRows]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``step``, and the target's hidden states of the kept rows."""
-        model = self.model
-        saved = model.capture_hidden
-        model.capture_hidden = True
-        try:
+        with self.model.capturing() as model:
             raws = self.step(groups)
-        finally:
-            model.capture_hidden = saved
         return raws, [model.captured()]
 
     def rollback(self, slot: int, length: int) -> None:

@@ -15,7 +15,7 @@ warped support. Temperature 0: exactly ``ar`` greedy.
 from __future__ import annotations
 
 from .base import Param, boolean, in_closed, int_list_at_least, nonneg_number, one_of
-from .drafters import drafter_param, drafter_scope
+from .drafters import DRAFT, ModelDrafter, drafter_param, drafter_scope
 from .rules import ChainRule, TreeWalk
 from .speculative import DraftVerifyDecoder
 from .tree_verify import typical_tree_rule
@@ -45,7 +45,7 @@ class TypicalDecoder(DraftVerifyDecoder):
         "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
         "delta": Param(0.3, nonneg_number, "posterior alpha: the entropy-scaled threshold factor"),
         "drafter": drafter_param(
-            extra=("draft",),
+            extra=(DRAFT,),
             help="who drafts: the pair's drafter (pair), a drafter kind (draft = model; medusa: the pair's Medusa "
             "heads, a tree), or {kind: ..., <its parameters>}",
         ),
@@ -65,7 +65,7 @@ class TypicalDecoder(DraftVerifyDecoder):
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:
         scope = drafter_scope(values["drafter"])
-        if scope["kind"] == "draft":
-            scope["kind"] = "model"
+        if scope["kind"] == DRAFT:
+            scope["kind"] = ModelDrafter.kind
         values["drafter"] = scope
         super().resolve_drafter(values, ctx)

@@ -59,6 +59,18 @@ def step_times(
     return single, block
 
 
+def per_draft_token(
+    propose: Callable[[], Any], rollback: Callable[[], Any], gamma: int, reps: int, sync: Callable[[], None]
+) -> float:
+    """Median seconds per draft token of ``propose()`` (one ``gamma``-token proposal after a cached prompt), over
+    ``reps`` calls after one warm-up, each followed by ``rollback()`` (the caches back to the prompt), under
+    ``torch.inference_mode``: the timing of every proposal cost (``chain_draft_cost``, ``proposal_cost``, the bench's
+    ``t_propose``)."""
+    with torch.inference_mode():
+        (seconds,) = median_times(propose, reps=reps, warmup=1, sync=sync, after=rollback)
+    return seconds / gamma
+
+
 def chain_draft_cost(
     drafter: Any,
     target: CachedModel,
@@ -82,16 +94,15 @@ def chain_draft_cost(
         target.prefill(prompt[:-1])
     drafter.start(prompt, hidden)
     generator = torch.Generator(device=target.device).manual_seed(0)
-    with torch.inference_mode():
-        (seconds,) = median_times(
-            lambda: drafter.propose(prompt, gamma, warper, generator),
-            reps=reps,
-            warmup=1,
-            sync=sync,
-            after=lambda: drafter.rollback(len(prompt) - 1),
-        )
+    seconds = per_draft_token(
+        lambda: drafter.propose(prompt, gamma, warper, generator),
+        lambda: drafter.rollback(len(prompt) - 1),
+        gamma,
+        reps,
+        sync,
+    )
     target.reset()
-    return seconds / gamma
+    return seconds
 
 
 def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> dict[str, float]:
@@ -185,18 +196,18 @@ def proposal_cost(decoder: Any, prompt: Sequence[int], device: torch.device | st
     model.reset()
     with torch.inference_mode():
         model.prefill(prompt[:-1])
-        generator = torch.Generator(device=model.device).manual_seed(0)
-        (seconds,) = median_times(
-            lambda: beam_sample(
-                model, prompt, gamma, args.num_beams, decoder.warper, generator, args.beam_weights, args.replacement
-            ),
-            reps=reps,
-            warmup=1,
-            sync=sync,
-            after=lambda: model.rollback(len(prompt) - 1),
-        )
+    generator = torch.Generator(device=model.device).manual_seed(0)
+    seconds = per_draft_token(
+        lambda: beam_sample(
+            model, prompt, gamma, args.num_beams, decoder.warper, generator, args.beam_weights, args.replacement
+        ),
+        lambda: model.rollback(len(prompt) - 1),
+        gamma,
+        reps,
+        sync,
+    )
     model.reset()
-    return seconds / gamma
+    return seconds
 
 
 def calibrate_draft_length(

@@ -41,7 +41,7 @@ from pipeline.training.common import repo_path, start_run
 from pipeline.training.distill_heldout import evaluate_alpha, heldout_sets
 from pipeline.training.distill_train import choose_token_map, train
 from pipeline.training.shards import load_records
-from pipeline.training.teacher_data import generate_teacher_data, padding_id
+from pipeline.training.teacher_data import generate_teacher_data, padding_id, teacher_settings
 
 # --------------------------------------------------------------------------------------------------
 # Student
@@ -200,6 +200,7 @@ def run(cfg) -> dict:
     teacher_dir = d.get("teacher_dir")
     if teacher_dir:
         check_teacher_dir(repo_path(teacher_dir), cfg)
+    settings = teacher_settings(OmegaConf.to_container(d, resolve=True), seed=cfg.seed, prompts=kind)  # before loading
 
     pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
     pair_cfg["draft"] = None  # the draft is what we are making
@@ -227,27 +228,7 @@ def run(cfg) -> dict:
         log(f"teacher data: the shards of {data_dir} (no generation here)")
     t0 = time.time()
     if not teacher_dir:
-        generate_teacher_data(
-            target,
-            tok,
-            data_dir,
-            n_prompts=d.n_prompts,
-            tf_fraction=d.tf_fraction,
-            batch_size=d.batch_size,
-            max_new_tokens=d.max_new_tokens,
-            top_k_store=d.top_k_store,
-            sample_top_k=d.sample_top_k,
-            sample_top_p=d.sample_top_p,
-            seed=cfg.seed,
-            time_budget_s=d.time_budget_s,
-            max_shards=d.get("max_shards"),
-            engine=engine,
-            slots=d.get("slots", 64),
-            prompts=kind,
-            multi_turn=d.get("multi_turn", 0.4),
-            shard_format=d.get("shard_format", "pt"),
-            log=log,
-        )
+        generate_teacher_data(target, tok, data_dir, **{**settings, "engine": engine}, log=log)
     new_gen_s = time.time() - t0
     if teacher_dir:  # the generation's wall time is the manifest's (the node's)
         new_gen_s, wall = 0.0, float(read_manifest(data_dir).get("wall_s", 0.0))

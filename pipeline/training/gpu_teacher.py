@@ -102,6 +102,14 @@ def pair_for(args: argparse.Namespace) -> dict:
     return cfg
 
 
+def distill_data() -> dict:
+    """conf/distill.yaml's ``data:`` section, read without Hydra: the distillation's generation settings (its sampler)
+    that a node's run shares."""
+    import yaml  # noqa: PLC0415 - pipeline.models needs it too: the node has it
+
+    return yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "distill.yaml").read_text())["data"]
+
+
 def project_commit() -> str:
     try:
         root = Path(__file__).resolve().parents[2]
@@ -169,7 +177,7 @@ def generate(args: argparse.Namespace) -> dict:
 
     from pipeline.models import load_pair  # noqa: PLC0415
     from pipeline.training.shards import load_records  # noqa: PLC0415
-    from pipeline.training.teacher_data import generate_teacher_data  # noqa: PLC0415
+    from pipeline.training.teacher_data import generate_teacher_data, teacher_settings  # noqa: PLC0415
 
     work, out = Path(args.work), Path(args.out)
     shards = work / "shards"
@@ -179,42 +187,28 @@ def generate(args: argparse.Namespace) -> dict:
     target, tok = pair.target.eval(), pair.tokenizer
     device = next(target.parameters()).device
     print(f"target: {target.dtype} on {device}, loaded in {time.time() - t_load:.1f}s", flush=True)
-    t0 = time.time()
-    generate_teacher_data(
-        target,
-        tok,
-        shards,
+    settings = teacher_settings(
+        distill_data(),  # conf/distill.yaml's: its sampler, and what the arguments below leave
+        prompts="chat",
         n_prompts=args.n_prompts,
+        seed=args.seed,
+        multi_turn=args.multi_turn,
         tf_fraction=args.tf_fraction,
         batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
         top_k_store=args.top_k,
-        sample_top_k=20,  # conf/distill.yaml's sampler
-        sample_top_p=0.95,
-        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
         time_budget_s=args.seconds,
         engine="batched",
-        prompts="chat",
-        multi_turn=args.multi_turn,
         shard_format="npz",
-        stop_before_budget=True,
-        log=lambda m: print(m, flush=True),
     )
+    t0 = time.time()
+    generate_teacher_data(target, tok, shards, **settings, stop_before_budget=True, log=lambda m: print(m, flush=True))
     wall = time.time() - t0
     records = load_records(shards)
     n_tok = sum(len(r["topk_ids"]) for r in records)
     shard_bytes = sum(p.stat().st_size for p in shards.glob("shard-*.npz"))
     manifest = {
-        "prompts": "chat",
-        "n_prompts": args.n_prompts,
-        "seed": args.seed,
-        "multi_turn": args.multi_turn,
-        "tf_fraction": args.tf_fraction,
-        "batch_size": args.batch_size,
-        "top_k_store": args.top_k,
-        "max_new_tokens": args.max_new_tokens,
-        "sample_top_k": 20,
-        "sample_top_p": 0.95,
+        **settings,  # the generation's settings (distill checks prompts, n_prompts, seed and multi_turn)
         "shards": len(list(shards.glob("shard-*.npz"))),
         "records": len(records),
         "tokens": n_tok,

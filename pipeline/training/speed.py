@@ -1,6 +1,6 @@
 """Tokens/s of decoding methods with a pair's draft on held-out prompts (the figures of a draft's model card).
 
-    python -m pipeline.distill_speed --pair smollm2-offline --methods ar spd block mtad --repeats 3
+    python -m pipeline.distill_speed --pair smollm2-offline --repeats 3  # --methods: the bench's (conf/bench.yaml)
 
 Held-out prompts: HumanEval and MT-Bench first turns (the ones the distilled draft never saw). Each
 repeat runs every method once over the same prompts and seeds (methods interleaved, so load from
@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
-from pipeline.decoding import build_decoder, make_generator
+from pipeline.decoding import build_decoder, make_generator, method_class
 from pipeline.decoding.vocab import restrict_head
 from pipeline.models import load_pair, pair_config
 from pipeline.prompts import chat_ids
@@ -28,11 +29,21 @@ from pipeline.training.common import repo_path
 from pipeline.training.distill_heldout import heldout_prompts
 
 
-def main(argv: list[str] | None = None) -> dict:
+def bench_methods() -> list[str]:
+    """The methods timed by default: the bench's (``methods:`` of conf/bench.yaml), the one default list of methods
+    to time."""
+    return list(yaml.safe_load(repo_path("conf/bench.yaml").read_text())["methods"])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before any model loads: ``--methods`` defaults to ``bench_methods()``, and a name
+    that is not a registered method (or `module:attr` of one) exits 2 naming the registered ones."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="smollm2-offline")
-    ap.add_argument("--methods", nargs="+", default=["ar", "spd", "block", "mtad"])
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument(
+        "--methods", nargs="+", default=None, help="registered methods to time (default: the bench's, conf/bench.yaml)"
+    )
+    ap.add_argument("--gamma", type=int, default=4, help="the draft length of every method that takes one")
     ap.add_argument("--n-humaneval", type=int, default=4)
     ap.add_argument("--n-mtbench", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -51,7 +62,17 @@ def main(argv: list[str] | None = None) -> dict:
         "--card", default=None, help="a draft directory: append the figures to its MODEL_CARD.md and metrics.json"
     )
     args = ap.parse_args(argv)
+    args.methods = args.methods or bench_methods()
+    for m in args.methods:
+        try:
+            method_class(m)  # an unknown name fails here, before the pair loads, with the registered names
+        except ValueError as err:
+            ap.error(f"--methods: {err}")
+    return args
 
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     config = pair_config(args.pair)
     if args.full_head and config.get("draft"):
@@ -67,14 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = heldout_prompts(args.n_humaneval, args.n_mtbench, mt_bench)
     prompt_ids = [chat_ids(tok, p) for p in prompts]
     eos = [tok.eos_token_id]
-    params = {
-        "ar": {},
-        "spd": {"gamma": args.gamma},
-        "block": {"gamma": args.gamma},
-        "mtad": {"gamma": args.gamma},
-    }
+    # every method that takes a draft length runs at --gamma; a method builds its draft model only if it needs one
     decoders = {
-        m: build_decoder(m, pair.target, None if m == "ar" else draft, **params.get(m, {})) for m in args.methods
+        m: build_decoder(m, pair.target, draft, **({"gamma": args.gamma} if "gamma" in method_class(m).params else {}))
+        for m in args.methods
     }
     with torch.no_grad():  # warm-up
         for m, dec in decoders.items():

@@ -23,11 +23,12 @@ shipped heads were trained, so that a run with the same seed rebuilds the same d
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from transformers import DynamicCache
@@ -468,3 +469,23 @@ def generate_teacher_data(
         if el > time_budget_s:
             log(f"time budget reached after {el:.0f}s")
             break
+
+
+NOT_GENERATION = ("teacher_dir",)  # keys of conf/distill.yaml's data: that are not generation settings
+
+
+def teacher_settings(data: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    """``generate_teacher_data``'s keywords from a ``data:`` section of conf/distill.yaml (its keys are the keywords'
+    names; ``NOT_GENERATION`` keys are left out), ``overrides`` winning: how the distillation and a GPU node's run
+    (``gpu_teacher``, which records them in its manifest) make one generation. A key the generation does not take is
+    a ValueError naming the ones it takes."""
+    taken = [
+        k for k in inspect.signature(generate_teacher_data).parameters if k not in ("target", "tokenizer", "out_dir")
+    ]
+    settings = {k: v for k, v in {**data, **overrides}.items() if k not in NOT_GENERATION}
+    unknown = sorted(set(settings) - set(taken))
+    if unknown:
+        raise ValueError(
+            f"data: unknown teacher-data setting(s) {unknown}; the generation takes {taken} (conf/distill.yaml)"
+        )
+    return settings

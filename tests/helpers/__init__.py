@@ -5,6 +5,7 @@ tokenizers.py  the offline pair's tokenizer and a small word-level one with a ch
 exact.py       exact laws by enumeration and the chi-square test against them
 project.py     a project folder (conf/ + tiny models + data) for sweeps, and how to run one
 cells.py       make_cell: a Cell built by hand (tracking and analysis tests)
+teacher.py     small_chat_run: the teacher data's settings for a generation of a second or two
 judge.py       an OpenAI-compatible judge server on loopback (MT-Bench scoring, the sweep's judge stage)
 vendor/        third-party test code kept as published (Spec-Bench's speed())
 """
