@@ -252,6 +252,22 @@ def test_the_frontier_is_the_calculators_rules_the_sweep_measured():
     assert transfer.frontier_rules(fake_sweep(labels=("ar", "beam"))[0]) == []  # write_claims: no frontier section
 
 
+def test_a_thresholded_rule_is_evaluated_at_its_cells_tau():
+    """MTAD's row: at the toy table's tau 1 it accepts nothing (E[tokens] 1, TV 0), which would stand beside cells
+    run at tau 0.5 as if MTAD were lossless and useless; the row takes the cells' tau and says so."""
+    runs, samples = fake_sweep(labels=("ar", "mtad", "block"))
+    runs["tau"] = np.where(runs["method"] == "mtad", 0.5, np.nan)
+    text = transfer.frontier_markdown(runs, samples)
+    row = next(line for line in text.splitlines() if line.startswith("| mtad |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1] == "mtad (tau 0.5)" and cells[2] == "19/9" and cells[3] == "16/81", cells
+    block = next(line for line in text.splitlines() if line.startswith("| block |"))
+    assert block.split("|")[2].strip() == "block"  # no threshold: the toy table's row
+    runs["tau"] = np.where(runs["method"] == "mtad", 1.0, np.nan)
+    row = next(line for line in transfer.frontier_markdown(runs, samples).splitlines() if line.startswith("| mtad |"))
+    assert row.split("|")[2].strip() == "mtad" and row.split("|")[3].strip() == "1"
+
+
 def test_the_make_run_size_decides_nothing_about_losslessness():
     """3 prompts per dataset (make run): every lossless-perplexity claim is 'too few prompts', never contradicted."""
     from analysis.claims_spec import load_claims  # noqa: PLC0415
