@@ -11,7 +11,8 @@ copies sharing one packed cache). One iteration, over every live request:
 
 1. propose: the method asks for each request's chain (``DraftVerifyDecoder.propose_chains``: the drafter's chains,
    ``Drafter.propose_chains``, or MTAD's beams, ``ModelDrafter.propose_beams``; the draft model drafts every
-   request's chain in one forward per draft position, ``drafting.draft_chain``) or, for a tree method, its token
+   request's chain in one forward per draft position, ``drafting.draft_chain``, BiLD's small-model runs included,
+   with its confidence read before each draw) or, for a tree method, its token
    tree (``DraftVerifyDecoder.propose_trees``: ``Drafter.propose_trees``; the draft model draws every request's
    tree in one forward per level, ``tree_verify.draft_trees``); the drafting lives in the drafter, none here;
 2. verify: one target forward over every request's rows (a newly admitted request's prompt included at batch > 1:
@@ -324,8 +325,9 @@ class BatchedDecoder:
             r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
             r.cached = self.target.length(r.slot)
 
-    def _propose_chains(self, live: list[_Live]) -> None:
-        """Step 1 of a chain method: each request's chain (``r.tokens``, ``r.proposal``), up to its policy's budget."""
+    def _propose_chains(self, live: list[_Live], eos: frozenset[int]) -> None:
+        """Step 1 of a chain method: each request's chain (``r.tokens``, ``r.proposal``), up to its policy's budget
+        (``eos``: the run's, for a method whose draft ends after one: BiLD's)."""
         dec = self.decoder
         asks: list[tuple[_Live, ChainAsk]] = []
         for r in live:
@@ -333,7 +335,7 @@ class BatchedDecoder:
                 room = r.request.max_new_tokens - len(r.out) - 1
                 gamma = min(r.policy.budget(dec.draft_length()), room)  # type: ignore[attr-defined]
                 if gamma > 0:
-                    asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter)))
+                    asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter, eos)))
         if asks:
             proposals = dec.propose_chains([a for _, a in asks])  # type: ignore[attr-defined]
             for (r, _), proposed in zip(asks, proposals):
@@ -385,7 +387,7 @@ class BatchedDecoder:
         if self.tree:
             self._propose_trees(live)
         else:
-            self._propose_chains(live)
+            self._propose_chains(live, eos)
         groups = [self._rows(r) for r in live]  # 2. one target forward
         hiddens: list[torch.Tensor | None]
         if self.hidden:
