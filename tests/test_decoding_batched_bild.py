@@ -1,7 +1,8 @@
 """BiLD at batch > 1 (pipeline/decoding/bild.py): the small model's runs of every request in one packed draft forward
 per position (``ModelDrafter.propose_chains`` over ``drafting.draft_chain`` with BiLD's confidence as ``admit`` and
 EOS as ``stop``): batch invariance with fallbacks, rollbacks and EOS inside runs, the limiting cases' law at batch 3,
-and the capabilities that let a sweep and the bench batch it."""
+and the capabilities that let a sweep and the bench batch it. MTJD at batch > 1 (pipeline/decoding/mtjd.py: the
+target beam-samples every request's tokens in one packed forward per depth): batch invariance, the same capabilities."""
 
 from __future__ import annotations
 
@@ -136,22 +137,56 @@ def test_bilds_limiting_cases_sample_like_the_target_at_batch_three(tiny_pair, p
     assert chi_square_pvalue([tuple(g.tokens[:2]) for g in out], law) > 1e-3
 
 
-def test_bild_batches_in_a_sweep_and_in_the_bench_before_any_model_loads(tmp_path):
-    """The configured method's capabilities say it batches: a sweep entry plans it at batch 2, and the bench's
-    batch-size table runs it (no refusal row)."""
-    values = check_method("bild", {})
-    cls = method_class("bild")
-    assert cls.capabilities_of(values).batch_refusal is None
-    check_batch(cls, values, 2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
+@pytest.mark.parametrize(
+    "warp,params",
+    [(WARP, {}), ({"temperature": 0.0}, {"num_tokens": 3, "num_beams": 3}), (WARP, {"replacement": True})],
+    ids=["sampled", "greedy", "replacement"],
+)
+def test_mtjd_at_batch_three_is_identical_to_batch_one(dtype, warp, params):
+    """Every request's beams on the target's packed sequences (one forward per depth over all requests): its tokens
+    and counters (steps: target forwards) at batch 1 and 3 are ``Decoder.generate``'s, EOS cutting some requests."""
+    if dtype == torch.bfloat16 and cpu_kernels.kernels() is None:
+        pytest.skip(f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+    decoder = build_decoder("mtjd", large(dtype), **warp, **params)
+    seeds = range(len(PROMPTS))
+    free = [decoder.generate(p, max_new_tokens=MAX_NEW, generator=make_generator(s)) for p, s in zip(PROMPTS, seeds)]
+    eos = free[2].tokens[5]  # request 2 ends at its sixth token
+    alone = [
+        decoder.generate(p, max_new_tokens=MAX_NEW, eos_token_ids=[eos], generator=make_generator(s))
+        for p, s in zip(PROMPTS, seeds)
+    ]
+    assert len(alone[2].tokens) <= 6 and alone[2].tokens[-1] == eos
+    assert all(a.steps == len(a.tokens) for a in alone if a.tokens[-1] != eos)  # one target forward per token
+    for b in (1, 3):
+        got = BatchedDecoder(decoder, b).generate(
+            PROMPTS, max_new_tokens=MAX_NEW, eos_token_ids=[eos], generators=[make_generator(s) for s in seeds]
+        )
+        assert [counters(g) for g in got] == [counters(a) for a in alone], b
+
+
+def test_bild_and_mtjd_batch_in_a_sweep_and_in_the_bench_before_any_model_loads(tmp_path):
+    """The configured methods' capabilities say they batch: a sweep entry plans each at batch 2, and the bench's
+    batch-size table runs them (no refusal row)."""
+    for method in ("bild", "mtjd"):
+        values = check_method(method, {})
+        cls = method_class(method)
+        assert cls.capabilities_of(values).batch_refusal is None
+        check_batch(cls, values, 2)
     (tmp_path / "data").symlink_to(DATA, target_is_directory=True)
     plan = sweep.expand(
         sweep.compose(
-            ["sweep=batching", "data_root=data", "seeds=[0]", "sweep.batch_sizes=[1,2]", "sweep.methods=[ar,bild]"]
+            ["sweep=batching", "data_root=data", "seeds=[0]", "sweep.batch_sizes=[1,2]", "sweep.methods=[ar,bild,mtjd]"]
         ),
         Path(tmp_path),
     )
-    assert {(c.label, c.batch_size) for c in plan.cells} >= {("bild", 1), ("bild (batch 2)", 2)}
+    assert {(c.label, c.batch_size) for c in plan.cells} >= {
+        ("bild", 1),
+        ("bild (batch 2)", 2),
+        ("mtjd", 1),
+        ("mtjd (batch 2)", 2),
+    }
     GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="bench", overrides=["methods=[ar,bild]", "batch_sizes=[1,2]"])
+        cfg = compose(config_name="bench", overrides=["methods=[ar,bild,mtjd]", "batch_sizes=[1,2]"])
     assert bench_plan.BenchPlan(cfg).batch_skipped == {}
