@@ -226,8 +226,6 @@ def test_packed_cache_rows_see_only_their_own_sequence(greedy_pair):
     "method,params,needle",
     [
         ("beam", {}, "one sequence at a time"),
-        ("mtjd", {}, "one sequence at a time"),
-        ("bild", {}, "one sequence at a time"),
     ],
 )
 def test_methods_that_cannot_batch_refuse_before_any_model_loads(method, params, needle):

@@ -111,7 +111,6 @@ def test_the_batching_sweep_plans_every_method_at_every_batch_size(project):
     "methods,needle",
     [
         ("[ar,beam]", "'beam' cannot decode with batch_size 2: it decodes one sequence"),
-        ("[ar,bild]", "'bild' cannot decode with batch_size 2: it decodes one sequence"),
     ],
 )
 def test_a_method_that_cannot_batch_is_refused_at_plan_time(project, methods, needle):

@@ -373,7 +373,7 @@ class Decoder:
     @classmethod
     def batch_refusal(cls, values: dict[str, Any]) -> str | None:
         """Why these resolved parameters cannot decode several requests together (None: they can)."""
-        return None if cls.batchable else "it decodes one sequence at a time (batching covers the chain methods)"
+        return None if cls.batchable else "it decodes one sequence at a time (with a loop of its own)"
 
     # ------------------------------------------------------------------ capabilities of a configuration
     # The class attributes above are the method's defaults; what a configured method does (its resolved

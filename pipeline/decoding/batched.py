@@ -1,19 +1,20 @@
 """The speculative loop: one iteration (propose, verify, emit, feedback) over per-request state, at every batch size,
 for chains and trees alike.
 
-``Decoder.generate`` of every chain method (ar, spd, block, hsd, hsd_ref, mtad, typical over a chain, bild) and of
-every tree method (specinfer, mcss, traversal, spectr, medusa, typical over a tree) is this loop over one request
-(``BatchedDecoder(decoder, 1)``), and a cell or the bench with ``batch_size > 1`` runs it over ``batch_size`` slots
-(continuous batching; ``batch_refusal`` of the configured method and ``batchable`` on its drafter). Each request
-has its own context, counters, generator, draft-length policy (``draft_stop``: its own running acceptance estimate)
-and drafter (``Drafter.slots``: the decoder's own drafter at batch 1; at batch B a copy per slot, the draft model's
-copies sharing one packed cache). One iteration, over every live request:
+``Decoder.generate`` of every chain method (ar, spd, block, hsd, hsd_ref, mtad, typical over a chain, bild), of
+every tree method (specinfer, mcss, traversal, spectr, medusa, typical over a tree) and of mtjd is this loop over
+one request (``BatchedDecoder(decoder, 1)``), and a cell or the bench with ``batch_size > 1`` runs it over
+``batch_size`` slots (continuous batching; ``batch_refusal`` of the configured method and ``batchable`` on its
+drafter). Each request has its own context, counters, generator, draft-length policy (``draft_stop``: its own
+running acceptance estimate) and drafter (``Drafter.slots``: the decoder's own drafter at batch 1; at batch B a copy
+per slot, the draft model's copies sharing one packed cache). One iteration, over every live request:
 
 1. propose: the method asks for each request's chain (``DraftVerifyDecoder.propose_chains``: the drafter's chains,
    ``Drafter.propose_chains``, or MTAD's beams, ``ModelDrafter.propose_beams``; the draft model drafts every
-   request's chain in one forward per draft position, ``drafting.draft_chain``) or, for a tree method, its token
-   tree (``DraftVerifyDecoder.propose_trees``: ``Drafter.propose_trees``; the draft model draws every request's
-   tree in one forward per level, ``tree_verify.draft_trees``); the drafting lives in the drafter, none here;
+   request's chain in one forward per draft position, ``drafting.draft_chain``, BiLD's small-model runs included,
+   with its confidence read before each draw) or, for a tree method, its token tree
+   (``DraftVerifyDecoder.propose_trees``: ``Drafter.propose_trees``; the draft model draws every request's tree in
+   one forward per level, ``tree_verify.draft_trees``); the drafting lives in the drafter, none here;
 2. verify: one target forward over every request's rows (a newly admitted request's prompt included at batch > 1:
    its prefill rides in its first step): a chain's ``[last token] + drafts`` causally, a tree's ``[last token] +
    nodes`` with its tree mask (each node sees its request's context, its ancestors and itself), the LM head on the
@@ -37,8 +38,10 @@ id) its tokens and counters do not depend on its companions: the output at batch
 which is ``Decoder.generate``'s. Elsewhere (float32, CUDA) rows differ by rounding and outputs can differ;
 ``batch_divergence`` measures how often.
 
-Methods with a loop of their own (beam, mtjd) run their ``generate`` request by request at batch 1 and do not
-batch.
+A method whose target draws its own tokens, unverified (mtjd: ``draw_tokens``, beam sampling on the target's
+sequences, every request's beams in one packed target forward per depth), runs the same loop with steps 1 and 2
+replaced by that draw: each request emits what it drew and the target's cache is left at it. Beam search, with a loop
+of its own, runs its ``generate`` request by request at batch 1 and does not batch.
 """
 
 from __future__ import annotations
@@ -117,15 +120,17 @@ class _Live:
 
 
 def has_loop(decoder: Decoder) -> str | None:
-    """None when ``decoder`` runs this module's loop (ar, and a chain or tree method over a drafter), else why not."""
+    """None when ``decoder`` runs this module's loop (ar, a method whose target draws its own tokens: mtjd, and a chain
+    or tree method over a drafter), else why not."""
     if getattr(decoder, "drafter_impl", None) is None:
-        return None if getattr(decoder, "plain_loop", False) else "it decodes with a loop of its own"
+        runs = getattr(decoder, "plain_loop", False) or callable(getattr(decoder, "draw_tokens", None))
+        return None if runs else "it decodes with a loop of its own"
     return None
 
 
 class BatchedDecoder:
     """The loop of one decoder over ``batch_size`` slots (batch 1: ``Decoder.generate``'s own loop); at batch 1
-    a method with a loop of its own (beam, mtjd) runs its ``generate`` request by request behind the same ``run``
+    a method with a loop of its own (beam) runs its ``generate`` request by request behind the same ``run``
     (the window and the bench decode every method through this class).
 
     ``decoder`` is the method as ``build_decoder`` made it (parameters validated, warper, models, drafter, rule);
@@ -154,6 +159,7 @@ class BatchedDecoder:
         self.target: Lanes = SoloCache(decoder.target) if batch_size == 1 else PackedCache(decoder.target)
         self.length_args = getattr(decoder, "args", None)
         self.tree = getattr(decoder, "shape", "chain") == "tree"  # it verifies token trees (``_propose_trees``)
+        self.draws = callable(getattr(decoder, "draw_tokens", None))  # its target draws its own tokens (``_draw``)
 
     def generate(
         self,
@@ -268,7 +274,7 @@ class BatchedDecoder:
             d.close()
 
     def _run_own(self, queue: deque, eos: frozenset[int], on_finish) -> int:
-        """A method with a loop of its own (beam, mtjd) at batch 1: its ``generate`` per request,
+        """A method with a loop of its own (beam) at batch 1: its ``generate`` per request,
         bracketed by device synchronisations; its first token's time is estimated as its prefill plus one step."""
         dec, count = self.decoder, 0
         target = getattr(dec, "target", None)
@@ -324,8 +330,9 @@ class BatchedDecoder:
             r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
             r.cached = self.target.length(r.slot)
 
-    def _propose_chains(self, live: list[_Live]) -> None:
-        """Step 1 of a chain method: each request's chain (``r.tokens``, ``r.proposal``), up to its policy's budget."""
+    def _propose_chains(self, live: list[_Live], eos: frozenset[int]) -> None:
+        """Step 1 of a chain method: each request's chain (``r.tokens``, ``r.proposal``), up to its policy's budget
+        (``eos``: the run's, for a method whose draft ends after one: BiLD's)."""
         dec = self.decoder
         asks: list[tuple[_Live, ChainAsk]] = []
         for r in live:
@@ -333,7 +340,7 @@ class BatchedDecoder:
                 room = r.request.max_new_tokens - len(r.out) - 1
                 gamma = min(r.policy.budget(dec.draft_length()), room)  # type: ignore[attr-defined]
                 if gamma > 0:
-                    asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter)))
+                    asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter, eos)))
         if asks:
             proposals = dec.propose_chains([a for _, a in asks])  # type: ignore[attr-defined]
             for (r, _), proposed in zip(asks, proposals):
@@ -377,7 +384,30 @@ class BatchedDecoder:
         feed = torch.cat([torch.tensor(tail, dtype=torch.long, device=r.tokens.device), r.tokens])
         return PackedRows(r.slot, feed, list(range(t - 1, t + g)))
 
+    def _draw(self, live: list[_Live], eos: frozenset[int]) -> None:
+        """Steps 1 and 2 of a method whose target draws its own tokens, unverified (``draw_tokens``: mtjd's beam
+        sampling on the target's sequences, every request's in one packed forward per depth; ``ask.gamma``: the
+        tokens left before its limit), then step 3: each request emits what it drew (its steps: one target forward
+        per token drawn)."""
+        asks = [ChainAsk(r.slot, r.context, r.request.max_new_tokens - len(r.out), r.request.generator) for r in live]
+        for r, tokens in zip(live, self.decoder.draw_tokens(self.target, asks)):  # type: ignore[attr-defined]
+            r.steps += len(tokens)
+            self._emit(r, tokens, eos)
+
+    def _emit(self, r: _Live, emitted: list[int], eos: frozenset[int]) -> None:
+        """Step 3 of a request: ``emitted``, cut at EOS and its limit; a finished request leaves its slot."""
+        if not r.out:
+            r.first_token_at = time.perf_counter()
+        if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):
+            self.target.release(r.slot)
+            if r.drafter is not None:
+                r.drafter.finish()
+            r.slot = -r.slot - 1  # finished: the loop frees the slot
+
     def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
+        if self.draws:
+            self._draw(live, eos)
+            return
         dec = self.decoder
         target = self.target
         for r in live:  # 1. propose
@@ -385,7 +415,7 @@ class BatchedDecoder:
         if self.tree:
             self._propose_trees(live)
         else:
-            self._propose_chains(live)
+            self._propose_chains(live, eos)
         groups = [self._rows(r) for r in live]  # 2. one target forward
         hiddens: list[torch.Tensor | None]
         if self.hidden:
@@ -432,13 +462,7 @@ class BatchedDecoder:
                 if hidden is not None:
                     kept = hidden[last : last + n + 1] if kept_rows is None else hidden[kept_rows]
                 r.drafter.feedback(length, n, kept, r.tree, path)
-            if not r.out:
-                r.first_token_at = time.perf_counter()
-            if emit(emitted, eos, r.request.max_new_tokens, r.out, r.context, r.accepted):  # 3. emit
-                target.release(r.slot)
-                if r.drafter is not None:
-                    r.drafter.finish()
-                r.slot = -r.slot - 1  # finished: the loop frees the slot
+            self._emit(r, emitted, eos)  # 3. emit
 
 
 def batch_divergence(

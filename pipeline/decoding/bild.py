@@ -11,11 +11,13 @@ next token. Both caches are rolled back to what was kept. Lossy by design. Limit
 back / the small model never decodes). Confidence is read from the warped small row (from the raw
 softmax at temperature 0, as the greedy reference does).
 
-This is the chain loop (``batched.py``, at batch 1) with a draft of variable length (``propose_chains``:
-the small model's confident run, at most ``max_small_steps`` tokens, ending at EOS) and the rollback
-policy as its rule (``bild_rule`` over ``verification.bild_verify``: the one rule that reads the target's
-raw logits, so the method supplies ``verify`` itself). When the small model is unsure at once, the
-iteration is a plain large-model step.
+This is the chain loop (``batched.py``, at every batch size) with a draft of variable length (``propose_chains``:
+the small model's confident run, at most ``max_small_steps`` tokens, ending after EOS) and the rollback policy as
+its ``verify`` (``verification.bild_verify``: the one rule that reads the target's raw logits). The run is the draft
+model's chain (``ModelDrafter.propose_chains`` over ``drafting.draft_chain``: every request's run in one packed
+draft forward per position at batch > 1) with BiLD's confidence read before each draw (``admit``: an unconfident
+row ends the run without a draw, its forward still a draft forward) and EOS as its stop. When the small model is
+unsure at once, the iteration is a plain large-model step.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .warping import sample
 class BiLDDecoder(DraftVerifyDecoder):
     name = "bild"
     verification_method = "bild"
+    batchable = True
     prefix_drafts = True
     requires = ("draft",)
     params = {
@@ -63,32 +66,19 @@ class BiLDDecoder(DraftVerifyDecoder):
         """The loop's draft budget: the small model's longest run."""
         return self.args.max_small_steps
 
-    def _generate(self, prompt, max_new_tokens, eos, generator):
-        self.eos = eos  # the small model stops at EOS
-        return super()._generate(prompt, max_new_tokens, eos, generator)
-
     def propose_chains(self, asks):
-        """The small model's confident run after each ask's context (BiLD decodes one sequence at a time)."""
-        return [self._small_run(a.context, a.gamma, a.generator) for a in asks]
+        """Each ask's small-model run (every ask's at once: the draft model's ``propose_chains`` with BiLD's
+        confidence as ``admit`` and the run's EOS as ``stop``); None where the small model is unsure at once."""
+        eos = asks[0].eos
+        stop = (lambda q, t: int(t) in eos) if eos else None
+        chains = asks[0].drafter.propose_chains(asks, self.warper, admit=self.confident, stop=stop)
+        return [(c.tokens, None) if c.tokens.shape[0] else None for c in chains]
 
-    def _small_run(self, context, gamma, generator):
-        draft, warper = self.draft_model, self.warper
-        pending: list[int] = []
-        feed = context[draft.length :]
-        while len(pending) < gamma:
-            logits = draft.forward(feed, keep=1)[-1]
-            q = warper(logits)
-            confidence = logits.softmax(-1).max() if warper.greedy else q.max()
-            if float(confidence) < self.args.fallback:
-                break
-            t = int(logits.argmax(-1)) if warper.greedy else int(sample(q, generator))
-            pending.append(t)
-            feed = [t]
-            if t in self.eos:
-                break
-        if not pending:
-            return None
-        return torch.tensor(pending, device=draft.device), None
+    def confident(self, q: torch.Tensor, logits: torch.Tensor | None) -> bool:
+        """Whether the small model draws from this row: the largest probability of its warped row ``q`` (of the raw
+        softmax of its ``logits`` at temperature 0) is at least ``fallback``."""
+        row = logits.softmax(-1) if self.warper.greedy and logits is not None else q
+        return float(row.max()) >= self.args.fallback
 
     def verify(self, logits, tokens, proposal, generator):
         n, row = bild_verify(logits, tokens, self.args.rollback)

@@ -353,11 +353,12 @@ class ModelDrafter(Drafter):
         """The draft model's chain; ``stop`` ends it early token by token."""
         return self.propose_chains([ChainAsk(self.slot, context, gamma, generator, self)], warper)[0]
 
-    def propose_chains(self, asks, warper):
-        """``drafting.draft_chain`` over every ask's sequence at once (one draft forward per position)."""
-        chains = draft_chain(self.model, self.cache, asks, warper, self.stop)
+    def propose_chains(self, asks, warper, *, admit=None, stop=None):
+        """``drafting.draft_chain`` over every ask's sequence at once (one draft forward per position); ``admit`` and
+        ``stop`` (in place of ``self.stop``): a method's own run (BiLD's: confidence before each draw, EOS)."""
+        chains = draft_chain(self.model, self.cache, asks, warper, self.stop if stop is None else stop, admit)
         for a, chain in zip(asks, chains):
-            a.drafter.drafted += chain.tokens.shape[0]
+            a.drafter.drafted += chain.forwards
         return chains
 
     def propose_beams(

@@ -4,16 +4,26 @@ Each iteration draws ``num_tokens`` (K = 4) tokens from the target by beam sampl
 paper eq. 2 weights), emits the best beam and restarts from the new prefix; no verification
 (MTAD paper section 3.1). An iteration costs K target forwards (one per depth), so
 ``accepted`` has one entry per iteration and ``steps`` counts forwards.
+
+Its loop is the loop of ``batched.py`` with the target drawing the tokens itself (``draw_tokens``: MTAD's beam
+sampling, ``beam_sampling.draft_beams``, over the target's own sequences; at batch > 1 every request's beams in one
+packed target forward per depth), nothing verified and the target's cache left at what was emitted.
 """
 
 from __future__ import annotations
 
-from .base import Decoder, Generation, Param, boolean, emit, int_at_least, one_of
-from .beam_sampling import BEAM_WEIGHTS, beam_sample
+from dataclasses import replace
+
+from .base import Decoder, Generation, Param, boolean, int_at_least, one_of
+from .batched import BatchedDecoder
+from .beam_sampling import BEAM_WEIGHTS, draft_beams
+from .drafting import ChainAsk
+from .packed import Lanes
 
 
 class MTJDDecoder(Decoder):
     name = "mtjd"
+    batchable = True
     params = {
         "num_tokens": Param(4, int_at_least(1), "K tokens decoded jointly per iteration"),
         "num_beams": Param(4, int_at_least(1), "beams of the beam sampler"),
@@ -22,23 +32,13 @@ class MTJDDecoder(Decoder):
     }
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
-        target = self.target
-        self._start(prompt)
-        context = list(prompt)
-        out: list[int] = []
-        accepted: list[int] = []
-        while len(out) < max_new_tokens:
-            k = min(self.args.num_tokens, max_new_tokens - len(out))
-            beam = beam_sample(
-                target,
-                context,
-                k,
-                self.args.num_beams,
-                self.warper,
-                generator,
-                self.args.beam_weights,
-                self.args.replacement,
-            )
-            if emit(beam.tokens, eos, max_new_tokens, out, context, accepted):
-                break
-        return Generation(out, target.forwards, 0, accepted)
+        return BatchedDecoder(self, 1).decode(prompt, max_new_tokens, eos, generator)
+
+    def draw_tokens(self, target: Lanes, asks: list[ChainAsk]) -> list[list[int]]:
+        """Each ask's best beam of ``min(num_tokens, ask.gamma)`` tokens, beam-sampled from the target over its
+        sequences ``target`` (one target forward per depth over every ask; the target then holds
+        ``context + beam[:-1]``)."""
+        a = self.args
+        asks = [replace(ask, gamma=min(a.num_tokens, ask.gamma)) for ask in asks]
+        beams = draft_beams(self.target, target, asks, a.num_beams, self.warper, a.beam_weights, a.replacement)
+        return [beam.tokens for beam in beams]

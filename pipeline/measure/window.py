@@ -36,7 +36,7 @@ into the caches (batch 1; at batch > 1 a prompt rides in its first step), ``queu
 ``ttft_s`` its time to the first token. ``decode_s`` of the window is the time some request was in a slot, less
 what ran off the decode clock meanwhile (formatting a later turn, records: the other requests wait), so
 ``tokens_per_s`` is the throughput over all requests; at batch 1 it is the sum of the requests' ``decode_s``. A
-method with a loop of its own (beam, mtjd; batch 1 only) is decoded one ``generate`` call at a
+method with a loop of its own (beam; batch 1 only) is decoded one ``generate`` call at a
 time behind the same engine, each bracketed by a device synchronisation.
 
 The records, the result and its summary are ``pipeline.measure.records``; step costs ``pipeline.measure.costs``.
