@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis import batching, schema, transfer
+from analysis import batching, frontier, schema, transfer
 from analysis.claims import evaluate_claims
 from analysis.claims_spec import CONTRADICTED, MEASUREMENT_PROBLEM, SUPPORTED, TOO_FEW, Claim, load_claims
 from analysis.figures import savefig
@@ -378,10 +378,10 @@ def write_claims(
         )
         + "\n"
     )
-    if transfer.frontier_rules(full):
+    if frontier.frontier_rules(full):
         sections.append(
             "## The frontier: the exact calculator's rules beside their cells\n\n"
-            + transfer.frontier_markdown(full, samples)
+            + frontier.frontier_markdown(full, samples)
         )
     if batching.varies(full):
         sections.append(

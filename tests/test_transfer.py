@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from test_claims import synthetic
 
-from analysis import schema, transfer
+from analysis import frontier, schema, transfer
 from analysis.claims import evaluate_claims
 from analysis.claims_report import write_claims
 from analysis.claims_spec import SUPPORTED, Claim
@@ -244,12 +244,12 @@ def test_the_frontier_is_the_calculators_rules_the_sweep_measured():
     rules that declare an exact case analysis and label batch-1 cells, in the calculator's order; a method without one
     (beam) adds no row, a batched cell none either, and the HSD finding needs hsd_ref's cells."""
     runs, samples = fake_sweep(labels=("ar", "beam", "traversal", "block"), batches=(1, 2))
-    assert transfer.frontier_rules(runs) == ["block", "traversal"]
-    text = transfer.frontier_markdown(runs, samples)
+    assert frontier.frontier_rules(runs) == ["block", "traversal"]
+    text = frontier.frontier_markdown(runs, samples)
     rows = [line.split("|")[1].strip() for line in text.split("```")[0].splitlines() if line.startswith("| ")]
     assert rows == ["method", "block", "traversal"]
     assert "The HSD finding" not in text and "| hsd_ref | no | 4/3" in text  # the calculator's whole table, printed
-    assert transfer.frontier_rules(fake_sweep(labels=("ar", "beam"))[0]) == []  # write_claims: no frontier section
+    assert frontier.frontier_rules(fake_sweep(labels=("ar", "beam"))[0]) == []  # write_claims: no frontier section
 
 
 def test_a_thresholded_rule_is_evaluated_at_its_cells_tau():
@@ -257,14 +257,14 @@ def test_a_thresholded_rule_is_evaluated_at_its_cells_tau():
     run at tau 0.5 as if MTAD were lossless and useless; the row takes the cells' tau and says so."""
     runs, samples = fake_sweep(labels=("ar", "mtad", "block"))
     runs["tau"] = np.where(runs["method"] == "mtad", 0.5, np.nan)
-    text = transfer.frontier_markdown(runs, samples)
+    text = frontier.frontier_markdown(runs, samples)
     row = next(line for line in text.splitlines() if line.startswith("| mtad |"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells[1] == "mtad (tau 0.5)" and cells[2] == "19/9" and cells[3] == "16/81", cells
     block = next(line for line in text.splitlines() if line.startswith("| block |"))
     assert block.split("|")[2].strip() == "block"  # no threshold: the toy table's row
     runs["tau"] = np.where(runs["method"] == "mtad", 1.0, np.nan)
-    row = next(line for line in transfer.frontier_markdown(runs, samples).splitlines() if line.startswith("| mtad |"))
+    row = next(line for line in frontier.frontier_markdown(runs, samples).splitlines() if line.startswith("| mtad |"))
     assert row.split("|")[2].strip() == "mtad" and row.split("|")[3].strip() == "1"
 
 
