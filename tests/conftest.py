@@ -13,6 +13,7 @@ import logging  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from helpers import file_costs  # noqa: E402
 from helpers.models import tiny_llama  # noqa: E402
 from pipeline.decoding import cpu_kernels  # noqa: E402
 from pipeline.decoding.medusa_heads import MedusaHeads, place_medusa_heads  # noqa: E402
@@ -22,6 +23,17 @@ torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO_ROOT / "data"  # the project's own offline copy of the evaluation data (data/README.md)
+
+
+def pytest_configure(config):
+    """xdist's work queue in our collection order (below), not re-sorted by each file's number of tests."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """The costliest test files first (tests/file_costs.json; helpers/file_costs.py says why)."""
+    items[:] = file_costs.ordered(items, lambda item: item.nodeid.split("::", 1)[0], file_costs.load())
 
 
 @pytest.fixture(scope="session")

@@ -102,7 +102,7 @@ def test_lossless_with_eagle_trees(eagle_pair, law, method):
         method, eagle_pair[0], None, drafter={"kind": "eagle", "top_nodes": top}, **TREE_SHAPES[method], **WARP
     )
     assert decoder.draft is None
-    out = samples_of(decoder, 2500)
+    out = samples_of(decoder, 2500, max_new=3)  # the depth-2 tree's first iteration emits up to 3 tokens
     assert chi_square_pvalue(out, law) > 1e-3
 
 
