@@ -1,4 +1,4 @@
-"""The order of the test files (tests/helpers/file_costs.py): the costliest first, so that xdist's two workers end
+"""The order of the test files (tests/helpers/file_costs.py): the costliest first, so that xdist's workers end
 together; each file's tests keep their order."""
 
 from __future__ import annotations

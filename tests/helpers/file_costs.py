@@ -1,4 +1,4 @@
-"""The order in which the test files run: the costliest first, so that two xdist workers finish together.
+"""The order in which the test files run: the costliest first, so that the xdist workers finish together.
 
 ``make test`` runs pytest-xdist with ``--dist loadfile``: one file is one work unit, handed to whichever worker
 runs short, in the order of the work queue. A long file that starts late leaves the other worker idle at the end
