@@ -53,8 +53,8 @@ run: $(STAMP)
 # the suite in TEST_WORKERS processes (pytest-xdist), one test file per worker at a time (a file's module
 # fixtures, e.g. its Ray session, stay in one process); TEST_WORKERS=0 runs it in this process. Three workers on
 # the 2-core machine: several tests wait on other processes (a Ray actor's start, `mlflow server`, the sandbox) and a
-# third worker fills those waits (fresh clone, idle, 2026-11-28: pytest 802.5 s with 2 workers, 587.6 s with 3;
-# benchmarks/notes-test-suite.md)
+# third worker fills those waits (fresh clones, idle, 2026-11-28: pytest 802.5 s with 2 workers, 768.3 s with 3, each
+# with the bf16 kernels' first build; 587.6 s with 3 once built: benchmarks/notes-test-suite.md)
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
