@@ -24,29 +24,34 @@ default of every draft-based method, means for this pair). All three go into ``L
 nothing is set on the transformers models.
 
 GGUF files are converted once into a safetensors copy under the cache folder (``$PIPELINE_CACHE`` or
-``~/.cache/pipeline``) because the conversion dominates load time.
+``~/.cache/pipeline``) because the conversion dominates load time (~35 s for SmolLM2-135M, 0.3 s from the copy);
+the copy is named by the file's contents and the transformers version, so every checkout and virtual environment
+shares it, and one process converts while the others wait (``_converting``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import hashlib
 import importlib.util
 import os
-import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+import transformers
 import yaml
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.decoding.base import DRAFTERS, DrafterContext
 from pipeline.decoding.checkpoints import resolve_dir
-from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
+from pipeline.decoding.cpu_kernels import build_lock, cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
 from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.medusa_heads import load_medusa_heads
@@ -260,10 +265,31 @@ def cache_root() -> Path:
 
 
 def _gguf_cache_dir(location: str, gguf_file: str) -> Path:
+    """The folder of a GGUF file's safetensors copy: named by the file's contents (``content_fingerprint``) and the
+    transformers version that dequantizes it, not by its path, so that every checkout, virtual environment and
+    copy of the same file shares one conversion."""
     src = Path(location) / gguf_file
-    stamp = f"{src}:{src.stat().st_size}:{int(src.stat().st_mtime)}" if src.exists() else f"{location}/{gguf_file}"
+    stamp = f"{content_fingerprint(src)}:{transformers.__version__}" if src.exists() else f"{location}/{gguf_file}"
     digest = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     return cache_root() / "gguf" / f"{Path(gguf_file).stem}-{digest}"
+
+
+@contextlib.contextmanager
+def _converting(cached: Path) -> Iterator[None]:
+    """The conversion lock of one GGUF copy: one process converts, the others wait for it and read its files."""
+    with build_lock(cached.parent / f".{cached.name}.lock", what="the GGUF conversion lock"):
+        yield
+
+
+def _move_in(tmp: Path, directory: Path, last: str) -> None:
+    """Move the files written in ``tmp`` into ``directory``, ``last`` (the file readers look for) last: a reader
+    that finds it finds the rest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in tmp.iterdir())
+    if last not in names:
+        raise RuntimeError(f"the conversion wrote no {last} into {tmp}")
+    for name in [n for n in names if n != last] + [last]:
+        os.replace(tmp / name, directory / name)
 
 
 def is_converted(spec: ModelSpec) -> bool:
@@ -293,12 +319,15 @@ def load_tokenizer(spec: ModelSpec):
     try:
         if spec.gguf_file:
             cached = _gguf_cache_dir(location, spec.gguf_file)
-            if (cached / "tokenizer_config.json").exists():
-                return AutoTokenizer.from_pretrained(cached)
-            tok = AutoTokenizer.from_pretrained(location, gguf_file=spec.gguf_file, revision=spec.revision)
-            cached.mkdir(parents=True, exist_ok=True)
-            tok.save_pretrained(cached)
-            return tok
+            if not (cached / "tokenizer_config.json").exists():
+                with _converting(cached):
+                    if not (cached / "tokenizer_config.json").exists():  # not converted while this one waited
+                        tok = AutoTokenizer.from_pretrained(location, gguf_file=spec.gguf_file, revision=spec.revision)
+                        with tempfile.TemporaryDirectory(prefix=cached.name + ".tmp-", dir=cached.parent) as tmp:
+                            tok.save_pretrained(tmp)
+                            _move_in(Path(tmp), cached, "tokenizer_config.json")
+                        return tok
+            return AutoTokenizer.from_pretrained(cached)
         return AutoTokenizer.from_pretrained(location, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
     except OSError as err:
         raise _offline_hint(spec, err) from err
@@ -316,15 +345,16 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
             model = _random_model(spec, torch_dtype, resolve_device(device))
         elif spec.gguf_file:
             cached = _gguf_cache_dir(location, spec.gguf_file)
-            if (cached / "config.json").exists():
-                model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch_dtype)
-            else:
-                model = AutoModelForCausalLM.from_pretrained(
-                    location, gguf_file=spec.gguf_file, revision=spec.revision, dtype=torch.float32
-                )
-                _save_dequantized(model, cached)
-                # transformers wraps `to` with functools.wraps(nn.Module.to), whose stub signature takes `self` first
-                model = model.to(torch_dtype)  # type: ignore[arg-type]
+            if not (cached / "config.json").exists():
+                with _converting(cached):
+                    if not (cached / "config.json").exists():  # not converted while this one waited
+                        _save_dequantized(
+                            AutoModelForCausalLM.from_pretrained(
+                                location, gguf_file=spec.gguf_file, revision=spec.revision, dtype=torch.float32
+                            ),
+                            cached,
+                        )
+            model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch_dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 location, revision=spec.revision, dtype=torch_dtype, trust_remote_code=spec.trust_remote_code
@@ -353,32 +383,86 @@ def _random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
 
 
 def _save_dequantized(model, directory: Path) -> None:
-    """Save a GGUF-loaded (already dequantized) model as a plain safetensors checkpoint.
-
-    Written to a private temporary folder and renamed into place, so that several processes (Ray
-    actors, cluster nodes on a shared disk) converting at once never see or leave a partial checkpoint.
-    """
+    """Save a GGUF-loaded (already dequantized) model as a plain safetensors checkpoint into ``directory`` (beside
+    the tokenizer's files, if converted already): written to a private temporary folder, then moved in with
+    ``config.json`` last, so that no reader sees a partial checkpoint (the caller holds ``_converting``)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp-", dir=directory.parent))
-    try:
+    with tempfile.TemporaryDirectory(prefix=directory.name + ".tmp-", dir=directory.parent) as tmp:
         state = model.state_dict()
         if getattr(model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
-        save_file({k: v.detach().contiguous() for k, v in state.items()}, tmp / "model.safetensors")
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, Path(tmp) / "model.safetensors")
         config = copy.deepcopy(model.config)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
-        if directory.exists() and not (directory / "config.json").exists():
-            shutil.rmtree(directory, ignore_errors=True)  # a partial folder from an older version
-        try:
-            os.replace(tmp, directory)
-        except OSError:
-            if not (directory / "config.json").exists():  # not lost to a concurrent writer: a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _move_in(Path(tmp), directory, "config.json")
+
+
+# Files of a model folder that do not change what it computes: cards and training records (editing a card
+# must not re-run a sweep).
+_NOT_WEIGHTS = ("*.md", "metrics.json")  # hidden files and folders are left out too
+
+
+def _weight_files(root: Path) -> list[Path]:
+    """The files of a model folder that make its weights, in name order: symlinked sub-folders followed (a folder
+    assembled from links is read like a copied one; a link back to an ancestor is not entered twice); hidden
+    files and folders, cards and training records left out."""
+    out = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        here = Path(folder)
+        ancestors = {os.path.realpath(root / p) for p in here.relative_to(root).parents}
+        if here != root and os.path.realpath(here) in ancestors:
+            dirs[:] = []  # a link to a folder above it: a cycle
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [
+            here / n
+            for n in names
+            if not n.startswith(".") and (here / n).is_file() and not any((here / n).match(g) for g in _NOT_WEIGHTS)
+        ]
+    return sorted(out)
+
+
+def content_fingerprint(path: str | Path) -> str:
+    """sha256 of a local model file or folder's contents (names and bytes of every file but cards and
+    training records, in name order): the same weights give the same fingerprint on every machine.
+
+    Remembered by each file's path, size, modification time, change time, device and inode, in this process and
+    under the cache folder (``fingerprints/``), so that a 16 GB checkpoint is read once, not at every plan. The
+    change time and inode are what a copy cannot restore: ``cp -p``, ``rsync -t`` and ``tar x`` put the old
+    modification time back on new bytes of the same size, which a size+mtime stamp took for the old file."""
+    root = Path(path)
+    files = [root] if root.is_file() else _weight_files(root)
+    stamp = tuple(
+        (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino) for p in files for st in (p.stat(),)
+    )
+    return _fingerprint(str(root), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(root: str, stamp: tuple[tuple[str, int, int, int, int, int], ...]) -> str:
+    memo = cache_root() / "fingerprints" / hashlib.sha256(repr((root, stamp)).encode()).hexdigest()[:32]
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    digest = hashlib.sha256()
+    for name, *_ in stamp:
+        rel = Path(name).relative_to(root).as_posix() if name != root else Path(name).name
+        digest.update(rel.encode() + b"\0")
+        with open(name, "rb") as fh:
+            digest.update(hashlib.file_digest(fh, "sha256").digest())
+    found = digest.hexdigest()[:16]
+    try:  # written whole or not at all: concurrent planners may race here
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=memo.parent, delete=False) as tmp:
+            tmp.write(found)
+        os.replace(tmp.name, memo)
+    except OSError:
+        pass  # a read-only cache folder: hash again next time
+    return found
 
 
 def truncate_layers(model, num_layers: int):

@@ -9,6 +9,9 @@ through oneDNN and ``auto`` picks float32.
 
 from __future__ import annotations
 
+import shutil
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -516,3 +519,36 @@ def test_the_real_build_runs_under_the_lock_past_a_stale_torch_baton(tmp_path, m
     # the lock went with the build: the next one takes it at once
     with cpu_kernels.build_lock(folder, wait_s=1):
         pass
+
+
+def test_a_finished_build_is_imported_from_another_checkout_without_ninja(tmp_path, monkeypatch):
+    """The build folder names everything the library depends on (sources, flags, torch, Python), so another
+    checkout or virtual environment (whose ninja file would name other paths and rebuild) imports the finished
+    library as it is: no `cpp_extension.load`, no lock; a folder without the BUILT mark is built (and marked)."""
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    module = cpu_kernels.kernels()
+    if module is None:
+        pytest.skip(f"no kernels here: {cpu_kernels.kernels_unavailable_reason()}")
+    isa = cpu_kernels._STATE["isa"]
+    name = f"pipeline_bf16_decoder_{isa}"
+    folder = tmp_path / "torch_extensions" / "finished"
+    folder.mkdir(parents=True)
+    shutil.copy(module.__file__, folder / f"{name}.so")
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "_STATE", {})
+    monkeypatch.setattr(cpu_kernels, "_build_folder", lambda root, isa_, cflags: folder)
+    calls = []
+
+    def fake_load(build_directory, **_):
+        calls.append(build_directory)
+        return "built"
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    assert cpu_kernels._build() == "built" and calls == [str(folder)]  # no mark: built, then marked
+    assert (folder / cpu_kernels.BUILT).exists()
+    again = cpu_kernels._build()  # marked: imported as it is
+    assert calls == [str(folder)] and again.__name__ == name and hasattr(again, "decoder_forward")
+    # the name of the folder carries the torch and Python versions (another ABI: another folder)
+    real = cpu_kernels.build_folder(tmp_path, isa, ["-O3"])
+    assert torch.__version__.replace("+", "_") in real.name and sys.implementation.cache_tag in real.name

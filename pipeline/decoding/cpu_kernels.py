@@ -13,7 +13,8 @@ any cell is timed: ``prepare_pair``; cached under ``$PIPELINE_CACHE/torch_extens
 set this machine really has, and returns it, or None where it cannot be used (no capability, no compiler,
 ``PIPELINE_BF16_KERNELS=0``); the reason is ``kernels_unavailable_reason()``. One build at a time per folder:
 ``build_lock`` holds ``fcntl.flock`` on ``<folder>/build.flock`` around the build and the load, a lock the kernel
-drops when its holder dies, however it dies; the folder is one per source and flags (``build_folder``), used only
+drops when its holder dies, however it dies; the folder is one per source, flags, torch and Python (``build_folder``),
+and a finished build (its ``BUILT`` mark) is imported from any checkout without ninja; builders use it only
 under that lock, so a torch ``lock`` baton found in it by the lock's holder is a killed build's (torch's
 ``FileBaton`` outlives its process and would make every later load wait forever) and is removed. A wait longer than
 a build (``BUILD_NOTICE_S``) says so on stderr, and after ``PIPELINE_KERNELS_BUILD_WAIT_S`` (default 1800 s) the
@@ -32,6 +33,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import os
 import sys
 import threading
@@ -186,13 +188,19 @@ def _wait_limit() -> float:
 
 @contextlib.contextmanager
 def build_lock(
-    folder: Path, *, stale: tuple[str, ...] = (), notice_s: float = BUILD_NOTICE_S, wait_s: float | None = None
+    folder: Path,
+    *,
+    stale: tuple[str, ...] = (),
+    notice_s: float = BUILD_NOTICE_S,
+    wait_s: float | None = None,
+    what: str = "the bf16 kernels' build lock",
 ) -> Iterator[None]:
     """Hold the build lock of ``folder``: an exclusive ``fcntl.flock`` on ``folder/build.flock``, which the kernel
     releases when the holder exits or is killed, so no dead builder blocks a later one. Inside it the files named
     ``stale`` (torch's ``lock`` baton, which only a builder inside this lock creates) can only be a dead builder's
     and are removed. Waiting longer than ``notice_s`` prints who holds it (every ``notice_s``); past ``wait_s``
-    (default ``PIPELINE_KERNELS_BUILD_WAIT_S``) a TimeoutError naming the holder."""
+    (default ``PIPELINE_KERNELS_BUILD_WAIT_S``) a TimeoutError naming the holder. ``what`` names the lock in those
+    messages (``models`` holds one over each GGUF conversion too)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "build.flock"
     limit = _wait_limit() if wait_s is None else wait_s
@@ -208,12 +216,12 @@ def build_lock(
                 holder = _holder(path)
                 if waited >= limit:
                     raise TimeoutError(
-                        f"waited {waited:.0f} s for the build lock {path} ({holder}); a build takes about a "
+                        f"waited {waited:.0f} s for {what} {path} ({holder}); a build takes about a "
                         "minute: check that process, or raise PIPELINE_KERNELS_BUILD_WAIT_S"
                     ) from None
                 if waited >= notice:
                     print(
-                        f"pipeline: waiting {waited:.0f} s for the bf16 kernels' build lock {path} ({holder}), "
+                        f"pipeline: waiting {waited:.0f} s for {what} {path} ({holder}), "
                         "longer than a build takes; the lock ends with its process",
                         file=sys.stderr,
                         flush=True,
@@ -241,10 +249,31 @@ def _holder(path: Path) -> str:
 
 
 def build_folder(root: Path, isa: str, cflags: list[str]) -> Path:
-    """The build folder of these sources and flags under ``root``: ``bf16_decoder-<isa>-torch<version>-<digest>``
-    (the digest of the C++ source, its header and the flags)."""
-    digest = hashlib.sha256(_SRC.read_bytes() + _SHIM.read_bytes() + " ".join(cflags).encode()).hexdigest()[:12]
-    return root / f"bf16_decoder-{isa}-torch{torch.__version__.replace('+', '_')}-{digest}"
+    """The build folder of these sources and flags under ``root``:
+    ``bf16_decoder-<isa>-torch<version>-<python tag>-<digest>`` (the digest of the C++ source, its header and the
+    flags). Everything the built library depends on is in the name (the ABI of this torch and this Python), and
+    nothing else: checkouts and virtual environments with the same sources, torch and Python share one build."""
+    abi = f"cxx11abi={int(torch.compiled_with_cxx11_abi())}"
+    digest = hashlib.sha256(_SRC.read_bytes() + _SHIM.read_bytes() + " ".join([*cflags, abi]).encode()).hexdigest()[:12]
+    version = torch.__version__.replace("+", "_")
+    return root / f"bf16_decoder-{isa}-torch{version}-{sys.implementation.cache_tag}-{digest}"
+
+
+BUILT = "built.ok"  # written into the build folder after a build loaded: its library is complete
+
+
+def _load_built(build: Path, name: str):
+    """The extension a finished build left in ``build`` (None if there is none): imported as it is, not through
+    ``cpp_extension.load``, whose ninja file names this checkout's source path and this environment's torch
+    headers, so another checkout or environment would rebuild it."""
+    library = build / f"{name}.so"
+    if not (build / BUILT).exists() or not library.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(name, library)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 _build_folder = build_folder  # what _build calls (a test points it at a folder of its own)
@@ -270,16 +299,22 @@ def _build():
     # while holding the lock is a killed build's (torch's FileBaton outlives its process; load would wait
     # forever on it)
     build = _build_folder(root, isa, cflags)
-    with build_lock(build, stale=("lock",)):
-        module = cpp_extension.load(
-            name=f"pipeline_bf16_decoder_{isa}",
-            sources=[str(_SRC)],
-            extra_cflags=cflags,
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(_SRC.parent)],
-            build_directory=str(build),
-            verbose=False,
-        )
+    name = f"pipeline_bf16_decoder_{isa}"
+    module = _load_built(build, name)
+    if module is None:
+        with build_lock(build, stale=("lock",)):
+            module = _load_built(build, name)  # built by the process this one waited for
+            if module is None:
+                module = cpp_extension.load(
+                    name=name,
+                    sources=[str(_SRC)],
+                    extra_cflags=cflags,
+                    extra_ldflags=["-fopenmp"],
+                    extra_include_paths=[str(_SRC.parent)],
+                    build_directory=str(build),
+                    verbose=False,
+                )
+                (build / BUILT).write_text(f"{sys.executable}\n")
     _STATE["isa"] = isa
     return module
 
