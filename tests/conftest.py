@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers / huggingface_hub are imported
@@ -13,7 +15,7 @@ import logging  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from helpers import file_costs  # noqa: E402
+from helpers import file_costs, warm_caches  # noqa: E402
 from helpers.models import tiny_llama  # noqa: E402
 from pipeline.decoding import cpu_kernels  # noqa: E402
 from pipeline.decoding.medusa_heads import MedusaHeads, place_medusa_heads  # noqa: E402
@@ -26,9 +28,26 @@ DATA_ROOT = REPO_ROOT / "data"  # the project's own offline copy of the evaluati
 
 
 def pytest_configure(config):
-    """xdist's work queue in our collection order (below), not re-sorted by each file's number of tests."""
+    """xdist's work queue in our collection order (below), not re-sorted by each file's number of tests; in xdist's
+    controller, what the cache folder lacks (the bf16 kernels, the offline target's GGUF copy) is started in the
+    background while the workers collect (helpers/warm_caches.py)."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput") and (getattr(config.option, "numprocesses", None) or 0) != 0:
+        config._warm_caches = warm_caches.start(warm_caches.missing(), Path(config.rootpath) / ".pytest_cache")
+
+
+def pytest_unconfigure(config):
+    """The background builds end with the session (they are done long before; a failed one is reported: the tests
+    that needed it met the same failure)."""
+    for name, proc, log in getattr(config, "_warm_caches", []):
+        try:
+            rc = proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        if rc != 0:
+            print(f"\nwarm-up of {name} failed (rc {rc}); its output: {log}", file=sys.stderr)
 
 
 def pytest_collection_modifyitems(config, items):

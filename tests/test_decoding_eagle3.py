@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from helpers.exact import WARP, chi_square_pvalue, exact_law
+from helpers.exact import WARP, chi_square_pvalue, exact_law, first_tokens
 from helpers.heads import eagle3_head_folder, eagle_head_folder
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
@@ -48,8 +48,7 @@ def law(pair):
 
 
 def samples_of(decoder, n, length=2, max_new=4, seed=99):
-    gen = make_generator(seed)
-    return [tuple(decoder.generate(PROMPT, max_new_tokens=max_new, generator=gen).tokens[:length]) for _ in range(n)]
+    return first_tokens(decoder, n, length, seed=seed, max_new=max_new, prompt=PROMPT)  # batched: the batch-1 samples
 
 
 # EAGLE-3 chains: opt-in (make test-slow; ~2 min each on this CPU without bf16 kernels); by default the EAGLE-3

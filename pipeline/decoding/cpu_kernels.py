@@ -279,13 +279,8 @@ def _load_built(build: Path, name: str):
 _build_folder = build_folder  # what _build calls (a test points it at a folder of its own)
 
 
-def _build():
-    from torch.utils import cpp_extension  # noqa: PLC0415 - imports setuptools machinery; only when the kernels are wanted
-
-    # ninja from the virtual environment (requirements.lock) when the shell's PATH has none
-    bindir = str(Path(sys.executable).parent)
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), bindir])
+def _plan() -> tuple[str, list[str], Path, str]:
+    """(isa, cflags, build folder, module name) of this machine's build."""
     root = Path(os.environ.get("PIPELINE_CACHE", Path.home() / ".cache" / "pipeline")) / "torch_extensions"
     # compiled for what this machine runs, whatever the flags the capability is judged from say
     isa = _isa_of(_machine_flags())
@@ -294,12 +289,29 @@ def _build():
     # torch rebuilds when the sources or the flags change; the header is neither, so its digest is a flag
     shim = hashlib.sha256(_SHIM.read_bytes()).hexdigest()[:16]
     cflags = _COMMON_CFLAGS + _ISA_CFLAGS[isa] + [f"-DPIPELINE_SHIM_DIGEST={shim}"]
-    # one folder per source and flags (build_folder): checkouts with other sources never rebuild each other's
-    # extension, and only builders under build_lock ever use the folder, so a torch `lock` baton found there
+    return isa, cflags, _build_folder(root, isa, cflags), f"pipeline_bf16_decoder_{isa}"
+
+
+def is_built() -> bool:
+    """Whether this machine's kernels are built already (``kernels()`` then imports them; no compiler runs)."""
+    if _capability_reason() is not None:
+        return False
+    _isa, _cflags, build, name = _plan()
+    return (build / BUILT).exists() and (build / f"{name}.so").exists()
+
+
+def _build():
+    from torch.utils import cpp_extension  # noqa: PLC0415 - imports setuptools machinery; only when the kernels are wanted
+
+    # ninja from the virtual environment (requirements.lock) when the shell's PATH has none
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), bindir])
+    # one folder per source, flags, torch and Python (build_folder): checkouts with other sources never rebuild each
+    # other's extension, and only builders under build_lock ever use the folder, so a torch `lock` baton found there
     # while holding the lock is a killed build's (torch's FileBaton outlives its process; load would wait
     # forever on it)
-    build = _build_folder(root, isa, cflags)
-    name = f"pipeline_bf16_decoder_{isa}"
+    isa, cflags, build, name = _plan()
     module = _load_built(build, name)
     if module is None:
         with build_lock(build, stale=("lock",)):
