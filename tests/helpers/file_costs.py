@@ -3,14 +3,16 @@
 ``make test`` runs pytest-xdist with ``--dist loadfile``: one file is one work unit, handed to whichever worker
 runs short, in the order of the work queue. A long file that starts late leaves the other worker idle at the end
 (longest-processing-time-first scheduling: sorting the units by cost, longest first, bounds that idle tail by the
-shortest file's cost instead of the longest's). ``tests/file_costs.json`` holds each file's measured seconds (one
-process, one core); ``tests/conftest.py`` sorts the collected items by it, and turns off xdist's own reordering
+shortest file's cost instead of the longest's). ``tests/file_costs.json`` holds each file's measured seconds (the
+sum of its tests' times in a junit report; today's table is from ``make test`` itself, three workers on two cores,
+where the Ray files run 2-3x their one-core time and the others 1.1-1.4x: it orders the files, nothing else);
+``tests/conftest.py`` sorts the collected items by it, and turns off xdist's own reordering
 (``--loadscope-reorder``, on by default in pytest-xdist 3.x: units sorted by their number of tests, which put the
 sweep tests' few long tests last).
 
 Refresh the table after a change in the suite's costs::
 
-    pytest -q -p no:cacheprovider --junitxml=/tmp/suite.xml tests/
+    make test ARGS=--junitxml=/tmp/suite.xml
     python -m helpers.file_costs /tmp/suite.xml      # from tests/: rewrites tests/file_costs.json
 """
 
