@@ -52,9 +52,9 @@ run: $(STAMP)
 
 # the suite in TEST_WORKERS processes (pytest-xdist), one test file per worker at a time (a file's module
 # fixtures, e.g. its Ray session, stay in one process); TEST_WORKERS=0 runs it in this process. Three workers on
-# the 2-core machine: several tests wait on other processes (a Ray actor's start, `mlflow server`, the sandbox) and a
-# third worker fills those waits (fresh clones, idle, 2026-11-28: pytest 802.5 s with 2 workers, 768.3 s with 3, each
-# with the bf16 kernels' first build; 587.6 s with 3 once built: benchmarks/notes-test-suite.md)
+# the 2-core machine: several tests wait on other processes (Ray actors' starts, `mlflow server`, the sandbox) and a
+# third worker fills those waits (2026-11-28, idle: pytest 513.8 s with the caches built, 505.6 s with an empty
+# PIPELINE_CACHE: benchmarks/notes-test-suite.md)
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
