@@ -115,8 +115,8 @@ def test_a_taken_name_is_an_error_and_module_attr_names_resolve():
 
 def _literal_strings(node: ast.AST) -> list[str]:
     """The string elements of a tuple / list / set literal, the string keys of a dict literal, or the string
-    positional arguments of a call (``one_of("a", "b")``; ``frozenset({...})`` is its inner set); [] for anything
-    else."""
+    positional arguments of a call (``one_of("a", "b")``; ``frozenset({...})`` is its inner set); a literal of rows
+    (``(("eagle", eagle), ("medusa", medusa))``) gives its rows' strings; [] for anything else."""
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         elts = list(node.elts)
     elif isinstance(node, ast.Dict):
@@ -125,7 +125,8 @@ def _literal_strings(node: ast.AST) -> list[str]:
         elts = list(node.args)
     else:
         return []
-    return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    rows = [r for e in elts if isinstance(e, (ast.Tuple, ast.List)) for r in e.elts]  # one level: a table's rows
+    return [e.value for e in elts + rows if isinstance(e, ast.Constant) and isinstance(e.value, str)]
 
 
 def hand_lists(source: str, registries: dict[str, set[str]]) -> list[tuple[int, str, str, list[str]]]:
@@ -193,6 +194,8 @@ def test_the_hand_list_check_can_fail():
         "    OWN = ('medusa', 'ngram')\n"
         "    def m(self):\n"
         "        return ['typical', 'mtad']\n"
+        "ROWS = (('eagle', 1), ('medusa', 2))\n"
+        "PAIRS = [('model', 'a'), ('x', 'y')]\n"
     )
     got = [(line, where, kind) for line, where, kind, _ in hand_lists(source, registries)]
     assert got == [
@@ -207,4 +210,5 @@ def test_the_hand_list_check_can_fail():
         (9, "f", "drafter"),
         (11, "C", "drafter"),
         (13, "C.m", "method"),
+        (14, "<module>", "drafter"),
     ]

@@ -71,7 +71,9 @@ def test_each_head_is_scored_on_the_prefix_it_would_draft_from(tmp_path):
     for kind, head in (("eagle", eagle), ("eagle3", eagle3), ("medusa", medusa)):
         assert got[kind] == pytest.approx(reference(target, held, head, kind), abs=1e-5), kind
         assert 0.0 <= got[kind] <= 1.0
-    assert head_alphas(target, held) == {}
+    assert head_alphas(target, held) == {} == head_alphas(target, held, eagle=None)
+    with pytest.raises(TypeError, match=r"got \['ngram'\]"):
+        head_alphas(target, held, ngram=eagle)  # a head kind it has no scoring for: refused, not skipped
 
 
 def test_a_head_that_knows_the_answer_scores_one(tmp_path):

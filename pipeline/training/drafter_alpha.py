@@ -45,12 +45,17 @@ def _score(q: torch.Tensor, row: dict) -> float:
 
 
 @torch.no_grad()
-def head_alphas(target, heldout: dict, *, eagle=None, eagle3=None, medusa=None) -> dict[str, float]:
-    """First-token alpha of each given head over ``heldout``'s answer positions (see the module doc)."""
+def head_alphas(target, heldout: dict, **heads) -> dict[str, float]:
+    """First-token alpha of each given head over ``heldout``'s answer positions (see the module doc): ``heads`` by
+    their drafter kind, ``eagle=``, ``eagle3=``, ``medusa=`` (a None one is left out); an alpha per head given."""
+    given = {name: head for name, head in heads.items() if head is not None}
+    sums = dict.fromkeys(given, 0.0)
+    eagle, eagle3, medusa = given.pop("eagle", None), given.pop("eagle3", None), given.pop("medusa", None)
+    if given:
+        raise TypeError(f"head_alphas scores EAGLE, EAGLE-3 and Medusa heads; got {sorted(given)}")
     embed = target.get_input_embeddings()
     lm = target.get_output_embeddings().weight
     vocab = lm.shape[0]
-    sums = {name: 0.0 for name, h in (("eagle", eagle), ("eagle3", eagle3), ("medusa", medusa)) if h is not None}
     n = 0
     taps = eagle3.layers_of(target.config.num_hidden_layers) if eagle3 is not None else ()
     for row in heldout["rows"]:
