@@ -53,8 +53,8 @@ run: $(STAMP)
 # the suite in TEST_WORKERS processes (pytest-xdist), one test file per worker at a time (a file's module
 # fixtures, e.g. its Ray session, stay in one process); TEST_WORKERS=0 runs it in this process. Three workers on
 # the 2-core machine: several tests wait on other processes (Ray actors' starts, `mlflow server`, the sandbox) and a
-# third worker fills those waits (2026-11-28, idle: pytest 513.8 s with the caches built, 505.6 s with an empty
-# PIPELINE_CACHE: benchmarks/notes-test-suite.md)
+# third worker fills those waits (2026-11-28, idle: pytest 610.3 s on a fresh clone, 513.8 s in a clone run before,
+# 505.6 s with an empty PIPELINE_CACHE: benchmarks/notes-test-suite.md)
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
