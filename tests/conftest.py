@@ -25,6 +25,7 @@ torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO_ROOT / "data"  # the project's own offline copy of the evaluation data (data/README.md)
+WARMING = pytest.StashKey[list]()  # the controller's background cache builds (helpers/warm_caches.py)
 
 
 def pytest_configure(config):
@@ -34,13 +35,13 @@ def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
     if not hasattr(config, "workerinput") and (getattr(config.option, "numprocesses", None) or 0) != 0:
-        config._warm_caches = warm_caches.start(warm_caches.missing(), Path(config.rootpath) / ".pytest_cache")
+        config.stash[WARMING] = warm_caches.start(warm_caches.missing(), Path(config.rootpath) / ".pytest_cache")
 
 
 def pytest_unconfigure(config):
     """The background builds end with the session (they are done long before; a failed one is reported: the tests
     that needed it met the same failure)."""
-    for name, proc, log in getattr(config, "_warm_caches", []):
+    for name, proc, log in config.stash.get(WARMING, []):
         try:
             rc = proc.wait(timeout=600)
         except subprocess.TimeoutExpired:

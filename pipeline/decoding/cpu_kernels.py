@@ -262,12 +262,18 @@ def build_folder(root: Path, isa: str, cflags: list[str]) -> Path:
 BUILT = "built.ok"  # written into the build folder after a build loaded: its library is complete
 
 
+def _built_library(build: Path, name: str) -> Path | None:
+    """The library a finished build (its ``BUILT`` mark) left in ``build``, else None."""
+    library = build / f"{name}.so"
+    return library if (build / BUILT).exists() and library.exists() else None
+
+
 def _load_built(build: Path, name: str):
     """The extension a finished build left in ``build`` (None if there is none): imported as it is, not through
     ``cpp_extension.load``, whose ninja file names this checkout's source path and this environment's torch
     headers, so another checkout or environment would rebuild it."""
-    library = build / f"{name}.so"
-    if not (build / BUILT).exists() or not library.exists():
+    library = _built_library(build, name)
+    if library is None:
         return None
     spec = importlib.util.spec_from_file_location(name, library)
     assert spec is not None and spec.loader is not None
@@ -297,7 +303,7 @@ def is_built() -> bool:
     if _capability_reason() is not None:
         return False
     _isa, _cflags, build, name = _plan()
-    return (build / BUILT).exists() and (build / f"{name}.so").exists()
+    return _built_library(build, name) is not None
 
 
 def _build():

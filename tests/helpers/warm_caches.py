@@ -13,17 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[2]
-OFFLINE_PAIR = REPO / "conf" / "pair" / "smollm2-offline.yaml"
+OFFLINE_PAIR = "smollm2-offline"  # conf/pair/<name>.yaml
 
 
 def offline_target():
     """The offline pair's target (its GGUF file), as the tests load it."""
-    from pipeline.models import ModelSpec  # noqa: PLC0415 - imports transformers: only where it is needed
+    from pipeline.models import ModelSpec, pair_config  # noqa: PLC0415 - imports transformers: only where needed
 
-    return ModelSpec.from_config(yaml.safe_load(OFFLINE_PAIR.read_text())["target"])
+    return ModelSpec.from_config(pair_config(OFFLINE_PAIR)["target"])
 
 
 def missing() -> list[str]:
