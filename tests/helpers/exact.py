@@ -59,7 +59,7 @@ def chi_square_pvalue(samples, law):
     return chisquare(obs, [e * scale for e in exp]).pvalue
 
 
-LAW_BATCH = 16  # requests decoded at once by first_tokens (4-7x fewer forwards' overhead than one at a time)
+LAW_BATCH = 16  # requests decoded at once by first_tokens (3-6x fewer forwards' overhead than one at a time)
 
 
 def first_tokens(decoder, n, length, seed=1234, max_new=None, batch_size=LAW_BATCH, prompt=PROMPT):
@@ -68,7 +68,7 @@ def first_tokens(decoder, n, length, seed=1234, max_new=None, batch_size=LAW_BAT
 
     These are the batch-1 samples of the same generators: a request's tokens at batch B equal its own at batch 1
     and ``Decoder.generate``'s, token for token, for every method and drafter (tests/test_decoding_batched*.py), so
-    a law checked on them is the batch-1 law, drawn with the forwards shared (tiny models: 4-7x faster, CPU
+    a law checked on them is the batch-1 law, drawn with the forwards shared (tiny models: 3-6x faster, CPU
     bound by Python per forward). ``batch_size=1`` draws them one ``generate`` at a time; a decoder the batched
     loop refuses (its own loop: beam; a setting with no batched form) is drawn that way too."""
     gens = [make_generator(seed + i) for i in range(n)]
