@@ -99,19 +99,36 @@ METRICS: dict[str, str] = {
     "idle_power_w": "idle_power_w",
     "poller_energy_j": "poller_energy_j",
     "peak_memory_allocated_bytes": "peak_memory_allocated_bytes",
-    # the draft/target step-time ratio c of the bound (per chain token or tree level), logged by each draft
-    # cell's costs stage (measure.costs=true, the default); without it the bound is "n/a"
+    # the cost model, read off the loop's own clock over the window (pipeline.measure.costs.cost_model): c = the draft
+    # phase per draft position (a chain token, MTAD's beams' position, a tree level) over a plain target step, v = what
+    # one more drafted position of every request adds to the verify phase over that step; without c the bound is "n/a"
     "cost_ratio": "cost_ratio_c",
+    "row_cost_v": "row_cost_v",
+    "row_slope_ms": "row_slope_ms",
+    # where the window's time went, by the loop's clock: the four phases (summing to the loop's wall time) and shares
+    "time_draft_s": "time_draft_s",
+    "time_verify_s": "time_verify_s",
+    "time_rule_s": "time_rule_s",
+    "time_other_s": "time_other_s",
+    "phase_share_draft": "phase_share_draft",
+    "phase_share_verify": "phase_share_verify",
+    "phase_share_rule": "phase_share_rule",
+    "phase_share_other": "phase_share_other",
+    "iterations": "iterations",
+    "rows_per_iteration": "rows_per_iteration",
+    "context_mean": "context_mean",
+    "clock_transitions": "clock_transitions",
+    # tokens/s in units of the window's own plain target step: a speed that machine phases between cells cancel in
+    "tokens_per_target_step": "tokens_per_target_step",
+    # the window's own step moved (its in-loop plain steps quarter by quarter, its probes): measure.costs.step_drift
+    "step_drift": "step_drift",
     # what the configured method drafted (pipeline.decoding.base.Capabilities): positions per step (a chain's
     # gamma, a tree's levels) and 1 for a tree; absent for a method that drafts nothing (and in older stores)
     "draft_depth": "draft_depth",
     "tree_draft": "tree_draft",
-    # the machine's speed (pipeline.measure.costs.probe_step_ms): the target's step on a fixed probe just before
-    # and just after the window, the pair's step calibrated by the driver at the sweep's start, and the flag derived
-    # from them
-    "t_target_step_ms": "t_target_step_ms",
-    # the step costs behind v = (t_verify(gamma+1) / t_ar - 1) / gamma (the cells' `costs` stage), what a calibrating
-    # cell measured before its window (draft_cost / verify_cost: auto) and the cell's wall time (sizing)
+    # a plain target step at the window's batch and contexts (the loop's clock); the mean pass of a drafting iteration,
+    # the draft phase per position; the probes (pipeline.measure.costs.probe_step_ms) just before and just after the
+    # window; older stores: what a calibrating cell measured before its window, the sweep-start calibration
     "t_verify_ms": "t_verify_ms",
     "t_draft_step_ms": "t_draft_step_ms",
     "calibrated_draft_cost": "calibrated_draft_cost",
@@ -121,7 +138,7 @@ METRICS: dict[str, str] = {
     "probe_after_ms": "probe_after_ms",
     "calibrated_target_step_ms": "calibrated_target_step_ms",
     "step_slowdown": "step_slowdown",
-    "disturbed": "disturbed",  # 1: a probe >= measure.DISTURBED_SLOWDOWN x the calibration (timing left out of claims)
+    "disturbed": "disturbed",  # 1: step_drift >= measure.DISTURBED_DRIFT (older: probe >= 1.5x calibration): timing out
 }
 
 # Params under this prefix describe the pair (models, draft, dtype...): runs whose pair config differs

@@ -22,7 +22,7 @@ import pandas as pd
 from analysis import schema
 from pipeline.cell_types import split_batch_label
 from pipeline.measure.bounds import alpha_from_tokens_per_step, leviathan_bound
-from pipeline.measure.costs import DISTURBED_SLOWDOWN
+from pipeline.measure.costs import DISTURBED_DRIFT, DISTURBED_SLOWDOWN
 
 GROUP = ("pair", "dataset", "label")
 MATCH = (
@@ -74,6 +74,8 @@ TIMING_COLUMNS = (
     "j_per_token",
     "dynamic_j_per_token",
     "speedup",
+    "speedup_normalized",
+    "tokens_per_target_step",
     "energy_ratio",
     "dynamic_energy_ratio",
 )
@@ -82,6 +84,11 @@ TIMING_COLUMNS = (
 def mark_disturbed(runs: pd.DataFrame, threshold: float = DISTURBED_SLOWDOWN) -> pd.DataFrame:
     """A copy of ``runs`` with ``step_slowdown`` and a boolean ``disturbed`` per cell.
 
+    A cell that logged ``step_drift`` judged its own window (``measure.costs.step_drift``: its plain target step,
+    read by the loop's clock quarter by quarter, and its probes just before and after, against each other): it is
+    disturbed at ``DISTURBED_DRIFT`` or more, and a machine uniformly slower over the whole window is not. Older
+    cells (no ``step_drift``):
+
     A cell's probes (``probe_before_ms``, ``probe_after_ms``: the target's step on a fixed prompt just before
     and after its window) are compared with its pair's step calibrated by the driver at the sweep's start
     (``calibrated_target_step_ms``); cells of a store without a calibration (or run by an older driver) are
@@ -89,6 +96,16 @@ def mark_disturbed(runs: pd.DataFrame, threshold: float = DISTURBED_SLOWDOWN) ->
     sweep saw it). Disturbed: the slower probe is at least ``threshold`` times the reference. Cells without
     probes are never flagged (``step_slowdown`` NaN)."""
     out = runs.copy()
+    if "step_drift" in out:  # the cell judged its own window (measure.costs.step_drift): the loop's clock and probes
+        drift = pd.to_numeric(out["step_drift"], errors="coerce")
+        if drift.notna().any():
+            older = mark_disturbed(runs.drop(columns="step_drift"), threshold) if drift.isna().any() else None
+            out["step_slowdown"] = drift if older is None else drift.fillna(older["step_slowdown"])
+            flagged = drift >= DISTURBED_DRIFT
+            out["disturbed"] = (flagged if older is None else flagged.where(drift.notna(), older["disturbed"])).astype(
+                bool
+            )
+            return out
     probe_cols = [c for c in ("probe_before_ms", "probe_after_ms") if c in out]
     if not probe_cols or out.empty:
         out["step_slowdown"] = out.get("step_slowdown", pd.Series(math.nan, index=out.index))
@@ -126,11 +143,18 @@ def without_disturbed_timing(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def add_ratios(runs: pd.DataFrame, baseline: str = schema.BASELINE) -> pd.DataFrame:
-    """A copy of ``runs`` with per-seed ``speedup`` (tokens/s ÷ baseline), ``energy_ratio`` (J/token ÷
+    """A copy of ``runs`` with per-seed ``speedup`` (tokens/s ÷ baseline), ``speedup_normalized`` (tokens per
+    own target step ÷ baseline's), ``energy_ratio`` (J/token ÷
     baseline), ``dynamic_energy_ratio`` and ``accepted_drafts_per_step`` (tokens/step - 1 for methods
     that draft; NaN otherwise)."""
     out = runs.copy()
     out["speedup"] = per_seed_ratio(out, "tokens_per_s", baseline)
+    # the same ratio in units of each cell's own target step (its loop's clock): a machine phase between a cell and
+    # its baseline cancels in it (NaN for cells logged before the clock)
+    if "tokens_per_target_step" in out:
+        out["speedup_normalized"] = per_seed_ratio(out, "tokens_per_target_step", baseline)
+    else:
+        out["speedup_normalized"] = math.nan
     out["energy_ratio"] = per_seed_ratio(out, "j_per_token", baseline)
     out["dynamic_energy_ratio"] = per_seed_ratio(out, "dynamic_j_per_token", baseline)
     drafts = out["draft_steps"].fillna(0) > 0

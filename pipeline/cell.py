@@ -10,7 +10,8 @@ per-generation records, scorer details, device, stage times, error and traceback
 Stages (docs/DESIGN.md section 1), each timed in ``result.stages``:
 
 1. ``load``: the pair and the decoder; the dataset slice plus warm-up samples from outside it.
-2. ``generate``: ``pipeline.measure.window.run_window`` (warm-up, idle power, one window over the slice).
+2. ``generate``: ``pipeline.measure.window.run_window`` (warm-up, idle power, one window over the slice); the cost
+   model and the time breakdown (``measure.costs.cost_model``) are read off the loop's own clock over it.
 3. ``perplexity``: teacher-forced pass of the unwarped target over prompt + generated ids.
 4. ``score``: the scorer of the cell's task (``task.scorer`` in ``conf/dataset/<name>.yaml``: HumanEval
    sandbox, Spider execution, ROUGE, the MT-Bench judge...); a scorer that needs the judge scores only
@@ -49,11 +50,10 @@ from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import build_decoder, method_args
 from pipeline.decoding.batched import check_batch
 from pipeline.decoding.kv import CachedModel
-from pipeline.device import environment_info
 from pipeline.faults import inject_fault
 from pipeline.isolation import apply_isolation
 from pipeline.measure.acceptance import checkpoint_id, speculation_profile
-from pipeline.measure.costs import drafter_costs, probe_step_ms, step_times
+from pipeline.measure.costs import probe_step_ms
 from pipeline.measure.energy import make_energy_meter
 from pipeline.measure.records import Protocol, predictions, predictions_for_scoring, request_metrics
 from pipeline.measure.window import run_window
@@ -68,7 +68,6 @@ __all__ = [
     "CellActor",
     "CellResult",
     "apply_isolation",
-    "calibrate_pair",
     "inject_fault",
     "judge_identity",
     "predictions_from_records",
@@ -213,15 +212,6 @@ def run_cell(cell: Cell) -> CellResult:
             samples, warm, _ = load_slice(dataset, warmup_samples=protocol.warmup_samples)
             device = next(pair.target.parameters()).device
             meter = make_energy_meter(device, protocol.energy_meter)
-        calibration: dict[str, float] = {}
-        if getattr(getattr(decoder, "length_policy", None), "needs_calibration", False):
-            # draft_cost / verify_cost: auto: c and v measured on this cell's models before its window, for the
-            # draft-length rule (pipeline.measure.costs.calibrate_draft_length; logged as calibrated_* metrics)
-            from pipeline.measure.costs import calibrate_draft_length  # noqa: PLC0415 - calibrating cells only
-
-            with _stage(result, "calibrate"):
-                first = _format(task, pair.tokenizer, spec.chat, samples[0], 0, ()).input_ids
-                calibration = calibrate_draft_length(decoder, first, device)
         with _stage(result, "generate"):
             inject_fault(cell, "generate")
             window = run_window(
@@ -246,28 +236,11 @@ def run_cell(cell: Cell) -> CellResult:
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
-        metrics.update(request_metrics(window.records), batch_size=int(cell.batch_size), **calibration)
+        metrics.update(request_metrics(window.records), batch_size=int(cell.batch_size))
         if decoder.shape != "none":  # what the configured method drafts (typical with tree: true drafts trees)
             metrics.update(draft_depth=decoder.draft_depth, tree_draft=float(decoder.shape == "tree"))
-        if decoder.shape != "none" and getattr(decoder, "drafter_impl", None) is not None and protocol.costs:
-            # step costs behind the bound (c = t_draft / t_target), after the window, as the configured method
-            # drafts: t_draft is the cell's own drafter's per chain token or tree level (a draft-model step, an
-            # EAGLE head step, an n-gram lookup, Medusa's heads), t_verify the target's pass over its chain or tree
-            with _stage(result, "costs"):
-                probe = window.records[0].prompt_ids if window.records else [0] * 16
-                costs = drafter_costs(decoder, probe, device, reps=10)
-            metrics.update(
-                t_target_step_ms=1e3 * costs["t_ar"],
-                t_draft_step_ms=1e3 * costs["t_draft"],
-                t_verify_ms=1e3 * costs["t_verify"],
-                cost_ratio_c=costs["t_draft"] / costs["t_ar"],
-            )
-        elif protocol.costs and isinstance(getattr(decoder, "target", None), CachedModel):
-            # the target's own step in every other cell too (ar, beam, mtjd): the machine's speed while this
-            # cell ran, beside the window's tokens/s (a cell measured in a slow phase of a shared host shows it)
-            with _stage(result, "costs"):
-                probe = window.records[0].prompt_ids if window.records else [0] * 16
-                metrics["t_target_step_ms"] = 1e3 * step_times(decoder.target.model, probe, 1, device, reps=10)[0]
+        # the cost model and time breakdown (t_target_step_ms, cost_ratio_c, row_cost_v, time_*_s, step_drift...)
+        # come with the summary: read off the loop's own clock over the window (WindowResult.costs)
         records = [r.to_dict() for r in window.records]
         declared = type(decoder)
         profile = speculation_profile(
@@ -286,6 +259,9 @@ def run_cell(cell: Cell) -> CellResult:
                 "label": cell.label,
             },
         )
+        if profile is not None:  # the loop's clock, iteration by iteration (the window's, then the warm-up's)
+            profile["iterations"] = [it.to_dict() for it in window.iterations]
+            profile["calibration_iterations"] = [it.to_dict() for it in window.calibration]
         if protocol.perplexity:
             with _stage(result, "perplexity"):
                 ppl = perplexity(pair.target, pairs_from_records(records)[0])
@@ -357,27 +333,6 @@ class CellActor:
 
     def run(self, cell: Cell) -> CellResult:
         return run_cell(cell)
-
-
-def calibrate_pair(
-    pair: Mapping[str, Any], isolation: Mapping[str, Any] | None = None, rounds: int = 3, reps: int = 10
-) -> dict[str, Any]:
-    """The pair's target step on the machine probe (``measure.costs.probe_step_ms``) at the start of a sweep, with
-    the cells' threads and cores: the fastest of ``rounds`` medians after one warm-up round (the machine's
-    quiet speed as well as this moment shows it). Each cell's probes around its window are compared with it
-    (``measure.costs.disturbance``). Returns ``{target_step_ms, rounds_ms, device}``."""
-    apply_isolation(isolation)
-    loaded = load_pair(pair)
-    device = next(loaded.target.parameters()).device
-    probe_step_ms(loaded.target, device, reps=reps)  # first calls pay one-time costs (allocation, kernels)
-    values = [probe_step_ms(loaded.target, device, reps=reps) for _ in range(max(1, int(rounds)))]
-    return {"target_step_ms": min(values), "rounds_ms": values, "device": _device_name(device)}
-
-
-def _device_name(device: torch.device) -> str:
-    """The device as a cell's run is tagged with it (GPU name, else the device string)."""
-    info = environment_info(device)
-    return str(info.get("gpu_name") or info.get("device") or device)
 
 
 def prepare_pair(pair: Mapping[str, Any]) -> str:

@@ -16,9 +16,9 @@ from pipeline.decoding.batched import (
     BatchRequest,
     PackedCache,
     PackedRows,
-    batch_divergence,
     check_batch,
 )
+from pipeline.decoding.divergence import batch_divergence
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.warping import Warper
 

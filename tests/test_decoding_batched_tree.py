@@ -15,7 +15,8 @@ from helpers.heads import eagle3_head_folder, eagle_head_folder, with_eagle
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, cpu_kernels, make_generator, method_class
 from pipeline.decoding.base import DrafterContext
-from pipeline.decoding.batched import BatchedDecoder, BatchRequest, batch_divergence, check_batch
+from pipeline.decoding.batched import BatchedDecoder, BatchRequest, check_batch
+from pipeline.decoding.divergence import batch_divergence
 from pipeline.decoding.drafting import TreeAsk
 from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.kv import CachedModel

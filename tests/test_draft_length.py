@@ -9,10 +9,9 @@ import pytest
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_tokens
 from pipeline.decoding import build_decoder, check_method, make_generator, method_args, method_class
-from pipeline.decoding.draft_length import PROBE_EVERY, DraftLength, tokens_per_cost
+from pipeline.decoding.draft_length import PROBE_EVERY, DraftLength, calibration_length, tokens_per_cost
 from pipeline.decoding.warping import Warper
 from pipeline.measure.bounds import hindsight_bound, hindsight_gamma, leviathan_bound
-from pipeline.measure.costs import calibrate_draft_length
 
 
 @pytest.fixture(scope="module")
@@ -182,14 +181,10 @@ def test_the_calibrated_length_is_ar_like_when_rows_are_dear_and_longer_when_che
     cost a third of a step each (AVX2) make any draft lose, so the rule takes plain steps (draft_min 0) or one draft
     (draft_min 1); nearly free rows (AVX512-BF16, a GPU) make it draft longer."""
     dear, cheap, floor = (
-        DraftLength("acceptance", cost="auto", verify="auto", minimum=0),
-        DraftLength("acceptance", cost="auto", verify="auto", minimum=0),
-        DraftLength("acceptance", cost="auto", verify="auto", minimum=1),
+        DraftLength("acceptance", cost=0.08, verify=0.35, minimum=0),
+        DraftLength("acceptance", cost=0.02, verify=0.01, minimum=0),
+        DraftLength("acceptance", cost=0.08, verify=0.35, minimum=1),
     )
-    assert dear.needs_calibration and not DraftLength("acceptance").needs_calibration
-    dear.calibrate(0.08, 0.35)
-    floor.calibrate(0.08, 0.35)
-    cheap.calibrate(0.02, 0.01)
     for policy in (dear, cheap, floor):
         _settle(policy, 3, 0, times=18)  # mixed verdicts: alpha 13 / 32, about 0.4
         _settle(policy, 3, 3, times=4)
@@ -213,30 +208,32 @@ def test_plain_steps_probe_now_and_then_and_return_to_drafting():
     assert policy.plain == 0 and policy.alpha == 0.5
 
 
-def test_auto_costs_refuse_to_guess_before_calibration(tiny_pair):
+def test_auto_costs_draft_the_calibration_schedule_until_the_clock_has_measured_them(tiny_pair):
+    """``auto`` outside a cell (no warm-up): the request's first iterations draft gamma, gamma - 1, ..., 0 in turn
+    (``calibration_length``), so the loop's clock sees the pass at several row counts; then the rule decides."""
     decoder = build_decoder("spd", *tiny_pair, **WARP, gamma=3, draft_stop="acceptance", draft_cost="auto")
-    with pytest.raises(RuntimeError, match="calibrate_draft_length"):
-        decoder.generate(PROMPT, max_new_tokens=8, generator=make_generator(0))
-    with pytest.raises(ValueError, match="finite number > 0"):
-        decoder.length_policy.calibrate(math.nan, 0.0)
+    live = decoder.length_policy.live
+    assert live is not None and not live.ready
+    gen = decoder.generate(PROMPT, max_new_tokens=40, generator=make_generator(0))
+    assert gen.drafted[:5] == [calibration_length(k, 3) for k in range(5)] == [3, 2, 1, 0, 3]
+    assert live.ready and len(gen.tokens) == 40
+    assert decoder.length_policy.costs() is not None  # c from the clock, v the number set (0)
+    assert build_decoder("spd", *tiny_pair, **WARP, gamma=3).length_policy.live is None  # nothing auto: no live costs
 
 
 @pytest.mark.parametrize("method", ["spd", "block", "mtad"])
-def test_the_cell_calibration_measures_c_and_v_and_the_rule_reads_them(tiny_pair, method):
+def test_auto_costs_are_the_loops_clock_and_the_rule_reads_them(tiny_pair, method):
     params = {"draft_stop": "acceptance", "draft_cost": "auto", "verify_cost": "auto", "draft_min": 0}
     values = check_method(method, params)
     assert {k: values[k] for k in params} == params  # set, so keyed
     decoder = build_decoder(method, *tiny_pair, **WARP, gamma=3, **params)
-    measured = calibrate_draft_length(decoder, PROMPT * 4, "cpu", reps=3)
-    assert set(measured) == {"calibrated_draft_cost", "calibrated_verify_cost", "calibrated_t_ar_ms"}
-    assert measured["calibrated_draft_cost"] > 0 and math.isfinite(measured["calibrated_verify_cost"])
-    assert decoder.length_policy.cost == measured["calibrated_draft_cost"]
-    assert decoder.length_policy.verify == max(0.0, measured["calibrated_verify_cost"])
-    assert calibrate_draft_length(decoder, PROMPT, "cpu") == {}  # measured once; numbers set by hand are kept
     gen = decoder.generate(PROMPT, max_new_tokens=24, generator=make_generator(1))
     assert len(gen.tokens) == 24 and len(gen.drafted) == gen.steps
+    live = decoder.length_policy.live
+    c, v = decoder.length_policy.costs()
+    assert live.ready and c == pytest.approx(max(live.c(), 1e-9)) and v == max(0.0, live.v()) and c > 0
     # dear rows: the request decodes with plain steps (drafted 0) apart from the probes; cheap rows: it drafts
-    decoder.length_policy.cost, decoder.length_policy.verify = 0.5, 0.5
+    decoder.length_policy.cost, decoder.length_policy.verify = 0.5, 0.5  # numbers set by hand win over the clock
     gen = decoder.generate(PROMPT, max_new_tokens=24, generator=make_generator(1))
     assert gen.drafted.count(0) >= len(gen.drafted) - 24 // PROBE_EVERY - 1 and gen.draft_steps < 24
     decoder.length_policy.cost, decoder.length_policy.verify = 0.01, 0.0
@@ -276,7 +273,7 @@ def test_plain_steps_keep_lossless_rules_exact(tiny_pair, law2, method):
 @pytest.mark.parametrize(
     "params,fix",
     [
-        ({"draft_stop": "acceptance", "draft_cost": "measured"}, "or auto (measured by the cell before its window)"),
+        ({"draft_stop": "acceptance", "draft_cost": "measured"}, "or auto (measured live by the loop's clock)"),
         ({"draft_stop": "acceptance", "draft_min": 2}, "must be 0 or 1"),
         ({"draft_min": 0}, "set draft_stop: acceptance, or leave draft_min at its default"),
         ({"draft_stop": "confidence", "verify_cost": "auto"}, "set draft_stop: acceptance"),

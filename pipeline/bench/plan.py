@@ -52,6 +52,17 @@ class Row:
     oracle_gamma: str | None = None  # the best fixed gamma per request in hindsight: gamma x requests
     oracle_bound: float | None = None  # mean over requests of the hindsight bound at that request's best gamma
     hindsight_fixed: float | None = None  # the same arithmetic at the row's own gamma (what the oracle is against)
+    # ours, by the loop's own clock (medians over passes): a plain target step, the draft phase per position, the mean
+    # pass of a drafting iteration, v (one more drafted position's rows over a step), the phases' shares of the time
+    t_step_ms: float | None = None
+    t_draft_ms: float | None = None
+    t_verify_ms: float | None = None
+    v: float | None = None
+    share_draft: float | None = None
+    share_verify: float | None = None
+    share_rule: float | None = None
+    share_other: float | None = None
+    speedup_normalized: float | None = None  # tokens per own target step over ar's, pass by pass
 
 
 # bench.yaml's numeric settings: key -> (integer, minimum, strict, nullable, example, what it means)

@@ -1,5 +1,6 @@
-"""The bench's runs on the loaded pair: every runner timed pass by pass, the step costs probed before each pass,
-the rows with their ratios, bounds and energy, and the machine's roofline."""
+"""The bench's runs on the loaded pair: every runner timed pass by pass, our rows' step costs and time breakdown read
+off the decoding loop's own clock in the same passes (``BatchedDecoder.clock``, ``measure.costs.cost_model``: no
+second timing path), the rows with their ratios, bounds and energy, and the machine's roofline."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.bench.peers import PEERS, REFERENCE, PeerArgs, no_peer
 from pipeline.bench.plan import BenchPlan, Row, generate_kwargs
 from pipeline.decoding import build_decoder, make_generator
+from pipeline.decoding.batched import BatchedDecoder
 from pipeline.decoding.fast_forward import LeanForward, lean_forward_for
+from pipeline.decoding.phase_clock import PHASES, Iteration
 from pipeline.decoding.timing import median_times
 from pipeline.device import synchronize
 from pipeline.measure.bounds import alpha_from_accepted, hindsight_bound, hindsight_gamma, leviathan_bound
-from pipeline.measure.costs import chain_draft_cost, per_draft_token, step_times
+from pipeline.measure.costs import cost_model
 from pipeline.measure.energy import energy_summary, make_energy_meter
 from pipeline.measure.meters import IdleReading
 from pipeline.models import load_pair
@@ -103,33 +106,43 @@ class Bench(BenchPlan):
         return out
 
     def _timed(
-        self, runners: dict[Any, Any], probe
-    ) -> tuple[dict[Any, tuple[list[float], int, list[list[int]], list[Any]]], list[Any]]:
+        self, runners: dict[Any, Any], engines: dict[Any, BatchedDecoder] | None = None
+    ) -> tuple[dict[Any, tuple[list[float], int, list[list[int]], list[Any]]], dict[Any, list[dict[str, float]]]]:
         """Tokens/s of each runner in each of ``repeats`` passes over all prompts, after warm-up.
 
-        Passes are interleaved (runner A, B, C, A, B, C, ...) so that drifts in machine load hit
-        every implementation alike, and ``probe()`` (the step costs) runs before every pass, so
-        that ratios and bounds can be formed pass by pass. Each pass draws with its own seeds (prompt
-        i of timed pass p = 1, 2, ...: ``seed + p * len(prompts) + i``; warm-up: ``seed + i``, the same for
-        every runner), so acceptance figures pool ``repeats`` independent samples instead of repeating one;
-        the generations of every timed pass are returned (outputs: the last pass's).
+        Passes are interleaved (runner A, B, C, A, B, C, ...) so that drifts in machine load hit every
+        implementation alike. Each pass draws with its own seeds (prompt i of timed pass p = 1, 2, ...:
+        ``seed + p * len(prompts) + i``; warm-up: ``seed + i``, the same for every runner), so acceptance figures pool
+        ``repeats`` independent samples instead of repeating one; the generations of every timed pass are returned
+        (outputs: the last pass's). For a runner of ours (``engines``: its loop), the warm-up drafts the calibration
+        schedule and each timed pass's iterations, as the loop's clock timed them, give that pass's cost model
+        (``costs.cost_model``): the second value returned, per runner, one dict per pass.
         """
+        engines = engines or {}
+        for engine in engines.values():
+            engine.calibrate = True
+            engine.clock.reset()
         for _ in range(self.cfg.warmup):
             for run_one in runners.values():
                 for i, ids in enumerate(self.prompts):
                     run_one(i, ids)
+        calibration: dict[Any, list[Iteration]] = {}
+        for key, engine in engines.items():
+            calibration[key] = engine.clock.records()
+            engine.calibrate = False
         rates: dict[Any, list[float]] = {k: [] for k in runners}
         self.energy = {k: [] for k in runners}
         if self.meter.available and self.idle is None and self.cfg.get("idle_seconds", 0) > 0:
             synchronize(self.device)
             self.idle = self.meter.measure_idle(float(self.cfg.idle_seconds))
-        probes = []
+        clocks: dict[Any, list[dict[str, float]]] = {k: [] for k in engines}
         last: dict[Any, list[Any]] = {}
         gens: dict[Any, list[Any]] = {k: [] for k in runners}
         for p in range(self.cfg.repeats):
-            probes.append(probe())
             for key, run_one in runners.items():
                 tokens, seconds, outs = 0, 0.0, []
+                if key in engines:
+                    engines[key].clock.reset()
                 if self.meter.available:  # the runner's pass is one metered window
                     synchronize(self.device)
                     self.meter.start()
@@ -144,6 +157,8 @@ class Bench(BenchPlan):
                 if self.meter.available:
                     self.energy[key].append(energy_summary(self.meter.stop(), self.idle, tokens))
                 rates[key].append(tokens / seconds)
+                if key in engines:
+                    clocks[key].append(_pass_costs(engines[key].clock.records(), calibration[key], tokens, seconds))
                 # each pass as it ends (stderr): a run stopped at a time limit still says what it measured
                 print(
                     f"[bench] pass {p + 1}/{self.cfg.repeats} {key}: {tokens / seconds:.2f} tokens/s", file=sys.stderr
@@ -151,7 +166,7 @@ class Bench(BenchPlan):
                 last[key] = outs
                 gens[key].extend(o[1] for o in outs)
         results = {k: (rates[k], sum(len(o[0]) for o in last[k]), [o[0] for o in last[k]], gens[k]) for k in runners}
-        return results, probes
+        return results, clocks
 
     def _with_forward_timers(self, run_one, acc: list[float]):
         """Wrap a runner so acc = [seconds inside model forwards, seconds in total] accumulate."""
@@ -176,16 +191,22 @@ class Bench(BenchPlan):
         return timed
 
     def ours(self, method: str, mode: str, drafter: str | None = None, stop: str | None = None):
+        """A runner of ours: the method's loop at batch 1 (``BatchedDecoder``, ``run_one.engine``), whose clock times
+        every iteration."""
         params = self.method_params(method, mode, drafter, stop)
         dec = build_decoder(
             method, self.pair.target, self.pair.draft if method != "ar" else None, assets=self.pair.assets, **params
         )
+        engine = BatchedDecoder(dec, 1)
 
         def run_one(i, ids):
             gen = make_generator(self.cfg.seed + i, self.device)
-            g = dec.generate(ids, max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=self.eos, generator=gen)
+            (g,) = engine.generate(
+                [ids], max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=self.eos, generators=[gen]
+            )
             return g.tokens, g
 
+        run_one.engine = engine  # type: ignore[attr-defined]
         return run_one
 
     def transformers(self, assisted: bool, mode: str, drafter: str = "model"):
@@ -206,76 +227,14 @@ class Bench(BenchPlan):
 
         return run_one
 
-    def _probe_costs(self) -> dict[str, float]:
-        """t_ar, per draft length g of the rows ``t_verify_g<g>`` (one target forward of g + 1 tokens;
-        ``t_verify``: the longest), per drafter the cost of one draft token (``t_draft_<drafter>``) and per
-        chain method its own proposal's cost per token (``t_propose_<method>_<drafter>``: MTAD's beams cost
-        more than the drafter's chain)."""
-        target, prompt, reps = self.pair.target, self.prompts[0], self.cfg.probe_reps
-        costs: dict[str, float] = {}
-        d: str | None
-        lengths = self.gammas() or [self.chain_gamma(REFERENCE)]  # no chain row: the reference's, for the roofline line
-        for g in lengths:
-            t_ar, costs[f"t_verify_g{g}"] = step_times(target, prompt, g, self.device, reps=reps)
-            costs.setdefault("t_ar", t_ar)  # the first reading: every row's ratios use one t_ar per pass
-        costs["t_verify"] = costs[f"t_verify_g{max(lengths)}"]
-        for (
-            d
-        ) in self.drafters:  # each drafter's own draft token (costs.chain_draft_cost), under the reference's warping
-            dec: Any = build_decoder(
-                REFERENCE,
-                target,
-                self.pair.draft,
-                assets=self.pair.assets,
-                **self.method_params(REFERENCE, "sample", d),
-            )
-            costs[f"t_draft_{d}"] = chain_draft_cost(
-                dec.drafter_impl,
-                dec.target,
-                list(prompt),
-                self.chain_gamma(REFERENCE),
-                dec.warper,
-                reps=reps,
-                sync=lambda: synchronize(self.device),
-            )
-        for method, d in self.runs():
-            if method != "ar" and self.is_chain(method, "sample", d):
-                costs[f"t_propose_{method}_{d}"] = self._proposal_cost(method, d, prompt, reps)
-        return costs
-
-    def _proposal_cost(self, method: str, drafter: str | None, prompt: list[int], reps: int) -> float:
-        """Median seconds per draft token of ``method``'s own ``gamma``-token proposal after ``prompt`` (its
-        drafter's chain for spd/block, beam sampling for mtad), sampled mode, over ``reps`` after one warm-up."""
-        dec: Any = build_decoder(
-            method,
-            self.pair.target,
-            self.pair.draft,
-            assets=self.pair.assets,
-            **self.method_params(method, "sample", drafter),
-        )
-        prompt, gamma = list(prompt), self.chain_gamma(method)
-        generator = make_generator(0, self.device)
-        with torch.inference_mode():
-            dec._start(prompt)
-        seconds = per_draft_token(
-            lambda: dec.propose(prompt, gamma, generator),
-            lambda: dec.drafter_impl.rollback(len(prompt) - 1),
-            gamma,
-            reps,
-            lambda: synchronize(self.device),
-        )
-        dec.target.reset()
-        return seconds
-
     def run(self) -> tuple[list[Row], dict[str, Any]]:
-        """All rows. Ratios, speedups and efficiencies are medians of per-pass values (each pass
-        times every runner back to back after measuring the step costs), so slow drifts in machine
-        load cancel; tokens/s are medians over passes."""
+        """All rows. Ratios, speedups and efficiencies are medians of per-pass values (each pass times every runner
+        back to back), so slow drifts in machine load cancel; tokens/s are medians over passes. Our rows' costs (the
+        target's step, c, v, the time breakdown) are their own loop's clock in the same passes."""
         cfg = self.cfg
         rows: list[Row] = []
-        all_probes: list[dict[str, float]] = []
         med = statistics.median
-        self.probes: dict[str, list[dict[str, float]]] = {}  # per mode, the step costs (s) measured in each pass
+        self.clocks: dict[str, dict[Any, list[dict[str, float]]]] = {}  # per mode, per runner of ours, per pass
         hf_drafters = self.transformers_peers()
         d: str | None
         for mode in cfg.modes:
@@ -288,14 +247,17 @@ class Bench(BenchPlan):
             runners.update({("ours", m, d): self.ours(m, mode, d) for m, d in self.runs()})
             adaptive = self.adaptive_runs(mode)
             runners.update({(f"ours:{s}", m, d): self.ours(m, mode, d, s) for m, d, s in adaptive})
+            engines = {k: r.engine for k, r in runners.items() if hasattr(r, "engine")}
             timers: dict[tuple[str, str, str | None], list[float]] = {}
-            for key in runners:  # time spent inside the models' forwards, per runner
-                runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
-            results, probes = self._timed(runners, self._probe_costs)
-            self.probes[mode] = probes
-            all_probes += probes
+            for key in runners:  # transformers: time spent inside the models' forwards (ours: the loop's clock)
+                if key not in engines:
+                    runners[key] = self._with_forward_timers(runners[key], timers.setdefault(key, [0.0]))
+            results, clocks = self._timed(runners, engines)
+            self.clocks[mode] = clocks
             hf_ar = results[("transformers", "ar", None)]
             rows.append(Row("transformers", "ar", mode, med(hf_ar[0]), hf_ar[1]))
+            hf_total = timers[("transformers", "ar", None)]
+            rows[-1].overhead_per_step = max(0.0, (hf_total[1] - hf_total[0]) / hf_total[1]) if hf_total[1] else None
             for d, why in hf_drafters.items():
                 if why is None:
                     hf = results[("transformers", REFERENCE, d)]
@@ -313,6 +275,7 @@ class Bench(BenchPlan):
                 else:
                     rows.append(Row("transformers", REFERENCE, mode, None, 0, drafter=d, note=why))
             ours_ar = results.get(("ours", "ar", None))
+            ar_clock = clocks.get(("ours", "ar", None))
             for method, d in self.runs():
                 rates, tokens, outs, gens = results[("ours", method, d)]
                 peer = hf_ar if method == "ar" else results.get(("transformers", REFERENCE, d))
@@ -325,23 +288,19 @@ class Bench(BenchPlan):
                 steps = sum(g.steps for g in gens)
                 new = sum(len(g.tokens) for g in gens)
                 row.tokens_per_step = new / steps
-                # overhead: wall time outside the models' forwards, as a share of the decode time
-                passes = cfg.warmup + cfg.repeats
-                in_forward, total = timers[("ours", method, d)][0] / passes, timers[("ours", method, d)][1] / passes
-                row.overhead_per_step = max(0.0, (total - in_forward) / total)
+                own = clocks[("ours", method, d)]
+                _clock_columns(row, own, ar_clock)
                 if ours_ar and method != "ar":
                     speedups = [r / a for r, a in zip(rates, ours_ar[0])]
                     row.speedup = med(speedups)
                 if method != "ar" and self.is_chain(method, mode, d):
-                    cost = f"t_propose_{method}_{d}" if f"t_propose_{method}_{d}" in probes[0] else f"t_draft_{d}"
                     g = self.chain_gamma(method)
-                    # each verified draft's share of a step, from the measured (g + 1)-token pass (linear in the rows)
-                    v = max(0.0, med([(p[f"t_verify_g{g}"] / p["t_ar"] - 1.0) / g for p in probes]))
-                    _oracle(row, gens, g, med([p[cost] / p["t_ar"] for p in probes]), v)
+                    c, v = row.c if row.c is not None else 0.0, max(0.0, row.v or 0.0)
+                    _oracle(row, gens, g, c, v)
                     alpha = alpha_from_accepted([a for gen in gens for a in gen.accepted], g)
-                    bounds = [row.tokens_per_step * p["t_ar"] / (g * p[cost] + p[f"t_verify_g{g}"]) for p in probes]
-                    c = med([p[cost] / p["t_ar"] for p in probes])
-                    row.alpha, row.c = alpha, c
+                    # measured costs: a pass's tokens per iteration at its own step over its iteration's draft + verify
+                    bounds = [row.tokens_per_step * p["t_step"] / p["draft_verify"] for p in own]
+                    row.alpha = alpha
                     row.bound_ideal = leviathan_bound(alpha, g, c)
                     row.bound = med(bounds)
                     if ours_ar:
@@ -354,6 +313,7 @@ class Bench(BenchPlan):
                 row.tokens_per_step = sum(len(g.tokens) for g in gens) / sum(g.steps for g in gens)
                 drafted = [w for g in gens for w in g.drafted if w > 0]
                 row.mean_drafted = sum(drafted) / len(drafted) if drafted else None
+                _clock_columns(row, clocks[(f"ours:{stop}", method, d)], ar_clock)
                 if ours_ar:
                     row.speedup = med([r / a for r, a in zip(rates, ours_ar[0])])
                 rows.append(row)
@@ -363,18 +323,82 @@ class Bench(BenchPlan):
                     _energy_figures(row, self.energy.get(key, []))  # this mode's passes
             for (method, d), why in self.skipped.items():
                 rows.append(Row("ours", method, mode, None, 0, drafter=d, note=why))
-        costs: dict[str, Any] = {f"{k}_ms": med([p[k] for p in all_probes]) * 1e3 for k in all_probes[0]}
-        for d in self.drafters:
-            costs[f"c_{d}"] = med([p[f"t_draft_{d}"] / p["t_ar"] for p in all_probes])
-        # the first drafter's figures under the historical names
-        costs["t_draft_ms"] = costs[f"t_draft_{self.drafters[0]}_ms"]
-        costs["c"] = costs[f"c_{self.drafters[0]}"]
+        costs = self._costs(rows)
         costs.update(roofline(self.pair, costs, self.device))
         costs["energy_meter"] = self.meter.info()
         if self.idle is not None and self.idle.available:
             costs["idle_power_w"] = self.idle.power_w
             costs["reference_idle_power_w"] = self.idle.reference_power_w
         return rows, costs
+
+    def _costs(self, rows: list[Row]) -> dict[str, Any]:
+        """The bench's step costs, each from a row of ours (medians over its passes, its own loop's clock):
+        ``t_ar_ms`` (ar's plain step; without an ar row, the reference's), ``t_verify_g<g>_ms`` (the mean pass of a
+        drafting iteration of a chain row at gamma g; ``t_verify_ms``: the longest), ``t_draft_<drafter>_ms`` and
+        ``c_<drafter>`` (the reference method's draft phase per position with that drafter), ``t_propose_<method>_
+        <drafter>_ms`` (each chain row's own: MTAD's beams are dearer than the chain); ``t_draft_ms``, ``c``: the
+        first drafter's."""
+        med = statistics.median
+        ours = [r for r in rows if r.impl == "ours" and r.draft_stop is None and r.t_step_ms is not None]
+        ar = [r.t_step_ms for r in ours if r.method == "ar"]
+        ref = [r.t_step_ms for r in ours if r.method == REFERENCE]
+        steps = ar or ref or [r.t_step_ms for r in ours]
+        costs: dict[str, Any] = {"t_ar_ms": med(steps) if steps else float("nan")}
+        verify: dict[int, list[float]] = {}
+        for r in ours:
+            if r.method == "ar" or r.t_verify_ms is None or r.gamma is None:
+                continue
+            if self.is_chain(r.method, r.mode, r.drafter):
+                verify.setdefault(int(r.gamma), []).append(r.t_verify_ms)
+                if r.t_draft_ms is not None:
+                    costs.setdefault(f"t_propose_{r.method}_{r.drafter}_ms", r.t_draft_ms)
+            if r.method == REFERENCE and r.t_draft_ms is not None:
+                costs.setdefault(f"t_draft_{r.drafter}_ms", r.t_draft_ms)
+                costs.setdefault(f"c_{r.drafter}", r.c)
+        for g, values in sorted(verify.items()):
+            costs[f"t_verify_g{g}_ms"] = med(values)
+        costs["t_verify_ms"] = costs[f"t_verify_g{max(verify)}_ms"] if verify else costs["t_ar_ms"]
+        first = next((d for d in self.drafters if f"t_draft_{d}_ms" in costs), None)
+        if first is not None:  # the first drafter's figures under the historical names
+            costs["t_draft_ms"], costs["c"] = costs[f"t_draft_{first}_ms"], costs[f"c_{first}"]
+        return costs
+
+
+def _pass_costs(
+    iterations: list[Iteration], calibration: list[Iteration], tokens: int, seconds: float
+) -> dict[str, float]:
+    """One pass of a runner of ours, by its loop's clock: the cost model (``costs.cost_model``) with the pass's mean
+    draft + verify per iteration (``draft_verify``), its plain step (``t_step``) and its tokens per own step."""
+    model = cost_model(iterations, 1, calibration)
+    n = len(iterations)
+    model["t_step"] = model["t_target_step_ms"] / 1e3
+    model["draft_verify"] = (model["time_draft_s"] + model["time_verify_s"]) / n if n else float("nan")
+    model["tokens_per_step_time"] = tokens / seconds * model["t_step"] if seconds > 0 else float("nan")
+    return model
+
+
+def _clock_columns(row: Row, passes: list[dict[str, float]], ar: list[dict[str, float]] | None) -> None:
+    """A row of ours' clock columns: medians over its passes of its step, c, v, its draft and verify costs and its
+    phase shares; ``speedup_normalized``: its tokens per own step over ar's, pass by pass (a machine phase between the
+    two runners cancels in it)."""
+    med = statistics.median
+
+    def median_of(key: str, scale: float = 1.0) -> float | None:
+        values = [p[key] * scale for p in passes if p.get(key) is not None and p[key] == p[key]]
+        return med(values) if values else None
+
+    row.t_step_ms = median_of("t_target_step_ms")
+    row.t_draft_ms = median_of("t_draft_step_ms")
+    row.t_verify_ms = median_of("t_verify_ms")
+    row.c = median_of("cost_ratio_c")
+    row.v = median_of("row_cost_v")
+    for phase in PHASES:
+        setattr(row, f"share_{phase}", median_of(f"phase_share_{phase}"))
+    row.overhead_per_step = (row.share_rule or 0.0) + (row.share_other or 0.0)
+    if ar and row.method != "ar":
+        ratios = [p["tokens_per_step_time"] / a["tokens_per_step_time"] for p, a in zip(passes, ar)]
+        ratios = [r for r in ratios if r == r]
+        row.speedup_normalized = med(ratios) if ratios else None
 
 
 def _oracle(row: Row, gens: list[Any], gamma: int, c: float, v: float = 0.0) -> None:

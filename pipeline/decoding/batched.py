@@ -36,7 +36,7 @@ and every matmul row is computed alone (``csrc/bf16_decoder.cpp``), so a request
 ones it gets decoding alone; with the same draws from its own generator (seeded from the cell seed and the prompt
 id) its tokens and counters do not depend on its companions: the output at batch B equals the output at batch 1,
 which is ``Decoder.generate``'s. Elsewhere (float32, CUDA) rows differ by rounding and outputs can differ;
-``batch_divergence`` measures how often.
+``divergence.batch_divergence`` measures how often.
 
 A method whose target draws its own tokens, unverified (mtjd: ``draw_tokens``, beam sampling on the target's
 sequences, every request's beams in one packed target forward per depth), runs the same loop with steps 1 and 2
@@ -54,10 +54,11 @@ from typing import Any, Callable, Collection, Sequence
 import torch
 
 from .base import Decoder, Generation, _as_token_list, emit
-from .draft_length import DraftLength
+from .draft_length import DraftLength, calibration_length
 from .drafters import Drafter
 from .drafting import ChainAsk, TreeAsk
 from .packed import Lanes, PackedCache, PackedRows, SoloCache
+from .phase_clock import PhaseClock
 from .tree import TokenTree
 
 
@@ -114,6 +115,7 @@ class _Live:
     first_token_at: float = 0.0
     prefill_s: float = 0.0
     cached: int = 0  # context positions the target's cache holds (its length, kept here: no cache query per step)
+    iterations: int = 0  # iterations so far (the calibration schedule's counter)
     tokens: torch.Tensor | None = None  # this iteration's draft tokens [g] (None: nothing drafted)
     proposal: Any = None  # what the rule reads beside them (``DraftVerifyDecoder.propose_chains``)
     tree: TokenTree | None = None  # a tree method's: this iteration's token tree (None: nothing drafted)
@@ -139,7 +141,7 @@ class BatchedDecoder:
     ``generate`` can be called again).
     """
 
-    def __init__(self, decoder: Decoder, batch_size: int) -> None:
+    def __init__(self, decoder: Decoder, batch_size: int, *, calibrate: bool = False) -> None:
         check_batch(type(decoder), getattr(decoder, "config", {}), batch_size)
         reason = has_loop(decoder) if isinstance(decoder, Decoder) else "it is not a Decoder"
         if reason and batch_size > 1:
@@ -148,6 +150,9 @@ class BatchedDecoder:
             )
         self.decoder = decoder
         self.batch_size = batch_size
+        target = getattr(decoder, "target", None)
+        self.clock = PhaseClock(getattr(target, "device", None))  # the loop's own clock (``phase_clock``)
+        self.calibrate = calibrate  # every request's draft length (a tree's depth) cycles (``calibration_length``)
         self.own_loop = reason is not None  # batch 1 of a method with its own loop: its generate, request by request
         if self.own_loop:  # (or of any object with Decoder.generate's signature)
             return
@@ -158,6 +163,9 @@ class BatchedDecoder:
         self.prompt_hidden = self.hidden and drafter is not None and drafter.prompt_hidden
         self.target: Lanes = SoloCache(decoder.target) if batch_size == 1 else PackedCache(decoder.target)
         self.length_args = getattr(decoder, "args", None)
+        template: DraftLength | None = getattr(decoder, "length_policy", None)
+        if template is not None and template.live is not None:  # draft_cost / verify_cost: auto read the clock
+            self.clock.observers.append(template.live.observe)
         self.tree = getattr(decoder, "shape", "chain") == "tree"  # it verifies token trees (``_propose_trees``)
         self.draws = callable(getattr(decoder, "draw_tokens", None))  # its target draws its own tokens (``_draw``)
 
@@ -229,8 +237,10 @@ class BatchedDecoder:
         live: list[_Live] = []
         free = list(range(self.batch_size))[::-1]
         count = 0
+        clock = self.clock
         with torch.inference_mode():
             self._close()
+            clock.start()
             try:
                 while queue or live:
                     admitted = []
@@ -261,9 +271,12 @@ class BatchedDecoder:
                             prefill_s=r.prefill_s,
                             tag=r.request.tag,
                         )
-                        if on_finish is not None:
+                        if on_finish is not None:  # the caller's time: on no phase
+                            phase = clock.pause()
                             on_finish(r.request, gen)
+                            clock.resume(phase)
             finally:
+                clock.stop()
                 self._close()
         return count
 
@@ -281,10 +294,13 @@ class BatchedDecoder:
         cuda = target is not None and target.device.type == "cuda"
         sync = (lambda: torch.cuda.synchronize(target.device)) if cuda else (lambda: None)  # type: ignore[union-attr]
         prefill_seconds = getattr(dec, "prefill_seconds", lambda: 0.0)
+        clock = self.clock
+        clock.start()
         while queue:
             request = queue.popleft()
             sync()
             t0 = time.perf_counter()
+            clock.enter("verify")  # beam search: the target's forwards, its own loop (one record per request)
             gen = dec.generate(
                 request.prompt,
                 max_new_tokens=request.max_new_tokens,
@@ -295,7 +311,10 @@ class BatchedDecoder:
             end = time.perf_counter()
             prefill = float(prefill_seconds())
             count += 1
+            clock.enter("other")
+            clock.end_iteration(emitted=len(gen.tokens), context=len(_as_token_list(request.prompt)), requests=1)
             if on_finish is not None:
+                phase = clock.pause()
                 on_finish(
                     request,
                     BatchedGeneration(
@@ -311,6 +330,8 @@ class BatchedDecoder:
                         tag=request.tag,
                     ),
                 )
+                clock.resume(phase)
+        clock.stop()
         return count
 
     # ------------------------------------------------------------------------------------------ one iteration
@@ -338,7 +359,9 @@ class BatchedDecoder:
         for r in live:
             if r.policy is not None:
                 room = r.request.max_new_tokens - len(r.out) - 1
-                gamma = min(r.policy.budget(dec.draft_length()), room)  # type: ignore[attr-defined]
+                full = dec.draft_length()  # type: ignore[attr-defined]
+                wanted = calibration_length(r.iterations, full) if self.calibrate else r.policy.budget(full)
+                gamma = min(wanted, room)
                 if gamma > 0:
                     asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter, eos)))
         if asks:
@@ -352,7 +375,11 @@ class BatchedDecoder:
         dec = self.decoder
         asks: list[tuple[_Live, TreeAsk]] = []
         for r in live:
-            depth = min(dec.tree_depth, r.request.max_new_tokens - len(r.out) - 1)  # type: ignore[attr-defined]
+            full = dec.tree_depth  # type: ignore[attr-defined]
+            depth = min(
+                calibration_length(r.iterations, full) if self.calibrate else full,
+                r.request.max_new_tokens - len(r.out) - 1,
+            )
             if depth > 0:
                 shape = dec.tree_shape(depth)  # type: ignore[attr-defined]
                 asks.append((r, TreeAsk(r.slot, r.context, shape, r.request.generator, r.drafter)))
@@ -389,10 +416,19 @@ class BatchedDecoder:
         sampling on the target's sequences, every request's in one packed forward per depth; ``ask.gamma``: the
         tokens left before its limit), then step 3: each request emits what it drew (its steps: one target forward
         per token drawn)."""
+        clock = self.clock
+        context = sum(len(r.context) for r in live)
         asks = [ChainAsk(r.slot, r.context, r.request.max_new_tokens - len(r.out), r.request.generator) for r in live]
-        for r, tokens in zip(live, self.decoder.draw_tokens(self.target, asks)):  # type: ignore[attr-defined]
+        clock.enter("verify")
+        drawn = self.decoder.draw_tokens(self.target, asks)  # type: ignore[attr-defined]
+        clock.enter("rule")
+        before = sum(len(r.out) for r in live)
+        for r, tokens in zip(live, drawn):
             r.steps += len(tokens)
             self._emit(r, tokens, eos)
+        clock.enter("other")
+        emitted = sum(len(r.out) for r in live) - before
+        clock.end_iteration(rows=sum(len(t) for t in drawn), emitted=emitted, context=context, requests=len(live))
 
     def _emit(self, r: _Live, emitted: list[int], eos: frozenset[int]) -> None:
         """Step 3 of a request: ``emitted``, cut at EOS and its limit; a finished request leaves its slot."""
@@ -405,25 +441,45 @@ class BatchedDecoder:
             r.slot = -r.slot - 1  # finished: the loop frees the slot
 
     def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
+        """One iteration over every live request, each phase on the clock (``phase_clock``)."""
         if self.draws:
             self._draw(live, eos)
             return
         dec = self.decoder
         target = self.target
+        clock = self.clock
+        context = sum(len(r.context) for r in live)
+        before = sum(len(r.out) for r in live)
         for r in live:  # 1. propose
             r.tokens, r.proposal, r.tree = None, None, None
-        if self.tree:
-            self._propose_trees(live)
-        else:
-            self._propose_chains(live, eos)
+        if self.drafter is not None:  # ar drafts nothing: no draft phase
+            clock.enter("draft")
+            if self.tree:
+                self._propose_trees(live)
+            else:
+                self._propose_chains(live, eos)
+            clock.enter("other")
         groups = [self._rows(r) for r in live]  # 2. one target forward
         hiddens: list[torch.Tensor | None]
+        clock.enter("verify")
         if self.hidden:
             raws, got = target.step_hidden(groups)
             hiddens = list(got)
         else:
             raws, hiddens = target.step(groups), [None] * len(groups)
+        clock.enter("rule")
+        positions = drafted = prefill = 0
+        for r, rows in zip(live, groups):
+            prefill += rows.keep[0]  # the uncached context before the last token (a new request's prompt)
+            if r.tree is not None:
+                positions, drafted = (
+                    max(positions, max(r.tree.depths) + 1 if r.tree.depths else 0),
+                    drafted + len(r.tree),
+                )
+            elif r.tokens is not None:
+                positions, drafted = max(positions, int(r.tokens.shape[0])), drafted + int(r.tokens.shape[0])
         for r, rows, raw, hidden in zip(live, groups, raws, hiddens):
+            r.iterations += 1
             logits = dec.target._logits(raw)
             gen = r.request.generator
             length = len(r.context)
@@ -461,42 +517,17 @@ class BatchedDecoder:
                 kept = None
                 if hidden is not None:
                     kept = hidden[last : last + n + 1] if kept_rows is None else hidden[kept_rows]
+                clock.enter("draft")  # the drafter's own work
                 r.drafter.feedback(length, n, kept, r.tree, path)
+                clock.enter("rule")
             self._emit(r, emitted, eos)  # 3. emit
-
-
-def batch_divergence(
-    decoder: Decoder,
-    prompts: Sequence[Sequence[int]],
-    *,
-    batch_size: int,
-    max_new_tokens: int,
-    seeds: Sequence[int],
-    eos_token_ids: Sequence[int] = (),
-) -> dict[str, float]:
-    """How often a request's output at ``batch_size`` differs from its output at batch 1 (same generator seeds):
-    ``{"requests", "differing", "fraction", "first_difference_mean"}`` (0 differing on the bf16 kernels;
-    float32 and CUDA rows are not batch-invariant, so this measures what batching changes there)."""
-
-    def run(b: int) -> list[BatchedGeneration]:
-        gens = [torch.Generator(device=decoder.target.device).manual_seed(int(s)) for s in seeds]
-        return BatchedDecoder(decoder, b).generate(
-            prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, generators=gens
+        clock.enter("other")
+        clock.end_iteration(
+            rows=sum(int(g.tokens.shape[0]) for g in groups),
+            prefill_rows=prefill,
+            positions=positions,
+            drafted=drafted,
+            emitted=sum(len(r.out) for r in live) - before,
+            context=context,
+            requests=len(live),
         )
-
-    alone, together = run(1), run(batch_size)
-    firsts = []
-    for a, t in zip(alone, together):
-        if a.tokens != t.tokens:
-            firsts.append(
-                next(
-                    (i for i, (x, y) in enumerate(zip(a.tokens, t.tokens)) if x != y), min(len(a.tokens), len(t.tokens))
-                )
-            )
-    n = len(alone)
-    return {
-        "requests": n,
-        "differing": len(firsts),
-        "fraction": len(firsts) / n if n else float("nan"),
-        "first_difference_mean": sum(firsts) / len(firsts) if firsts else float("nan"),
-    }

@@ -16,10 +16,13 @@ chain drafter (model, eagle, eagle3, ngram, a drafter of your own):
   +1/+2: a uniform prior). ``v`` is what each draft adds to the verification pass, as a share of a target step:
   0 (Leviathan's model) where the pass is memory-bound (a GPU, a CPU with AVX512-BF16: 5 rows ~1.24 steps), about
   0.35 where every row is multiply-adds at the compute roofline (the bf16 kernels on AVX2: 5 rows ~2.4 steps).
-  ``draft_cost: auto`` / ``verify_cost: auto``: measured by the cell before its window on its own models
-  (``pipeline.measure.costs.calibrate_draft_length``: c = t_draft / t_ar, v = (t_verify(gamma+1) / t_ar - 1) / gamma,
-  the drafter's and the target's medians; mtad's c is its beam sampling's); a decoder built outside a cell is
-  calibrated by calling that function once before it generates (it refuses to guess). ``draft_min: 0`` lets the
+  ``draft_cost: auto`` / ``verify_cost: auto``: read live from the loop's own clock (``phase_clock.LiveCosts``, fed
+  by ``BatchedDecoder``'s ``PhaseClock`` every iteration and smoothed over the last ``HALF_LIFE`` iterations): c = the
+  draft phase per draft position over a plain target step at the batch's current occupancy, v = the extra verified
+  rows' cost per drafted position over that step (the slope of the verify phase against rows), so the rule follows
+  the costs the requests actually pay (mtad's c is its beams', a tree's its levels'); until both are measured the
+  policy drafts the calibration schedule (``calibration_length``: gamma, gamma - 1, ..., 0 in turn; in a cell the
+  warm-up does, so the window starts measured). ``draft_min: 0`` lets the
   rule choose no draft at all: where no length ``g >= 1`` beats a plain step (``g = 0``: one token for one step,
   the same formula at g = 0) the iteration is a plain target step (an ar step); every ``PROBE_EVERY``-th iteration
   the rule sends to a plain step drafts one token instead, so the running estimate keeps learning (a request whose
@@ -54,18 +57,19 @@ from typing import Any, Callable
 import torch
 
 from .base import Param, in_closed, in_half_open, one_of
+from .phase_clock import LiveCosts
 
 DRAFT_STOPS = ("none", "confidence", "acceptance")
-AUTO = "auto"  # draft_cost / verify_cost measured by the cell before its window
+AUTO = "auto"  # draft_cost / verify_cost read live from the loop's clock
 PROBE_EVERY = 8  # draft_min 0: every 8th iteration the rule sends to a plain step drafts a token (the estimate learns)
 
 
 def number_or_auto(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
-    """``check`` for a number, or the string ``auto`` (measured in the cell)."""
+    """``check`` for a number, or the string ``auto`` (measured live by the loop's clock)."""
 
     def checked(v: Any) -> str | None:
         problem = None if v == AUTO else check(v)
-        return None if problem is None else f"{problem}, or auto (measured by the cell before its window)"
+        return None if problem is None else f"{problem}, or auto (measured live by the loop's clock)"
 
     return checked
 
@@ -94,14 +98,14 @@ DRAFT_LENGTH_PARAMS: dict[str, Param] = {
     "draft_cost": Param(
         0.05,
         number_or_auto(in_half_open(0.0, 1.0)),
-        "draft_stop: acceptance: c = t_draft / t_ar the length is chosen for (auto: measured by the cell)",
+        "draft_stop: acceptance: c = t_draft / t_ar the length is chosen for (auto: the loop's clock)",
         keyed_at_default=False,
     ),
     "verify_cost": Param(
         0.0,
         number_or_auto(in_closed(0.0, 1.0)),
         "draft_stop: acceptance: v = what one more verified row adds to the target pass, over t_ar (0: memory-bound; "
-        "auto: measured by the cell)",
+        "auto: the loop's clock)",
         keyed_at_default=False,
     ),
     "draft_min": Param(
@@ -129,6 +133,13 @@ def check_draft_length(values: dict[str, Any]) -> None:
             )
 
 
+def calibration_length(k: int, gamma: int) -> int:
+    """The ``k``-th length (from 0) of the calibration schedule: gamma, gamma - 1, ..., 0, gamma, ... (0: a plain
+    step). The warm-up drafts it (``BatchedDecoder(calibrate=True)``) and so does an ``auto`` cost not measured
+    yet: the loop's clock then sees the target's pass at gamma + 1 row counts, and the drafter at every length."""
+    return gamma - k % (gamma + 1) if gamma > 0 else 0
+
+
 def tokens_per_cost(alpha: float, gamma: int, c: float, v: float = 0.0) -> float:
     """Leviathan's expected tokens per unit cost (1 - a^(g+1)) / ((1 - a)(g c + 1)): the arithmetic of
     ``pipeline.measure.bounds.leviathan_bound``, which the engine may not import (the measurement layer comes
@@ -141,8 +152,8 @@ def tokens_per_cost(alpha: float, gamma: int, c: float, v: float = 0.0) -> float
 class DraftLength:
     """One decoder's draft-length policy and the running acceptance counts of its current request.
 
-    ``cost`` / ``verify``: numbers, or ``"auto"`` until ``calibrate`` sets them (the cell measures them before its
-    window); ``minimum``: 1, or 0 to allow plain target steps (``draft_min``)."""
+    ``cost`` / ``verify``: numbers, or ``"auto"``: read from ``live`` (the loop's clock) as it runs; ``minimum``: 1,
+    or 0 to allow plain target steps (``draft_min``)."""
 
     def __init__(
         self,
@@ -159,7 +170,9 @@ class DraftLength:
         self.stop, self.threshold, self.minimum = stop, float(threshold), int(minimum)
         self.cost: float | None = None if cost == AUTO else float(cost)
         self.verify: float | None = None if verify == AUTO else float(verify)
-        self.accepted = self.examined = self.plain = 0
+        # auto: c and v read from the loop's clock as it runs (shared by every request's copy, ``fresh``)
+        self.live: LiveCosts | None = LiveCosts() if stop == "acceptance" and None in (self.cost, self.verify) else None
+        self.accepted = self.examined = self.plain = self.iterations = 0
 
     @classmethod
     def of(cls, args: Any) -> "DraftLength":
@@ -177,29 +190,24 @@ class DraftLength:
     def fresh(self) -> "DraftLength":
         """A policy for one more request: the same parameters and calibrated costs, its counts from the prior."""
         policy = DraftLength(self.stop, self.threshold, 0.0, 0.0, self.minimum)
-        policy.cost, policy.verify = self.cost, self.verify
+        policy.cost, policy.verify, policy.live = self.cost, self.verify, self.live
         return policy
 
-    @property
-    def needs_calibration(self) -> bool:
-        """``draft_stop: acceptance`` with a cost still ``auto``: ``calibrate`` before generating."""
-        return self.stop == "acceptance" and (self.cost is None or self.verify is None)
-
-    def calibrate(self, cost: float | None = None, verify: float | None = None) -> None:
-        """Set the measured c (and v) where the parameters said ``auto`` (a number set by hand is kept); v below 0
-        (a noisy median) counts as 0."""
-        if self.cost is None and cost is not None:
-            if not (math.isfinite(cost) and cost > 0):
-                raise ValueError(f"a measured draft cost must be a finite number > 0, got {cost!r}")
-            self.cost = float(cost)
-        if self.verify is None and verify is not None:
-            if not math.isfinite(verify):
-                raise ValueError(f"a measured verify cost must be finite, got {verify!r}")
-            self.verify = max(0.0, float(verify))
+    def costs(self) -> tuple[float, float] | None:
+        """(c, v) as the rule reads them now: the numbers set, or the live clock's (``LiveCosts``: at the batch's
+        current occupancy); None while an ``auto`` cost has not been measured yet (``LiveCosts.ready``)."""
+        live = self.live
+        if live is not None and not live.ready:
+            return None
+        c = self.cost if self.cost is not None else live.c() if live is not None else math.nan
+        v = self.verify if self.verify is not None else live.v() if live is not None else math.nan
+        if not (math.isfinite(c) and math.isfinite(v)):
+            return None
+        return max(c, 1e-9), max(v, 0.0)
 
     def start(self) -> None:
         """A new request: its acceptance estimate starts from the prior again."""
-        self.accepted = self.examined = self.plain = 0
+        self.accepted = self.examined = self.plain = self.iterations = 0
 
     @property
     def alpha(self) -> float:
@@ -208,20 +216,27 @@ class DraftLength:
 
     def best(self, gamma: int) -> int:
         """The length in ``draft_min..gamma`` with the most expected tokens per unit cost at the running estimate
-        (ties: the shorter; 0 is a plain step, one token for one step)."""
-        if self.cost is None or self.verify is None:
+        and the costs (``costs``; ties: the shorter; 0 is a plain step, one token for one step)."""
+        costs = self.costs()
+        if costs is None:
             raise RuntimeError(
-                "draft_cost / verify_cost: auto are measured before generating: the cell calls "
-                "pipeline.measure.costs.calibrate_draft_length(decoder, prompt, device) before its window; outside a "
-                "cell call it once yourself, or set numbers"
+                "draft_cost / verify_cost: auto not measured yet: budget() drafts a calibration schedule"
             )
-        a, c, v = self.alpha, self.cost, self.verify
+        a, (c, v) = self.alpha, costs
         return max(range(self.minimum, gamma + 1), key=lambda g: (tokens_per_cost(a, g, c, v), -g))
 
     def budget(self, gamma: int) -> int:
         """The most drafts of this iteration, given at most ``gamma`` (>= 1); 0 (``draft_min: 0`` only): a plain
-        target step, except every ``PROBE_EVERY``-th one, which drafts one token (so the estimate keeps learning)."""
-        if self.stop != "acceptance" or (gamma <= 1 and self.minimum >= 1):
+        target step, except every ``PROBE_EVERY``-th one, which drafts one token (so the estimate keeps learning).
+        While an ``auto`` cost is not measured yet (the loop's first iterations), the calibration schedule
+        (``calibration_length``): lengths gamma, gamma - 1, ..., 0 in turn, so that the clock sees the pass at
+        several row counts; chosen from the iteration count only, so every lossless rule stays lossless."""
+        if self.stop != "acceptance":
+            return gamma
+        self.iterations += 1
+        if self.costs() is None:
+            return calibration_length(self.iterations - 1, gamma)
+        if gamma <= 1 and self.minimum >= 1:
             return gamma
         g = self.best(gamma)
         if g == 0:

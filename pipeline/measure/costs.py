@@ -1,30 +1,34 @@
-"""Step costs outside the window: Leviathan's t_ar, t_draft and t_verify, and the machine's speed probe.
+"""Step costs from the loop's own clock, and the machine's speed probe.
 
-    t_ar, t_verify = step_times(target_model, prompt, gamma, device)
-    t_draft = chain_draft_cost(drafter, target, prompt, gamma, warper)  # any drafter's draft token, via propose
-    costs = drafter_costs(decoder, prompt, device)        # {t_ar, t_draft, t_verify, depth}, as the decoder drafts
-    ms = probe_step_ms(target_model, device)              # before and after each window, and at calibration
-    calibrate_draft_length(decoder, prompt, device)       # draft_cost / verify_cost: auto, before the window
-    disturbance([before, after], calibrated_ms)           # {step_slowdown, disturbed}
+    model = cost_model(window_iterations, batch_size, calibration=warmup_iterations)
+    #  {t_target_step_ms, t_draft_step_ms, t_verify_ms, cost_ratio_c, row_cost_v, time_*_s, phase_share_*, ...}
+    drift = step_drift(window_iterations, model, probes_ms)   # {step_drift, disturbed}: did the window's step move?
+    ms = probe_step_ms(target_model, device)                  # before and after each window
 
-Every timing goes through the one loop, ``pipeline.decoding.timing.median_times``.
+Every cost here is read off the iterations the decoding loop itself timed (``pipeline.decoding.phase_clock``:
+``BatchedDecoder.clock``): no proposal, chain or tree is timed beside the loop. The cell's warm-up drafts the
+calibration schedule (gamma, gamma - 1, ..., 0: ``BatchedDecoder(calibrate=True)``), so its iterations show the
+target's pass at several row counts even for a method whose window drafts one fixed length; the slope of that pass
+against rows comes from both (each with its own level), the step itself from the window's iterations alone.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
-from typing import Any, Callable, Sequence
+import statistics
+from typing import Any, Iterable, Sequence
 
 import torch
 
 from pipeline.decoding.kv import CachedModel
+from pipeline.decoding.phase_clock import PHASES, Iteration
 from pipeline.decoding.timing import median_times
-from pipeline.decoding.tree_verify import tree_verify_forward
 from pipeline.device import synchronize
 
 PROBE_TOKENS = 32  # the probe's prompt: ids 1..32 (modulo the vocabulary), the same probe everywhere
-DISTURBED_SLOWDOWN = 1.5  # a probe this many times the calibrated step: the machine was disturbed
+DISTURBED_DRIFT = 1.3  # a window whose own step moved this much (slowest quarter / fastest, or probe after / before)
+DRIFT_QUARTER = 8  # the in-loop quarters of step_drift need this many iterations each (fewer: the probes alone)
+DISTURBED_SLOWDOWN = 1.5  # older cells (no step_drift): a probe this many times the sweep-start calibration
 
 
 def draft_length(decoder: Any) -> int | None:
@@ -39,10 +43,8 @@ def draft_length(decoder: Any) -> int | None:
 def step_times(
     model: Any, prompt: Sequence[int], gamma: int, device: torch.device | str, reps: int = 20
 ) -> tuple[float, float]:
-    """Median single-token step time and median (gamma + 1)-token forward time, batch 1, with a KV cache.
-
-    The costs behind Leviathan's bound (t_ar or t_draft, and t_verify); measured outside any window.
-    """
+    """Median single-token step time and median (gamma + 1)-token forward time, batch 1, with a KV cache: the
+    machine probe's primitive (``probe_step_ms``) and the distillation's speed check, never a cell's cost model."""
     device = torch.device(device)
     prompt = list(prompt)
     cm = CachedModel(model)
@@ -59,191 +61,113 @@ def step_times(
     return single, block
 
 
-def per_draft_token(
-    propose: Callable[[], Any], rollback: Callable[[], Any], gamma: int, reps: int, sync: Callable[[], None]
-) -> float:
-    """Median seconds per draft token of ``propose()`` (one ``gamma``-token proposal after a cached prompt), over
-    ``reps`` calls after one warm-up, each followed by ``rollback()`` (the caches back to the prompt), under
-    ``torch.inference_mode``: the timing of every proposal cost (``chain_draft_cost``, ``proposal_cost``, the bench's
-    ``t_propose``)."""
-    with torch.inference_mode():
-        (seconds,) = median_times(propose, reps=reps, warmup=1, sync=sync, after=rollback)
-    return seconds / gamma
-
-
-def chain_draft_cost(
-    drafter: Any,
-    target: CachedModel,
-    prompt: Sequence[int],
-    gamma: int,
-    warper: Any,
-    reps: int = 10,
-    sync: Callable[[], None] = lambda: None,
-) -> float:
-    """t_draft of any drafter, timed through its public interface: median seconds per draft token of a
-    ``gamma``-token ``propose`` after ``prompt`` (the drafter's whole work: forwards, warping, sampling or lookup),
-    over ``reps`` proposals after one warm-up, each rolled back (``rollback``) before the next. ``target`` is the
-    decoder's cached target (it gives the prompt's features to a drafter that reads them); ``sync`` waits for the
-    device. c = t_draft / t_ar is the drafter's, not the draft model's."""
-    prompt = list(prompt)
-    target.reset()
-    hidden = None
-    if drafter.uses_hidden:
-        hidden = target.prefill_hidden(prompt[:-1])
-    else:
-        target.prefill(prompt[:-1])
-    drafter.start(prompt, hidden)
-    generator = torch.Generator(device=target.device).manual_seed(0)
-    seconds = per_draft_token(
-        lambda: drafter.propose(prompt, gamma, warper, generator),
-        lambda: drafter.rollback(len(prompt) - 1),
-        gamma,
-        reps,
-        sync,
-    )
-    target.reset()
-    return seconds
-
-
-def drafter_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> dict[str, float]:
-    """The costs of a draft-based decoder as it is configured (``decoder.shape``, ``decoder.draft_depth``), each
-    drafter its own: ``t_ar`` (the target's step), ``t_draft`` (one draft position: a chain's token, a tree's
-    level) and ``t_verify`` (the target's pass over what one iteration drafts), with ``depth``, the draft
-    positions per iteration (gamma, or the tree's levels).
-
-    A chain: ``chain_draft_cost`` (a draft-model step, an EAGLE head step with its LM-head row, one n-gram
-    lookup per token) and the target's pass over gamma + 1 positions. A tree: ``tree_costs`` (the drafter's own
-    ``propose_tree`` and the target's tree-attention pass over that tree)."""
-    if decoder.shape == "tree":
-        return tree_costs(decoder, prompt, device, reps=reps)
-    gamma = int(decoder.draft_depth)
-    t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
-    t_draft = chain_draft_cost(
-        decoder.drafter_impl,
-        decoder.target,
-        prompt,
-        gamma,
-        decoder.warper,
-        reps=reps,
-        sync=lambda: synchronize(device),
-    )
-    return {"t_ar": t_ar, "t_draft": t_draft, "t_verify": t_verify, "depth": float(gamma)}
-
-
-def tree_costs(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> dict[str, float]:
-    """A tree decoder's costs, its drafter's own: after one plain target step (the tree loop's first iteration,
-    which gives a drafter that reads hidden states, Medusa's heads, its first state), the median of ``reps``
-    ``propose_tree`` calls with the decoder's tree shape and children (``t_draft``: per level of the tree drawn)
-    and of the target's tree-attention pass over that tree (``t_verify``); ``t_ar``: the target's step
-    (``step_times``). Returns ``{t_ar, t_draft, t_verify, depth, nodes}``."""
-    target, drafter = decoder.target, decoder.drafter_impl
-    prompt = list(prompt)
-    sync = lambda: synchronize(device)  # noqa: E731
-    t_ar = step_times(target.model, prompt, 1, device, reps=reps)[0]
-    shape = decoder.tree_shape(int(decoder.draft_depth))
-    children = decoder.walk_impl.children
-    generator = torch.Generator(device=target.device).manual_seed(0)
-    with torch.inference_mode():
-        target.reset()
-        hidden = None
-        target.capture_hidden = drafter.uses_hidden and drafter.prompt_hidden
-        if target.capture_hidden:
-            hidden = target.prefill_hidden(prompt[:-1])
-        else:
-            target.prefill(prompt[:-1])
-        target.capture_hidden = drafter.uses_hidden
-        drafter.start(prompt, hidden)
-        row = target.forward(prompt[-1:], keep=1)[-1]  # a plain step, as the loop's first
-        drafter.feedback(len(prompt), 0, target.hidden if drafter.uses_hidden else None)
-        context = prompt + [int(row.argmax())]
-
-        def propose() -> Any:
-            return drafter.propose_tree(context, shape, decoder.warper, generator, children)
-
-        def restore() -> None:
-            drafter.rollback(len(context) - 1)
-            target.rollback(len(context) - 1)
-
-        tree = propose()
-        restore()
-        if tree is None or len(tree) == 0:
-            raise RuntimeError(f"drafter {drafter.kind!r} proposed no tree to time (method {decoder.name!r})")
-        t_propose, t_verify = median_times(
-            propose, lambda: tree_verify_forward(target, context, tree), reps=reps, warmup=1, sync=sync, after=restore
-        )
-        target.reset()
-        target.capture_hidden = False
-    depth = max(tree.depths) + 1
-    return {
-        "t_ar": t_ar,
-        "t_draft": t_propose / depth,
-        "t_verify": t_verify,
-        "depth": float(depth),
-        "nodes": float(len(tree)),
-    }
-
-
-def proposal_cost(decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10) -> float:
-    """t_draft as the decoder drafts: its drafter's ``chain_draft_cost``, except mtad over the draft model, whose
-    proposal is beam sampling (``num_beams`` beams a step: ``beam_sampling.beam_sample``), timed as such."""
-    gamma = draft_length(decoder) or 1
-    sync = partial(synchronize, torch.device(device))
-    if not (getattr(decoder, "beam_drafts", False) and decoder.drafter_impl.kind == "model"):
-        return chain_draft_cost(decoder.drafter_impl, decoder.target, prompt, gamma, decoder.warper, reps, sync)
-    from pipeline.decoding.beam_sampling import beam_sample  # noqa: PLC0415 - mtad only
-
-    model, args, prompt = decoder.draft_model, decoder.args, list(prompt)
-    model.reset()
-    with torch.inference_mode():
-        model.prefill(prompt[:-1])
-    generator = torch.Generator(device=model.device).manual_seed(0)
-    seconds = per_draft_token(
-        lambda: beam_sample(
-            model, prompt, gamma, args.num_beams, decoder.warper, generator, args.beam_weights, args.replacement
-        ),
-        lambda: model.rollback(len(prompt) - 1),
-        gamma,
-        reps,
-        sync,
-    )
-    model.reset()
-    return seconds
-
-
-def calibrate_draft_length(
-    decoder: Any, prompt: Sequence[int], device: torch.device | str, reps: int = 10
-) -> dict[str, float]:
-    """``draft_cost: auto`` / ``verify_cost: auto``: measure c = t_draft / t_ar (``proposal_cost``) and
-    v = (t_verify(gamma + 1) / t_ar - 1) / gamma (``step_times``) on the decoder's own models after ``prompt``, and
-    hand them to its draft-length rule (``DraftLength.calibrate``), before any generation is timed. Returns the
-    measured ``{calibrated_draft_cost, calibrated_verify_cost, calibrated_t_ar_ms}`` ({} when nothing is auto)."""
-    policy = getattr(decoder, "length_policy", None)
-    if policy is None or not policy.needs_calibration:
-        return {}
-    gamma = draft_length(decoder) or 1
-    t_ar, t_verify = step_times(decoder.target.model, prompt, gamma, device, reps=reps)
-    c = proposal_cost(decoder, prompt, device, reps=reps) / t_ar
-    v = (t_verify / t_ar - 1.0) / gamma
-    policy.calibrate(c, v)
-    return {"calibrated_draft_cost": c, "calibrated_verify_cost": v, "calibrated_t_ar_ms": 1e3 * t_ar}
-
-
 def probe_step_ms(model: Any, device: torch.device | str, reps: int = 10) -> float:
     """The target's single-token step after a fixed ``PROBE_TOKENS``-token prompt (median of ``reps``,
-    milliseconds): the machine's speed as the pair sees it, comparable between the sweep's calibration and
-    every cell of the pair."""
+    milliseconds): the machine's speed just before and just after a window (``step_drift``)."""
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or PROBE_TOKENS + 1)
     prompt = [1 + i % (vocab - 1) for i in range(PROBE_TOKENS)] if vocab > 1 else [0] * PROBE_TOKENS
     return 1e3 * step_times(model, prompt, 1, device, reps=reps)[0]
 
 
-def disturbance(
-    probes_ms: Sequence[float], calibrated_ms: float, threshold: float = DISTURBED_SLOWDOWN
+def _steady(iterations: Iterable[Iteration]) -> list[Iteration]:
+    """Iterations whose pass verified rows and no prompt (a new request's prefill rides in its first step at
+    batch > 1: that pass is another kind of work)."""
+    return [it for it in iterations if it.rows > 0 and it.prefill_rows == 0 and it.verify_s > 0]
+
+
+def row_slope(groups: Sequence[Sequence[Iteration]]) -> float:
+    """Seconds per verified row: the least-squares slope of the verify phase against rows, each group (the window,
+    the warm-up) about its own mean (a machine phase between them moves the level, not the slope); NaN where no
+    group's rows vary."""
+    sxy = sxx = 0.0
+    for group in groups:
+        if len(group) < 2:
+            continue
+        mx = sum(it.rows for it in group) / len(group)
+        my = sum(it.verify_s for it in group) / len(group)
+        sxx += sum((it.rows - mx) ** 2 for it in group)
+        sxy += sum((it.rows - mx) * (it.verify_s - my) for it in group)
+    return sxy / sxx if sxx > 0 else math.nan
+
+
+def plain_steps(iterations: Sequence[Iteration], slope: float, batch_size: int) -> list[float]:
+    """Each steady iteration's pass brought to a plain step of ``batch_size`` rows (its verify time less the slope
+    times its extra rows): the target's step as the window paid it, iteration by iteration."""
+    out = []
+    for it in _steady(iterations):
+        if it.rows == batch_size:
+            out.append(it.verify_s)
+        elif math.isfinite(slope):
+            out.append(it.verify_s - slope * (it.rows - batch_size))
+    return out
+
+
+def cost_model(
+    iterations: Sequence[Iteration], batch_size: int, calibration: Sequence[Iteration] = ()
 ) -> dict[str, float]:
-    """``step_slowdown`` (the slowest probe over the calibrated step) and ``disturbed`` (1.0 when it is at
-    least ``threshold``, else 0.0); NaN for both without a finite calibration or probe."""
-    values = [float(v) for v in probes_ms if v is not None and math.isfinite(float(v)) and float(v) > 0]
-    if not values or not (calibrated_ms is not None and math.isfinite(calibrated_ms) and calibrated_ms > 0):
-        return {"step_slowdown": math.nan, "disturbed": math.nan}
-    slowdown = max(values) / float(calibrated_ms)
-    return {"step_slowdown": slowdown, "disturbed": 1.0 if slowdown >= threshold else 0.0}
+    """The window's cost model and time breakdown, from its own iterations (``calibration``: the warm-up's, which
+    drafted the calibration schedule).
+
+    - ``time_draft_s``, ``time_verify_s``, ``time_rule_s``, ``time_other_s``: the phases over the window (they sum
+      to the loop's wall time) and ``phase_share_*`` of their sum;
+    - ``t_target_step_ms``: a plain target step of ``batch_size`` rows at the contexts the window ran (the mean of
+      ``plain_steps``); ``t_verify_ms``: the mean pass of an iteration that drafted; ``t_draft_step_ms``: the draft
+      phase per draft position (a chain's token, MTAD's beams' position, a tree's level) over the window (over the
+      warm-up where the window drafted nothing: a rule that took plain steps only);
+    - ``cost_ratio_c`` = t_draft / t_step, ``row_cost_v`` = batch_size * slope / t_step (what one more drafted
+      position of every request adds to the pass, over a step);
+    - ``iterations``, ``rows_per_iteration``, ``context_mean`` (a request's context, tokens)."""
+    its = list(iterations)
+    totals = {p: sum(getattr(it, f"{p}_s") for it in its) for p in PHASES}
+    wall = sum(totals.values())
+    out: dict[str, float] = {f"time_{p}_s": totals[p] for p in PHASES}
+    out.update({f"phase_share_{p}": (totals[p] / wall if wall > 0 else math.nan) for p in PHASES})
+    slope = row_slope([_steady(its), _steady(calibration)])
+    steps = plain_steps(its, slope, batch_size)
+    t_step = statistics.fmean(steps) if steps else math.nan
+    drafting = [it for it in its if it.positions > 0]
+    if not drafting:  # a window whose rule drafted nothing (plain steps): the drafter's cost as the warm-up timed it
+        drafting = [it for it in calibration if it.positions > 0]
+    positions = sum(it.positions for it in drafting)
+    t_draft = sum(it.draft_s for it in drafting) / positions if positions else math.nan
+    verified = [it.verify_s for it in _steady(drafting)]
+    requests = sum(it.requests for it in its)
+    out.update(
+        iterations=float(len(its)),
+        rows_per_iteration=sum(it.rows for it in its) / len(its) if its else math.nan,
+        context_mean=sum(it.context for it in its) / requests if requests else math.nan,
+        t_target_step_ms=1e3 * t_step,
+        row_slope_ms=1e3 * slope,
+    )
+    if drafting:
+        out.update(
+            t_draft_step_ms=1e3 * t_draft,
+            t_verify_ms=1e3 * statistics.fmean(verified) if verified else math.nan,
+            cost_ratio_c=t_draft / t_step if t_step > 0 else math.nan,
+            row_cost_v=batch_size * slope / t_step if t_step > 0 and math.isfinite(slope) else math.nan,
+        )
+    return out
+
+
+def step_drift(
+    iterations: Sequence[Iteration], slope_ms: float, batch_size: int, probes_ms: Sequence[float | None] = ()
+) -> dict[str, float]:
+    """Whether the window's own step moved while it ran: ``step_drift`` is the larger of (the slowest quarter's
+    median plain step over the fastest quarter's, the iterations in time order) and (the slower probe over the
+    faster, just before and just after the window); ``disturbed`` 1.0 at ``DISTURBED_DRIFT`` or more. A machine
+    uniformly slower for the whole window is not disturbed (its speed in steps, ``tokens_per_step``, is what it
+    always is); a slowdown that starts or ends inside the window is. NaN for both without enough to compare."""
+    ratios = []
+    steps = plain_steps(iterations, slope_ms / 1e3 if math.isfinite(slope_ms) else math.nan, batch_size)
+    if len(steps) >= 4 * DRIFT_QUARTER:
+        q = len(steps) // 4
+        medians = [statistics.median(steps[i * q : (i + 1) * q]) for i in range(4)]
+        if min(medians) > 0:
+            ratios.append(max(medians) / min(medians))
+    probes = [float(p) for p in probes_ms if p is not None and math.isfinite(float(p)) and float(p) > 0]
+    if len(probes) >= 2:
+        ratios.append(max(probes) / min(probes))
+    if not ratios:
+        return {"step_drift": math.nan, "disturbed": math.nan}
+    drift = max(ratios)
+    return {"step_drift": drift, "disturbed": 1.0 if drift >= DISTURBED_DRIFT else 0.0}

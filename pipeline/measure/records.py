@@ -13,7 +13,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from pipeline.decoding.phase_clock import Iteration
 from pipeline.measure.acceptance import records_metrics
+from pipeline.measure.costs import cost_model, step_drift
 from pipeline.measure.energy import EnergyReading, IdleReading, energy_summary
 
 PERCENTILES = (50, 90, 99)
@@ -101,6 +103,32 @@ class WindowResult:
     device: dict[str, Any]
     settings: dict[str, Any] = field(default_factory=dict)
     probe: dict[str, float] = field(default_factory=dict)  # probe_before_ms / probe_after_ms (run_window's ``probe``)
+    iterations: list[Iteration] = field(default_factory=list)  # the loop's clock over the window (``phase_clock``)
+    calibration: list[Iteration] = field(default_factory=list)  # the warm-up's (the calibration schedule)
+    clock_transitions: int = 0  # the clock's reads over the window (its own cost: this many reads)
+
+    def costs(self) -> dict[str, float]:
+        """The cost model and time breakdown of the window, from its iterations (``costs.cost_model``), with
+        ``step_drift`` / ``disturbed`` (did the window's own step move: ``costs.step_drift``), and
+        ``tokens_per_target_step``: tokens/s in units of the window's own plain target step (a machine uniformly
+        slower or faster leaves it, and a speedup formed from it, unchanged)."""
+        if not self.iterations:
+            return {}
+        batch = int(self.settings.get("batch_size", 1) or 1)
+        model = cost_model(self.iterations, batch, self.calibration)
+        model.update(
+            step_drift(
+                self.iterations,
+                model["row_slope_ms"],
+                batch,
+                [self.probe.get("probe_before_ms"), self.probe.get("probe_after_ms")],
+            )
+        )
+        tokens = sum(r.new_tokens for r in self.records)
+        t_step = model["t_target_step_ms"] / 1e3
+        model["tokens_per_target_step"] = tokens / self.decode_s * t_step if self.decode_s > 0 else math.nan
+        model["clock_transitions"] = float(self.clock_transitions)
+        return model
 
     def summary(self) -> dict[str, Any]:
         recs = self.records
@@ -137,6 +165,7 @@ class WindowResult:
             **self.probe,
         }
         out.update(energy_summary(self.energy, self.idle, tokens))
+        out.update(self.costs())
         # acceptance in vLLM / Spec-Bench conventions, pooled and per request (pipeline.measure.acceptance)
         out.update(records_metrics(recs, self.settings.get("draft_length")))
         return out

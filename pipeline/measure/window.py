@@ -39,6 +39,11 @@ what ran off the decode clock meanwhile (formatting a later turn, records: the o
 method with a loop of its own (beam; batch 1 only) is decoded one ``generate`` call at a
 time behind the same engine, each bracketed by a device synchronisation.
 
+9. The loop's own clock (``BatchedDecoder.clock``, ``pipeline.decoding.phase_clock``) times every iteration of the
+   window in four phases (draft, verify, rule, other) with what it did (rows verified, draft positions, tokens
+   emitted, context); the warm-up's iterations (drafting the calibration schedule) come with them. The cell's cost
+   model and time breakdown are read off these (``pipeline.measure.costs.cost_model``), never timed beside the loop.
+
 The records, the result and its summary are ``pipeline.measure.records``; step costs ``pipeline.measure.costs``.
 """
 
@@ -77,10 +82,13 @@ def warm_up(
     min_seconds: float = PROTOCOL.warmup_seconds,
     batch_size: int = 1,
 ) -> dict[str, Any]:
-    """Generate on ``prompts`` (cycled), ``batch_size`` at a time, until both minimums are met."""
+    """Generate on ``prompts`` (cycled), ``batch_size`` at a time, until both minimums are met, drafting the
+    calibration schedule (``BatchedDecoder(calibrate=True)``: every draft length from gamma down to 0 in turn), so
+    that the loop's clock sees the target's pass at several row counts (``iterations``: its records, the cost model's
+    calibration, ``measure.costs.cost_model``) and an ``auto`` draft cost is measured before the window opens."""
     if not prompts or (min_generations <= 0 and min_seconds <= 0):
-        return {"generations": 0, "seconds": 0.0}
-    engine = BatchedDecoder(decoder, batch_size)
+        return {"generations": 0, "seconds": 0.0, "iterations": []}
+    engine = BatchedDecoder(decoder, batch_size, calibrate=True)
     start, count = time.perf_counter(), 0
     while count < min_generations or time.perf_counter() - start < min_seconds:
         queue = deque(
@@ -94,7 +102,7 @@ def warm_up(
         engine.run(queue, eos_token_ids=eos_token_ids)
         synchronize(device)
         count += batch_size
-    return {"generations": count, "seconds": time.perf_counter() - start}
+    return {"generations": count, "seconds": time.perf_counter() - start, "iterations": engine.clock.records()}
 
 
 @dataclass
@@ -191,6 +199,7 @@ def _finish_window(
     samples_finished: int,
     budget_exhausted: bool,
     decode_s: float,
+    engine: BatchedDecoder,
     **settings: Any,
 ) -> WindowResult:
     """The window closes (synchronise, read clock and meter, peak memory, the probe after); 7. after it:
@@ -211,10 +220,15 @@ def _finish_window(
         rec.text = tokenizer.decode(rec.tokens, skip_special_tokens=True)
         rec.prediction = rec.answer_prefix + text
         rec.counted_tokens = counted
+    iterations = engine.clock.records()
+    calibration = w.warm.pop("iterations", [])
     return WindowResult(
         records=records,
         window_s=window_s,
         decode_s=decode_s,
+        iterations=iterations,
+        calibration=calibration,
+        clock_transitions=engine.clock.transitions,
         samples_total=samples_total,
         samples_finished=samples_finished,
         time_budget_s=w.time_budget_s,
@@ -392,6 +406,7 @@ def run_window(
         samples_finished=state.finished,
         budget_exhausted=state.exhausted,
         decode_s=_covered(spans) - state.off_clock,
+        engine=engine,
         batch_size=batch_size,
     )
 

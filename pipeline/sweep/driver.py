@@ -33,11 +33,9 @@ from pipeline.scoring.registry import scorer_for
 from pipeline.sweep.plan import CONF_DIR, Plan, SweepConfigError, expand
 from pipeline.sweep.ray_runner import (
     actor_options,
-    calibrate_pairs,
     prepare_pairs,
     run_cells,
     start_ray,
-    with_disturbance,
 )
 from pipeline.sweep.summary import summary_tables
 from pipeline.tracking import (
@@ -124,13 +122,9 @@ class Outcome:
     rescored: int = 0
     elsewhere: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)  # per cell run: key, status, node, error
-    calibration: dict[str, Any] | None = None  # per pair, its target step before any cell ran (run on Ray)
 
     def as_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["calibration"] is None:
-            del out["calibration"]
-        return out
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def store_failed(tracker: Tracker, err: BaseException, doing: str, outcome: Outcome | None = None) -> StoreWriteError:
@@ -355,13 +349,8 @@ def _run_on_ray(
         flush=True,
     )
     prepare_pairs(plan, opts)
-    # each pair's target step before any cell runs: a cell's probes around its window against it flag the
-    # cells measured while the machine was disturbed (docs/sweeps.md, disturbed cells)
-    calibration = calibrate_pairs(todo, opts, capacity)
-    outcome.calibration = calibration
 
     def on_result(cell: Cell, result: CellResult) -> None:
-        result = with_disturbance(cell, result, calibration)
         failure = None
         try:
             tracker.log_cell(cell, result)

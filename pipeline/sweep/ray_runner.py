@@ -23,10 +23,8 @@ from ray.exceptions import RayActorError, RayError
 from tqdm import tqdm
 
 from pipeline import models
-from pipeline.cell import CellActor, calibrate_pair, prepare_pair
+from pipeline.cell import CellActor, prepare_pair
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED, Cell, CellResult
-from pipeline.measure.costs import disturbance
-from pipeline.measure.records import Protocol
 from pipeline.sweep.plan import Plan, SweepConfigError
 
 
@@ -159,53 +157,6 @@ def prepare_pairs(plan: Plan, opts: Mapping[str, Any]) -> None:
         task = ray.remote(prepare_pair).options(num_cpus=opts.get("num_cpus", 1), num_gpus=opts.get("num_gpus", 0))
         print(f"preparing {len(todo)} pair(s) once (GGUF conversion): {', '.join(todo)}", flush=True)
         ray.get([task.remote(p) for p in todo.values()])
-
-
-def calibrate_pairs(cells: list[Cell], opts: Mapping[str, Any], capacity: int) -> dict[str, dict[str, Any]]:
-    """Pair name -> ``cell.calibrate_pair``'s result, for the pairs of ``cells`` whose protocol times steps
-    (``measure.costs``), one Ray task at a time with a cell's resources and isolation (the machine is otherwise
-    idle: no cell runs yet). A pair whose calibration fails is left out (its cells are then not flagged)."""
-    pairs = {c.pair_name: c.pair for c in cells if Protocol.from_config(c.measure).costs}
-    if not pairs:
-        return {}
-    isolation = dict(opts.get("isolation") or {})
-    if isolation.get("mode") == "pinned":
-        isolation["cores"] = core_sets(int(isolation["threads"]), capacity)[0]
-    task = ray.remote(calibrate_pair).options(
-        num_cpus=opts.get("num_cpus", 1), num_gpus=opts.get("num_gpus", 0), max_retries=0
-    )
-    out = {}
-    for name, pair in pairs.items():
-        try:
-            out[name] = ray.get(task.remote(pair, isolation))
-        except RayError as err:
-            print(
-                f"warning: calibrating pair {name!r} failed ({_short(err)}); "
-                "its cells are not checked for a disturbed machine",
-                file=sys.stderr,
-                flush=True,
-            )
-            continue
-        print(
-            f"calibrated {name}: target step {out[name]['target_step_ms']:.2f} ms on {out[name]['device']} "
-            f"(rounds: {', '.join(f'{v:.2f}' for v in out[name]['rounds_ms'])})",
-            flush=True,
-        )
-    return out
-
-
-def with_disturbance(cell: Cell, result: CellResult, calibration: Mapping[str, Mapping[str, Any]]) -> CellResult:
-    """``result`` with ``calibrated_target_step_ms``, ``step_slowdown`` and ``disturbed`` metrics: its probes
-    around the window against its pair's calibration on the same device (nothing added otherwise)."""
-    cal = calibration.get(cell.pair_name)
-    device = result.device or {}
-    if not cal or not result.metrics or (device.get("gpu_name") or device.get("device")) != cal.get("device"):
-        return result
-    probes = [result.metrics.get("probe_before_ms"), result.metrics.get("probe_after_ms")]
-    flags = disturbance([p for p in probes if p is not None], float(cal["target_step_ms"]))
-    return replace(
-        result, metrics={**result.metrics, "calibrated_target_step_ms": float(cal["target_step_ms"]), **flags}
-    )
 
 
 DRIVER_POLL_S = 1.0  # how often a cell's actor looks for its driver (DriverBoundActor)

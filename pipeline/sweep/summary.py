@@ -6,6 +6,8 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.measure.costs import DISTURBED_DRIFT
+
 from pipeline.formatting import fmt_mean_std
 from pipeline.tracking.layout import STATUS_FINISHED, TAG_STATUS
 
@@ -21,9 +23,10 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df = df.drop_duplicates(subset=["cell_key"], keep="first") if "cell_key" in df else df
-    # a cell whose probes ran well above the pair's calibrated step (measure.costs.disturbance): its timing is shown
-    # but kept out of the means below, as the report and the claims keep it out
-    slowdown = pd.to_numeric(df.get("step_slowdown", pd.Series(float("nan"), index=df.index)), errors="coerce")
+    # a cell whose own step moved during its window (measure.costs.step_drift): its timing is shown but kept out of
+    # the means below, as the report and the claims keep it out
+    drift = df.get("step_drift", df.get("step_slowdown", pd.Series(float("nan"), index=df.index)))
+    slowdown = pd.to_numeric(drift, errors="coerce")
     df["disturbed"] = pd.to_numeric(df.get("disturbed", pd.Series(0.0, index=df.index)), errors="coerce").fillna(0) > 0
     df["slowdown"] = [
         f"{v:.1f}x" + (" disturbed" if d else "") if v == v else "-" for v, d in zip(slowdown, df["disturbed"])
@@ -83,7 +86,7 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
     mean_text = pd.DataFrame(out).to_string(index=False)
     if ok["disturbed"].any():
         mean_text += (
-            f"\n(timing of {int(ok['disturbed'].sum())} disturbed cell(s) left out: their target step, probed just "
-            "before and after the window, was at least 1.5x the pair's step calibrated at the sweep's start)"
+            f"\n(timing of {int(ok['disturbed'].sum())} disturbed cell(s) left out: their own target step moved by "
+            f"{DISTURBED_DRIFT}x or more during the window, in the loop's clock or the probes before and after it)"
         )
     return cell_text, mean_text
