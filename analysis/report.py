@@ -28,7 +28,7 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from analysis import batching, claims_report, figures, schema, specbench, stats
+from analysis import batching, breakdown, claims_report, figures, schema, specbench, stats
 from analysis.runs import (
     REPO_ROOT,
     default_tracking_uri,
@@ -155,9 +155,9 @@ def write_report(
     runs = stats.mark_disturbed(runs)  # cells measured while the machine was disturbed: flagged, timing left out
     if runs["disturbed"].any():
         log(
-            f"{int(runs['disturbed'].sum())} of {len(runs)} cells were measured on a disturbed machine (target step >= "
-            f"{stats.DISTURBED_SLOWDOWN}x the calibration): their timing is left out of the tables and the timing "
-            "claims (column `disturbed` in runs.csv)"
+            f"{int(runs['disturbed'].sum())} of {len(runs)} cells were measured on a disturbed machine (their own "
+            f"target step moved {stats.DISTURBED_DRIFT}x or more during the window): their timing is left out of the "
+            "tables and the timing claims (column `disturbed` in runs.csv)"
         )
     samples = load_samples(runs, uri)
     tables = build_tables(runs, samples, reference, cost_ratio=cost_ratio, n_boot=n_boot)
@@ -174,8 +174,17 @@ def write_report(
         f"{len(runs)} finished cells of {sweep!r} ({runs['label'].nunique()} methods, {runs['seed'].nunique()} seeds) "
         f"from {uri}"
     )
-    written["figures"] = figures.save_all(
-        stats.without_disturbed_timing(runs), out_dir / "figures"
+    # first: where a token's time goes, by the loop's own clock (breakdown.md, figures/time_breakdown.png)
+    split = breakdown.breakdown_table(runs)
+    path = out_dir / "breakdown.md"
+    path.write_text(
+        "# Where a token's time goes\n\n![time breakdown](figures/time_breakdown.png)\n\n"
+        + breakdown.breakdown_markdown(split)
+    )
+    written["tables"].insert(0, path)
+    written["figures"] = {"time_breakdown": breakdown.breakdown_figure(runs, out_dir / "figures")}
+    written["figures"].update(
+        figures.save_all(stats.without_disturbed_timing(runs), out_dir / "figures")
     )  # speeds of undisturbed cells
     if batching.varies(runs):  # speedup vs batch size, with its crossover
         path = out_dir / "batching.md"

@@ -120,6 +120,9 @@ METRICS: dict[str, str] = {
     "clock_transitions": "clock_transitions",
     # tokens/s in units of the window's own plain target step: a speed that machine phases between cells cancel in
     "tokens_per_target_step": "tokens_per_target_step",
+    # the speedup over ar if rule and other cost nothing: tokens per second of model work (draft + verify) over a plain
+    # step's (measure.costs.cost_model); efficiency = speedup_normalized / speedup_bound
+    "speedup_bound": "speedup_bound",
     # the window's own step moved (its in-loop plain steps quarter by quarter, its probes): measure.costs.step_drift
     "step_drift": "step_drift",
     # what the configured method drafted (pipeline.decoding.base.Capabilities): positions per step (a chain's
@@ -129,6 +132,7 @@ METRICS: dict[str, str] = {
     # a plain target step at the window's batch and contexts (the loop's clock); the mean pass of a drafting iteration,
     # the draft phase per position; the probes (pipeline.measure.costs.probe_step_ms) just before and just after the
     # window; older stores: what a calibrating cell measured before its window, the sweep-start calibration
+    "t_target_step_ms": "t_target_step_ms",
     "t_verify_ms": "t_verify_ms",
     "t_draft_step_ms": "t_draft_step_ms",
     "calibrated_draft_cost": "calibrated_draft_cost",

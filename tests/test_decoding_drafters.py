@@ -17,6 +17,7 @@ from helpers.heads import with_eagle
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.base import DRAFTERS, DrafterContext
+from pipeline.decoding.batched import BatchedDecoder
 from pipeline.decoding.drafters import DRAFT, PAIR, NgramDrafter, register_drafter
 from pipeline.decoding.eagle import (
     EagleHead,
@@ -27,7 +28,7 @@ from pipeline.decoding.eagle import (
     save_eagle_head,
 )
 from pipeline.decoding.warping import Warper
-from pipeline.measure.costs import drafter_costs
+from pipeline.measure.costs import cost_model
 
 PROMPT = [0, 3, 5, 0, 3]  # repeats: the n-gram drafter finds matches from the first step
 
@@ -309,15 +310,25 @@ def test_saved_config_carries_the_top_level_rope_theta(tmp_path):
 
 @pytest.mark.parametrize("drafter", ["model", "eagle", "ngram"])
 def test_each_drafter_measures_its_own_draft_cost(eagle_pair, drafter):
-    """The cell's t_draft (measure.costs.drafter_costs) is the cell's own drafter's work: 1 warm-up + reps proposals."""
+    """The cell's t_draft is the cell's own drafter's work, timed by the loop's clock: every proposal falls in the
+    draft phase of its iteration (a model or head proposal of 3 is 3 forwards, a lookup one), and the cost model
+    reads one draft position's cost off them."""
     decoder = build_decoder("spd", *eagle_pair, drafter=drafter, gamma=3, **WARP)
-    costs = drafter_costs(decoder, PROMPT, "cpu", reps=2)
+    engine = BatchedDecoder(decoder, 1)
+    engine.generate([PROMPT], max_new_tokens=13, generators=[make_generator(0)])
+    its = engine.clock.records()
     impl = decoder.drafter_impl
     work = {"model": lambda: impl.model.forwards, "eagle": lambda: impl.runner.forwards, "ngram": lambda: impl.lookups}[
         drafter
     ]()
-    assert work == (3 if drafter == "ngram" else 3 * 3)  # 3 proposals; a model or head proposal is 3 forwards
-    assert all(math.isfinite(v) and v > 0 for v in costs.values())
+    drafting = [it for it in its if it.positions > 0]
+    assert drafting and all(it.draft_s > 0 for it in drafting)
+    if drafter == "ngram":
+        assert work == len(its) - 1  # a lookup an iteration but the last (no room left)
+    else:
+        assert work >= sum(it.positions for it in drafting)
+    costs = cost_model(its, 1, its)
+    assert math.isfinite(costs["t_draft_step_ms"]) and costs["t_draft_step_ms"] > 0
 
 
 def test_ngram_lookup():

@@ -3,8 +3,6 @@ stays the target's greedy, the stop shortens chains as it says, its parameters l
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_tokens

@@ -3,10 +3,9 @@ per-sample seeding, stop strings, peak memory and energy records, with real deco
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
 import inspect
+import math
 import time
 
 import pytest

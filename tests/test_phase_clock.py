@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 
 import pytest
 import torch
 
-from helpers.exact import PROMPT, WARP
+from helpers.exact import WARP
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, make_generator
-from pipeline.decoding.batched import BatchedDecoder
+from pipeline.decoding.batched import BatchedDecoder, BatchRequest
 from pipeline.decoding.fast_forward import lean_forward_for
 from pipeline.decoding.phase_clock import PHASES, Iteration, LiveCosts, PhaseClock
 from pipeline.measure.costs import DISTURBED_DRIFT, cost_model, step_drift
@@ -51,10 +52,6 @@ def test_phases_sum_to_the_loops_wall_time(tiny_pair, method, params, batch):
         t0 = time.perf_counter()
         time.sleep(0.01)
         paused.append(time.perf_counter() - t0)
-
-    from collections import deque
-
-    from pipeline.decoding.batched import BatchRequest
 
     queue = deque(BatchRequest(p, 12, make_generator(i)) for i, p in enumerate(_prompts(4)))
     t0 = time.perf_counter()
@@ -170,8 +167,18 @@ def _window(scale=1.0, slow_after=None, n=64, rows=4, batch=1):
     for i in range(n):
         k = scale * (2.0 if slow_after is not None and i >= slow_after else 1.0)
         out.append(
-            Iteration(draft_s=k * 0.3, verify_s=k * (1.0 + 0.05 * (rows - 1)), rule_s=k * 0.01, other_s=k * 0.02,
-                      rows=rows, positions=rows - 1, drafted=rows - 1, emitted=3, context=100, requests=batch)
+            Iteration(
+                draft_s=k * 0.3,
+                verify_s=k * (1.0 + 0.05 * (rows - 1)),
+                rule_s=k * 0.01,
+                other_s=k * 0.02,
+                rows=rows,
+                positions=rows - 1,
+                drafted=rows - 1,
+                emitted=3,
+                context=100,
+                requests=batch,
+            )
         )
     return out
 
@@ -188,6 +195,8 @@ def test_cost_model_reads_the_step_c_and_v_off_the_iterations():
     total = sum(m[f"time_{p}_s"] for p in PHASES)
     assert total == pytest.approx(64 * (0.3 + 1.15 + 0.03))
     assert sum(m[f"phase_share_{p}"] for p in PHASES) == pytest.approx(1.0)
+    # 3 tokens per iteration of draft 0.3 + verify 1.15 against one token per step of 1.0
+    assert m["speedup_bound"] == pytest.approx(3 / 1.45)
 
 
 def test_a_slowdown_inside_the_window_is_flagged_and_a_uniformly_slower_machine_is_not():

@@ -218,7 +218,7 @@ def test_the_claims_report_opens_with_provenance_and_methods_and_carries_the_sec
     for part in (
         "**engine commit**: 0123456789ab",
         "copy bandwidth 9.5 GB/s",
-        "v = (t_verify(g+1)/t_ar - 1)/g = 0.3",
+        "row cost v = 0.3",
         "**date**",
         "## What each method does here",
         "**spd**: ",

@@ -153,6 +153,8 @@ class BatchedDecoder:
         target = getattr(decoder, "target", None)
         self.clock = PhaseClock(getattr(target, "device", None))  # the loop's own clock (``phase_clock``)
         self.calibrate = calibrate  # every request's draft length (a tree's depth) cycles (``calibration_length``)
+        self.asked = 0  # this iteration's requests that asked for a draft (an iteration whose drafts all declined at
+        # once still paid one draft position: BiLD's small model, unsure at its first token)
         self.own_loop = reason is not None  # batch 1 of a method with its own loop: its generate, request by request
         if self.own_loop:  # (or of any object with Decoder.generate's signature)
             return
@@ -364,6 +366,7 @@ class BatchedDecoder:
                 gamma = min(wanted, room)
                 if gamma > 0:
                     asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter, eos)))
+        self.asked = len(asks)
         if asks:
             proposals = dec.propose_chains([a for _, a in asks])  # type: ignore[attr-defined]
             for (r, _), proposed in zip(asks, proposals):
@@ -383,6 +386,7 @@ class BatchedDecoder:
             if depth > 0:
                 shape = dec.tree_shape(depth)  # type: ignore[attr-defined]
                 asks.append((r, TreeAsk(r.slot, r.context, shape, r.request.generator, r.drafter)))
+        self.asked = len(asks)
         if asks:
             trees = dec.propose_trees([a for _, a in asks])  # type: ignore[attr-defined]
             for (r, _), tree in zip(asks, trees):
@@ -452,6 +456,7 @@ class BatchedDecoder:
         before = sum(len(r.out) for r in live)
         for r in live:  # 1. propose
             r.tokens, r.proposal, r.tree = None, None, None
+        self.asked = 0  # requests asked for a draft this iteration
         if self.drafter is not None:  # ar drafts nothing: no draft phase
             clock.enter("draft")
             if self.tree:
@@ -478,6 +483,8 @@ class BatchedDecoder:
                 )
             elif r.tokens is not None:
                 positions, drafted = max(positions, int(r.tokens.shape[0])), drafted + int(r.tokens.shape[0])
+        if self.asked and not positions:  # asked, and every draft declined at once (BiLD's small model unsure)
+            positions = 1
         for r, rows, raw, hidden in zip(live, groups, raws, hiddens):
             r.iterations += 1
             logits = dec.target._logits(raw)

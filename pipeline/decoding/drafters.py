@@ -28,9 +28,9 @@ proposers):
   ``drafting.draft_chain``, ``tree_verify.draft_trees``), and a request's end;
 - ``forwards``: draft forward passes of the current generation.
 
-What a drafter costs is measured from outside, through this interface (``pipeline.measure.costs``:
-``chain_draft_cost`` times ``propose``, ``tree_costs`` times ``propose_tree``), and the bench's transformers peers
-are the bench's declarations (``pipeline.bench.peers``): neither is part of the contract.
+What a drafter costs is measured by the loop that calls it (``phase_clock``: the draft phase of each iteration, its
+proposal and its feedback), never by the drafter itself, and the bench's transformers peers are the bench's
+declarations (``pipeline.bench.peers``): neither is part of the contract.
 
 A plugin (a ``Drafter`` subclass in the registry ``DRAFTERS``) declares its ``kind``, its capabilities
 (``shapes``, ``tree_children``, the ``asset`` the pair must offer, ``uses_hidden``), its own parameters

@@ -67,9 +67,6 @@ class Iteration:
         return asdict(self)
 
 
-_COUNTS = ("rows", "prefill_rows", "positions", "drafted", "emitted", "context", "requests")
-
-
 class PhaseClock:
     """Wall time per phase per iteration, from inside the loop (see the module doc). ``now``: the CPU clock
     (``time.perf_counter``; a test may inject its own); ``device``: CUDA events on a CUDA device."""
@@ -85,7 +82,7 @@ class PhaseClock:
     def reset(self) -> None:
         """Forget every record (a window starts its own)."""
         self._records: list[Iteration] = []
-        self._counts: list[dict[str, int]] = []
+        self._counts: list[tuple[int, ...]] = []
         self._marks: list[tuple[Any, str]] = []  # CUDA: (event, phase entered at it)
         self._bounds: list[int] = []  # CUDA: index of each iteration's last mark
         self._phase = OFF
@@ -147,11 +144,18 @@ class PhaseClock:
                 self._tail[p] += self._acc[p]
         self._acc = dict.fromkeys(PHASES, 0.0)
 
-    def end_iteration(self, **counts: int) -> None:
-        """One iteration ends: its phases' time so far and its ``counts`` (``Iteration``'s count fields)."""
-        unknown = set(counts) - set(_COUNTS)
-        if unknown:
-            raise TypeError(f"unknown iteration counts {sorted(unknown)}: use {list(_COUNTS)}")
+    def end_iteration(
+        self,
+        rows: int = 0,
+        prefill_rows: int = 0,
+        positions: int = 0,
+        drafted: int = 0,
+        emitted: int = 0,
+        context: int = 0,
+        requests: int = 0,
+    ) -> None:
+        """One iteration ends: its phases' time so far and what it did (``Iteration``'s count fields)."""
+        counts = (rows, prefill_rows, positions, drafted, emitted, context, requests)
         if self.cuda:
             self._mark(self._phase)  # the boundary: the same phase goes on
             self._counts.append(counts)
@@ -162,12 +166,13 @@ class PhaseClock:
                     f(self._records[-1])
             return
         t = self.now()
+        acc = self._acc
         if self._phase != OFF:
-            self._acc[self._phase] += t - self._last
+            acc[self._phase] += t - self._last
         self._last = t
         self.transitions += 1
-        it = Iteration(**{f"{p}_s": self._acc[p] for p in PHASES}, **counts)
-        self._acc = dict.fromkeys(PHASES, 0.0)
+        it = Iteration(acc["draft"], acc["verify"], acc["rule"], acc["other"], *counts)
+        acc["draft"] = acc["verify"] = acc["rule"] = acc["other"] = 0.0
         self._records.append(it)
         for f in self.observers:
             f(it)
@@ -193,7 +198,7 @@ class PhaseClock:
         for i in range(len(self._records), len(self._counts)):
             lo = self._bounds[i - 1] if i > 0 else 0
             times = self._segments(lo, self._bounds[i])
-            self._records.append(Iteration(**{f"{p}_s": times[p] for p in PHASES}, **self._counts[i]))
+            self._records.append(Iteration(*(times[p] for p in PHASES), *self._counts[i]))
         if self._stopped and len(self._marks) > 1:  # stopped: the tail after the last boundary
             lo = self._bounds[-1] if self._bounds else 0
             tail = self._segments(lo, len(self._marks) - 1)

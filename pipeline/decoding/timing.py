@@ -1,7 +1,8 @@
 """The one step-timing loop: median wall times of device work, each call bracketed by a device sync.
 
-Used by the measurement's step costs (``pipeline.measure.costs``: ``step_times``, any drafter's cost of a draft
-token ``chain_draft_cost``) and the bench's per-method proposal cost (no drafter times itself).
+Used by the machine probe (``pipeline.measure.costs.step_times`` / ``probe_step_ms``), the bench's step profile
+(``pipeline.bench.profile``) and copy bandwidth; a cell's and a bench row's costs come from the loop's own clock
+(``phase_clock``), never from here.
 """
 
 from __future__ import annotations

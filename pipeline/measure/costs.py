@@ -103,7 +103,10 @@ def plain_steps(iterations: Sequence[Iteration], slope: float, batch_size: int) 
 
 
 def cost_model(
-    iterations: Sequence[Iteration], batch_size: int, calibration: Sequence[Iteration] = ()
+    iterations: Sequence[Iteration],
+    batch_size: int,
+    calibration: Sequence[Iteration] = (),
+    step_hint_s: float | None = None,
 ) -> dict[str, float]:
     """The window's cost model and time breakdown, from its own iterations (``calibration``: the warm-up's, which
     drafted the calibration schedule).
@@ -111,11 +114,14 @@ def cost_model(
     - ``time_draft_s``, ``time_verify_s``, ``time_rule_s``, ``time_other_s``: the phases over the window (they sum
       to the loop's wall time) and ``phase_share_*`` of their sum;
     - ``t_target_step_ms``: a plain target step of ``batch_size`` rows at the contexts the window ran (the mean of
-      ``plain_steps``); ``t_verify_ms``: the mean pass of an iteration that drafted; ``t_draft_step_ms``: the draft
-      phase per draft position (a chain's token, MTAD's beams' position, a tree's level) over the window (over the
-      warm-up where the window drafted nothing: a rule that took plain steps only);
+      ``plain_steps``; ``step_hint_s`` where there is none to read: a window that drafted one row count only, with no
+      warm-up schedule beside it, the probes' step at batch 1); ``t_verify_ms``: the mean pass of an iteration that
+      drafted; ``t_draft_step_ms``: the draft phase per draft position (a chain's token, MTAD's beams' position, a
+      tree's level) over the window (over the warm-up where the window drafted nothing: plain steps only);
     - ``cost_ratio_c`` = t_draft / t_step, ``row_cost_v`` = batch_size * slope / t_step (what one more drafted
       position of every request adds to the pass, over a step);
+    - ``speedup_bound``: tokens per second of model work (the draft and verify phases only) over a plain step's
+      tokens per second at the window's mean occupancy: the speedup over ar if rule and other cost nothing (ar: 1);
     - ``iterations``, ``rows_per_iteration``, ``context_mean`` (a request's context, tokens)."""
     its = list(iterations)
     totals = {p: sum(getattr(it, f"{p}_s") for it in its) for p in PHASES}
@@ -125,6 +131,8 @@ def cost_model(
     slope = row_slope([_steady(its), _steady(calibration)])
     steps = plain_steps(its, slope, batch_size)
     t_step = statistics.fmean(steps) if steps else math.nan
+    if not steps and step_hint_s is not None and math.isfinite(step_hint_s) and step_hint_s > 0:
+        t_step = step_hint_s  # no plain step to read (no warm-up schedule, one row count): the probes' step
     drafting = [it for it in its if it.positions > 0]
     if not drafting:  # a window whose rule drafted nothing (plain steps): the drafter's cost as the warm-up timed it
         drafting = [it for it in calibration if it.positions > 0]
@@ -139,6 +147,13 @@ def cost_model(
         t_target_step_ms=1e3 * t_step,
         row_slope_ms=1e3 * slope,
     )
+    model_s = totals["draft"] + totals["verify"]
+    emitted = sum(it.emitted for it in its)
+    if model_s > 0 and its and t_step > 0:
+        # Leviathan's bound with these measured costs, any method and batch: tokens per second of model work (draft
+        # and verify phases only) over ar's (a plain step of the window's mean occupancy per step)
+        occupancy = requests / len(its)
+        out["speedup_bound"] = (emitted / model_s) / (occupancy / t_step)
     if drafting:
         out.update(
             t_draft_step_ms=1e3 * t_draft,

@@ -115,7 +115,9 @@ class WindowResult:
         if not self.iterations:
             return {}
         batch = int(self.settings.get("batch_size", 1) or 1)
-        model = cost_model(self.iterations, batch, self.calibration)
+        probes = [v for v in self.probe.values() if v is not None and math.isfinite(v) and v > 0]
+        hint = sum(probes) / len(probes) / 1e3 if probes and batch == 1 else None
+        model = cost_model(self.iterations, batch, self.calibration, step_hint_s=hint)
         model.update(
             step_drift(
                 self.iterations,

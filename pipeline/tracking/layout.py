@@ -127,12 +127,7 @@ METRIC_UNSAFE = re.compile(r"[^0-9A-Za-z_\-./ ]")  # characters MLflow refuses i
 
 
 def parent_metrics(total: int, outcome: Mapping[str, Any], wall_s: float) -> dict[str, float]:
-    """A parent run's metrics when it ends: what became of the cells (``outcome`` is the driver's tally) and each
-    pair's target step calibrated before any cell ran (``calibration.<pair>.target_step_ms``)."""
-    calibrated = {
-        "calibration." + METRIC_UNSAFE.sub("_", pair) + ".target_step_ms": c["target_step_ms"]
-        for pair, c in outcome.get("calibration", {}).items()
-    }
+    """A parent run's metrics when it ends: what became of the cells (``outcome`` is the driver's tally)."""
     return {
         "cells_total": total,
         "cells_ran": outcome["ran"],
@@ -141,7 +136,6 @@ def parent_metrics(total: int, outcome: Mapping[str, Any], wall_s: float) -> dic
         "cells_rescored": outcome["rescored"],
         "cells_elsewhere": outcome["elsewhere"],
         "wall_s": wall_s,
-        **calibrated,
     }
 
 
