@@ -340,9 +340,9 @@ class Bench(BenchPlan):
         first drafter's."""
         med = statistics.median
         ours = [r for r in rows if r.impl == "ours" and r.draft_stop is None and r.t_step_ms is not None]
-        ar = [r.t_step_ms for r in ours if r.method == "ar"]
-        ref = [r.t_step_ms for r in ours if r.method == REFERENCE]
-        steps = ar or ref or [r.t_step_ms for r in ours]
+        ar = [r.t_step_ms for r in ours if r.method == "ar" and r.t_step_ms is not None]
+        ref = [r.t_step_ms for r in ours if r.method == REFERENCE and r.t_step_ms is not None]
+        steps = ar or ref or [r.t_step_ms for r in ours if r.t_step_ms is not None]
         costs: dict[str, Any] = {"t_ar_ms": med(steps) if steps else float("nan")}
         verify: dict[int, list[float]] = {}
         for r in ours:

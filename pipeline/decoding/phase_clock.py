@@ -198,7 +198,8 @@ class PhaseClock:
         for i in range(len(self._records), len(self._counts)):
             lo = self._bounds[i - 1] if i > 0 else 0
             times = self._segments(lo, self._bounds[i])
-            self._records.append(Iteration(*(times[p] for p in PHASES), *self._counts[i]))
+            draft, verify, rule, other = (times[p] for p in PHASES)
+            self._records.append(Iteration(draft, verify, rule, other, *self._counts[i]))
         if self._stopped and len(self._marks) > 1:  # stopped: the tail after the last boundary
             lo = self._bounds[-1] if self._bounds else 0
             tail = self._segments(lo, len(self._marks) - 1)
@@ -225,7 +226,7 @@ class PhaseClock:
         return out
 
 
-def _ema(old: float, new: float, count: int) -> float:
+def _ema(old: float, new: float, count: float) -> float:
     """An exponential average that is the plain mean over its first ``HALF_LIFE`` observations."""
     w = max(1.0 / count, 1.0 - 0.5 ** (1.0 / HALF_LIFE))
     return new if count <= 1 else old + w * (new - old)
