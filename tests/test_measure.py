@@ -306,3 +306,40 @@ def test_the_machine_probe_brackets_the_window_and_flags_a_slow_machine(models, 
     )
     assert costs.probe_step_ms(target, "cpu", reps=3) > 0
     assert costs.probe_step_ms(tiny_llama(0, vocab=8), "cpu", reps=2) > 0  # a vocabulary smaller than the probe prompt
+
+
+def test_a_slowdown_injected_inside_a_window_is_flagged_and_a_steady_window_is_not(models, tokenizer, monkeypatch):
+    """The window judges its own step (``costs.step_drift``): a target pass that becomes 6x slower half-way through
+    the window is seen by the loop's clock and flags the cell; the same window without it is not flagged. Time is
+    injected (the loop's clock reads a counter that only the target's pass advances: 10 ms, then 60 ms), so the
+    verdict does not depend on the machine's load; the probes are held equal."""
+    from pipeline.decoding import packed, phase_clock  # noqa: PLC0415
+
+    target, _ = models
+    decoder = build_decoder("ar", target, None, temperature=0.0)
+    fake = {"t": 0.0, "n": 0, "slow_after": None}
+    step, init = packed.SoloCache.step, phase_clock.PhaseClock.__init__
+
+    def paced(self, groups):
+        fake["n"] += 1
+        after = fake["slow_after"]
+        fake["t"] += 0.010 if after is None or fake["n"] < after else 0.060
+        return step(self, groups)
+
+    def injected(self, device=None, now=None):
+        init(self, device, now=lambda: fake["t"])
+
+    monkeypatch.setattr(packed.SoloCache, "step", paced)
+    monkeypatch.setattr(phase_clock.PhaseClock, "__init__", injected)
+
+    def run() -> dict:
+        fake["n"] = 0
+        return _window(
+            decoder, _samples(2), tokenizer, max_new_tokens=24, warmup_generations=0, probe=lambda: 10.0
+        ).summary()
+
+    steady = run()
+    assert steady["disturbed"] == 0.0 and steady["step_drift"] == pytest.approx(1.0), steady["step_drift"]
+    fake["slow_after"] = 24  # half of the window's 48 steps
+    slowed = run()
+    assert slowed["disturbed"] == 1.0 and slowed["step_drift"] == pytest.approx(6.0), slowed["step_drift"]

@@ -59,7 +59,7 @@ def test_phases_sum_to_the_loops_wall_time(tiny_pair, method, params, batch):
     wall = time.perf_counter() - t0 - sum(paused)
     totals = engine.clock.totals()
     assert set(totals) == set(PHASES)
-    assert sum(totals.values()) == pytest.approx(wall, rel=0.03)
+    assert sum(totals.values()) == pytest.approx(wall, rel=0.03, abs=0.005)  # a preemption between the reads: 5 ms
     records = engine.clock.records()
     assert sum(it.emitted for it in records) == 4 * 12
     if method not in ("ar", "mtjd", "beam"):
@@ -162,10 +162,10 @@ def test_live_costs_calibrate_before_reading_and_at_the_batchs_occupancy():
     assert live.t_step(3) == pytest.approx(0.8) and live.v(3) == pytest.approx(0.3 / 0.8)  # at batch 3, 3 rows a step
 
 
-def _window(scale=1.0, slow_after=None, n=64, rows=4, batch=1):
+def _window(scale=1.0, slow_after=None, n=64, rows=4, batch=1, jitter=0.0):
     out = []
     for i in range(n):
-        k = scale * (2.0 if slow_after is not None and i >= slow_after else 1.0)
+        k = scale * (2.0 if slow_after is not None and i >= slow_after else 1.0) * (1.0 + jitter * (i % 3))
         out.append(
             Iteration(
                 draft_s=k * 0.3,
@@ -200,17 +200,17 @@ def test_cost_model_reads_the_step_c_and_v_off_the_iterations():
 
 
 def test_a_slowdown_inside_the_window_is_flagged_and_a_uniformly_slower_machine_is_not():
-    steady = cost_model(_window(), 1, _calibration())
-    assert step_drift(_window(), steady["row_slope_ms"], 1)["disturbed"] == 0.0
-    slow = step_drift(_window(slow_after=40), steady["row_slope_ms"], 1)
+    steady = cost_model(_window(jitter=0.01), 1, _calibration())
+    assert step_drift(_window(jitter=0.01), steady["row_slope_ms"], 1)["disturbed"] == 0.0
+    slow = step_drift(_window(slow_after=40, jitter=0.01), steady["row_slope_ms"], 1)
     assert slow["disturbed"] == 1.0 and slow["step_drift"] >= DISTURBED_DRIFT
-    assert step_drift(_window(), steady["row_slope_ms"], 1, [10.0, 16.0])["disturbed"] == 1.0  # the probes moved
+    assert step_drift(_window(jitter=0.01), steady["row_slope_ms"], 1, [10.0, 16.0])["disturbed"] == 1.0  # the probes moved
     # the whole machine 1.7x slower (every step scaled): not disturbed, and its speed in own steps unchanged
-    slower = cost_model(_window(scale=1.7), 1, _calibration(1.7))
-    assert step_drift(_window(scale=1.7), slower["row_slope_ms"], 1)["disturbed"] == 0.0
+    slower = cost_model(_window(scale=1.7, jitter=0.01), 1, _calibration(1.7))
+    assert step_drift(_window(scale=1.7, jitter=0.01), slower["row_slope_ms"], 1)["disturbed"] == 0.0
     tokens = 64 * 3
-    fast_rate = tokens / sum(it.wall_s for it in _window())
-    slow_rate = tokens / sum(it.wall_s for it in _window(scale=1.7))
+    fast_rate = tokens / sum(it.wall_s for it in _window(jitter=0.01))
+    slow_rate = tokens / sum(it.wall_s for it in _window(scale=1.7, jitter=0.01))
     assert fast_rate * steady["t_target_step_ms"] == pytest.approx(slow_rate * slower["t_target_step_ms"])
     assert slower["cost_ratio_c"] == pytest.approx(steady["cost_ratio_c"])
 

@@ -167,22 +167,33 @@ def cost_model(
 def step_drift(
     iterations: Sequence[Iteration], slope_ms: float, batch_size: int, probes_ms: Sequence[float | None] = ()
 ) -> dict[str, float]:
-    """Whether the window's own step moved while it ran: ``step_drift`` is the larger of (the slowest quarter's
+    """Whether the window's own step moved while it ran. ``step_drift`` is the larger of (the slowest quarter's
     median plain step over the fastest quarter's, the iterations in time order) and (the slower probe over the
-    faster, just before and just after the window); ``disturbed`` 1.0 at ``DISTURBED_DRIFT`` or more. A machine
-    uniformly slower for the whole window is not disturbed (its speed in steps, ``tokens_per_step``, is what it
-    always is); a slowdown that starts or ends inside the window is. NaN for both without enough to compare."""
-    ratios = []
+    faster, just before and just after the window). ``disturbed`` is 1.0 when that ratio is ``DISTURBED_DRIFT`` or
+    more and, for the quarters, also beyond their noise: the two medians differ by more than 3 standard errors (each
+    from its quarter's median absolute deviation), so a steady but jittery machine is not flagged and a step that
+    changes inside the window is. A machine uniformly slower for the whole window is not disturbed (its speed in own
+    steps, ``tokens_per_target_step``, is what it always is). NaN for both without enough to compare."""
+    ratios, flags = [], []
     steps = plain_steps(iterations, slope_ms / 1e3 if math.isfinite(slope_ms) else math.nan, batch_size)
     if len(steps) >= 4 * DRIFT_QUARTER:
         q = len(steps) // 4
-        medians = [statistics.median(steps[i * q : (i + 1) * q]) for i in range(4)]
+        quarters = [steps[i * q : (i + 1) * q] for i in range(4)]
+        medians = [statistics.median(x) for x in quarters]
         if min(medians) > 0:
-            ratios.append(max(medians) / min(medians))
+            hi, lo = medians.index(max(medians)), medians.index(min(medians))
+            ratio = medians[hi] / medians[lo]
+            se = [
+                1.253 * 1.4826 * statistics.median(abs(v - m) for v in x) / math.sqrt(len(x))
+                for x, m in zip(quarters, medians)
+            ]
+            beyond_noise = medians[hi] - medians[lo] > 3.0 * math.hypot(se[hi], se[lo])
+            ratios.append(ratio)
+            flags.append(ratio >= DISTURBED_DRIFT and beyond_noise)
     probes = [float(p) for p in probes_ms if p is not None and math.isfinite(float(p)) and float(p) > 0]
     if len(probes) >= 2:
         ratios.append(max(probes) / min(probes))
+        flags.append(ratios[-1] >= DISTURBED_DRIFT)
     if not ratios:
         return {"step_drift": math.nan, "disturbed": math.nan}
-    drift = max(ratios)
-    return {"step_drift": drift, "disturbed": 1.0 if drift >= DISTURBED_DRIFT else 0.0}
+    return {"step_drift": max(ratios), "disturbed": 1.0 if any(flags) else 0.0}
