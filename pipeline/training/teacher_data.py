@@ -355,8 +355,9 @@ FORECAST_MARGIN = 1.25
 def forecast_seconds(sampler, teacher_forced, batch: list, use_tf: bool, max_new_tokens: int, first_ids) -> float:
     """The seconds a shard of ``batch`` should take, estimated before any shard has run (``FORECAST_MARGIN`` over):
     sampled shards time one warm-up row, then the whole batch's first turn at 1 and at 3 new tokens (its prefill
-    and a step: every row is counted for ``max_new_tokens`` steps and each of its turns, though finished rows
-    leave the batch); teacher-forced ones time one sequence and count it once a sequence."""
+    and a step: every row is counted for ``max_new_tokens`` steps of each turn, though finished rows leave the
+    batch, and a later turn's prefill, whose prompt holds the earlier turns, at twice the first's); teacher-forced
+    ones time one sequence and count it once a sequence. An estimate: the longest measured shard replaces it."""
     if use_tf:
         t = time.time()
         teacher_forced(batch[:1])
@@ -370,7 +371,7 @@ def forecast_seconds(sampler, teacher_forced, batch: list, use_tf: bool, max_new
     t = time.time()
     sampler(3)(ids)
     step = max(time.time() - t - one, 0.0) / 2
-    return FORECAST_MARGIN * turns * (one + (max_new_tokens - 1) * step)
+    return FORECAST_MARGIN * (one * (2 * turns - 1) + turns * (max_new_tokens - 1) * step)
 
 
 def generate_teacher_data(
@@ -417,8 +418,9 @@ def generate_teacher_data(
     ``shard_format``: ``pt`` (``torch.save`` of the records) or ``npz`` (``save_shard``'s compact arrays: what a GPU
     node's run brings back, jobs/gpu_teacher.sh). Samples draw from a generator on the target's device.
     ``stop_before_budget``: a shard that would end past the time budget is not begun, so the run ends within the
-    budget (a device call's bound): the forecast is the longest shard so far (this call's or the manifest's), and
-    before the first one ``forecast_seconds``' probe; otherwise the shard that passes the budget is the last.
+    budget (a device call's bound): the forecast is the longest shard so far (this call's or the manifest's) with
+    ``FORECAST_MARGIN``, and before the first one ``forecast_seconds``' probe; otherwise the shard that passes the
+    budget is the last.
 
     ``out_dir``'s manifest (``shards.ShardFolder``) records the settings (these keywords but the budget's, the
     target's vocabulary and dtype, and ``identity``) and every finished shard (size, SHA-256, seconds); a run
@@ -479,7 +481,7 @@ def generate_teacher_data(
         return teacher_force(target, batch, top_k_store=top_k_store, pad_id=pad)
 
     t0 = time.time()
-    shard, pi, ti, total, forecast = 0, 0, 0, 0, folder.longest()
+    shard, pi, ti, total, forecast = 0, 0, 0, 0, FORECAST_MARGIN * folder.longest()
     every_tf = max(1, round(1 / tf_fraction) - 1) if tf_fraction > 0 else 0
     while (pi < len(items) or ti < len(tf_seqs)) and (max_shards is None or shard < max_shards):
         use_tf = tf_fraction > 0 and ti < len(tf_seqs) and (pi >= len(items) or (shard % (every_tf + 1) == every_tf))
@@ -517,7 +519,7 @@ def generate_teacher_data(
         ntok = sum(len(r.topk_ids) for r in recs)
         total += ntok
         el = time.time() - t0
-        forecast = folder.longest()
+        forecast = FORECAST_MARGIN * folder.longest()
         log(
             f"shard {shard} {'tf ' if use_tf else 'gen'} records {len(recs)} tokens {ntok} total {total} "
             f"elapsed {el:.0f}s rate {total / max(el, 1e-9):.1f} tok/s"
