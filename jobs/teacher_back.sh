@@ -4,7 +4,10 @@
 # here, no teacher data is generated), then measure the held-out alpha (`pipeline.training.drafter_alpha`) and check it
 # against issue 46's goal (alpha >= 0.5).
 #   bash jobs/teacher_back.sh FOLDER_OR_TAR... [-- distill overrides...]
-# FOLDER_OR_TAR: teacher-XX.tar bundles, or folders holding them (every device call's files_at). Environment:
+# FOLDER_OR_TAR: teacher-NN.tar bundles, or folders holding them (every device call's files_at): untrusted, unpacked
+# by `python -m pipeline.training.gpu_teacher unpack` (only regular shard-NNNN.npz and manifest.json members; a bundle
+# with anything else, a bad hash or a bad record is refused, exit 2, nothing moved). distill then refuses the folder
+# while a shard its manifest lists is missing (collect and pass the other bundles too). Environment:
 # PY (python), RUN (the run's folder, default .cache/distill/gpu-teacher: data/ holds the unpacked shards, the draft
 # goes to $RUN/draft unless out_dir= is given), GOAL (default 0.5).
 # Rehearsed on a CPU with a tiny run: ... -- train.steps=4 train.eval_every=2 heldout.n_humaneval=2 heldout.n_mtbench=2
@@ -19,25 +22,12 @@ SOURCES=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do SOURCES+=("$1"); shift; done
 [ "${1:-}" = -- ] && shift
 [ ${#SOURCES[@]} -gt 0 ] || { echo "usage: bash jobs/teacher_back.sh FOLDER_OR_TAR... [-- distill overrides]" >&2; exit 2; }
-BUNDLES=()
-for s in "${SOURCES[@]}"; do
-  if [ -d "$s" ]; then for f in "$s"/teacher-*.tar; do [ -f "$f" ] && BUNDLES+=("$f"); done
-  elif [ -f "$s" ]; then BUNDLES+=("$s")
-  else echo "$s: no such file or folder" >&2; exit 2; fi
-done
-[ ${#BUNDLES[@]} -gt 0 ] || { echo "no teacher-*.tar in ${SOURCES[*]}" >&2; exit 2; }
-mkdir -p "$RUN/data"
-for b in "${BUNDLES[@]}"; do
-  tar xf "$b" -C "$RUN/data" manifest.json --transform 's/^manifest.json$/manifest.new/'
-  if [ -f "$RUN/data/manifest.json" ] && ! cmp -s "$RUN/data/manifest.json" "$RUN/data/manifest.new"; then
-    echo "$b comes from another generation run than the bundles already in $RUN/data: another RUN=" >&2; exit 2
-  fi
-  mv "$RUN/data/manifest.new" "$RUN/data/manifest.json"
-  tar xf "$b" -C "$RUN/data" --exclude manifest.json
-done
+# the bundles come from another machine: gpu_teacher unpack takes only their regular shard-NNNN.npz and
+# manifest.json members, each bundle into a fresh folder, checks hashes and records, then moves them into place
+"$PY" -m pipeline.training.gpu_teacher unpack --into "$RUN/data" "${SOURCES[@]}" || exit $?
 # the settings the chat mix's train split was drawn with (distill refuses others: check_teacher_dir)
-read -r PROMPTS N SEED MULTI < <("$PY" -c "import json, sys; m = json.load(open(sys.argv[1])); print(m['prompts'], m['n_prompts'], m['seed'], m['multi_turn'])" "$RUN/data/manifest.json")
-echo "teacher data: ${#BUNDLES[@]} bundle(s), $(ls "$RUN"/data/shard-*.npz | wc -l) shards in $RUN/data (prompts=$PROMPTS n_prompts=$N seed=$SEED)"
+read -r PROMPTS N SEED MULTI < <("$PY" -c "import json, sys; m = json.load(open(sys.argv[1]))['settings']; print(m['prompts'], m['n_prompts'], m['seed'], m['multi_turn'])" "$RUN/data/manifest.json")
+echo "teacher data settings: prompts=$PROMPTS n_prompts=$N seed=$SEED multi_turn=$MULTI"
 "$PY" -m pipeline.distill data.teacher_dir="$RUN/data" data.prompts="$PROMPTS" data.n_prompts="$N" seed="$SEED" \
   data.multi_turn="$MULTI" work_dir="$RUN" out_dir="$RUN/draft" heldout.n_chat=48 progress=false "$@"
 DRAFT=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['config']['out_dir'])" "$RUN/metrics.json" 2>/dev/null || true)

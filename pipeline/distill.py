@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from pipeline.training.distill import run
+from pipeline.training.shards import TeacherDataError
 
 
 @hydra.main(config_path="../conf", config_name="distill", version_base="1.3")
@@ -20,7 +21,11 @@ def main(cfg: DictConfig) -> None:
         cfg.command_line = "python -m pipeline.distill " + " ".join(
             a for a in sys.argv[1:] if not a.startswith("hydra.")
         )
-    run(cfg)
+    try:
+        run(cfg)
+    except TeacherDataError as err:  # teacher data that cannot be trained on: one line naming the fix
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

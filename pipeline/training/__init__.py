@@ -8,7 +8,7 @@ chat_mix_words.py, chat_mix_subjects.py
 contamination.py the check that refuses evaluation prompts in training data (word 13-grams)
 teacher_data.py  the offline teacher data (one copy): the target's sampled answers and top-k
                  log-probs (draft distillation)
-shards.py        the teacher data's shards on disk (.pt, or compact .npz) and their loader
+shards.py        the teacher data's shards on disk (.pt, or compact .npz), their manifest and checked loader
 feature_corpus.py
                  the heads' feature corpus with the target's hidden states (Medusa, EAGLE)
 distill.py       distil a small draft for a pair's target (``python -m pipeline.distill``)

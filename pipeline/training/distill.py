@@ -40,7 +40,7 @@ from pipeline.training.chat_mix import chat_conversations
 from pipeline.training.common import repo_path, start_run
 from pipeline.training.distill_heldout import evaluate_alpha, heldout_sets
 from pipeline.training.distill_train import choose_token_map, train
-from pipeline.training.shards import load_records
+from pipeline.training.shards import TeacherDataError, check_folder, load_records
 from pipeline.training.teacher_data import generate_teacher_data, padding_id, teacher_settings
 
 # --------------------------------------------------------------------------------------------------
@@ -143,7 +143,6 @@ def cost_figures(target, draft_dir: Path) -> dict[str, float]:
     }
 
 
-MANIFEST = "manifest.json"
 # what a manifest's generation settings must agree on with the run that trains on its shards: the chat mix's
 # train split (and so the held-out chat conversations kept apart from it) is a function of these
 MANIFEST_KEYS = {
@@ -154,35 +153,32 @@ MANIFEST_KEYS = {
 }
 
 
-def read_manifest(data_dir: Path) -> dict:
-    """``manifest.json`` of a teacher-data folder generated elsewhere (jobs/gpu_teacher.py), or ``{}``."""
-    path = Path(data_dir) / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def check_teacher_dir(data_dir: Path, cfg) -> None:
-    """``data.teacher_dir`` holds shards, and its manifest's generation settings are this run's (before any
-    model loads)."""
-    from pipeline.training.shards import shard_files  # noqa: PLC0415
-
-    if not data_dir.is_dir() or not shard_files(data_dir):
-        raise ValueError(
-            f"data.teacher_dir={data_dir}: no shard-*.pt / shard-*.npz there "
-            "(unpack the bundles a GPU node returned: bash jobs/teacher_back.sh <bundles>)"
+def check_teacher_dir(data_dir: Path, cfg) -> dict:
+    """``data.teacher_dir`` is whole (``shards.check_folder``: its manifest, every shard it lists and no other, their
+    SHA-256 and records) and its generation settings are this run's, before any model loads. Returns the manifest."""
+    if not data_dir.is_dir():
+        raise TeacherDataError(
+            f"data.teacher_dir={data_dir}: no such folder (unpack the bundles a GPU node returned: "
+            "bash jobs/teacher_back.sh <bundles>)"
         )
-    manifest = read_manifest(data_dir)
+    manifest = check_folder(data_dir)
+    made = manifest["settings"]
     mine = {
         "prompts": cfg.data.get("prompts", "instructions"),
         "n_prompts": cfg.data.n_prompts,
         "seed": cfg.seed,
         "multi_turn": cfg.data.get("multi_turn", 0.4),
     }
-    wrong = [f"{key}={manifest[k]}" for k, key in MANIFEST_KEYS.items() if k in manifest and manifest[k] != mine[k]]
+    lacking = [k for k in MANIFEST_KEYS if k not in made]
+    if lacking:
+        raise TeacherDataError(f"data.teacher_dir={data_dir}: its manifest lacks {lacking}: generate it again")
+    wrong = [f"{key}={made[k]}" for k, key in MANIFEST_KEYS.items() if made[k] != mine[k]]
     if wrong:
-        raise ValueError(
+        raise TeacherDataError(
             f"data.teacher_dir={data_dir} was generated with other settings: add {' '.join(wrong)} "
             "(the held-out chat set is kept apart from the training split those settings make)"
         )
+    return manifest
 
 
 def run(cfg) -> dict:
@@ -198,8 +194,7 @@ def run(cfg) -> dict:
     if init_from and not (repo_path(init_from) / "config.json").exists():
         raise ValueError(f"init_from={init_from}: no checkpoint there (a folder written by pipeline.distill)")
     teacher_dir = d.get("teacher_dir")
-    if teacher_dir:
-        check_teacher_dir(repo_path(teacher_dir), cfg)
+    made = check_teacher_dir(repo_path(teacher_dir), cfg) if teacher_dir else {}
     settings = teacher_settings(OmegaConf.to_container(d, resolve=True), seed=cfg.seed, prompts=kind)  # before loading
 
     pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
@@ -208,6 +203,12 @@ def run(cfg) -> dict:
     pair = load_pair(pair_cfg)
     target, tok = pair.target.eval(), pair.tokenizer  # the teacher in the pair's precision (the one that serves)
     pad_id = padding_id(tok)
+    vocab = int(target.config.vocab_size)
+    if teacher_dir and made["settings"].get("vocab_size") != vocab:
+        raise TeacherDataError(
+            f"data.teacher_dir={teacher_dir} was generated for a vocabulary of {made['settings'].get('vocab_size')} "
+            f"ids, this target has {vocab}: generate it with this pair's target"
+        )
     data_dir = work / "data"
     engine = data_engine(d.get("engine", "auto"), target)
     log(f"teacher: {target.dtype}, data engine {engine}")
@@ -231,7 +232,7 @@ def run(cfg) -> dict:
         generate_teacher_data(target, tok, data_dir, **{**settings, "engine": engine}, log=log)
     new_gen_s = time.time() - t0
     if teacher_dir:  # the generation's wall time is the manifest's (the node's)
-        new_gen_s, wall = 0.0, float(read_manifest(data_dir).get("wall_s", 0.0))
+        new_gen_s, wall = 0.0, float(made.get("wall_s", 0.0))
     else:
         stamp = data_dir / "wall_s.json"
         wall = json.loads(stamp.read_text())["wall_s"] if stamp.exists() else 0.0
@@ -239,7 +240,7 @@ def run(cfg) -> dict:
     if cfg.get("stop_after") == "data":
         log("stop_after=data: teacher data and held-out sets written, no training")
         return {}
-    records = load_records(data_dir)
+    records = load_records(data_dir, vocab)  # every record checked (ids inside the vocabulary, log-probs <= 0)
     n_tok = sum(len(r["topk_ids"]) for r in records)
     log(f"data: {len(records)} records, {n_tok} answer tokens, generation wall {(wall + new_gen_s) / 60:.1f} min")
 

@@ -18,6 +18,7 @@ from pipeline.decoding.warping import warp
 from pipeline.prompts import chat_ids
 from pipeline.training.chat_mix import Conversation
 from pipeline.training.common import repo_path
+from pipeline.training.shards import save_atomic
 from pipeline.training.teacher_data import (
     chat_heldout_conversations,
     padding_id,
@@ -139,7 +140,7 @@ def heldout_sets(cfg, target, tok, engine: str, work: Path, train_firsts: set[st
     held_file = work / f"heldout-he{h.n_humaneval}-mt{h.n_mtbench}-n{h.max_new_tokens}-s{h.seed}.pt"
     if not held_file.exists():
         prompts = heldout_prompts(h.n_humaneval, h.n_mtbench, h.get("mt_bench_path"))
-        torch.save(
+        save_atomic(
             build_heldout(target, tok, prompts, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine), held_file
         )
     out["eval"] = torch.load(held_file)
@@ -148,7 +149,7 @@ def heldout_sets(cfg, target, tok, engine: str, work: Path, train_firsts: set[st
         chat_file = work / f"heldout-chat{n_chat}-n{h.max_new_tokens}-s{h.seed}-d{cfg.seed}.pt"
         if not chat_file.exists():
             convs = chat_heldout_conversations(n_chat, cfg.seed, train_firsts)
-            torch.save(
+            save_atomic(
                 build_heldout(target, tok, convs, max_new_tokens=h.max_new_tokens, seed=h.seed, engine=engine),
                 chat_file,
             )

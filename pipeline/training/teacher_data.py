@@ -39,7 +39,12 @@ from pipeline.prompts import chat_ids, encode_prompt
 from pipeline.training.chat_mix import Conversation, chat_conversations
 from pipeline.training.contamination import refuse_evaluation_prompts
 from pipeline.training.prompt_sets import build_prompts, stdlib_functions
-from pipeline.training.shards import SHARD_FORMATS, save_shard, shard_files
+from pipeline.training.shards import SHARD_FORMATS, ShardFolder
+
+# generate_teacher_data's arguments that are not settings, and the settings that do not change a shard's content
+# (a run resumes with other ones)
+NOT_SETTINGS = ("target", "tokenizer", "out_dir", "identity", "info", "on_shard", "log")
+RUN_ONLY = ("time_budget_s", "max_shards", "stop_before_budget")
 
 # --------------------------------------------------------------------------------------------------
 # Teacher passes
@@ -339,6 +344,36 @@ def build_tf_sequences(tokenizer, n: int, seed: int, max_len: int) -> list[tuple
     return seqs
 
 
+def first_turn_ids(tokenizer, item: Conversation | str) -> list[int]:
+    """The chat-template ids of a prompt, or of a conversation's first user turn."""
+    return conversation_ids(tokenizer, item, []) if isinstance(item, Conversation) else chat_ids(tokenizer, item)
+
+
+FORECAST_MARGIN = 1.25
+
+
+def forecast_seconds(sampler, teacher_forced, batch: list, use_tf: bool, max_new_tokens: int, first_ids) -> float:
+    """The seconds a shard of ``batch`` should take, estimated before any shard has run (``FORECAST_MARGIN`` over):
+    sampled shards time one warm-up row, then the whole batch's first turn at 1 and at 3 new tokens (its prefill
+    and a step: every row is counted for ``max_new_tokens`` steps of each turn, though finished rows leave the
+    batch, and a later turn's prefill, whose prompt holds the earlier turns, at twice the first's); teacher-forced
+    ones time one sequence and count it once a sequence. An estimate: the longest measured shard replaces it."""
+    if use_tf:
+        t = time.time()
+        teacher_forced(batch[:1])
+        return FORECAST_MARGIN * (time.time() - t) * len(batch)
+    ids = [first_ids(p) for p in batch]
+    turns = max(len(p.turns) if isinstance(p, Conversation) else 1 for p in batch)
+    sampler(1)(ids[:1])
+    t = time.time()
+    sampler(1)(ids)
+    one = time.time() - t
+    t = time.time()
+    sampler(3)(ids)
+    step = max(time.time() - t - one, 0.0) / 2
+    return FORECAST_MARGIN * (one * (2 * turns - 1) + turns * (max_new_tokens - 1) * step)
+
+
 def generate_teacher_data(
     target,
     tokenizer,
@@ -361,14 +396,15 @@ def generate_teacher_data(
     multi_turn: float = 0.4,
     shard_format: str = "pt",
     stop_before_budget: bool = False,
+    identity: Mapping[str, Any] | None = None,
+    info: Mapping[str, Any] | None = None,
+    on_shard: Callable[[Path], None] | None = None,
     log=print,
 ) -> None:
     """Write teacher shards to ``out_dir`` until ``n_prompts`` are done or the time budget is spent.
 
-    ``max_shards`` stops after that many shards (a run cut by the time budget is reproduced exactly
-    by setting it to the number of shards the run wrote). Shards alternate between sampled answers (``gen``) and
-    teacher-forced stdlib sources (``tf``) so that any prefix of the run holds both, in the proportion ``tf_fraction``
-    of shards.
+    ``max_shards`` stops after that many shards (reproducing a run cut by its budget). Shards alternate between
+    sampled answers (``gen``) and teacher-forced stdlib sources (``tf``), ``tf_fraction`` of shards.
 
     ``engine``: ``batched`` runs transformers' forward on left-padded batches (``sample_answers``; right
     on a GPU); ``packed`` runs the engine's batch-1 forward with up to ``slots`` sequences packed into one
@@ -381,17 +417,24 @@ def generate_teacher_data(
 
     ``shard_format``: ``pt`` (``torch.save`` of the records) or ``npz`` (``save_shard``'s compact arrays: what a GPU
     node's run brings back, jobs/gpu_teacher.sh). Samples draw from a generator on the target's device.
-    ``stop_before_budget``: a shard that would end past the time budget (the longest shard so far is the forecast)
-    is not begun, so the run ends within the budget (a device call's bound); otherwise the shard that passes the
+    ``stop_before_budget``: a shard that would end past the time budget is not begun, so the run ends within the
+    budget (a device call's bound): the forecast is the longest shard so far (this call's or the manifest's) with
+    ``FORECAST_MARGIN``, and before the first one ``forecast_seconds``' probe; otherwise the shard that passes the
     budget is the last.
+
+    ``out_dir``'s manifest (``shards.ShardFolder``) records the settings (these keywords but the budget's, the
+    target's vocabulary and dtype, and ``identity``) and every finished shard (size, SHA-256, seconds); a run
+    resumes there only with the same settings, and regenerates a shard whose file does not match its entry. Each
+    shard and then the manifest are written atomically, ``info`` beside them, then ``on_shard(path)`` is called
+    (a GPU node bundles it at once: a later kill loses only the shard in progress).
     """
+    locals_settings = {k: v for k, v in locals().items() if k not in NOT_SETTINGS}
     if engine not in ("batched", "packed"):
         raise ValueError(f"data.engine must be batched or packed, not {engine!r}")
     if shard_format not in SHARD_FORMATS:
         raise ValueError(f"shard_format must be one of {SHARD_FORMATS}, not {shard_format!r}")
     device = next(target.parameters()).device
     cached = CachedModel(target) if engine == "packed" else None
-    out_dir.mkdir(parents=True, exist_ok=True)
     if prompts == "instructions":
         items: list = build_prompts(n_prompts, seed)
         refuse_evaluation_prompts(items)
@@ -414,53 +457,69 @@ def generate_teacher_data(
     n_tf = int(round(n_prompts * tf_fraction))
     tf_seqs = build_tf_sequences(tokenizer, n_tf, seed, max_tf_len)
     pad = padding_id(tokenizer)
+    folder = ShardFolder(
+        out_dir,
+        {
+            **{k: v for k, v in locals_settings.items() if k not in RUN_ONLY},
+            "vocab_size": int(target.config.vocab_size),
+            "dtype": str(target.dtype).removeprefix("torch."),
+            **(identity or {}),
+        },
+        log,
+    )
+
+    def sampler(new_tokens: int, gen: torch.Generator) -> Callable[[list[list[int]]], list[Record]]:
+        kw = dict(max_new_tokens=new_tokens, top_k_store=top_k_store, sample_top_k=sample_top_k, gen=gen)
+        kw.update(sample_top_p=sample_top_p, eos_id=tokenizer.eos_token_id)
+        if cached is not None:
+            return lambda ids: sample_answers_packed(cached, ids, slots=slots, **kw)
+        return lambda ids: sample_answers(target, ids, pad_id=pad, **kw)
+
+    def teacher_forced(batch: list[tuple[list[int], int]]) -> list[Record]:
+        if cached is not None:
+            return teacher_force_cached(cached, batch, top_k_store=top_k_store)
+        return teacher_force(target, batch, top_k_store=top_k_store, pad_id=pad)
+
     t0 = time.time()
-    shard, pi, ti, total, longest = 0, 0, 0, 0, 0.0
-    done = {p.name.split(".")[0] for p in shard_files(out_dir)}
+    shard, pi, ti, total, forecast = 0, 0, 0, 0, FORECAST_MARGIN * folder.longest()
     every_tf = max(1, round(1 / tf_fraction) - 1) if tf_fraction > 0 else 0
     while (pi < len(items) or ti < len(tf_seqs)) and (max_shards is None or shard < max_shards):
         use_tf = tf_fraction > 0 and ti < len(tf_seqs) and (pi >= len(items) or (shard % (every_tf + 1) == every_tf))
-        name = f"shard-{shard:04d}"
+        name = f"shard-{shard:04d}.{shard_format}"
         if use_tf:
             batch = tf_seqs[ti : ti + max(1, batch_size // 2)]
             ti += len(batch)
         else:
             batch = items[pi : pi + batch_size]
             pi += len(batch)
-        if name in done:  # resume: the generator state is re-derived from the shard's index
+        if folder.done(name):  # resume: the generator state is re-derived from the shard's index
             shard += 1
             continue
-        if stop_before_budget and time.time() - t0 + longest > time_budget_s:
-            log(f"time budget: shard {shard} would end past {time_budget_s:.0f}s (the longest took {longest:.0f}s)")
+        if stop_before_budget and not forecast:  # no shard timed yet: the probe's estimate
+            probe = lambda n: sampler(n, torch.Generator(device=device).manual_seed(0))  # noqa: E731
+            forecast = forecast_seconds(
+                probe, teacher_forced, batch, use_tf, max_new_tokens, lambda p: first_turn_ids(tokenizer, p)
+            )
+            log(f"forecast: {forecast:.3g}s a shard (a probe of shard {shard}'s batch)")
+        if stop_before_budget and time.time() - t0 + forecast > time_budget_s:
+            log(f"time budget: shard {shard} would end past {time_budget_s:.0f}s (forecast {forecast:.3g}s)")
             break
         ts = time.time()
-        g = torch.Generator(device=device).manual_seed(seed * 100003 + shard)
-        if use_tf and cached is not None:
-            recs = teacher_force_cached(cached, batch, top_k_store=top_k_store)
-        elif use_tf:
-            recs = teacher_force(target, batch, top_k_store=top_k_store, pad_id=pad)
+        if use_tf:
+            recs = teacher_forced(batch)
         else:
-            kw = dict(
-                max_new_tokens=max_new_tokens,
-                top_k_store=top_k_store,
-                sample_top_k=sample_top_k,
-                sample_top_p=sample_top_p,
-                eos_id=tokenizer.eos_token_id,
-                gen=g,
-            )
-            if cached is not None:
-                sample = lambda ids: sample_answers_packed(cached, ids, slots=slots, **kw)  # noqa: E731
-            else:
-                sample = lambda ids: sample_answers(target, ids, pad_id=pad, **kw)  # noqa: E731
+            sample = sampler(max_new_tokens, torch.Generator(device=device).manual_seed(seed * 100003 + shard))
             if prompts == "chat":
                 recs = sample_conversations(tokenizer, batch, sample)
             else:
                 recs = sample([chat_ids(tokenizer, p) for p in batch])
-        save_shard(recs, out_dir / f"{name}.{shard_format}")
+        path = folder.add(name, recs, time.time() - ts, time.time() - t0, info or {})
+        if on_shard is not None:
+            on_shard(path)
         ntok = sum(len(r.topk_ids) for r in recs)
         total += ntok
         el = time.time() - t0
-        longest = max(longest, time.time() - ts)
+        forecast = FORECAST_MARGIN * folder.longest()
         log(
             f"shard {shard} {'tf ' if use_tf else 'gen'} records {len(recs)} tokens {ntok} total {total} "
             f"elapsed {el:.0f}s rate {total / max(el, 1e-9):.1f} tok/s"
@@ -479,9 +538,7 @@ def teacher_settings(data: Mapping[str, Any], **overrides: Any) -> dict[str, Any
     names; ``NOT_GENERATION`` keys are left out), ``overrides`` winning: how the distillation and a GPU node's run
     (``gpu_teacher``, which records them in its manifest) make one generation. A key the generation does not take is
     a ValueError naming the ones it takes."""
-    taken = [
-        k for k in inspect.signature(generate_teacher_data).parameters if k not in ("target", "tokenizer", "out_dir")
-    ]
+    taken = [k for k in inspect.signature(generate_teacher_data).parameters if k not in NOT_SETTINGS]
     settings = {k: v for k, v in {**data, **overrides}.items() if k not in NOT_GENERATION}
     unknown = sorted(set(settings) - set(taken))
     if unknown:
