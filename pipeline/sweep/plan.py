@@ -83,7 +83,11 @@ __all__ = [
 # cells that use it on resume, where before an old store served the old checkpoint's cells.
 # 5: batch size as a measured axis: every cell's identity holds its ``batch_size`` (1 unless the sweep's
 # ``batch_sizes`` asks for more; decoding/batched.py), so every key changes once.
-HARNESS_VERSION = "5"
+# 6: the loop measures itself (pipeline/decoding/phase_clock.py): every cost metric is read off the loop's own clock
+# (cost_ratio_c is MTAD's beams' cost, t_target_step_ms a plain step at the window's contexts, row_cost_v new), the
+# warm-up drafts the calibration schedule, draft_cost: auto reads live costs, `disturbed` is the window's own drift:
+# the same config measures other numbers, so every key changes once.
+HARNESS_VERSION = "6"
 DATASET_KEYS = (
     "name",
     "path",
