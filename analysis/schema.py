@@ -23,6 +23,7 @@ from pipeline.tracking.layout import (
     SCORES_ARTIFACT,
     STATUS_FINISHED,
     TAG_CELL_KEY,
+    TAG_CODE_HASH,
     TAG_CONFIG_KEY,
     TAG_CPU_ISOLATION,
     TAG_DATASET,
@@ -60,7 +61,8 @@ TAGS: dict[str, str] = {
     "gpu_uuid": TAG_GPU_UUID,
     "node": TAG_NODE,
     "hostname": TAG_HOSTNAME,
-    "git_commit": TAG_GIT_COMMIT,
+    "git_commit": TAG_GIT_COMMIT,  # HEAD, <HEAD>+dirty (code_hash names the code) or unknown
+    "code_hash": TAG_CODE_HASH,
     "score_metric": TAG_SCORE_METRIC,  # pass@1 | execution_accuracy | rougeL | speed_only | none ...
     "sweep": TAG_SWEEP,
     "error": TAG_ERROR,
