@@ -28,9 +28,12 @@ from pipeline.tracking.layout import (
     TAG_CPU_ISOLATION,
     TAG_DATASET,
     TAG_DEVICE,
+    TAG_DRIVER_HOST,
+    TAG_DRIVER_PID,
     TAG_ERROR,
     TAG_GIT_COMMIT,
     TAG_GPU_UUID,
+    TAG_HEARTBEAT,
     TAG_HOSTNAME,
     TAG_KIND,
     TAG_LABEL,
@@ -190,6 +193,9 @@ __all__ = [
     "SCORE_DETAIL_FIELD",
     "SCORES_ARTIFACT",
     "STATUS_FINISHED",
+    "TAG_DRIVER_HOST",  # a parent run's driver: pid, host and heartbeat (analysis.runs.driver_gone)
+    "TAG_DRIVER_PID",
+    "TAG_HEARTBEAT",
     "TAG_KIND",
 ]
 
