@@ -62,7 +62,7 @@ test: $(STAMP)
 # ruff and mypy (both pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff format .` writes the
 # layout (120 columns) and `$(VENV)/bin/ruff check --fix .` mends
 # imports. mypy checks the packages below (third-party libraries are read for their types, never reported on).
-MYPY_PATHS := pipeline/tracking pipeline/measure pipeline/bench pipeline/cell_types.py pipeline/decoding pipeline/models.py pipeline/registry.py pipeline/fingerprints.py pipeline/faults.py pipeline/isolation.py pipeline/docs_gen.py
+MYPY_PATHS := pipeline/tracking pipeline/measure pipeline/bench pipeline/cell_types.py pipeline/decoding pipeline/models.py pipeline/gguf_cache.py pipeline/registry.py pipeline/fingerprints.py pipeline/faults.py pipeline/isolation.py pipeline/docs_gen.py
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import tempfile
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +24,11 @@ import numpy as np
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from analysis import schema
 from pipeline.tracking import resolve_tracking_uri
+from pipeline.tracking.tracker import STALE_AFTER_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ID_COLUMNS = ("run_id", "cell_key", "sweep", "method", "label", "pair", "dataset", "seed", "status", "device")
@@ -140,9 +143,10 @@ def load_runs(
 def unfinished_cells(sweep: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
     """Every cell run of ``sweep`` that did not finish and that no finished run of its cell key supersedes: failed
     cells (their ``error``), cells killed with their driver (MLflow status KILLED, closed by the next driver, often
-    without tags: a run killed mid-logging) and runs still RUNNING (a driver logging them, or one that is gone and
-    not yet closed). Each: ``run_id``, ``cell_key``, ``label``, ``state`` and ``why``. The report lists them
-    (``unfinished.md``) instead of leaving them out without a word."""
+    without tags: a run killed mid-logging), runs still RUNNING (a driver logging them, or one that is gone and
+    not yet closed), planned cells never logged (their driver stopped, or is gone: ``driver_gone``) and planned
+    cells of a live driver not logged yet (``in flight``). Each: ``run_id``, ``cell_key``, ``label``, ``state``
+    and ``why``. The report lists them (``unfinished.md``) instead of leaving them out without a word."""
     uri = tracking_uri or default_tracking_uri()
     client = _client(uri)
     exp = client.get_experiment_by_name(sweep)
@@ -166,16 +170,29 @@ def unfinished_cells(sweep: str, tracking_uri: str | None = None) -> list[dict[s
     }
     out = []
     logged = {r.data.tags.get(schema.TAG_CELL_KEY) for r in runs if r.data.tags.get(schema.TAG_CELL_KEY)}
-    for r in runs:  # cells a driver set out to run and never logged: it was killed before their results came back
-        if r.data.tags.get(schema.TAG_KIND) != schema.KIND_SWEEP or r.info.status == "RUNNING":
-            continue  # a live driver's cells are still in flight
+    gone = {}  # parent run id -> why its driver is taken as gone (RUNNING parents only)
+    for r in runs:  # cells a driver set out to run and never logged
+        if r.data.tags.get(schema.TAG_KIND) != schema.KIND_SWEEP:
+            continue
+        if r.info.status == "RUNNING":
+            why_gone = driver_gone(r)
+            if why_gone:
+                gone[r.info.run_id] = why_gone
+                state, why = "never logged", f"its driver (parent run {r.info.run_id}, RUNNING) is gone: {why_gone}"
+            else:  # a live driver's cells are in flight, or still to run: not finished either
+                state, why = "in flight", f"its driver (parent run {r.info.run_id}) is running: {driver_name(r)}"
+        else:  # the driver was killed before their results came back
+            state, why = (
+                "never logged",
+                f"its driver (parent run {r.info.run_id}, {r.info.status}) stopped before its result",
+            )
         for cell in _planned_cells(client, r.info.run_id):
             key = str(cell.get("cell_key") or "")
             if key and key not in logged:
                 logged.add(key)
                 out.append(
-                    {"run_id": "", "cell_key": key, "label": str(cell.get("label") or ""), "state": "never logged"}
-                    | {"why": f"its driver (parent run {r.info.run_id}, {r.info.status}) stopped before its result"}
+                    {"run_id": "", "cell_key": key, "label": str(cell.get("label") or ""), "state": state}
+                    | {"why": why}
                 )
     for r in runs:
         tags = r.data.tags
@@ -189,6 +206,9 @@ def unfinished_cells(sweep: str, tracking_uri: str | None = None) -> list[dict[s
             continue
         if status == "KILLED":
             state, why = "killed", "its driver was stopped mid-cell (closed as KILLED by the next driver)"
+        elif status == "RUNNING" and tags.get(MLFLOW_PARENT_RUN_ID) in gone:
+            state = "running"
+            why = f"left by a driver that is gone ({gone[tags[MLFLOW_PARENT_RUN_ID]]}); the next driver closes it"
         elif status == "RUNNING":
             state, why = "running", "being logged by a driver, or left by one that is gone (the next driver closes it)"
         else:
@@ -199,6 +219,41 @@ def unfinished_cells(sweep: str, tracking_uri: str | None = None) -> list[dict[s
             | {"why": why}
         )
     return sorted(out, key=lambda row: (row["label"], row["cell_key"], row["run_id"]))
+
+
+def driver_name(run: Any) -> str:
+    """``pid <pid> on <host>`` of a parent run's driver (its tags; ``?`` where a store before them lacks them)."""
+    tags = run.data.tags
+    return f"pid {tags.get(schema.TAG_DRIVER_PID) or '?'} on {tags.get(schema.TAG_DRIVER_HOST) or '?'}"
+
+
+def driver_gone(run: Any, now: float | None = None) -> str:
+    """Why the driver of a RUNNING parent run is gone, or "" while it may live. A driver killed with SIGKILL never
+    closes its parent run: it is gone when its process no longer exists (its host is this one) or when its
+    heartbeat (refreshed every ``HEARTBEAT_S``) is older than ``STALE_AFTER_S`` (any host). Reads only: no lease
+    is taken, nothing is written."""
+    tags = run.data.tags
+    now = time.time() if now is None else now
+    pid, host = str(tags.get(schema.TAG_DRIVER_PID) or ""), tags.get(schema.TAG_DRIVER_HOST) or ""
+    if pid.isdigit() and host == os.uname().nodename and not _process_exists(int(pid)):
+        return f"its process ({driver_name(run)}) no longer exists"
+    try:
+        beat = float(tags.get(schema.TAG_HEARTBEAT) or (run.info.start_time or 0) / 1000)
+    except ValueError:
+        beat = (run.info.start_time or 0) / 1000
+    if now - beat > STALE_AFTER_S:
+        return f"no heartbeat for {now - beat:.0f} s ({driver_name(run)})"
+    return ""
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0  # another user's process
+    return pid > 0
 
 
 def _planned_cells(client, run_id: str) -> list[dict[str, Any]]:

@@ -23,13 +23,17 @@ from pipeline.tracking.layout import (
     SCORES_ARTIFACT,
     STATUS_FINISHED,
     TAG_CELL_KEY,
+    TAG_CODE_HASH,
     TAG_CONFIG_KEY,
     TAG_CPU_ISOLATION,
     TAG_DATASET,
     TAG_DEVICE,
+    TAG_DRIVER_HOST,
+    TAG_DRIVER_PID,
     TAG_ERROR,
     TAG_GIT_COMMIT,
     TAG_GPU_UUID,
+    TAG_HEARTBEAT,
     TAG_HOSTNAME,
     TAG_KIND,
     TAG_LABEL,
@@ -60,7 +64,8 @@ TAGS: dict[str, str] = {
     "gpu_uuid": TAG_GPU_UUID,
     "node": TAG_NODE,
     "hostname": TAG_HOSTNAME,
-    "git_commit": TAG_GIT_COMMIT,
+    "git_commit": TAG_GIT_COMMIT,  # HEAD, <HEAD>+dirty (code_hash names the code) or unknown
+    "code_hash": TAG_CODE_HASH,
     "score_metric": TAG_SCORE_METRIC,  # pass@1 | execution_accuracy | rougeL | speed_only | none ...
     "sweep": TAG_SWEEP,
     "error": TAG_ERROR,
@@ -209,6 +214,9 @@ __all__ = [
     "SCORE_DETAIL_FIELD",
     "SCORES_ARTIFACT",
     "STATUS_FINISHED",
+    "TAG_DRIVER_HOST",  # a parent run's driver: pid, host and heartbeat (analysis.runs.driver_gone)
+    "TAG_DRIVER_PID",
+    "TAG_HEARTBEAT",
     "TAG_KIND",
 ]
 

@@ -17,6 +17,7 @@ import argparse
 import difflib
 import inspect
 import json
+import math
 import re
 import sys
 import textwrap
@@ -40,18 +41,30 @@ class DocsGenError(RuntimeError):
     """A file the generator cannot update (no generated-region markers); the message names the fix."""
 
 
-def yaml_value(value: Any) -> str:
-    """A default as one YAML flow value (``[4, 2, 2]``, ``true``, ``null``, ``0.05``, ``pair``)."""
+FLOW_INDICATORS = set(",[]{}")  # characters that end a plain scalar inside a flow list or mapping
+
+
+def yaml_value(value: Any, inner: bool = False) -> str:
+    """A default as one YAML flow value (``[4, 2, 2]``, ``true``, ``null``, ``0.05``, ``pair``) that YAML reads
+    back as ``value``; ``inner``: an element or key of a flow list or mapping (``,[]{}`` then need quotes)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+        return "[" + ", ".join(yaml_value(v, inner=True) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{yaml_value(k, True)}: {yaml_value(v, True)}" for k, v in value.items()) + "}"
     if isinstance(value, str):
-        return value if value and yaml.safe_load(value) == value and ":" not in value else json.dumps(value)
+        plain = (
+            value
+            and yaml.safe_load(value) == value
+            and ":" not in value
+            and not (inner and FLOW_INDICATORS & set(value))
+        )
+        return value if plain else json.dumps(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
     return repr(value)
 
 

@@ -26,19 +26,18 @@ nothing is set on the transformers models.
 GGUF files are converted once into a safetensors copy under the cache folder (``$PIPELINE_CACHE`` or
 ``~/.cache/pipeline``) because the conversion dominates load time (~35 s for SmolLM2-135M, 0.3 s from the copy);
 the copy is named by the file's contents and the transformers version, so every checkout and virtual environment
-shares it, and one process converts while the others wait (``_converting``).
+shares it, and one process converts while the others wait (``pipeline.gguf_cache``: errors of the cache itself are a
+``ModelCacheError`` naming the fix).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import hashlib
 import importlib.util
 import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -51,11 +50,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.decoding.base import DRAFTERS, DrafterContext
 from pipeline.decoding.checkpoints import resolve_dir
-from pipeline.decoding.cpu_kernels import build_lock, cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
+from pipeline.decoding.cpu_kernels import cpu_bf16_flags, native_bf16, precision_info, resolve_dtype
 from pipeline.decoding.eagle import load_eagle
 from pipeline.decoding.fast_forward import model_kernel_path
 from pipeline.decoding.medusa_heads import load_medusa_heads
 from pipeline.decoding.vocab import map_file, restrict_head
+from pipeline.gguf_cache import TMP_INFIX, ensure_copy, load_copy, move_in
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -274,24 +274,6 @@ def _gguf_cache_dir(location: str, gguf_file: str) -> Path:
     return cache_root() / "gguf" / f"{Path(gguf_file).stem}-{digest}"
 
 
-@contextlib.contextmanager
-def _converting(cached: Path) -> Iterator[None]:
-    """The conversion lock of one GGUF copy: one process converts, the others wait for it and read its files."""
-    with build_lock(cached.parent / f".{cached.name}.lock", what="the GGUF conversion lock"):
-        yield
-
-
-def _move_in(tmp: Path, directory: Path, last: str) -> None:
-    """Move the files written in ``tmp`` into ``directory``, ``last`` (the file readers look for) last: a reader
-    that finds it finds the rest."""
-    directory.mkdir(parents=True, exist_ok=True)
-    names = sorted(p.name for p in tmp.iterdir())
-    if last not in names:
-        raise RuntimeError(f"the conversion wrote no {last} into {tmp}")
-    for name in [n for n in names if n != last] + [last]:
-        os.replace(tmp / name, directory / name)
-
-
 def is_converted(spec: ModelSpec) -> bool:
     """True when ``spec`` needs no one-time conversion (no GGUF file, or its safetensors copy exists)."""
     if not spec.gguf_file:
@@ -319,15 +301,13 @@ def load_tokenizer(spec: ModelSpec):
     try:
         if spec.gguf_file:
             cached = _gguf_cache_dir(location, spec.gguf_file)
-            if not (cached / "tokenizer_config.json").exists():
-                with _converting(cached):
-                    if not (cached / "tokenizer_config.json").exists():  # not converted while this one waited
-                        tok = AutoTokenizer.from_pretrained(location, gguf_file=spec.gguf_file, revision=spec.revision)
-                        with tempfile.TemporaryDirectory(prefix=cached.name + ".tmp-", dir=cached.parent) as tmp:
-                            tok.save_pretrained(tmp)
-                            _move_in(Path(tmp), cached, "tokenizer_config.json")
-                        return tok
-            return AutoTokenizer.from_pretrained(cached)
+            tok = ensure_copy(
+                cached,
+                "tokenizer_config.json",
+                lambda: AutoTokenizer.from_pretrained(location, gguf_file=spec.gguf_file, revision=spec.revision),
+                lambda tok, tmp: tok.save_pretrained(tmp),
+            )
+            return tok if tok is not None else load_copy(AutoTokenizer.from_pretrained, cached)
         return AutoTokenizer.from_pretrained(location, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
     except OSError as err:
         raise _offline_hint(spec, err) from err
@@ -345,16 +325,15 @@ def load_model(spec: ModelSpec, dtype: str = "float32", device: str = "auto"):
             model = _random_model(spec, torch_dtype, resolve_device(device))
         elif spec.gguf_file:
             cached = _gguf_cache_dir(location, spec.gguf_file)
-            if not (cached / "config.json").exists():
-                with _converting(cached):
-                    if not (cached / "config.json").exists():  # not converted while this one waited
-                        _save_dequantized(
-                            AutoModelForCausalLM.from_pretrained(
-                                location, gguf_file=spec.gguf_file, revision=spec.revision, dtype=torch.float32
-                            ),
-                            cached,
-                        )
-            model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch_dtype)
+            ensure_copy(
+                cached,
+                "config.json",
+                lambda: AutoModelForCausalLM.from_pretrained(
+                    location, gguf_file=spec.gguf_file, revision=spec.revision, dtype=torch.float32
+                ),
+                _write_dequantized,
+            )
+            model = load_copy(lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype), cached)
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 location, revision=spec.revision, dtype=torch_dtype, trust_remote_code=spec.trust_remote_code
@@ -385,19 +364,25 @@ def _random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
 def _save_dequantized(model, directory: Path) -> None:
     """Save a GGUF-loaded (already dequantized) model as a plain safetensors checkpoint into ``directory`` (beside
     the tokenizer's files, if converted already): written to a private temporary folder, then moved in with
-    ``config.json`` last, so that no reader sees a partial checkpoint (the caller holds ``_converting``)."""
+    ``config.json`` last, so that no reader sees a partial checkpoint (``gguf_cache.ensure_copy`` does this under
+    the conversion lock)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=directory.name + ".tmp-", dir=directory.parent) as tmp:
-        state = model.state_dict()
-        if getattr(model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        save_file({k: v.detach().contiguous() for k, v in state.items()}, Path(tmp) / "model.safetensors")
-        config = copy.deepcopy(model.config)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        _move_in(Path(tmp), directory, "config.json")
+    with tempfile.TemporaryDirectory(prefix=directory.name + TMP_INFIX, dir=directory.parent) as tmp:
+        _write_dequantized(model, Path(tmp))
+        move_in(Path(tmp), directory, "config.json")
+
+
+def _write_dequantized(model, tmp: Path) -> None:
+    """The checkpoint files of a dequantized model, written into the folder ``tmp``."""
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, tmp / "model.safetensors")
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
 
 
 # Files of a model folder that do not change what it computes: cards and training records (editing a card

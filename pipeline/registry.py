@@ -12,9 +12,12 @@ the analysis and the error messages ask the registry (``names(where=...)``) inst
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
+# a registered name: it names files (docs_gen writes conf/method/<name>.yaml) and config groups, so never a path
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 
 
 class RegistryError(ValueError):
@@ -69,8 +72,11 @@ class Registry(Generic[T]):
     def register(self, entry: T, name: str | None = None) -> T:
         """Add ``entry`` under ``name`` (default: its own); usable as a class decorator."""
         name = name or self._name_of(entry)
-        if not name or ":" in name:
-            raise RegistryError(f"a {self.kind} needs a name without ':' to be registered, got {name!r}")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise RegistryError(
+                f"a {self.kind} needs a plain name to be registered (letters, digits, '_' and '-', not first), got "
+                f"{name!r}: names become file names (conf/method/<name>.yaml), so no ':', '/', '.' or spaces"
+            )
         problem = self._check(entry) if self._check else None
         if problem:
             raise RegistryError(f"{self.kind} {name!r}: {problem}")

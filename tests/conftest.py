@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,15 +39,10 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     """The background builds end with the session (they are done long before; a failed one is reported: the tests
-    that needed it met the same failure)."""
-    for name, proc, log in config.stash.get(WARMING, []):
-        try:
-            rc = proc.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        if rc != 0:
-            print(f"\nwarm-up of {name} failed (rc {rc}); its output: {log}", file=sys.stderr)
+    that needed it met the same failure; one still blocked on another process's lock is stopped after
+    ``warm_caches.END_WAIT_S``, not waited for)."""
+    for note in warm_caches.finish(config.stash.get(WARMING, [])):
+        print(f"\n{note}", file=sys.stderr)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -296,3 +296,71 @@ def test_the_params_fallback_covers_every_logged_input_of_the_key():
         and not _is_config_param("dataset.path")
         and _is_config_param("dataset.task.version")
     )
+
+
+_KILLED_DRIVER = """
+import json, sys, time
+from pipeline.tracking import Tracker
+tracker = Tracker(sys.argv[1], "killed", sys.argv[2])
+tracker.start_parent("killed", {}, {})
+planned = [{"cell_key": f"k{i}", "label": f"cell{i}", "seed": 0} for i in range(9)]
+tracker.client.log_text(tracker.parent_run_id, json.dumps(planned), "planned_cells.json")
+for i in range(2):  # 2 of 9 cells done
+    tags = {"kind": "cell", "cell_key": f"k{i}", "label": f"cell{i}", "cell_status": "finished"}
+    run = tracker.client.create_run(tracker.experiment_id, tags=tags)
+    tracker.client.set_terminated(run.info.run_id, "FINISHED")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_drivers_planned_cells_are_unfinished_not_every_cell_finished(tmp_path):
+    """Issue 57: after ``kill -9`` of a driver with 2 of 9 cells done, its parent run stays RUNNING (nothing closed
+    it); unfinished.md said "Every cell run finished" because a RUNNING parent's planned cells were skipped. A parent
+    whose driver process is gone (this host) or whose heartbeat is stale (any host) is not alive."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from mlflow.entities import ViewType  # noqa: PLC0415
+
+    from analysis.runs import driver_gone, unfinished_cells, unfinished_markdown  # noqa: PLC0415
+    from helpers.paths import REPO  # noqa: PLC0415
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    log = tmp_path / "driver.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_DRIVER, uri, str(tmp_path / "mlruns")],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", log.read_text()[-3000:]
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("killed").experiment_id
+        (parent,) = client.search_runs([exp], "tags.kind = 'sweep'", run_view_type=ViewType.ALL)
+        assert driver_gone(parent) == ""  # alive: its planned cells are in flight, not finished
+        rows = unfinished_cells("killed", uri)
+        assert len(rows) == 7 and {r["state"] for r in rows} == {"in flight"}
+        assert f"pid {proc.pid} on {os.uname().nodename}" in rows[0]["why"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    (parent,) = client.search_runs([exp], "tags.kind = 'sweep'", run_view_type=ViewType.ALL)
+    assert parent.info.status == "RUNNING"  # SIGKILL: nothing closed it
+    assert "no longer exists" in driver_gone(parent)
+    rows = unfinished_cells("killed", uri)
+    assert sorted(r["label"] for r in rows) == [f"cell{i}" for i in range(2, 9)], rows
+    assert {r["state"] for r in rows} == {"never logged"} and all("is gone" in r["why"] for r in rows)
+    md = unfinished_markdown("killed", rows)
+    assert "Every cell run finished" not in md and "cells that did not finish (7)" in md
+    # a driver on another host: its process cannot be looked up, its heartbeat tells
+    client.set_tag(parent.info.run_id, schema.TAG_DRIVER_HOST, "another-host")
+    parent = client.get_run(parent.info.run_id)
+    beat = float(parent.data.tags[schema.TAG_HEARTBEAT])
+    assert driver_gone(parent, now=beat + 5) == ""
+    assert "no heartbeat for" in driver_gone(parent, now=beat + 10_000)

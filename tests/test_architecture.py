@@ -23,7 +23,10 @@ PACKAGES = ("pipeline", "analysis")
 # Earliest first; a module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("pipeline", "pipeline.prompts", "pipeline.cell_types", "pipeline.formatting")),
-    ("engine, models and data", ("pipeline.decoding", "pipeline.models", "pipeline.fingerprints", "pipeline.data")),
+    (
+        "engine, models and data",
+        ("pipeline.decoding", "pipeline.models", "pipeline.gguf_cache", "pipeline.fingerprints", "pipeline.data"),
+    ),
     (
         "measurement",
         (

@@ -227,12 +227,29 @@ def test_bench_rows_on_the_offline_pair(tmp_path):
         ("batch_sizes=[]", r"batch_sizes=\[\]: must be null or a non-empty list"),
         ("batch_sizes=[nan]", r"batch_sizes=\[nan\]: must be null or a non-empty list"),
         ("batch_sizes=[8] batch_requests=4", r"batch_sizes has 8 but batch_requests=4"),
+        # issue 57: a draft length was rounded (2.7 ran as 2, true as 1)
+        ("++method_params.spd.gamma=2.7", r"method_params.spd.gamma=2.7: the draft length must be an integer >= 1"),
+        ("++method_params.spd.gamma=true", r"method_params.spd.gamma=True: the draft length must be an integer"),
+        ("++method_params.spd.gamma=0", r"method_params.spd.gamma=0: the draft length must be an integer >= 1"),
     ],
 )
 def test_bad_bench_settings_fail_before_any_model_loads(override, message, monkeypatch):
     monkeypatch.setattr(runners, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         Bench(_cfg(*override.split(" ")))
+
+
+def test_a_prompt_past_the_context_fails_before_any_model_loads(monkeypatch):
+    """Issue 57: a prompt that with max_new_tokens does not fit the target's context ended in a traceback after the
+    pair had loaded; it is refused from the tokenizer alone, naming the prompt and the fix."""
+    from pipeline.sweep.checks import context_length  # noqa: PLC0415
+
+    monkeypatch.setattr(runners, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    context = context_length(OmegaConf.to_container(_cfg().pair, resolve=True))
+    assert context is not None
+    with pytest.raises(ValueError, match=rf"prompts\[1\] \(\d+ tokens\) \+ max_new_tokens \({context - 36}\) exceeds "):
+        long = " ".join(["Name a colour and say why it is your favourite"] * 3)
+        Bench(_cfg(f"max_new_tokens={context - 36}", f"prompts=[Hi,{long}]"))
 
 
 def test_the_bench_command_exits_2_on_bad_settings_before_loading(tmp_path):

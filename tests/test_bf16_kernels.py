@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -495,7 +496,8 @@ def test_the_real_build_runs_under_the_lock_past_a_stale_torch_baton(tmp_path, m
     folder.mkdir(parents=True)
     (folder / "lock").write_text("")  # an older build killed mid-compile
 
-    def fake_load(build_directory, **_):
+    def fake_load(build_directory, name, **_):
+        shutil.copy(os.path.realpath(sys.executable), os.path.join(build_directory, f"{name}.so"))  # a whole ELF
         baton = FileBaton(os.path.join(build_directory, "lock"))
         seen["baton_free"] = baton.try_acquire()  # torch's load would wait forever on a stale baton
         baton.release()
@@ -552,3 +554,81 @@ def test_a_finished_build_is_imported_from_another_checkout_without_ninja(tmp_pa
     # the name of the folder carries the torch and Python versions (another ABI: another folder)
     real = cpu_kernels.build_folder(tmp_path, isa, ["-O3"])
     assert torch.__version__.replace("+", "_") in real.name and sys.implementation.cache_tag in real.name
+
+
+# ---------------------------------------------------------------------------------------------------
+# A shared build cache is untrusted (issue 57): links, truncated and corrupt libraries
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
+    """build_lock wrote its pid through a planted ``build.flock -> <file>`` (the GGUF lock too: the same code)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    folder = tmp_path / "build"
+    folder.mkdir()
+    (folder / "build.flock").symlink_to(victim)
+    with pytest.raises(OSError, match=r"is a symbolic link, not a lock file: remove it \(rm "):
+        with cpu_kernels.build_lock(folder, wait_s=1):
+            pass
+    assert victim.read_text() == "precious\n"
+
+
+def _real_library():
+    module = cpu_kernels.kernels()
+    if module is None:
+        pytest.skip(f"no kernels here: {cpu_kernels.kernels_unavailable_reason()}")
+    return module, f"pipeline_bf16_decoder_{cpu_kernels._STATE['isa']}"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "truncated-old-mark"])
+def test_a_damaged_marked_library_is_rebuilt_not_loaded(tmp_path, monkeypatch, damage):
+    """A truncated library with its mark killed every process that mapped it (SIGBUS); a corrupt one failed to
+    import and left the engine on oneDNN for good. The mark now records the library's size and sha256 (and marks
+    before it get a whole-ELF check): a damaged library is not taken as built, and the builder removes it and
+    builds again under the lock."""
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    module, name = _real_library()
+    good = Path(module.__file__).read_bytes()
+    folder = tmp_path / "torch_extensions" / "shared"
+    folder.mkdir(parents=True)
+    library = folder / f"{name}.so"
+    library.write_bytes(good)
+    cpu_kernels._mark_built(folder, name)
+    assert cpu_kernels._built_library(folder, name) == library
+    if damage == "corrupt":  # same size, other bytes in the middle
+        middle = len(good) // 2
+        library.write_bytes(good[:middle] + bytes(64) + good[middle + 64 :])
+    else:
+        library.write_bytes(good[: len(good) * 3 // 4])
+    if damage == "truncated-old-mark":
+        (folder / cpu_kernels.BUILT).write_text(f"{sys.executable}\n")  # a mark written before issue 57
+    assert cpu_kernels._built_library(folder, name) is None
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "_STATE", {})
+    monkeypatch.setattr(cpu_kernels, "_build_folder", lambda root, isa_, cflags: folder)
+    seen = []
+
+    def fake_load(build_directory, **_):  # ninja links anew only when the damaged library is gone
+        seen.append(library.exists())
+        library.write_bytes(good)
+        return "rebuilt"
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    assert cpu_kernels._build() == "rebuilt" and seen == [False]
+    assert cpu_kernels._built_library(folder, name) == library  # marked again, with the new library's digest
+
+
+def test_the_mark_is_a_new_file_never_written_through_a_link(tmp_path):
+    module, name = _real_library()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    folder = tmp_path / "build"
+    folder.mkdir()
+    shutil.copy(module.__file__, folder / f"{name}.so")
+    (folder / cpu_kernels.BUILT).symlink_to(victim)
+    assert cpu_kernels._built_library(folder, name) is None  # a linked mark is no mark
+    cpu_kernels._mark_built(folder, name)
+    assert victim.read_text() == "precious\n" and not (folder / cpu_kernels.BUILT).is_symlink()
+    assert cpu_kernels._built_library(folder, name) == folder / f"{name}.so"

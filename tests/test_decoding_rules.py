@@ -113,6 +113,16 @@ def test_a_taken_name_is_an_error_and_module_attr_names_resolve():
         method_class("pipeline.decoding.verification:token_verify")
 
 
+@pytest.mark.parametrize("name", ["../../../tmp/evil", "a/b", "..", ".hidden", "x y", "a:b", "", "-x", "a\\b"])
+def test_a_path_like_name_is_refused(name):
+    """Issue 57: a registered name becomes a file name (docs_gen writes conf/method/<name>.yaml): a name with a
+    path in it wrote outside conf/method."""
+    reg: Registry = Registry("thing", name_of=lambda e: e["name"])
+    with pytest.raises(RegistryError, match="needs a plain name to be registered"):
+        reg.register({"name": name})
+    assert reg.register({"name": "my_rule-2"})["name"] == "my_rule-2"
+
+
 def _literal_strings(node: ast.AST) -> list[str]:
     """The string elements of a tuple / list / set literal, the string keys of a dict literal, or the string
     positional arguments of a call (``one_of("a", "b")``; ``frozenset({...})`` is its inner set); a literal of rows

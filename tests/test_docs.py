@@ -159,3 +159,19 @@ def test_relative_links_name_files_that_exist(page):
         if re.match(r"[a-z]+:", target):  # http(s):, mailto:
             continue
         assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ["a,b", "c"],  # issue 57: written [a,b, c], read back as three elements
+        {"k:x": "v", "a": ["x]", "{y}"]},
+        ["null", "true", "1"],
+        {"x": {"y": "z,w"}},
+        [4, 2, 2],
+        {"kind": "eagle3", "path": "models/x"},
+        float("inf"),
+    ],
+)
+def test_yaml_value_reads_back_as_the_default(value):
+    assert yaml.safe_load(docs_gen.yaml_value(value)) == value

@@ -142,3 +142,36 @@ def test_two_slices_of_one_dataset_are_counted_apart():
     plan = sweep.expand(cfg)
     assert plan.sample_counts == {"humaneval[0:2]": 2, "humaneval[2:5]": 3}
     assert sorted(c.dataset["limit"] for c in plan.cells) == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "methods,needle",
+    [  # issue 57: spd ran with block's parameters; two spd entries collapsed to one; spd labelled ar was dropped
+        ("[{method: spd, label: x}, {method: block, label: x}]", "sweep entries 'spd' and 'block' share the label 'x'"),
+        ("[{method: spd, gamma: 2, label: x}, {method: spd, gamma: 3, label: x}]", "share the label 'x'"),
+        (
+            "[{method: spd, label: ar}]",
+            "has the label 'ar' of the baseline (sweep.baseline) with another configuration",
+        ),
+        ("[{method: spd, label: 'ar (batch 2)'}]", "ends in ' (batch N)', the suffix the cells of a batch size get"),
+        ("[{method: spd, label: a}, {method: spd, label: b}]", "sweep entries 'a' and 'b' are the same configuration"),
+    ],
+)
+def test_labels_are_unique_and_not_the_baselines_before_ray(root, methods, needle):
+    with pytest.raises(SweepConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        _run(root, f"sweep.methods={methods}")
+    assert not ray.is_initialized()
+
+
+def test_the_baselines_own_configuration_may_carry_its_label(root):
+    """``methods: [ar, spd]`` with ``baseline: ar`` (the shipped sweeps): the entry is the baseline, one cell each."""
+    plan = sweep.expand(sweep.compose(overrides(root, "sweep.methods=[ar,spd]", "seeds=[0]"), root / "conf"), root)
+    assert sorted(c.label for c in plan.cells) == ["ar", "ar", "spd", "spd"]
+
+
+def test_an_entrys_own_batch_sizes_are_named_as_its_own(root):
+    """An entry's oversized batch_sizes was reported as sweep.batch_sizes (issue 57)."""
+    with pytest.raises(SweepConfigError) as err:
+        _run(root, "sweep.methods=[{method: spd, label: big, batch_sizes: [1, 4]}]")
+    assert "sweep entry 'big': batch_sizes has 4 but dataset" in str(err.value)
+    assert "sweep.batch_sizes has" not in str(err.value)

@@ -175,3 +175,49 @@ def test_a_cell_run_spans_the_cells_own_time(tmp_path):
     assert failed.started_at is None
     run = tr.client.get_run(tr.log_cell(_cell("k2"), failed))
     assert run.info.end_time >= run.info.start_time > 1_700_000_321_500
+
+
+def test_a_damaged_or_foreign_sqlite_file_is_refused_before_mlflow_touches_it(tmp_path):
+    """Issue 57: a corrupt store gave a raw traceback, and a sqlite file of another program was silently made into
+    an MLflow store (MLflow added its tables to it)."""
+    import sqlite3  # noqa: PLC0415
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database at all " * 200)
+    with pytest.raises(TrackingError, match=r"is not a readable sqlite database .*move it aside"):
+        check_tracking_uri(f"sqlite:///{garbage}")
+    foreign = tmp_path / "app.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    before = foreign.read_bytes()
+    with pytest.raises(TrackingError, match=r"a sqlite database of another program \(tables: users\)"):
+        Tracker(f"sqlite:///{foreign}", "t", str(tmp_path / "mlruns"))
+    assert foreign.read_bytes() == before  # untouched
+    store = tmp_path / "mlflow.db"
+    Tracker(f"sqlite:///{store}", "t", str(tmp_path / "mlruns")).close()  # a new store, then an existing one
+    check_tracking_uri(f"sqlite:///{store}")
+    (tmp_path / "empty.db").write_bytes(b"")  # an empty file: MLflow creates its tables
+    check_tracking_uri(f"sqlite:///{tmp_path}/empty.db")
+    data = store.read_bytes()
+    page = int.from_bytes(data[16:18], "big")
+    (tmp_path / "damaged.db").write_bytes(data[: page * 2] + b"\xff" * (len(data) - page * 2))  # pages overwritten
+    with pytest.raises(TrackingError, match=r"damaged\.db (is damaged|is not a readable)"):
+        check_tracking_uri(f"sqlite:///{tmp_path}/damaged.db")
+
+
+def test_a_cell_run_whose_driver_died_between_its_outcome_and_its_end_is_ended(tmp_path):
+    """Issue 57: a driver killed after a cell run's final tag but before ``set_terminated`` left it RUNNING for
+    ever (close_stale closed only runs still ``logging``); the next driver ends it as its outcome says."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tr = Tracker(uri, "t", str(tmp_path / "mlruns"))
+    ids = {}
+    for key, outcome in (("k1", layout.STATUS_FINISHED), ("k2", layout.STATUS_FAILED)):
+        tags = {layout.TAG_KIND: layout.KIND_CELL, layout.TAG_CELL_KEY: key, layout.TAG_STATUS: outcome}
+        ids[key] = tr.client.create_run(tr.experiment_id, tags=tags).info.run_id
+    tr.close()
+    other = Tracker(uri, "t", str(tmp_path / "mlruns"))
+    assert sorted(other.close_stale()) == sorted(ids.values())
+    assert other.client.get_run(ids["k1"]).info.status == "FINISHED"
+    assert other.client.get_run(ids["k2"]).info.status == "FAILED"
+    assert other.finished_keys() == {"k1": ids["k1"]}
+    assert other.close_stale() == []

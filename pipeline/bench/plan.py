@@ -17,8 +17,9 @@ from pipeline.decoding import DRAFTERS, check_method, method_class
 from pipeline.decoding.draft_length import DRAFT_STOPS
 from pipeline.decoding.drafters import PAIR
 from pipeline.measure.energy import check_energy_meter
-from pipeline.models import PairSpec, drafter_context
-from pipeline.sweep.checks import MAX_BATCH_SIZE, check_numbers, check_seeds, rule_errors
+from pipeline.models import PairSpec, drafter_context, load_tokenizer
+from pipeline.prompts import encode_prompt
+from pipeline.sweep.checks import MAX_BATCH_SIZE, check_numbers, check_seeds, context_length, rule_errors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,6 +171,29 @@ def check_batch_sizes(cfg: DictConfig, bench: Any) -> dict[str, str]:
     return skipped
 
 
+def _draft_length(value: Any, where: str) -> int:
+    """A draft length as set: an integer >= 1, never rounded (``2.7`` ran as 2 and ``true`` as 1)."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{where}={value!r}: the draft length must be an integer >= 1 (e.g. {where}=4)")
+    return int(value)
+
+
+def check_prompts_fit(cfg: DictConfig, spec: PairSpec) -> None:
+    """Before any model loads (its tokenizer alone): every prompt, encoded as the bench encodes it, with
+    ``max_new_tokens`` after it within the target's context (read from its config, as the sweep reads it)."""
+    context = context_length(_container(cfg.pair))
+    if context is None:
+        return
+    tokenizer = load_tokenizer(spec.target)
+    for i, prompt in enumerate(cfg.prompts):
+        n = len(encode_prompt(tokenizer, str(prompt), spec.chat))
+        if n + cfg.max_new_tokens > context:
+            raise ValueError(
+                f"prompts[{i}] ({n} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the context of pair "
+                f"{spec.name!r}'s target ({context} positions): shorten the prompt or lower max_new_tokens"
+            )
+
+
 def check_draft_stops(cfg: DictConfig) -> list[str]:
     """``draft_stops``: the draft-length policies of the chain rows (``none``: fixed gamma, always run)."""
     stops = list(cfg.get("draft_stops") or ["none"])
@@ -233,6 +257,7 @@ class BenchPlan:
         self.batch_skipped = check_batch_sizes(cfg, self) if cfg.get("batch_sizes") else {}
         self.stops = check_draft_stops(cfg)
         check_energy_meter(cfg.get("energy_meter", "none"))  # before any model loads
+        check_prompts_fit(cfg, spec)
         self.spec = spec
 
     def runs(self) -> list[tuple[str, str | None]]:
@@ -269,15 +294,15 @@ class BenchPlan:
         if "gamma" not in params:
             return None
         if self.cfg.get("gamma") is not None:
-            return int(self.cfg.gamma)
+            return _draft_length(self.cfg.gamma, "gamma")
         extra = OmegaConf.select(self.cfg, f"method_params.{method}.gamma", default=None)
         if extra is not None:
-            return int(extra)
+            return _draft_length(extra, f"method_params.{method}.gamma")
         conf = REPO_ROOT / "conf" / "method" / f"{method}.yaml"
         if conf.exists():
             value = (yaml.safe_load(conf.read_text()) or {}).get("gamma")
             if value is not None:
-                return int(value)
+                return _draft_length(value, f"gamma of conf/method/{method}.yaml")
         return int(params["gamma"].default)
 
     def gammas(self) -> list[int]:

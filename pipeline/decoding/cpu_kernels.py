@@ -14,7 +14,9 @@ set this machine really has, and returns it, or None where it cannot be used (no
 ``PIPELINE_BF16_KERNELS=0``); the reason is ``kernels_unavailable_reason()``. One build at a time per folder:
 ``build_lock`` holds ``fcntl.flock`` on ``<folder>/build.flock`` around the build and the load, a lock the kernel
 drops when its holder dies, however it dies; the folder is one per source, flags, torch and Python (``build_folder``),
-and a finished build (its ``BUILT`` mark) is imported from any checkout without ninja; builders use it only
+and a finished build (its ``BUILT`` mark: the library's size and sha256, written after it loaded) is imported from
+any checkout without ninja, while a library truncated or changed since, or one that does not import, is removed and
+built again; the lock file is never opened through a link (a shared cache is not trusted); builders use it only
 under that lock, so a torch ``lock`` baton found in it by the lock's holder is a killed build's (torch's
 ``FileBaton`` outlives its process and would make every later load wait forever) and is removed. A wait longer than
 a build (``BUILD_NOTICE_S``) says so on stderr, and after ``PIPELINE_KERNELS_BUILD_WAIT_S`` (default 1800 s) the
@@ -34,7 +36,10 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import json
 import os
+import stat
+import struct
 import sys
 import threading
 import time
@@ -204,7 +209,7 @@ def build_lock(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "build.flock"
     limit = _wait_limit() if wait_s is None else wait_s
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock_file(path)
     try:
         start, notice = time.monotonic(), notice_s
         while True:
@@ -240,6 +245,21 @@ def build_lock(
         os.close(fd)  # drops the flock
 
 
+def _open_lock_file(path: Path) -> int:
+    """The lock file opened for writing its holder's pid: never through a symbolic link (a link planted in a shared
+    cache would have every builder overwrite its target) and only a regular file (a FIFO would block its reader)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as err:
+        if path.is_symlink():
+            raise OSError(err.errno, f"{path} is a symbolic link, not a lock file: remove it (rm {path})") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file, not a lock file: remove it (rm {path})")
+    return fd
+
+
 def _holder(path: Path) -> str:
     try:
         pid = path.read_text().strip()
@@ -259,27 +279,101 @@ def build_folder(root: Path, isa: str, cflags: list[str]) -> Path:
     return root / f"bf16_decoder-{isa}-torch{version}-{sys.implementation.cache_tag}-{digest}"
 
 
-BUILT = "built.ok"  # written into the build folder after a build loaded: its library is complete
+BUILT = "built.ok"  # written into the build folder after a build loaded: its library's size and sha256
+_PT_LOAD = 1
+
+
+def _elf_complete(library: Path) -> bool:
+    """Whether ``library`` is a whole 64-bit little-endian ELF file: every loaded segment and the section table lie
+    inside it (a truncated shared library would kill the process that maps it with SIGBUS, past any ``except``)."""
+    try:
+        size = library.stat().st_size
+        with open(library, "rb") as fh:
+            head = fh.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return False
+            phoff, shoff = struct.unpack_from("<QQ", head, 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 0x36)
+            if phentsize < 56 or phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+                return False
+            fh.seek(phoff)
+            table = fh.read(phnum * phentsize)
+    except OSError:
+        return False
+    for i in range(phnum):
+        kind, _flags, offset, _vaddr, _paddr, filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+        if kind == _PT_LOAD and offset + filesz > size:
+            return False
+    return True
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _built_library(build: Path, name: str) -> Path | None:
-    """The library a finished build (its ``BUILT`` mark) left in ``build``, else None."""
-    library = build / f"{name}.so"
-    return library if (build / BUILT).exists() and library.exists() else None
+    """The library a finished build (its ``BUILT`` mark) left in ``build``, else None. The mark must be a regular
+    file, the library a whole ELF file and, where the mark records one (every mark since issue 57), of the size and
+    sha256 the build left: a library truncated or changed since is not taken as built (and is rebuilt)."""
+    library, mark = build / f"{name}.so", build / BUILT
+    try:
+        if not stat.S_ISREG(mark.lstat().st_mode) or not stat.S_ISREG(library.lstat().st_mode):
+            return None
+        text = mark.read_text()
+    except OSError:
+        return None
+    if not _elf_complete(library):
+        return None
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        recorded = None  # a mark before issue 57 (the interpreter's path): the ELF check is all there is
+    if isinstance(recorded, dict):
+        try:
+            if recorded.get("size") != library.stat().st_size or recorded.get("sha256") != _digest(library):
+                return None
+        except OSError:
+            return None
+    return library
 
 
 def _load_built(build: Path, name: str):
-    """The extension a finished build left in ``build`` (None if there is none): imported as it is, not through
-    ``cpp_extension.load``, whose ninja file names this checkout's source path and this environment's torch
-    headers, so another checkout or environment would rebuild it."""
+    """The extension a finished build left in ``build`` (None if there is none, or it does not import): imported as
+    it is, not through ``cpp_extension.load``, whose ninja file names this checkout's source path and this
+    environment's torch headers, so another checkout or environment would rebuild it."""
     library = _built_library(build, name)
     if library is None:
         return None
     spec = importlib.util.spec_from_file_location(name, library)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as err:  # damaged in a way the checks miss: rebuilt under the lock (_build)
+        print(f"pipeline: {library} does not import ({err}); rebuilding it", file=sys.stderr, flush=True)
+        return None
     return module
+
+
+def _discard(build: Path, name: str) -> None:
+    """Under the build lock: remove a mark and a library that did not verify or import, so ninja links anew."""
+    for path in (build / BUILT, build / f"{name}.so"):
+        if path.is_symlink() or path.exists():
+            print(f"pipeline: removing {path}: its build is damaged", file=sys.stderr, flush=True)
+            path.unlink(missing_ok=True)
+
+
+def _mark_built(build: Path, name: str) -> None:
+    """Under the build lock, after the library loaded: check it is a whole ELF file, then write the ``BUILT`` mark
+    (its size and sha256) as a new file, never through a link."""
+    library = build / f"{name}.so"
+    if not _elf_complete(library):
+        raise RuntimeError(f"the build left an incomplete library {library}")
+    mark = build / BUILT
+    mark.unlink(missing_ok=True)  # a link or an old mark: the mark is a file of its own
+    fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"size": library.stat().st_size, "sha256": _digest(library), "python": sys.executable}, fh)
 
 
 _build_folder = build_folder  # what _build calls (a test points it at a folder of its own)
@@ -323,6 +417,8 @@ def _build():
         with build_lock(build, stale=("lock",)):
             module = _load_built(build, name)  # built by the process this one waited for
             if module is None:
+                if (build / BUILT).exists() or (build / BUILT).is_symlink():
+                    _discard(build, name)  # marked, but it did not verify or import
                 module = cpp_extension.load(
                     name=name,
                     sources=[str(_SRC)],
@@ -332,7 +428,7 @@ def _build():
                     build_directory=str(build),
                     verbose=False,
                 )
-                (build / BUILT).write_text(f"{sys.executable}\n")
+                _mark_built(build, name)
     _STATE["isa"] = isa
     return module
 

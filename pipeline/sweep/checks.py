@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any, Mapping
@@ -366,3 +367,38 @@ def check_seeds(seeds: Any) -> list[str]:
         for s in seeds
         if not 0 <= s <= INT64[1]
     ]
+
+
+BATCH_SUFFIX = re.compile(r" \(batch \d+\)$")  # cell_types.batch_label's suffix: the cells of a batch size above 1
+
+
+def check_labels(methods: list[Mapping[str, Any]], baseline: Mapping[str, Any] | None) -> list[str]:
+    """Sweep entries' labels: text, one per entry (cells, resolved parameters and tables are keyed by label: two
+    entries labelled alike would run one's cells with the other's parameters or collapse to one), not the
+    baseline's unless the entry is the baseline's configuration (else it is dropped for the baseline), and not
+    ending in `` (batch N)``, the suffix of the cells of a batch size (``cell_types.batch_label``)."""
+    errors, seen = [], {}
+    for m in methods:
+        label = m["label"]
+        if not isinstance(label, str) or not label.strip():
+            errors.append(f"sweep entry {m['config_name']!r}: label {label!r} must be non-empty text (label: <name>)")
+            continue
+        if BATCH_SUFFIX.search(label):
+            errors.append(
+                f"sweep entry {m['config_name']!r}: label {label!r} ends in ' (batch N)', the suffix the cells of a "
+                f"batch size get (sweep.batch_sizes); rename it (e.g. label: {BATCH_SUFFIX.sub('', label)}_b) or "
+                "give the entry batch_sizes"
+            )
+        if label in seen:
+            errors.append(
+                f"sweep entries {seen[label]['config_name']!r} and {m['config_name']!r} share the label {label!r}: "
+                "each entry needs its own label (label: <name>), as cells, parameters and tables are keyed by it"
+            )
+        seen[label] = m
+        if baseline is not None and label == baseline["label"]:
+            if (m["name"], m["params"]) != (baseline["name"], baseline["params"]):
+                errors.append(
+                    f"sweep entry {m['config_name']!r} has the label {label!r} of the baseline (sweep.baseline) "
+                    "with another configuration: rename it (label: <name>)"
+                )
+    return errors

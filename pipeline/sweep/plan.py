@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cell_types import Cell, batch_label, cell_key
+from pipeline.cell_types import Cell, batch_label, cell_key, split_batch_label
 from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import DrafterContext, check_method, method_class
@@ -41,6 +41,7 @@ from pipeline.sweep.checks import (
     check_dataset_numbers,
     check_device,
     check_judge,
+    check_labels,
     check_measure,
     check_models_available,
     check_numbers,
@@ -143,6 +144,14 @@ def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common:
     if overrides.get("batch_sizes") is not None:  # this entry's own batch axis (else the sweep's)
         entry["batch_sizes"] = _batch_sizes(overrides["batch_sizes"], f"sweep entry {label!r}: batch_sizes")
     return entry
+
+
+def _largest_batches(methods: list[dict[str, Any]], batch_sizes: list[int]) -> list[tuple[str, int]]:
+    """``(where it is set, largest batch size)``: ``sweep.batch_sizes`` and each entry's own ``batch_sizes``."""
+    out = [(f"sweep entry {m['label']!r}: batch_sizes", max(m["batch_sizes"])) for m in methods if m.get("batch_sizes")]
+    if any(not m.get("batch_sizes") for m in methods):
+        out.append(("sweep.batch_sizes", max(batch_sizes)))
+    return out
 
 
 def _batch_sizes(value: Any, where: str) -> list[int]:
@@ -307,6 +316,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     methods = [m for m in (attempt(_method_entry, cfg, n, o, common) for n, o in method_items) if m]
     baseline_name = sweep.get("baseline")
     baseline = attempt(_method_entry, cfg, baseline_name, {}, common) if baseline_name else None
+    errors += check_labels(methods, baseline)
     pairs = [p for p in (attempt(_pair_entry, cfg, n, o) for n, o in pair_items) if p]
     datasets = [d for d in (attempt(_dataset_entry, cfg, n, o, root) for n, o in dataset_items) if d]
     cluster_cfg = OmegaConf.to_container(cfg.cluster, resolve=True) or {}
@@ -377,13 +387,13 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             if not measured:
                 raise ValueError("the slice is empty (check start/limit/ids)")
             counts[slice_label(ds)] = len(measured)
-            largest = max(b for m in methods for b in (m.get("batch_sizes") or batch_sizes)) if methods else 1
-            if largest > len(measured):
-                errors.append(
-                    f"sweep.batch_sizes has {largest} but dataset {ds['name']!r}'s slice has "
-                    f"{len(measured)} requests: a batch holds at most the slice's requests (lower the batch size "
-                    "or raise dataset.limit)"
-                )
+            for where, largest in _largest_batches(methods, batch_sizes):
+                if largest > len(measured):
+                    errors.append(
+                        f"{where} has {largest} but dataset {ds['name']!r}'s slice has "
+                        f"{len(measured)} requests: a batch holds at most the slice's requests (lower the batch size "
+                        "or raise dataset.limit)"
+                    )
         except Exception as err:  # noqa: BLE001 - any loader failure is a configuration error here
             errors.append(
                 f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}"
@@ -426,7 +436,12 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 is_baseline,
                 batch,
             )
-            cells.setdefault(cell.key, cell)
+            same = cells.setdefault(cell.key, cell)
+            if same.label != cell.label:  # one configuration under two labels: one would be dropped without a word
+                raise SweepConfigError(
+                    f"sweep entries {split_batch_label(same.label)[0]!r} and {m['label']!r} are the same configuration "
+                    f"(method, parameters{', batch size' if batch > 1 else ''}): drop one of them"
+                )
     return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts)
 
 

@@ -55,7 +55,8 @@ TAG_DEVICE = "device"
 TAG_GPU_UUID = "gpu_uuid"
 TAG_NODE = "node_id"
 TAG_HOSTNAME = "hostname"
-TAG_GIT_COMMIT = "git_commit"
+TAG_GIT_COMMIT = "git_commit"  # HEAD, <HEAD>+dirty or unknown (pipeline.device.git_commit)
+TAG_CODE_HASH = "code_hash"  # sha256 of pipeline/ (pipeline.device.code_hash): the code where the commit is not
 TAG_SCORE_METRIC = "score_metric"
 TAG_SWEEP = "sweep"  # cell runs and parent runs
 TAG_JUDGE = "judge"  # the judge identity (JSON) that scored the cell; "" without one
@@ -81,6 +82,7 @@ CELL_TAGS = (
     TAG_NODE,
     TAG_HOSTNAME,
     TAG_GIT_COMMIT,
+    TAG_CODE_HASH,
     TAG_SCORE_METRIC,
     TAG_SWEEP,
     TAG_CONFIG_KEY,

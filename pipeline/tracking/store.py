@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -111,6 +113,8 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
                 f"tracking.uri={uri!r}: {path} is read-only (the driver writes every cell to it); "
                 f"make it writable (chmod u+w) or {fix}"
             )
+        if scheme == "sqlite" and path.is_file():
+            _check_sqlite_store(uri, path, fix)
         return
     if scheme in ("http", "https"):
         url = uri.rstrip("/") + "/health"
@@ -133,6 +137,34 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
                 f"start it (`mlflow server --host 0.0.0.0 --port 5000 ...`) or {fix}"
             ) from None
         _check_tracking_api(uri, timeout_s, fix)
+
+
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}  # in every MLflow sqlite store, whatever its version
+
+
+def _check_sqlite_store(uri: str, path: Path, fix: str) -> None:
+    """An existing sqlite file must be an MLflow store (or empty: MLflow creates its tables), and readable: a file
+    of another program would silently get MLflow's tables, a damaged one a raw traceback mid-sweep. Read only."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            verdict = db.execute("PRAGMA quick_check(1)").fetchone()
+    except sqlite3.Error as err:
+        raise TrackingError(
+            f"tracking.uri={uri!r}: {path} is not a readable sqlite database ({err}); restore it from a backup, "
+            f"move it aside, or {fix}"
+        ) from None
+    if verdict is None or verdict[0] != "ok":
+        raise TrackingError(
+            f"tracking.uri={uri!r}: {path} is damaged (sqlite's quick_check: {verdict[0] if verdict else '?'}); "
+            f"restore it from a backup, move it aside, or {fix}"
+        )
+    if tables and not MLFLOW_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise TrackingError(
+            f"tracking.uri={uri!r}: {path} is a sqlite database of another program (tables: {shown}), not an MLflow "
+            f"store: MLflow would add its tables to it; point tracking.uri at a new file, or {fix}"
+        )
 
 
 def _check_tracking_api(uri: str, timeout_s: float, fix: str) -> None:

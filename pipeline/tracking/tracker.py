@@ -58,6 +58,7 @@ from pipeline.tracking.layout import (
     STATUS_SCORE_FAILED,
     TAG_CELL_KEY,
     TAG_CLOSED_AS_STALE,
+    TAG_CODE_HASH,
     TAG_CONFIG_KEY,
     TAG_CPU_ISOLATION,
     TAG_DATASET,
@@ -292,7 +293,8 @@ class Tracker:
             self.leases.release(f"parent-{self.parent_run_id}")
 
     def close_stale(self) -> list[str]:
-        """Close RUNNING parents whose driver is gone, and RUNNING cell runs left mid-logging, as KILLED.
+        """Close RUNNING parents whose driver is gone, and RUNNING cell runs left mid-logging, as KILLED; a RUNNING
+        cell run whose outcome was logged but not its end (its driver died between the two) ends as its outcome says.
 
         A driver is gone when its parent lock is free (local stores) or its heartbeat is older than
         ``STALE_AFTER_S`` (remote stores). A cell run left ``logging`` whose key is not leased is closed
@@ -319,15 +321,21 @@ class Tracker:
                 self.client.set_tag(rid, TAG_CLOSED_AS_STALE, f"driver gone (closed by pid {os.getpid()})")
                 self.client.set_terminated(rid, "KILLED")
                 closed.append(rid)
-        for r in self.cell_runs(STATUS_LOGGING):
+        for r in self.cell_runs():
             if r.info.status != "RUNNING":
                 continue
             if self.leases is not None and self.leases.held_elsewhere(f"cell-{r.data.tags.get(TAG_CELL_KEY)}"):
                 continue  # another driver is writing it right now
-            if self.leases is None and now - run_time(r) / 1000 < STALE_AFTER_S:
-                continue
-            self.client.set_tag(r.info.run_id, TAG_CLOSED_AS_STALE, "logging never completed")
-            self.client.set_terminated(r.info.run_id, "KILLED")
+            outcome = r.data.tags.get(TAG_STATUS)
+            if outcome == STATUS_LOGGING:
+                if self.leases is None and now - run_time(r) / 1000 < STALE_AFTER_S:
+                    continue
+                self.client.set_tag(r.info.run_id, TAG_CLOSED_AS_STALE, "logging never completed")
+                self.client.set_terminated(r.info.run_id, "KILLED")
+            else:  # its outcome is written (last of its data): its driver died before ending it; ending it is the
+                # same whoever does it, so a remote store's live driver racing this one is harmless
+                self.client.set_tag(r.info.run_id, TAG_CLOSED_AS_STALE, "its outcome was logged, its end was not")
+                self.client.set_terminated(r.info.run_id, "FINISHED" if outcome == STATUS_FINISHED else "FAILED")
             closed.append(r.info.run_id)
         return closed
 
@@ -365,6 +373,7 @@ class Tracker:
             TAG_NODE: result.node_id or "",
             TAG_HOSTNAME: result.hostname or "",
             TAG_GIT_COMMIT: device.get("git_commit") or "",
+            TAG_CODE_HASH: device.get("code_hash") or "",
             TAG_SCORE_METRIC: result.score_metric or "",
             TAG_SWEEP: cell.sweep,
             TAG_JUDGE: json.dumps(result.judge_identity, sort_keys=True) if result.judge_identity else "",

@@ -9,8 +9,11 @@ collection instead. ``python -m helpers.warm_caches kernels|gguf`` (from tests/)
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,9 +56,40 @@ def start(what: list[str], log_dir: Path) -> list[tuple[str, subprocess.Popen, P
                 cwd=REPO / "tests",
                 stdout=fh,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its compiler and ninja with it: stopped as one group (finish)
             )
         procs.append((name, proc, log))
     return procs
+
+
+END_WAIT_S = 120.0  # as cpu_kernels.BUILD_NOTICE_S: longer than a build or a conversion takes
+
+
+def finish(procs: list[tuple[str, subprocess.Popen, Path]], wait_s: float = END_WAIT_S) -> list[str]:
+    """At the session's end: wait for the warm-ups at most ``wait_s`` in all. One still running serves no test (the
+    tests that needed its cache waited for it themselves): it waits on another process's lock, so it is stopped
+    (its process group) rather than holding the session for the lock's 1800 s. Returns what to report."""
+    deadline = time.monotonic() + wait_s
+    notes = []
+    for name, proc, log in procs:
+        try:
+            rc = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=10)
+                    break
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+            notes.append(
+                f"warm-up of {name} was still running {wait_s:.0f} s after the tests (waiting on another process's "
+                f"lock?): stopped; its output: {log}"
+            )
+            continue
+        if rc != 0:
+            notes.append(f"warm-up of {name} failed (rc {rc}); its output: {log}")
+    return notes
 
 
 def main(name: str) -> int:
