@@ -167,7 +167,15 @@ def speedup_vs_batch_size(runs: pd.DataFrame):
         ax.set_ylabel(schema.DISPLAY["speedup"] + " (same batch size)")
         ax.set_title(f"{pair} · {dataset}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    # one legend below the panels, never over the data (in-axes legends covered the intervals)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    for ax in axes[0, 1:]:
+        for h, lb in zip(*ax.get_legend_handles_labels()):
+            if lb not in labels:
+                handles.append(h)
+                labels.append(lb)
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=7, frameon=False)
     fig.suptitle("Speedup vs batch size (mean, 95% CI over seeds)", fontsize=10)
-    fig.tight_layout()
+    rows = math.ceil(len(labels) / min(4, max(1, len(labels)))) if labels else 0
+    fig.tight_layout(rect=(0, 0.04 + 0.05 * rows, 1, 1))
     return fig

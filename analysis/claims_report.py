@@ -207,7 +207,9 @@ def claims_markdown(table: pd.DataFrame, sweep: str = "", header: str = "", sect
             "detects at 80% power (2.8 standard errors). Timing claims use only cells not measured on a disturbed "
             "machine; a speedup above its own bound is a *measurement problem*. *Predicted (memory-bound)*: a speed "
             "claim's second answer, the same test on what the measured acceptance and draft lengths give on a "
-            "memory-bound accelerator (c the pair's bytes ratio, v = 0: `pipeline.measure.bounds.predicted_speedup`)."
+            "memory-bound accelerator with a compute roof (c the pair's bytes ratio, v = 0, each verified row adding "
+            "1/153 of a step, A100's roof: `pipeline.measure.bounds.predicted_speedup`; the roof is what lets a batch "
+            "effect appear)."
         ),
         "",
         (

@@ -361,9 +361,10 @@ def crossover_markdown(runs: pd.DataFrame, samples: pd.DataFrame, gpu_c: Mapping
         "Per method and batch size (mean over seeds): tokens/s over all requests; per-request latency = the window's "
         "time per batch (each request waits for its whole batch); tokens per target step; speedup = tokens/s over ar's "
         "at the same batch size (95% t-interval over seeds); predicted = the same cells' acceptance and draft lengths "
-        "on a memory-bound accelerator (c the bytes ratio, v = 0). Under v = 0 a batch costs one step whatever its "
-        "rows, so the prediction moves with batch size only through acceptance: a crossover there needs rows that "
-        "stop being free (compute-bound batches), which this model leaves out.",
+        "on a memory-bound accelerator with a compute roof (c the bytes ratio; a pass streams the weights once, one "
+        "step, and each of its rows adds 1/153 of a step, A100's bf16 roof: `bounds.pass_cost`), so a batch's extra "
+        "verified rows cost more as the batch grows: the prediction's batch effect, which a memory-bound model "
+        "without the roof (v = 0) cannot show.",
         "",
         "| pair | dataset | method | batch | tokens/s | latency/request (s) | tokens/step | speedup [95% CI] | "
         "predicted (memory-bound) |",

@@ -90,17 +90,42 @@ def hindsight_gamma(
 # ----------------------------------------------------------------------------------- predicted for another machine
 
 
-def predicted_speedup(iterations: Iterable[tuple[int, int]], c: float, v: float = 0.0) -> float:
+# A100 (bf16): 312 TFLOP/s over 2.04 TB/s = 153 FLOP per byte; a decode step streams each bf16 weight (2 bytes) once and
+# does 2 FLOP per weight per row, so its compute equals its memory time at 153 rows: the accelerator's compute roof in
+# rows (H100 SXM: 989 / 3.35 = 295; L40S: 362 / 0.864 = 419). predicted_speedup adds rows / roof to a step's time.
+GPU_ROOF_ROWS = 153.0
+
+
+def pass_cost(rows: float, batch: int = 1, roof_rows: float = math.inf) -> float:
+    """A target pass over ``rows`` rows per request at ``batch`` requests, in units of a plain step at that batch
+    (``batch`` rows), on a machine whose weights' streaming costs one step and each row ``1 / roof_rows`` of it
+    more (the roofline's two terms added: memory, then compute). ``roof_rows`` inf: memory-bound, every pass 1."""
+    if not math.isfinite(roof_rows):
+        return 1.0
+    return (1.0 + batch * rows / roof_rows) / (1.0 + batch / roof_rows)
+
+
+def predicted_speedup(
+    iterations: Iterable[tuple[int, int]],
+    c: float,
+    v: float = 0.0,
+    *,
+    batch: int = 1,
+    roof_rows: float = math.inf,
+) -> float:
     """The speedup over ar that these recorded iterations would have on a machine where a draft token costs ``c``
     target steps and each verified draft adds ``v`` of a step to the pass (v = 0: memory-bound, Leviathan's model):
     tokens emitted over the iterations' cost, sum(e_i) / sum(g_i (c + v) + 1), over (drafted g_i, emitted e_i) pairs,
     the bonus token included in e_i (a plain step, g = 0, costs one step and emits one token, as ar does). The
     same arithmetic as ``leviathan_bound`` (at i.i.d. acceptance and a fixed gamma its expectation is
-    E[tokens] / (gamma c + 1)) and ``hindsight_bound`` at the recorded lengths; NaN without an iteration."""
+    E[tokens] / (gamma c + 1)) and ``hindsight_bound`` at the recorded lengths; NaN without an iteration. With a
+    compute roof (``roof_rows``, e.g. ``GPU_ROOF_ROWS``) at ``batch`` requests the pass of g + 1 rows per request costs
+    ``pass_cost(g + 1, batch, roof_rows)`` plain steps instead of 1: speculation's gain shrinks as the batch's rows
+    approach the roof, the batch effect the memory-bound model (v = 0) cannot show."""
     tokens = cost = 0.0
     for g, emitted in iterations:
         tokens += emitted
-        cost += g * (c + v) + 1.0
+        cost += g * (c + v) + pass_cost(g + 1, batch, roof_rows)
     return tokens / cost if cost > 0 else math.nan
 
 
