@@ -23,6 +23,17 @@
 # config of the random pair), TOKENS, METER (default nvml+zeus), LEVER_SETS, COMPILE (jobs/gpu_levers.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = prepare ]; then  # here, with PyPI: what the calls carry, and the bytes of each call against 64 MiB
+  PY=${PY:-.venv/bin/python}
+  SWEEP=0 PY=$PY bash jobs/offline_gpu_kit.sh .kit >/dev/null && PY=$PY bash jobs/gpu_teacher.sh prepare >/dev/null || exit 1
+  tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -n 1 | cut -f1)
+  for call in ".gguf_parts/part.aa .gguf_parts/SHA256 .kit/tokenizer.tgz" ".gguf_parts/part.ab .gguf_parts/SHA256" \
+    ".gguf_parts/part.ac .gguf_parts/SHA256 .kit/teacher-wheels" ".kit/wheels"; do
+    bytes=$(du -cb $call | tail -n 1 | cut -f1)
+    echo "carry [$call]: tree $tree + $bytes = $((tree + bytes)) bytes of 67108864"
+  done
+  exit 0
+fi
 T_START=$(date +%s)
 OUT=${OUT:-/tmp/gpu-check-out}
 STATE=${STATE:-/tmp/gpu-check}
@@ -124,12 +135,17 @@ BATCHED="tests/test_decoding_cuda_batched.py tests/test_graph_levers.py"
 REST=$(for f in $GPU_FILES; do case " $CORE $BATCHED " in *" $f "*) ;; *) echo "$f" ;; esac; done | tr '\n' ' ')
 touch "$STATE/tests_done"
 todo() { for f in "$@"; do grep -qx "$f" "$STATE/tests_done" || echo "$f"; done | tr '\n' ' '; }
-if wanted collect && [ -n "$(todo $GPU_FILES)" ] && [ "$(left)" -ge "${T_COLLECT:-60}" ]; then
+# collected again only when what this image can import changed (wheels installed into /tmp/site since)
+KEY=$( (echo "$GPU_FILES"; ls /tmp/site 2>/dev/null) | md5sum | cut -c1-12)
+if [ "$(cat "$STATE/collect.key" 2>/dev/null)" = "$KEY" ]; then
+  say "=== collect: as in an earlier call (nothing installed since); uncollectable: $(tr '\n' ' ' <"$STATE/uncollectable")"
+elif wanted collect && [ -n "$(todo $GPU_FILES)" ] && [ "$(left)" -ge "${T_COLLECT:-90}" ]; then
   # which of the files still to run import here (a file needing a package the image lacks cannot be collected)
-  TAIL=3 RUNLOG=$STATE/collect.log run collect "${T_COLLECT:-60}" "$BARE" "$PY" -m pytest -q -p no:cacheprovider \
+  TAIL=3 RUNLOG=$STATE/collect.log run collect "${T_COLLECT:-90}" "$BARE" "$PY" -m pytest -q -p no:cacheprovider \
     --collect-only -m gpu --continue-on-collection-errors $(todo $GPU_FILES)
   grep -o "^ERROR tests/[^ ]*" "$STATE/collect.log" | cut -d' ' -f2 | sort -u >"$STATE/uncollectable"
-  rm -f "$STATE/done/collect"  # collected again in the next call (the next call's wheels may import more)
+  rm -f "$STATE/done/collect"
+  grep -qE "tests? collected|no tests collected" "$STATE/collect.log" && echo "$KEY" >"$STATE/collect.key"
   while read -r f; do  # the file and the first error pytest gave for it
     why=$(awk -v f="$f" 'index($0, "ERROR collecting " f) { on = 1 } on && /^E / { print; exit }' "$STATE/collect.log")
     say "    $f: not collectable in this image (${why#E   }): left for a call that carries its package"
