@@ -50,7 +50,7 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 # what this call carried: a GGUF part (kept in /tmp/gguf-parts, joined once all have come), the kit's wheels (Hydra,
 # Zeus: jobs/offline_gpu_kit.sh) and tokenizer
-[ -d .gguf_parts ] && bash jobs/gguf_parts.sh join 2>&1 | tee -a "$LOG"
+[ -d .gguf_parts ] && [ "$GGUF_DIR" = /tmp/smollm2 ] && bash jobs/gguf_parts.sh join 2>&1 | tee -a "$LOG"
 if [ -d .kit/wheels ] && ! "$PY" -c "import hydra, zeus" 2>/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .kit/wheels/*.whl 2>&1 | tail -n 3 | tee -a "$LOG"
 fi
