@@ -5,9 +5,9 @@ graphed outputs checked against the eager engine's.
 
     python jobs/gpu_graphs.py [PAIR] [TOKENIZER_DIR] [model overrides, e.g. target.config.num_hidden_layers=2]
 
-(on the GPU machine: PYTHONPATH=$PWD HF_HUB_OFFLINE=1, the tokenizer unpacked from .kit/tokenizer.tgz; QUICK=1 skips
-the eager tree and the uncompiled graphs, TOKENS=64 new tokens). On a CPU it runs the eager rows only (a rehearsal of
-the script with a shrunk pair).
+(the command line as jobs/gpu_common.py reads it; on the GPU machine: PYTHONPATH=$PWD HF_HUB_OFFLINE=1, the tokenizer
+unpacked from .kit/tokenizer.tgz; QUICK=1 skips the eager tree and the uncompiled graphs, TOKENS=64 new tokens). On a
+CPU it runs the eager rows only (a rehearsal of the script with a shrunk pair).
 """
 
 import os
@@ -15,36 +15,20 @@ import sys
 import time
 
 import torch
+from gpu_common import log, pair_from_argv
+from gpu_common import timed as timed_on
 
-T0 = time.time()
+from pipeline.decoding import build_decoder
+from pipeline.decoding.batched import BatchedDecoder
+from pipeline.decoding.cuda_graphs import GraphedSteps
+from pipeline.decoding.fast_forward import lean_forward_for
+from pipeline.decoding.kv import CachedModel
+from pipeline.decoding.timing import median_times
+from pipeline.decoding.warping import make_generator
+from pipeline.device import synchronize
+from pipeline.models import load_pair
 
-
-def log(*a):
-    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
-
-
-from pipeline.decoding import build_decoder  # noqa: E402
-from pipeline.decoding.batched import BatchedDecoder  # noqa: E402
-from pipeline.decoding.cuda_graphs import GraphedSteps  # noqa: E402
-from pipeline.decoding.fast_forward import lean_forward_for  # noqa: E402
-from pipeline.decoding.kv import CachedModel  # noqa: E402
-from pipeline.decoding.timing import median_times  # noqa: E402
-from pipeline.decoding.warping import make_generator  # noqa: E402
-from pipeline.device import synchronize  # noqa: E402
-from pipeline.models import load_pair, pair_config  # noqa: E402
-
-name = sys.argv[1] if len(sys.argv) > 1 else "random-llama3-8b-1b"
-cfg = pair_config(name)
-if len(sys.argv) > 2 and sys.argv[2]:
-    for role in ("target", "draft"):
-        cfg[role]["tokenizer"] = {"id": sys.argv[2]}
-for kv in sys.argv[3:]:
-    key, value = kv.split("=")
-    *path, last = key.split(".")
-    d = cfg
-    for p in path:
-        d = d[p]
-    d[last] = int(value)
+name, cfg = pair_from_argv(sys.argv)
 N = int(os.environ.get("TOKENS", "64"))
 log("loading", name)
 pair = load_pair(cfg)
@@ -98,14 +82,7 @@ def step_costs(label: str, model, rows=(1, 5)) -> dict:
 
 
 def timed(fn, reps=2):
-    best = float("inf")
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return timed_on(fn, sync, reps)
 
 
 def decode(method, params, label, check=None):

@@ -2,41 +2,23 @@
 on a device whose bench steps ran out of time): load times, t_ar / t_verify of the lean and transformers forwards,
 the draft's step, our ar / spd against transformers generate(), and NVML against Zeus over one decode window.
     python jobs/gpu_quick.py [PAIR] [TOKENIZER_DIR] [model overrides, e.g. target.config.num_hidden_layers=2]
-(on the GPU machine: PYTHONPATH=$PWD HF_HUB_OFFLINE=1, the tokenizer unpacked from .kit/tokenizer.tgz; the kit's wheels
-installed for the Zeus reading, see jobs/gpu_session.sh)
+(the command line as jobs/gpu_common.py reads it; on the GPU machine: PYTHONPATH=$PWD HF_HUB_OFFLINE=1, the tokenizer
+unpacked from .kit/tokenizer.tgz; the kit's wheels installed for the Zeus reading, see jobs/gpu_session.sh)
 """
 
 import sys
-import time
 
 import torch
+from gpu_common import log, pair_from_argv, timed
 
-T0 = time.time()
+from pipeline.decoding import build_decoder
+from pipeline.decoding.kv import CachedModel
+from pipeline.decoding.timing import median_times
+from pipeline.decoding.warping import make_generator
+from pipeline.device import synchronize
+from pipeline.models import load_pair
 
-
-def log(*a):
-    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
-
-
-from pipeline.decoding import build_decoder  # noqa: E402
-from pipeline.decoding.kv import CachedModel  # noqa: E402
-from pipeline.decoding.timing import median_times  # noqa: E402
-from pipeline.decoding.warping import make_generator  # noqa: E402
-from pipeline.device import synchronize  # noqa: E402
-from pipeline.models import load_pair, pair_config  # noqa: E402
-
-name = sys.argv[1] if len(sys.argv) > 1 else "random-llama3-8b-1b"
-cfg = pair_config(name)
-if len(sys.argv) > 2:
-    for role in ("target", "draft"):
-        cfg[role]["tokenizer"] = {"id": sys.argv[2]}
-for kv in sys.argv[3:]:
-    key, value = kv.split("=")
-    *path, last = key.split(".")
-    d = cfg
-    for p in path:
-        d = d[p]
-    d[last] = int(value)
+name, cfg = pair_from_argv(sys.argv)
 log("loading", name)
 pair = load_pair(cfg)
 dev = next(pair.target.parameters()).device
@@ -69,31 +51,24 @@ step_costs("draft lean", pair.draft)
 N = 32
 
 
-def timed(fn, reps=2):
-    out = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        out.append(time.perf_counter() - t)
-    return min(out)
+def timed_(fn, reps=2):
+    return timed(fn, sync, reps)
 
 
 ids = torch.tensor([prompt], device=dev)
 kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
 with torch.inference_mode():
-    s = timed(lambda: pair.target.generate(ids, **kw))
+    s = timed_(lambda: pair.target.generate(ids, **kw))
 log(f"transformers generate greedy: {N / s:.1f} tokens/s ({1e3 * s / N:.2f} ms/token)")
 with torch.inference_mode():
-    s = timed(lambda: pair.target.generate(ids, assistant_model=pair.draft, **kw))
+    s = timed_(lambda: pair.target.generate(ids, assistant_model=pair.draft, **kw))
 log(f"transformers assisted greedy: {N / s:.1f} tokens/s")
 for method, params in (("ar", {}), ("spd", {"gamma": 4}), ("block", {"gamma": 4})):
     dec = build_decoder(
         method, pair.target, pair.draft if method != "ar" else None, assets=pair.assets, temperature=0.0, **params
     )
     gens = []
-    s = timed(
+    s = timed_(
         lambda: gens.append(dec.generate(prompt, max_new_tokens=N, eos_token_ids=[], generator=make_generator(0, dev)))
     )
     g = gens[-1]
@@ -111,7 +86,7 @@ if dev.type == "cuda":  # the same steps and decoders with the short steps repla
             method, pair.target, pair.draft if method != "ar" else None, assets=pair.assets, temperature=0.0, **params
         )
         gens = []
-        s = timed(
+        s = timed_(
             lambda: gens.append(
                 dec.generate(prompt, max_new_tokens=N, eos_token_ids=[], generator=make_generator(0, dev))
             )

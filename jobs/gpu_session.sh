@@ -50,5 +50,5 @@ step bench_graphs "${T_GRAPHS:-150}" env PIPELINE_CUDA_GRAPHS=1 "$PY" -m pipelin
 step batched "${T_BATCHED:-150}" "$PY" -m pipeline.bench "${ARGS[@]}" "$PROMPTS" max_new_tokens="${TOKENS:-32}" gamma=4 \
   energy_meter="$METER" idle_seconds=5 name="$NAME" out_dir="$OUT" "methods=${BATCH_METHODS:-[ar,spd]}" "modes=[greedy]" \
   "batch_sizes=${BATCHES:-[1,4,8]}" batch_requests="${BATCH_REQUESTS:-8}" repeats=1 warmup=1
-step cuda_tests "${T_TESTS:-150}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_decoding_cuda.py tests/test_energy.py
+step cuda_tests "${T_TESTS:-150}" "$PY" -m pytest -q -p no:cacheprovider -m gpu $(grep -l "mark.gpu" tests/test_*.py)
 ls -la "$OUT"

@@ -8,7 +8,8 @@
 # KIT_DIR gets wheels/ (hydra-core, omegaconf, antlr4 built here from its sdist, zeus and its needs but
 # amdsmi, pydantic among them; gguf) and tokenizer.tgz (the offline pair's tokenizer, 0.6 MB, instead of its
 # 98 MB GGUF: the random pair takes only its tokenizer from it), the sweep's wheels (Ray, MLflow and their needs) and
-# parts/ (all of it as one tar in PART_MIB-MiB parts, default 32, for device calls: jobs/gpu_sweep.sh). The commands to run on the node are in jobs/README.md
+# parts/ (all of it as one tar in PART_MIB-MiB parts, default 32, for device calls: jobs/gpu_sweep.sh); SWEEP=0 stops
+# before the sweep's wheels and the parts (what jobs/gpu_check.sh carries). The commands to run on the node are in jobs/README.md
 # (*A GPU node without internet*). What cannot travel this way, and why, is said there too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,9 @@ with tempfile.TemporaryDirectory() as tmp:
     with tarfile.open(Path(sys.argv[1]) / "tokenizer.tgz", "w:gz") as tar:
         tar.add(Path(tmp) / "tokenizer", arcname="tokenizer")
 EOF
+
+# SWEEP=0: no more (the device check, jobs/gpu_check.sh, carries .kit/wheels and tokenizer.tgz as they are)
+if [ "${SWEEP:-1}" = 0 ]; then ls -l "$KIT"/wheels "$KIT"/tokenizer.tgz; du -sb "$KIT"/wheels "$KIT"/tokenizer.tgz; exit 0; fi
 
 # The sweep (`python -m pipeline.sweep`, jobs/gpu_sweep.sh): Ray, MLflow (skinny: the client and the SQLite store) and
 # what they need that the GPU image lacks. The list is the closure of ray, mlflow-skinny, SQLAlchemy and alembic at

@@ -38,7 +38,25 @@ Fused small ops (``PIPELINE_COMPILE_STEPS``, on by default with the graphs): the
 (RMSNorm, rotary, the KV write, attention, SwiGLU, the residual adds around the matmuls) goes through
 ``torch.compile`` once per step shape, so the ~1.7 ms of small kernels per 8B step become a few fused ones; the
 graph then captures the compiled kernels. A compile that fails falls back to the eager layer with a warning.
-``static_forward`` runs eagerly on any device (the CPU tests compare it with the eager step).
+``static_forward`` runs eagerly on any device (the CPU tests compare it with the eager step); so does a
+``GraphedSteps`` built with ``capture=False`` (the default off CUDA: each "replay" runs the step on its static inputs),
+which is how the CPU tests check the launch path below against the eager lean step.
+
+Step-time levers, off by default, for a device run to A/B (``jobs/gpu_levers.py``; ``PIPELINE_GRAPH_LEVERS`` a
+comma-separated list, or ``GraphedSteps(levers=...)``), each equal to the plain step up to rounding (tests/
+test_graph_levers.py):
+
+- ``window``: attention over the valid prefix only. The step attends to the first ``window`` slots of each buffer
+  instead of all ``capacity`` (``window`` = the next power of two >= the step's end, at least ``MIN_WINDOW``), one graph
+  per window: at 100 positions in a 1,024-slot buffer the attention reads 128 slots, not 1,024.
+- ``mask_copy``: a masked step's inputs handed over in one copy. Today each masked step zeroes the graph's
+  ``[rows, capacity]`` mask, copies the caller's mask in, and marks the padding rows' own slots (3-4 small kernels
+  on the launch path, plus zeroing the padding ids and positions); with the lever the caller's mask is copied in
+  alone and the graph itself masks what lies outside ``[valid rows, start + valid rows]`` (a device scalar, like
+  ``start``) and gives the padding rows their own slot.
+- ``qkv_epilogue``: the QKV matmul's epilogue in one pass: the rotary of q and k applied to their joint slice of the
+  fused output (one rotation instead of two: 5 kernels fewer per layer in an uncompiled graph), the keys and values
+  written into the cache straight from it.
 """
 
 from __future__ import annotations
@@ -58,6 +76,25 @@ log = logging.getLogger(__name__)
 MAX_GRAPH_ROWS = 16  # causal chains up to this many rows are graphed at their size (a verification of gamma + 1 <= 16)
 MAX_MASKED_ROWS = 64  # masked steps (trees, packed batches) up to this many rows, padded to a power of two
 GRAPH_CAPACITY = 1024  # the first buffers a graphed model's cache gets (positions; doubled when outgrown)
+MIN_WINDOW = 128  # the ``window`` lever's smallest attention window (slots)
+LEVERS = ("window", "mask_copy", "qkv_epilogue")  # the step-time levers (module doc), off by default
+
+
+def parse_levers(text: str | None) -> frozenset[str]:
+    """The levers named in ``text`` (comma-separated; None or empty: none); an unknown name is refused."""
+    names = frozenset(n.strip() for n in (text or "").split(",") if n.strip())
+    unknown = sorted(names - set(LEVERS))
+    if unknown:
+        raise ValueError(
+            f"unknown graph lever(s) {unknown} in PIPELINE_GRAPH_LEVERS: use a comma-separated subset of {list(LEVERS)}"
+        )
+    return names
+
+
+def attention_window(end: int, capacity: int) -> int:
+    """The ``window`` lever's slots for a step ending at ``end``: the next power of two >= ``end``, at least
+    ``MIN_WINDOW``, at most the buffers' ``capacity``."""
+    return min(capacity, max(MIN_WINDOW, _bucket(end)))
 
 
 def _ensure_buffers(lean: Any, cache: Any, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -96,20 +133,26 @@ def _layer(
     weights: tuple,
     shape: tuple[int, int, int, int, float],
     act: Any = F.silu,
+    fold: bool = False,
 ) -> torch.Tensor:
     """One decoder layer of the static step over ``x [1, n, hidden]`` (``shape``: heads, kv heads, groups, head
     dim, scaling; ``weights``: ``fused_weights``'s, q/k/v and gate/up as one matrix each); its keys and values are
-    written into ``kb`` / ``vb`` at ``slots``."""
+    written into ``kb`` / ``vb`` at ``slots``. ``fold``: the ``qkv_epilogue`` lever (q and k rotated in one pass)."""
     w_in, eps_in, wqkv, bqkv, wo, bo, w_post, eps_post, wgu, bgu, wd, bd = weights
     heads, kvh, groups, d, scaling = shape
     n = x.shape[1]
     h = _rms(x, w_in, eps_in)
     qkv = F.linear(h, wqkv, bqkv)
-    q = qkv[..., : heads * d].view(1, n, heads, d).transpose(1, 2)
-    k = qkv[..., heads * d : (heads + kvh) * d].view(1, n, kvh, d).transpose(1, 2)
     v = qkv[..., (heads + kvh) * d :].view(1, n, kvh, d).transpose(1, 2)
-    q = (q * cos) + (_rotate_half(q) * sin)
-    k = (k * cos) + (_rotate_half(k) * sin)
+    if fold:  # q and k are adjacent in the fused output: one rotation over both
+        qk = qkv[..., : (heads + kvh) * d].view(1, n, heads + kvh, d).transpose(1, 2)
+        qk = (qk * cos) + (_rotate_half(qk) * sin)
+        q, k = qk[:, :heads], qk[:, heads:]
+    else:
+        q = qkv[..., : heads * d].view(1, n, heads, d).transpose(1, 2)
+        k = qkv[..., heads * d : (heads + kvh) * d].view(1, n, kvh, d).transpose(1, 2)
+        q = (q * cos) + (_rotate_half(q) * sin)
+        k = (k * cos) + (_rotate_half(k) * sin)
     kb.index_copy_(2, slots, k)
     vb.index_copy_(2, slots, v)
     # head h = kv_head * groups + g (transformers' repeat_kv): fold the groups into the query rows
@@ -181,6 +224,9 @@ def static_forward(
     mask: torch.Tensor | None = None,
     hidden: bool = False,
     layer: Any = None,
+    window: int = 0,
+    valid: torch.Tensor | None = None,
+    fold: bool = False,
 ) -> Any:
     """Logits ``[1, keep, V]`` (``keep`` 0: every row) of the rows ``ids [1, n]`` written at the cache slots
     ``start .. start + n - 1`` (``start``: a one-element long tensor on the device), attending to each layer's
@@ -189,26 +235,39 @@ def static_forward(
     ``positions`` None and ``mask`` None: a causal chain after the cache (positions = slots, each row sees the
     slots up to its own). Else ``positions [n]`` (long) and ``mask [n, capacity]`` (bool): the rows' absolute
     positions and the slots each may see. ``layer``: the decoder layer function (``_layer`` or its compiled
-    form). Fixed shapes and addresses: capturable."""
+    form). Fixed shapes and addresses: capturable. The levers (module doc): ``window`` > 0 attends to the first
+    ``window`` slots only (the step must end there); ``valid`` (a one-element long tensor: the real rows, the rest
+    padding) makes the step mask the slots outside ``[valid rows, start + valid]`` itself and give each padding row
+    its own slot, whatever ``mask`` holds there; ``fold`` rotates q and k in one pass."""
     n = ids.shape[1]
     device = ids.device
     cap = buffers[0][0].shape[-2]
+    width = window or cap
+    if width < cap:  # views of the buffers' first slots: the attention reads no further
+        buffers = [(kb[..., :width, :], vb[..., :width, :]) for kb, vb in buffers]
     slots = start + torch.arange(n, device=device)
     cos_t, sin_t = lean._static_rope_table(cap)
     rows = slots if positions is None else positions
     cos = cos_t.index_select(0, rows)[None, None]  # [1, 1, n, d]
     sin = sin_t.index_select(0, rows)[None, None]
     groups, kvh, d = lean.groups, lean.num_kv_heads, lean.head_dim
+    column = torch.arange(width, device=device)[None, :]
     if mask is None:
-        mask = torch.arange(cap, device=device)[None, :] <= slots[:, None]  # [n, cap]
-    full = mask.repeat(groups, 1)[None, None]  # [1, 1, groups * n, cap]: query rows are (group, row)
+        mask = column <= slots[:, None]  # [n, width]
+    else:
+        mask = mask[:, :width]
+        if valid is not None:  # the mask_copy lever: what lies outside the caller's rows and slots, set here
+            row = torch.arange(n, device=device)[:, None]
+            inside = (row < valid) & (column < start + valid)
+            mask = torch.where(inside, mask, column == slots[:, None])
+    full = mask.repeat(groups, 1)[None, None]  # [1, 1, groups * n, width]: query rows are (group, row)
     shape = (lean.num_heads, kvh, groups, d, lean.scaling)
     step = layer or _layer
     x = lean._embed[0](ids)
     for own, weights, (kb, vb) in zip(lean._layers, fused_weights(lean), buffers):
         # SiLU as the function itself (one compiled entry for every layer), else the layer's own activation
         act = F.silu if lean.silu else own[-1]
-        x = step(x, cos, sin, slots, full, kb, vb, weights, shape, act)
+        x = step(x, cos, sin, slots, full, kb, vb, weights, shape, act, fold)
     if keep > 0:
         x = x[:, -keep:]
     x = _rms(x, *lean._norm)
@@ -218,7 +277,8 @@ def static_forward(
 
 
 class _Graph:
-    """One captured step: its static inputs and outputs, and the buffers it was captured on."""
+    """One captured step: its static inputs and outputs, and the buffers it was captured on (``capture`` False: no
+    capture, each ``run`` computes the step on the static inputs, as the CPU tests drive it)."""
 
     def __init__(
         self,
@@ -230,6 +290,9 @@ class _Graph:
         masked: bool,
         hidden: bool,
         layer: Any,
+        window: int = 0,
+        levers: frozenset[str] = frozenset(),
+        capture: bool = True,
     ) -> None:
         device = ids.device
         n = ids.shape[1]
@@ -239,12 +302,22 @@ class _Graph:
         self.start = torch.tensor([start], dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device) if masked else None
         self.mask = torch.zeros(n, cap, dtype=torch.bool, device=device) if masked else None
+        # the mask_copy lever: the real rows, a device scalar the step reads (the rest are padding)
+        self.valid = torch.tensor([n], dtype=torch.long, device=device) if masked and "mask_copy" in levers else None
         if self.mask is not None:  # a valid mask for the warm-up: each row its own slot
             self.mask[torch.arange(n, device=device), start + torch.arange(n, device=device)] = True
+        fold = "qkv_epilogue" in levers
 
         def run() -> Any:
-            return static_forward(lean, self.ids, self.start, buffers, keep, self.positions, self.mask, hidden, layer)
+            return static_forward(
+                lean, self.ids, self.start, buffers, keep, self.positions, self.mask, hidden, layer, window, self.valid,
+                fold,
+            )  # fmt: skip
 
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._step = run
+        if not capture:
+            return
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm-up off the capture (compilation, lazy initialisations, workspaces)
@@ -255,7 +328,36 @@ class _Graph:
         with torch.cuda.graph(self.graph):
             self.out = run()
 
+    def load(self, ids: torch.Tensor, start: int, positions: torch.Tensor | None, mask: torch.Tensor | None) -> None:
+        """The step's inputs into the static tensors: ``ids [1, n]`` (n <= the graph's rows; the rest padding) at
+        ``start``, and for a masked step ``positions [n]`` and ``mask [n, start + n]``. Without the mask_copy lever
+        the mask buffer is rebuilt here (zeroed, the caller's mask copied in, each padding row given its own slot)
+        and the padding ids and positions zeroed; with it the caller's mask is copied in alone (the step masks
+        the rest)."""
+        n = ids.shape[1]
+        rows = self.ids.shape[1]
+        self.ids[:, :n].copy_(ids)
+        self.start.fill_(start)
+        if self.mask is None:
+            return
+        assert self.positions is not None and positions is not None and mask is not None
+        self.positions[:n].copy_(positions.reshape(-1))
+        m = self.mask
+        if self.valid is not None:
+            self.valid.fill_(n)
+            m[:n, : start + n].copy_(mask.reshape(n, start + n))
+            return
+        m.zero_()
+        m[:n, : start + n].copy_(mask.reshape(n, start + n))
+        if rows > n:  # padding rows: each sees its own slot (finite keys past the valid length)
+            pad = torch.arange(n, rows, device=ids.device)
+            self.positions[n:].zero_()
+            self.ids[:, n:].zero_()
+            m[pad, start + pad] = True
+
     def run(self) -> Any:
+        if self.graph is None:
+            return self._step()
         self.graph.replay()
         return self.out
 
@@ -265,12 +367,25 @@ def _bucket(n: int) -> int:
 
 
 class GraphedSteps:
-    """The CUDA graphs of one lean forward's steps, per (rows, kept logits, masked, hidden), and the buffers they
-    were captured on (handed to every new cache of the model)."""
+    """The CUDA graphs of one lean forward's steps, per (rows, kept logits, masked, hidden, attention window), and
+    the buffers they were captured on (handed to every new cache of the model). ``levers``: the step-time levers
+    (module doc; None: ``PIPELINE_GRAPH_LEVERS``); ``capture``: capture graphs (None: on CUDA), else run each
+    step on its graph's static inputs (the CPU tests)."""
 
-    def __init__(self, lean: Any, compile_layers: bool | None = None) -> None:
+    def __init__(
+        self,
+        lean: Any,
+        compile_layers: bool | None = None,
+        levers: frozenset[str] | set[str] | None = None,
+        capture: bool | None = None,
+    ) -> None:
         self.lean = lean
-        self.graphs: dict[tuple[int, int, bool, bool], _Graph] = {}
+        self.levers = parse_levers(os.environ.get("PIPELINE_GRAPH_LEVERS")) if levers is None else frozenset(levers)
+        parse_levers(",".join(self.levers))  # an unknown lever is refused here too
+        if capture is None:
+            capture = lean._embed[0].weight.device.type == "cuda"
+        self.capture = capture
+        self.graphs: dict[tuple[int, int, bool, bool, int], _Graph] = {}
         self.captures = 0  # how many graphs were captured (grown or changed buffers capture again)
         self.replays = 0
         self.pool: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the buffers of the graphs
@@ -340,26 +455,15 @@ class GraphedSteps:
         buffers = self.prepare(cache, start + rows)
         hidden = hidden_out is not None
         graph_keep = 0 if masked else (keep if keep > 0 else 0)
-        slot = (rows, graph_keep, masked, hidden)
-        key = (buffers[0][0].data_ptr(), buffers[0][0].shape[-2])
+        cap = buffers[0][0].shape[-2]
+        window = attention_window(start + rows, cap) if "window" in self.levers else 0
+        slot = (rows, graph_keep, masked, hidden, window)
+        key = (buffers[0][0].data_ptr(), cap)
         graph = self.graphs.get(slot)
         if graph is None or graph.key != key:
             self.graphs.pop(slot, None)  # its private memory goes with it
-            graph = self.graphs[slot] = self._capture(buffers, graph_keep, ids, start, rows, masked, hidden)
-        graph.ids[:, :n].copy_(ids)
-        graph.start.fill_(start)
-        if masked:
-            assert graph.positions is not None and graph.mask is not None and mask is not None
-            assert positions is not None
-            graph.positions[:n].copy_(positions.reshape(-1))
-            m = graph.mask
-            m.zero_()
-            m[:n, : start + n].copy_(mask.reshape(n, start + n))
-            if rows > n:  # padding rows: each sees its own slot (finite keys past the valid length)
-                pad = torch.arange(n, rows, device=ids.device)
-                graph.positions[n:].zero_()
-                graph.ids[:, n:].zero_()
-                m[pad, start + pad] = True
+            graph = self.graphs[slot] = self._capture(buffers, graph_keep, ids, start, rows, masked, hidden, window)
+        graph.load(ids, start, positions, mask)
         out = graph.run()
         self.replays += 1
         logits, final = out if hidden else (out, None)
@@ -375,16 +479,19 @@ class GraphedSteps:
             hidden_out.append(final.clone())
         return None if keep < 0 else logits.clone()
 
-    def _capture(self, buffers, keep: int, ids: torch.Tensor, start: int, rows: int, masked: bool, hidden: bool):
+    def _capture(
+        self, buffers, keep: int, ids: torch.Tensor, start: int, rows: int, masked: bool, hidden: bool, window: int
+    ):
         ids = ids if ids.shape[1] == rows else torch.zeros(1, rows, dtype=ids.dtype, device=ids.device)
         self.captures += 1
+        opts = (window, self.levers, self.capture)
         if self.compile:
             try:
-                return _Graph(self.lean, buffers, keep, ids, start, masked, hidden, self._layer_fn())
+                return _Graph(self.lean, buffers, keep, ids, start, masked, hidden, self._layer_fn(), *opts)
             except Exception as err:  # noqa: BLE001 - a compiler that cannot build the layer: the eager layer
                 self.compile = False
                 self.compile_error = f"{type(err).__name__}: {err}"[:500]
                 log.warning("torch.compile of the graphed layer failed (%s): eager layers", self.compile_error)
                 if os.environ.get("PIPELINE_COMPILE_STEPS_STRICT"):
                     raise
-        return _Graph(self.lean, buffers, keep, ids, start, masked, hidden, None)
+        return _Graph(self.lean, buffers, keep, ids, start, masked, hidden, None, *opts)

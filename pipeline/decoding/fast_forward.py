@@ -16,7 +16,8 @@ Supported: ``llama``, ``mistral`` and ``qwen2`` checkpoints with full (not slidi
 SDPA, ``pretraining_tp == 1``. Anything else goes through transformers' own forward. Set
 ``PIPELINE_LEAN_FORWARD=0`` to always use transformers' forward, ``PIPELINE_FAST_MATMUL=0`` to keep
 ``F.linear`` inside the lean forward, ``PIPELINE_CUDA_GRAPHS=0`` to run the steps on a GPU without CUDA graphs
-(on by default there: ``cuda_graphs.py``), ``PIPELINE_COMPILE_STEPS=0`` to keep the graphed layers uncompiled.
+(on by default there: ``cuda_graphs.py``), ``PIPELINE_COMPILE_STEPS=0`` to keep the graphed layers uncompiled,
+``PIPELINE_GRAPH_LEVERS=...`` to turn on the graphed step's levers (``cuda_graphs.py``; off by default).
 """
 
 from __future__ import annotations
