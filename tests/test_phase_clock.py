@@ -204,7 +204,8 @@ def test_a_slowdown_inside_the_window_is_flagged_and_a_uniformly_slower_machine_
     assert step_drift(_window(jitter=0.01), steady["row_slope_ms"], 1)["disturbed"] == 0.0
     slow = step_drift(_window(slow_after=40, jitter=0.01), steady["row_slope_ms"], 1)
     assert slow["disturbed"] == 1.0 and slow["step_drift"] >= DISTURBED_DRIFT
-    assert step_drift(_window(jitter=0.01), steady["row_slope_ms"], 1, [10.0, 16.0])["disturbed"] == 1.0  # the probes moved
+    moved = step_drift(_window(jitter=0.01), steady["row_slope_ms"], 1, [10.0, 16.0])  # the probes moved
+    assert moved["disturbed"] == 1.0
     # the whole machine 1.7x slower (every step scaled): not disturbed, and its speed in own steps unchanged
     slower = cost_model(_window(scale=1.7, jitter=0.01), 1, _calibration(1.7))
     assert step_drift(_window(scale=1.7, jitter=0.01), slower["row_slope_ms"], 1)["disturbed"] == 0.0
