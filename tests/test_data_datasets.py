@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _fixtures_scoring import DATA
+from helpers.paths import DATA
 
 from pipeline import sweep
 from pipeline.data import load_dataset, stop_strings, task_names, task_spec

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
+from helpers.marks import needs_kernels
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, cpu_kernels, make_generator, method_class
 from pipeline.decoding.base import DRAFTERS
@@ -117,11 +118,6 @@ def test_a_requests_output_does_not_depend_on_its_companions(greedy_pair, method
                 a.accepted,
                 a.drafted,
             )
-
-
-needs_kernels = pytest.mark.skipif(
-    cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
-)
 
 
 @needs_kernels

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import tarfile
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,14 +15,13 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from helpers.teacher import small_chat_run
 from helpers.tokenizers import word_tokenizer
 from pipeline.training import distill as distill_mod
 from pipeline.training import gpu_teacher, teacher_data
 from pipeline.training.shards import load_records, load_shard, save_shard, shard_files
 from pipeline.training.teacher_data import Record, generate_teacher_data
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def records(vocab: int, k: int = 4, seed: int = 0) -> list[Record]:

@@ -62,3 +62,20 @@ def test_design_layout_names_every_module():
 def test_design_layout_names_only_what_exists():
     stale = sorted(p for p in _layout() if not (REPO / p).exists())
     assert not stale, f"docs/DESIGN.md section 2 names {stale}, which do not exist: remove or rename them"
+
+
+def test_the_tests_define_their_shared_names_once():
+    """``REPO`` (and the other paths) and the kernels' ``needs_kernels`` live in tests/helpers (paths.py, marks.py):
+    a test file that defines its own copy drifts from them (five copies of ``REPO``, four of ``needs_kernels``
+    before issue 55)."""
+    shared = re.compile(
+        r"^\s*(REPO|REPO_ROOT|DATA_ROOT|needs_kernels|HAS_KERNELS)\s*(:[^=]*)?=|^\s*\w+\s*=\s*REPO / \"(conf|data)\"$",
+        re.M,
+    )
+    homes = {"tests/helpers/paths.py", "tests/helpers/marks.py"}
+    copies = {
+        rel: shared.findall(path.read_text())
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        if (rel := str(path.relative_to(REPO))) not in homes and "vendor" not in path.parts
+    }
+    assert not {k: v for k, v in copies.items() if v}, "import them from helpers.paths / helpers.marks instead"

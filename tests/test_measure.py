@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 import yaml
-from _fixtures_scoring import DATA
 
 from helpers.models import tiny_llama
+from helpers.paths import DATA
 from helpers.tokenizers import offline_tokenizer
 from pipeline.data import format_sample, load_dataset
 from pipeline.data.base import Sample

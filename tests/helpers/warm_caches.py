@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.paths import REPO
+
 OFFLINE_PAIR = "smollm2-offline"  # conf/pair/<name>.yaml
 
 
