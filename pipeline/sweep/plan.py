@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.cell_types import Cell, batch_label, cell_key
 from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
-from pipeline.decoding import DrafterContext, check_method, method_class
+from pipeline.decoding import METHODS, DrafterContext, check_method, method_class
 from pipeline.decoding.batched import check_batch
 from pipeline.fingerprints import weights_identity
 from pipeline.models import PairSpec
@@ -102,6 +102,9 @@ OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "ma
 # sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
 # would only be forked and stay empty)
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
+# A sweep.methods entry standing for every registered method (each with its conf/method/<name>.yaml), in the
+# registry's order: conf/sweep/all_methods.yaml, so that a method added to the registry joins it untouched.
+EVERY_METHOD = "*"
 
 
 @dataclass
@@ -139,6 +142,22 @@ def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common:
     if overrides.get("batch_sizes") is not None:  # this entry's own batch axis (else the sweep's)
         entry["batch_sizes"] = _batch_sizes(overrides["batch_sizes"], f"sweep entry {label!r}: batch_sizes")
     return entry
+
+
+def _every_method(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """``sweep.methods`` with the entry ``"*"`` replaced by every registered method."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name, overrides in items:
+        if name != EVERY_METHOD:
+            out.append((name, overrides))
+        elif overrides:
+            raise SweepConfigError(
+                f"sweep.methods: the entry {EVERY_METHOD!r} (every registered method) takes no keys, got "
+                f"{sorted(overrides)}; set them in sweep.method_overrides or list the methods by name"
+            )
+        else:
+            out.extend((n, {}) for n in METHODS.names())
+    return out
 
 
 def _batch_sizes(value: Any, where: str) -> list[int]:
@@ -275,7 +294,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         _check_section_keys(cfg, section, root)
     check_conf_path(plain(cfg.get("conf_path")))
     common = plain(sweep.get("method_overrides")) or {}
-    method_items = selected(cfg, "method") or entries(plain(sweep.get("methods")), "method")
+    method_items = selected(cfg, "method") or _every_method(entries(plain(sweep.get("methods")), "method"))
     pair_items = selected(cfg, "pair") or entries(plain(sweep.get("pairs")), "pair")
     dataset_items = selected(cfg, "dataset") or entries(plain(sweep.get("datasets")), "dataset")
     seeds = plain(cfg.seeds) if cfg.get("seeds") is not None else plain(sweep.get("seeds"))
