@@ -211,7 +211,7 @@ def all_figures(runs: pd.DataFrame) -> dict[str, object]:
     batch = batching.speedup_vs_batch_size(runs)  # a sweep over batch sizes (conf/sweep/batching.yaml)
     if batch is not None:
         figs["speedup_vs_batch_size"] = batch
-    for param in schema.ABLATION_PARAMS:
+    for param in schema.ablation_params(runs):
         fig = ablation_curves(runs, param)
         if fig is not None:
             figs[f"ablation_{param}"] = fig
