@@ -209,11 +209,11 @@ def test_packed_cache_rows_see_only_their_own_sequence(greedy_pair):
     rows = packed.step([PackedRows(0, torch.tensor(a), [3]), PackedRows(1, torch.tensor(b), [0, 1])])
     rows2 = packed.step([PackedRows(1, torch.tensor([7]), [0]), PackedRows(0, torch.tensor([5]), [0])])
     alone = CachedModel(greedy_pair[0])
-    assert torch.allclose(model._logits(rows[0])[0], alone.forward(a, keep=1)[-1], atol=1e-5)
-    assert torch.allclose(model._logits(rows2[1])[0], alone.forward([5], keep=1)[-1], atol=1e-5)
+    assert torch.allclose(model.logits(rows[0])[0], alone.forward(a, keep=1)[-1], atol=1e-5)
+    assert torch.allclose(model.logits(rows2[1])[0], alone.forward([5], keep=1)[-1], atol=1e-5)
     alone.reset()
-    assert torch.allclose(model._logits(rows[1]), alone.forward(b, keep=2), atol=1e-5)
-    assert torch.allclose(model._logits(rows2[0])[0], alone.forward([7], keep=1)[-1], atol=1e-5)
+    assert torch.allclose(model.logits(rows[1]), alone.forward(b, keep=2), atol=1e-5)
+    assert torch.allclose(model.logits(rows2[0])[0], alone.forward([7], keep=1)[-1], atol=1e-5)
     packed.rollback(0, 2)
     assert packed.length(0) == 2 and int((packed.owner == 0).sum()) == 2
 
