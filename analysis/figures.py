@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -65,7 +65,7 @@ def _grid(n: int, width: float = 4.2, height: float = 3.4):
 
 def _styles(runs: pd.DataFrame) -> dict[str, tuple]:
     labels = order_labels(runs["label"], label_methods(runs)) if len(runs) else []
-    colors = plt.get_cmap("tab10").colors
+    colors = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
     return {lb: (colors[i % len(colors)], MARKERS[i % len(MARKERS)]) for i, lb in enumerate(labels)}
 
 
@@ -210,7 +210,7 @@ def ablation_curves(
     return fig
 
 
-def all_figures(runs: pd.DataFrame) -> dict[str, object]:
+def all_figures(runs: pd.DataFrame) -> dict[str, Any]:
     """name -> Figure for every figure the sweep's runs support (ablations only where a param varies)."""
     runs = stats.add_ratios(runs) if "speedup" not in runs else runs
     figs = {

@@ -265,8 +265,8 @@ def dedupe_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         have = best.get(key)
         if have is not None:
             extra[key] = extra.get(key, 0) + 1
-        order = (rank.get(row.get("status"), 0), row.get("_time") or 0, row["run_id"])
-        if have is None or order > (rank.get(have.get("status"), 0), have.get("_time") or 0, have["run_id"]):
+        order = (rank.get(str(row.get("status")), 0), row.get("_time") or 0, row["run_id"])
+        if have is None or order > (rank.get(str(have.get("status")), 0), have.get("_time") or 0, have["run_id"]):
             best[key] = row
     if extra:
         warnings.warn(

@@ -422,13 +422,13 @@ def sign_flip_interval(d: Sequence[float] | np.ndarray, *, tail: float = TAIL, s
     the upper bound the K-th largest; with K < 1 (fewer than ``min_clusters`` clusters) the interval is the
     whole line. Deterministic: the random patterns (above ``EXACT_MAX_CLUSTERS``) come from ``seed``.
     """
-    d = np.asarray(d, dtype=float)
-    d = d[np.isfinite(d)]
-    n = int(d.size)
+    finite: np.ndarray = np.asarray(d, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    n = int(finite.size)
     if n == 0:
         return ClusterInterval(math.nan, math.nan, math.nan, 0, math.nan, True)
-    mean, sd = float(d.mean()), (float(d.std(ddof=1)) if n > 1 else math.nan)
-    means, total, empty = _subset_means(d, seed)
+    mean, sd = float(finite.mean()), (float(finite.std(ddof=1)) if n > 1 else math.nan)
+    means, total, empty = _subset_means(finite, seed)
     k = int(math.floor(tail * total + 1e-12)) - empty
     if k < 1:
         return ClusterInterval(mean, -math.inf, math.inf, n, sd, n <= EXACT_MAX_CLUSTERS)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -261,7 +261,7 @@ def _declared_keys(section: str, root: Path) -> set[str]:
     if section == "cluster":
         files = sorted((conf / "cluster").glob("*.yaml"))
         return set().union(*(set(OmegaConf.load(f) or {}) for f in files)) - {"defaults"}
-    node = OmegaConf.load(conf / "config.yaml").get(section)
+    node = cast(DictConfig, OmegaConf.load(conf / "config.yaml")).get(section)
     return set(node or {}) | set(OPTIONAL_KEYS.get(section, ()))
 
 
@@ -324,13 +324,15 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     baseline = attempt(_method_entry, cfg, baseline_name, {}, common) if baseline_name else None
     pairs = [p for p in (attempt(_pair_entry, cfg, n, o) for n, o in pair_items) if p]
     datasets = [d for d in (attempt(_dataset_entry, cfg, n, o, root) for n, o in dataset_items) if d]
-    cluster_cfg = OmegaConf.to_container(cfg.cluster, resolve=True) or {}
+    cluster_cfg = cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True)) or {}
     for pair in pairs:
         attempt(check_models_available, pair)
         attempt(check_device, pair, cluster_cfg)
-    judge_cfg = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {}
+    judge_cfg = (
+        cast(dict[str, Any], OmegaConf.to_container(cfg.judge, resolve=True)) if cfg.get("judge") is not None else {}
+    )
     ranges = (
-        check_measure(OmegaConf.to_container(cfg.measure, resolve=True) or {})
+        check_measure(cast(dict[str, Any], OmegaConf.to_container(cfg.measure, resolve=True)) or {})
         + check_cluster(cluster_cfg)
         + check_judge(judge_cfg or {})
     )
@@ -403,20 +405,26 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             errors.append(
                 f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}"
             )
-    judge = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {"enabled": False}
+    judge: dict[str, Any] = (
+        cast(dict[str, Any], OmegaConf.to_container(cfg.judge, resolve=True))
+        if cfg.get("judge") is not None
+        else {"enabled": False}
+    )
     if judge.get("enabled"):
         for scorer in {
             s.name: s for s in (check_task_scorer(TaskSpec.from_dict(d["task"])) for d in datasets) if s
         }.values():
             attempt(scorer.check, judge)  # each scorer checks the judge config it would use
-    isolation = (OmegaConf.to_container(cfg.cluster, resolve=True) or {}).get("cpu_isolation") or "exclusive"
+    isolation = (cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True)) or {}).get(
+        "cpu_isolation"
+    ) or "exclusive"
     if isolation not in ISOLATION_MODES:
         errors.append(f"cluster.cpu_isolation={isolation!r}; valid: {', '.join(ISOLATION_MODES)}")
     if errors:
         raise SweepConfigError("the sweep cannot run:\n  - " + "\n  - ".join(errors))
 
-    measure = OmegaConf.to_container(cfg.measure, resolve=True)
-    cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+    measure = cast(dict[str, Any], OmegaConf.to_container(cfg.measure, resolve=True))
+    cluster = cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True))
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
     cells: dict[str, Cell] = {}
     all_batches = sorted({b for m in methods for b in (m.get("batch_sizes") or batch_sizes)})
