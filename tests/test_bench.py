@@ -22,7 +22,6 @@ from pipeline.bench.batched import BatchBench
 from pipeline.bench.runners import Bench
 from pipeline.device import machine_info
 from pipeline.measure import energy
-from pipeline.measure.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
 
 FIELDS = {
     "impl",
@@ -42,16 +41,6 @@ def _cfg(*overrides: str):
     GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="bench", overrides=list(overrides))
-
-
-def test_bound_formulas():
-    assert leviathan_bound(0.0, 4, 0.0) == pytest.approx(1.0)
-    assert leviathan_bound(1.0, 4, 0.0) == pytest.approx(5.0)
-    # Leviathan et al., section 3: alpha 0.8, gamma 4, c 0.05 -> (1 - .8^5) / (.2 * 1.2)
-    assert leviathan_bound(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
-    # steps emitting 1 (first draft rejected), 3 (two accepted, third rejected), 4 (all 3 accepted + bonus)
-    assert alpha_from_accepted([1, 3, 4], gamma=3) == pytest.approx((0 + 2 + 3) / (1 + 3 + 3))
 
 
 def test_default_pair_as_shipped_with_every_drafter(monkeypatch):
