@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -329,7 +329,7 @@ def evaluate_claim(
     n = ci.n_clusters
     effect, low, high = from_d(ci.mean, claim.scale), from_d(ci.low, claim.scale), from_d(ci.high, claim.scale)
     se = ci.se
-    result = {
+    result: dict[str, Any] = {
         **base,
         "status": "tested",
         "effect": effect,
@@ -444,7 +444,9 @@ def evaluate_claims(
     samples = add_acceptance_columns(samples, runs)
     by_pair = gpu_cost_ratio if isinstance(gpu_cost_ratio, Mapping) else None
     runs = add_predicted_speedup(
-        runs, samples, by_pair if by_pair is not None else {p: gpu_cost_ratio for p in runs["pair"].unique()}
+        runs,
+        samples,
+        by_pair if by_pair is not None else {p: cast(float | None, gpu_cost_ratio) for p in runs["pair"].unique()},
     )
     rows = []
     for (pair, dataset), group in runs.groupby(["pair", "dataset"], sort=True):

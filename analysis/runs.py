@@ -117,6 +117,7 @@ def load_runs(
         row.update({col: tags.get(tag) for col, tag in schema.TAGS.items()})
         row.update({col: metrics.get(name, math.nan) for col, name in schema.METRICS.items()})
         row.update({col: parse_param(params.get(name)) for col, name in schema.PARAMS.items()})
+        row.update(_method_params(params, taken=row))
         row["_pair_config"] = {k: v for k, v in params.items() if k.startswith(schema.PAIR_PARAM_PREFIX)}
         row["_config"] = {k: v for k, v in params.items() if _is_config_param(k)}
         row["_config_key"] = tags.get(schema.CONFIG_KEY_TAG) or None
@@ -127,7 +128,12 @@ def load_runs(
     rows = _newest_configs(rows, keep_all=all_configs)
     for row in rows:
         row.pop("_time", None)
-    columns = list(dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS, "pair_config", "config"]))
+    logged = list(dict.fromkeys(k for row in rows for k in row.get("_method_params", ())))
+    for row in rows:
+        row.pop("_method_params", None)
+    columns = list(
+        dict.fromkeys(["run_id", *schema.TAGS, *schema.METRICS, *schema.PARAMS, *logged, "pair_config", "config"])
+    )
     df = pd.DataFrame(rows, columns=columns)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     df["sweep"] = df["sweep"].fillna(sweep).replace("", sweep)
@@ -136,8 +142,31 @@ def load_runs(
     if finished_only:
         df = df[df["status"] == schema.STATUS_FINISHED]
     df = df.sort_values(["pair", "dataset", "label", "seed"], kind="stable").reset_index(drop=True)
-    df.attrs.update(sweep=sweep, tracking_uri=uri)
+    numeric = [k for k in logged if k not in schema.PARAMS and _numeric(df[k])]
+    df.attrs.update(sweep=sweep, tracking_uri=uri, method_params=logged, method_numeric_params=numeric)
     return df
+
+
+def _method_params(params: dict[str, str], taken: dict[str, Any]) -> dict[str, Any]:
+    """A run's own scalar method parameters (``method.<key>`` params: number, bool, text), each under its key, as
+    logged (a `module:attr` method's included); the drafter's scope (``method.drafter.*``) and the columns the
+    schema already fills are left out. ``_method_params`` lists the keys found."""
+    out: dict[str, Any] = {}
+    for name, text in params.items():
+        key = name.removeprefix(schema.METHOD_PARAM_PREFIX)
+        if key == name or "." in key or key in ("name", "config") or key in taken:
+            continue
+        value = parse_param(text)
+        if isinstance(value, (int, float, bool, str)):
+            out[key] = value
+    out["_method_params"] = [k for k in out]
+    return out
+
+
+def _numeric(column: pd.Series) -> bool:
+    """Whether a column's values are numbers (not booleans): an ablation axis."""
+    values = column.dropna()
+    return bool(len(values)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def unfinished_cells(sweep: str, tracking_uri: str | None = None) -> list[dict[str, Any]]:
@@ -291,8 +320,8 @@ def dedupe_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         have = best.get(key)
         if have is not None:
             extra[key] = extra.get(key, 0) + 1
-        order = (rank.get(row.get("status"), 0), row.get("_time") or 0, row["run_id"])
-        if have is None or order > (rank.get(have.get("status"), 0), have.get("_time") or 0, have["run_id"]):
+        order = (rank.get(str(row.get("status")), 0), row.get("_time") or 0, row["run_id"])
+        if have is None or order > (rank.get(str(have.get("status")), 0), have.get("_time") or 0, have["run_id"]):
             best[key] = row
     if extra:
         warnings.warn(
@@ -402,10 +431,12 @@ def _split_pairs_by_config(rows: list[dict[str, Any]]) -> None:
                 row["pair"] = f"{name}@{row['pair_config']}"
 
 
-def sample_score(record: dict[str, Any]) -> float:
-    """A generation's own score: HumanEval ``passed``, Spider ``correct`` (1/0) or a judge's ``score``."""
+def sample_score(record: dict[str, Any], sample_value: str | None = None) -> float:
+    """A generation's own score: the field ``sample_value`` of its verdicts (what its run logged as its scorer's
+    per-sample value); without one (runs logged before that tag), the first present of the registered scorers'
+    (HumanEval ``passed``, Spider ``correct`` (1/0), a judge's ``score``)."""
     detail = record.get(schema.SCORE_DETAIL_FIELD) or {}
-    for key in schema.SCORE_DETAIL_KEYS:
+    for key in [sample_value] if sample_value else schema.SCORE_DETAIL_KEYS:
         value = detail.get(key)
         if isinstance(value, bool):
             return float(value)
@@ -455,6 +486,7 @@ def _read_samples(client, runs: pd.DataFrame, rows: list[dict[str, Any]]) -> Non
     with tempfile.TemporaryDirectory(prefix="analysis-samples-") as tmp:
         for run in runs.itertuples(index=False):
             ids = {c: getattr(run, c) for c in ID_COLUMNS if hasattr(run, c)}
+            sample_value = getattr(run, "score_sample_value", None) or None
             try:
                 path = client.download_artifacts(run.run_id, schema.SAMPLES_ARTIFACT, str(Path(tmp) / run.run_id))
             except Exception:  # noqa: BLE001 - a run without samples (failed cell) has none
@@ -465,12 +497,14 @@ def _read_samples(client, runs: pd.DataFrame, rows: list[dict[str, Any]]) -> Non
                 rec = json.loads(line)
                 row = dict(ids)
                 row.update({col: rec.get(field) for col, field in schema.RECORD_FIELDS.items()})
-                row["sample_score"] = sample_score(rec)
+                row["sample_score"] = sample_score(rec, sample_value if isinstance(sample_value, str) else None)
                 rows.append(row)
 
 
-def varying_params(runs: pd.DataFrame, params: Iterable[str] = schema.ABLATION_PARAMS) -> dict[str, list[str]]:
-    """method -> the ablation params that take more than one value among that method's runs."""
+def varying_params(runs: pd.DataFrame, params: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """method -> the ablation params (default: ``schema.ablation_params(runs)``) that take more than one value among
+    that method's runs."""
+    params = schema.ablation_params(runs) if params is None else params
     out: dict[str, list[str]] = {}
     for method, g in runs.groupby("method"):
         vary = [p for p in params if p in g and g[p].dropna().astype(str).nunique() > 1]

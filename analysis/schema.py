@@ -40,7 +40,9 @@ from pipeline.tracking.layout import (
     TAG_METHOD,
     TAG_NODE,
     TAG_PAIR,
+    TAG_SCORE_DIRECTION,
     TAG_SCORE_METRIC,
+    TAG_SCORE_SAMPLE_VALUE,
     TAG_SEED,
     TAG_STAGE,
     TAG_STATUS,
@@ -67,6 +69,9 @@ TAGS: dict[str, str] = {
     "git_commit": TAG_GIT_COMMIT,  # HEAD, <HEAD>+dirty (code_hash names the code) or unknown
     "code_hash": TAG_CODE_HASH,
     "score_metric": TAG_SCORE_METRIC,  # pass@1 | execution_accuracy | rougeL | speed_only | none ...
+    # the cell's scorer as the run logged it (a `module:attr` scorer too): its per-sample field and direction
+    "score_sample_value": TAG_SCORE_SAMPLE_VALUE,
+    "score_direction": TAG_SCORE_DIRECTION,
     "sweep": TAG_SWEEP,
     "error": TAG_ERROR,
 }
@@ -190,7 +195,10 @@ def _ablation_params() -> tuple[str, ...]:
 
 
 # canonical column -> flattened cell-config param (values arrive as text and are parsed): the method's name, every
-# scalar parameter the registered methods declare, and the cell's own settings
+# scalar parameter the registered methods declare, and the cell's own settings. Each run's own scalar ``method.<key>``
+# params join these as columns too (``analysis.runs.load_runs``): a `module:attr` method's parameters are read from
+# its runs, not from this process's registry; the registered ones are here so that every frame has their columns.
+METHOD_PARAM_PREFIX = "method."
 PARAMS: dict[str, str] = {
     "method_name": "method.name",
     **_scalar_method_params(),
@@ -234,8 +242,9 @@ RECORD_FIELDS: dict[str, str] = {
     "perplexity": "perplexity",
 }
 # SCORE_DETAIL_FIELD: a record's verdicts (the fields its task's scorer declares, conf/dataset/<name>.yaml
-# `score_fields`); the first of these present is the sample's score: each scorer's declared per-sample value
-# (``Scorer.sample_value``: HumanEval ``passed``, Spider ``correct``, ROUGE ``rougeL``, the judge's ``score``)
+# `score_fields`). A sample's score is the field its run logged as its scorer's per-sample value (tag
+# ``score_sample_value``, ``Scorer.sample_value``); for runs logged before that tag, the first present of the
+# registered scorers' values (HumanEval ``passed``, Spider ``correct``, ROUGE ``rougeL``, the judge's ``score``)
 SCORE_DETAIL_KEYS = tuple(dict.fromkeys(s.sample_value for _, s in SCORERS.items() if s.sample_value))
 
 # ----------------------------------------------------------------------------------- methods
@@ -270,6 +279,24 @@ def _score_direction() -> int:
     """+1 when every registered scorer declares higher is better, -1 when every one declares lower, else 0."""
     higher = {s.higher_is_better for _, s in SCORERS.items()}
     return 0 if len(higher) != 1 else (+1 if higher == {True} else -1)
+
+
+def direction(metric: str, runs=None) -> int:
+    """Whether higher (+1) or lower (-1) is better for ``metric``, 0 when the runs disagree (no best marked). The
+    score's is what the runs logged of their scorers (column ``score_direction``); runs logged before that tag fall
+    back to the registered scorers' (``DIRECTION``)."""
+    if metric == "score" and runs is not None and "score_direction" in runs:
+        logged = {str(v) for v in runs["score_direction"].dropna() if str(v) in ("1", "-1")}
+        if logged:
+            return int(logged.pop()) if len(logged) == 1 else 0
+    return DIRECTION.get(metric, 1)
+
+
+def ablation_params(runs=None) -> tuple[str, ...]:
+    """The ablation columns: the registered methods' numeric parameters, then those the runs logged beyond them
+    (``runs.attrs["method_numeric_params"]``, set by ``analysis.runs.load_runs``: a `module:attr` method's)."""
+    logged = [] if runs is None else list(runs.attrs.get("method_numeric_params", ()))
+    return tuple(dict.fromkeys([*ABLATION_PARAMS, *logged]))
 
 
 # higher is better (+1) or lower is better (-1), for bold/underline

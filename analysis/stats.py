@@ -163,13 +163,18 @@ def add_ratios(runs: pd.DataFrame, baseline: str = schema.BASELINE) -> pd.DataFr
 
 
 def aggregate(runs: pd.DataFrame, metrics: Sequence[str], by: Sequence[str] = GROUP) -> pd.DataFrame:
-    """Mean, std (ddof=1) and n over seeds of each metric per group: ``<m>_mean``, ``<m>_std``, ``<m>_n``."""
+    """Mean, std (ddof=1) and n over seeds of each metric per group: ``<m>_mean``, ``<m>_std``, ``<m>_n``. A metric
+    that is not a column is refused: a metric reaches the runs only through ``schema.METRICS`` (NaN where a run did
+    not log it), so a missing column is a metric the schema lacks, not a missing value."""
+    if missing := [m for m in metrics if m not in runs.columns]:
+        msg = "add each to analysis/schema.METRICS as '<column>': '<logged name>' (docs/extending.md, A metric)"
+        raise ValueError(f"metric(s) {missing} are not columns of the runs: {msg}")
     rows = []
     for key, g in runs.groupby(list(by), sort=False, dropna=False):
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         row["seeds"] = int(g["seed"].nunique()) if "seed" in g else len(g)
         for m in metrics:
-            mean, std, n = mean_std(g[m]) if m in g else (math.nan, math.nan, 0)
+            mean, std, n = mean_std(g[m])
             row[f"{m}_mean"], row[f"{m}_std"], row[f"{m}_n"] = mean, std, n
         rows.append(row)
     return pd.DataFrame(rows)
@@ -441,13 +446,13 @@ def sign_flip_interval(d: Sequence[float] | np.ndarray, *, tail: float = TAIL, s
     the upper bound the K-th largest; with K < 1 (fewer than ``min_clusters`` clusters) the interval is the
     whole line. Deterministic: the random patterns (above ``EXACT_MAX_CLUSTERS``) come from ``seed``.
     """
-    d = np.asarray(d, dtype=float)
-    d = d[np.isfinite(d)]
-    n = int(d.size)
+    finite: np.ndarray = np.asarray(d, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    n = int(finite.size)
     if n == 0:
         return ClusterInterval(math.nan, math.nan, math.nan, 0, math.nan, True)
-    mean, sd = float(d.mean()), (float(d.std(ddof=1)) if n > 1 else math.nan)
-    means, total, empty = _subset_means(d, seed)
+    mean, sd = float(finite.mean()), (float(finite.std(ddof=1)) if n > 1 else math.nan)
+    means, total, empty = _subset_means(finite, seed)
     k = int(math.floor(tail * total + 1e-12)) - empty
     if k < 1:
         return ClusterInterval(mean, -math.inf, math.inf, n, sd, n <= EXACT_MAX_CLUSTERS)

@@ -318,7 +318,7 @@ def table5_frame(runs: pd.DataFrame, metrics: Sequence[str] = TABLE5_ROWS) -> pd
         agg = stats.aggregate(block, list(metrics), by=("label",)).set_index("label")
         for metric in metrics:
             means = {lb: agg.at[lb, f"{metric}_mean"] for lb in labels}
-            marks = rank_marks(means, schema.DIRECTION.get(metric, 1), DIGITS.get(metric, 2))
+            marks = rank_marks(means, schema.direction(metric, block), DIGITS.get(metric, 2))
             for lb in labels:
                 rows.append(
                     {
@@ -374,7 +374,7 @@ def summary_frame(
                     for lb in labels
                     if lb != schema.BASELINE and methods.get(lb) != schema.BASELINE
                 },
-                schema.DIRECTION.get(col, 1),
+                schema.direction(col),
                 DIGITS[col],
             )
             for col in ("speedup", "energy_ratio", "accepted_per_step")

@@ -96,7 +96,8 @@ def gpu_cost_ratios(runs: pd.DataFrame, given: float | None = None) -> dict[str,
 
 def cpu_flags_summary() -> str:
     """avx512_bf16, avx2+fma, or neither (what the bf16 kernels run on), with the CPU model and core count."""
-    flags, model = set(), platform.processor() or platform.machine()
+    flags: set[str] = set()
+    model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags") and not flags:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -21,7 +21,11 @@ from pipeline.prompts import encode_prompt, eos_ids
 
 def method_params(method_cfg: DictConfig | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Split a ``conf/method/<name>.yaml`` mapping into (name, decoder parameters)."""
-    cfg = OmegaConf.to_container(method_cfg, resolve=True) if isinstance(method_cfg, DictConfig) else dict(method_cfg)
+    cfg = (
+        cast(dict[str, Any], OmegaConf.to_container(method_cfg, resolve=True))
+        if isinstance(method_cfg, DictConfig)
+        else dict(method_cfg)
+    )
     name = cfg.pop("name")
     return name, cfg
 
@@ -45,7 +49,7 @@ def check_inputs(cfg: DictConfig) -> None:
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_inputs(cfg)  # before any model is loaded
     name, params = method_params(cfg.method)
-    pair_spec = PairSpec.from_config(OmegaConf.to_container(cfg.pair, resolve=True))
+    pair_spec = PairSpec.from_config(cast(dict[str, Any], OmegaConf.to_container(cfg.pair, resolve=True)))
     check_method(name, params, drafters=drafter_context(pair_spec))  # before any model is loaded
     pair = load_pair(pair_spec)
     decoder = build_decoder(name, pair.target, pair.draft, assets=pair.assets, **params)

@@ -152,7 +152,7 @@ def chat_ids(tokenizer: Any, user: str, answer: str | None = None) -> list[int]:
 
 def eos_ids(tokenizer: Any, model: Any) -> list[int]:
     """EOS ids from the tokenizer and the model's generation config."""
-    ids = set()
+    ids: set[int] = set()
     for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
         if source is None:
             continue

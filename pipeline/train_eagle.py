@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import cast
 
 import hydra
 from hydra import compose
@@ -26,7 +27,7 @@ def training_config(cfg: DictConfig, overrides: list[str]) -> dict:
     the command line's other ``overrides`` applied to it (Hydra must be initialised, as under ``main``)."""
     if cfg.get("head") == "eagle3":
         cfg = compose("train_eagle3", overrides=[o for o in overrides if o != "head=eagle3"])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return cast(dict, OmegaConf.to_container(cfg, resolve=True))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train_eagle")

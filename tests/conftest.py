@@ -16,14 +16,13 @@ import torch  # noqa: E402
 
 from helpers import file_costs, warm_caches  # noqa: E402
 from helpers.models import tiny_llama  # noqa: E402
+from helpers.paths import DATA  # noqa: E402
 from pipeline.decoding import cpu_kernels  # noqa: E402
 from pipeline.decoding.medusa_heads import MedusaHeads, place_medusa_heads  # noqa: E402
 
 # Tiny models gain nothing from intra-op threads, and oversubscribed threads slow CPUs badly.
 torch.set_num_threads(1)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA_ROOT = REPO_ROOT / "data"  # the project's own offline copy of the evaluation data (data/README.md)
 WARMING = pytest.StashKey[list]()  # the controller's background cache builds (helpers/warm_caches.py)
 
 
@@ -76,7 +75,7 @@ def bf16_cpu(monkeypatch):
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """The project's data/ folder (part of the repository: a missing file is a failure, never a skip)."""
-    return DATA_ROOT
+    return DATA  # the project's own offline copy of the evaluation data (data/README.md)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ from _fixtures_analysis import PAIR, SWEEP, TOKENS, TOKENS_PER_S, _cell, _result
 from mlflow import MlflowClient
 
 from analysis import figures, report, schema
-from analysis.runs import _is_config_param, load_runs, load_samples
-from analysis.tables import build_tables
+from analysis.runs import _is_config_param, load_runs, load_samples, varying_params
+from analysis.tables import build_tables, table5_frame
+from helpers.cells import make_cell
 from pipeline.cell_types import cell_key
 from pipeline.measure import bounds
 from pipeline.tracking import Tracker
@@ -364,3 +365,58 @@ def test_a_sigkilled_drivers_planned_cells_are_unfinished_not_every_cell_finishe
     beat = float(parent.data.tags[schema.TAG_HEARTBEAT])
     assert driver_gone(parent, now=beat + 5) == ""
     assert "no heartbeat for" in driver_gone(parent, now=beat + 10_000)
+
+
+OWN_SCORER = """
+from pipeline.scoring.registry import Scorer
+
+
+def score(dataset, samples, predictions, *, judge=None, max_turns=None):
+    return None
+
+
+# a score where lower is better, read per sample from a field no registered scorer writes
+SCORER = Scorer("word_miss", score, fields=("miss", "words"), sample_value="miss", higher_is_better=False)
+"""
+
+
+def test_a_module_attr_method_and_scorer_read_as_registered_ones(tmp_path, monkeypatch):
+    """A method and a scorer of one's own (``module:attr``, in no registry of the analysis's process) show in the
+    tables as registered ones do (issue 55): the method's parameter is a column and an ablation axis, each sample's
+    score is the scorer's declared field, and its direction (lower is better) marks the best. Before, the parameter
+    had no column, the per-sample scores were NaN and the best was the highest."""
+    (tmp_path / "word_miss.py").write_text(OWN_SCORER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "own", str(tmp_path / "mlruns"))
+    dataset = {
+        "name": "word_count",
+        "limit": 4,
+        "max_new_tokens": 8,
+        "task": {"version": 1, "scorer": "word_miss:SCORER"},
+    }
+    method = "my_rules:CappedToken"
+    misses = {2: (1, 1, 0, 1), 3: (0, 0, 1, 0)}  # per sample, by the method's `cap`
+    for cap, miss in misses.items():
+        for seed in (0, 1):
+            cell = make_cell(
+                sweep="own", label=f"capped(cap={cap})", method=method, params={"cap": cap, "gamma": 4},
+                dataset=dataset, seed=seed,
+            )  # fmt: skip
+            result = replace(_result("spd", "humaneval", seed), cell_key=cell.key, score_metric="word_miss")
+            result.records = [
+                {**r, "score_detail": {"miss": bool(m), "words": 3}} for r, m in zip(result.records, miss)
+            ]
+            result.metrics = {**result.metrics, "score": sum(miss) / len(miss)}
+            tracker.log_cell(cell, result)
+    tracker.close()
+    runs = load_runs("own", uri)
+    assert sorted(set(runs["cap"])) == [2, 3] and "cap" in schema.ablation_params(runs)
+    assert varying_params(runs) == {method: ["cap"]}
+    samples = load_samples(runs)
+    by_cap = samples.merge(runs[["run_id", "cap"]], on="run_id").groupby("cap")["sample_score"].mean()
+    assert by_cap.to_dict() == {2: 0.75, 3: 0.25}  # the scorer's own field, not NaN
+    assert schema.direction("score", runs) == -1
+    frame = table5_frame(runs, ["score"])
+    best = frame[frame["mark"] == "best"]["label"].tolist()
+    assert best == ["capped(cap=3)"], frame  # the lower miss rate

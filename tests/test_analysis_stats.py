@@ -302,3 +302,12 @@ def test_cells_slower_than_the_calibration_are_flagged_and_their_timing_left_out
     assert not stats.mark_disturbed(runs.drop(columns=["probe_before_ms", "probe_after_ms"]))[
         "disturbed"
     ].any()  # no probes: unknown
+
+
+def test_a_metric_the_schema_lacks_is_refused_not_shown_empty():
+    """A metric logged by the cells but not mapped in analysis/schema.METRICS never becomes a column of the runs;
+    asking for it fails naming the fix (before issue 55: a column of NaN, silently)."""
+    runs = pd.DataFrame({"label": ["ar", "spd"], "seed": [0, 0], "tokens_per_s": [1.0, 2.0]})
+    assert stats.aggregate(runs, ["tokens_per_s"], by=("label",))["tokens_per_s_mean"].tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match=r"\['draft_energy_j'\] .*add each to analysis/schema.METRICS"):
+        stats.aggregate(runs, ["tokens_per_s", "draft_energy_j"], by=("label",))

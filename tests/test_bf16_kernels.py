@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law, first_tokens
+from helpers.marks import HAS_KERNELS, kernels_reason, needs_kernels
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from pipeline.decoding import build_decoder, cpu_kernels
 from pipeline.decoding.drafters import ModelDrafter
 from pipeline.decoding.fast_forward import LeanForward, model_kernel_path
@@ -26,11 +28,6 @@ from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head
 from pipeline.decoding.warping import Warper, make_generator
 from pipeline.models import ModelSpec, PairSpec, load_model
-
-HAS_KERNELS = cpu_kernels.kernels() is not None
-needs_kernels = pytest.mark.skipif(
-    not HAS_KERNELS, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
-)
 
 
 def bf16_model(seed: int = 0, **kw):
@@ -413,7 +410,7 @@ def test_the_kernels_are_built_for_the_machine_not_the_flags_a_test_patches():
     """``_build`` compiles for ``/proc/cpuinfo``'s instruction set, so a test that sees this machine as another
     CPU never runs code this CPU lacks; a model on the kernels names the build it runs."""
     if not HAS_KERNELS:
-        pytest.skip(f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+        pytest.skip(kernels_reason())
     machine = cpu_kernels._isa_of(cpu_kernels._machine_flags())
     assert cpu_kernels.kernels_isa() == machine
     cm = CachedModel(bf16_model(0))
@@ -438,10 +435,8 @@ with build_lock(Path(sys.argv[1]), wait_s=5):
 def _hold_lock(folder):
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
 
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdout=subprocess.PIPE, text=True, cwd=root)
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
@@ -531,7 +526,7 @@ def test_a_finished_build_is_imported_from_another_checkout_without_ninja(tmp_pa
 
     module = cpu_kernels.kernels()
     if module is None:
-        pytest.skip(f"no kernels here: {cpu_kernels.kernels_unavailable_reason()}")
+        pytest.skip(kernels_reason())
     isa = cpu_kernels._STATE["isa"]
     name = f"pipeline_bf16_decoder_{isa}"
     folder = tmp_path / "torch_extensions" / "finished"

@@ -134,12 +134,20 @@ def project(tmp_path_factory) -> Path:
     return root
 
 
+# Sweeps whose methods come from the registry (conf/sweep/all_methods.yaml: "*"): their pin says that every pinned
+# cell keeps its key, in any order, and lets a method added to the registry join them without editing the pin.
+FROM_THE_REGISTRY = {"all_methods"}
+
+
 @pytest.mark.parametrize("case", sorted(PINNED))
 def test_cell_keys_are_unchanged(case, project, bf16_cpu):
     overrides, expected = PINNED[case]
     plan = sweep.expand(sweep.compose(overrides), project)
     got = [(c.label, c.dataset_name, c.seed, c.key) for c in plan.cells]
-    assert got == expected
+    if case in FROM_THE_REGISTRY:
+        assert set(expected) <= set(got) and len(set(got)) == len(got)
+    else:
+        assert got == expected
 
 
 def test_the_machines_precision_is_part_of_the_key(project, bf16_cpu, monkeypatch):
@@ -183,7 +191,7 @@ def _keys(project) -> dict[str, list[tuple[str, str, int, str]]]:
 def test_adding_a_drafter_changes_no_other_key(project, bf16_cpu, monkeypatch):
     """Keys with every built-in drafter are the same whether EAGLE-3 (or any further kind) is registered or not."""
     with_all = _keys(project)
-    assert with_all["all_methods"] == PINNED["all_methods"][1]
+    assert set(PINNED["all_methods"][1]) <= set(with_all["all_methods"])
     order = DRAFTERS.names()
     # the registry's order as found afterwards (re-registered, eagle3 would move last: messages that list the kinds
     # in registration order then differed in the files run after this one in the same process)

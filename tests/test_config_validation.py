@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.paths import CONF
+from helpers.paths import CONF, REPO
 from pipeline import sweep
 from pipeline.data import task_names, task_spec
 from pipeline.data.tasks import TaskSpec, TaskSpecError
@@ -82,8 +82,6 @@ def test_every_task_names_a_registered_scorer_or_none_and_only_fields_it_writes(
 
 
 # ----------------------------------------------------------------------------- before Ray, exit 2 (issue 25)
-
-REPO = CONF.parent
 
 
 def _refused_before_ray(monkeypatch, tmp_path, overrides, error=sweep.SweepConfigError):

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.paths import REPO
+from helpers.paths import DATA, REPO
 from pipeline.data import cnn_dm, load_dataset, mt_bench, spider
 from pipeline.sweep import compose
-
-DATA = REPO / "data"
 
 
 def _listed_checksums() -> dict[str, str]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from _fixtures_scoring import DATA
 
+from helpers.paths import DATA
 from helpers.tokenizers import offline_tokenizer
 from pipeline.data import format_sample, load_dataset, prediction_text
 from pipeline.data.base import Sample, chat_messages

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
+from helpers.marks import needs_kernels
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, cpu_kernels, make_generator, method_class
 from pipeline.decoding.base import DRAFTERS
@@ -119,11 +120,6 @@ def test_a_requests_output_does_not_depend_on_its_companions(greedy_pair, method
             )
 
 
-needs_kernels = pytest.mark.skipif(
-    cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
-)
-
-
 @needs_kernels
 @pytest.mark.parametrize("method,params", BATCHABLE)
 def test_output_at_batch_b_is_identical_to_batch_one_on_the_bf16_kernels(method, params):
@@ -213,11 +209,11 @@ def test_packed_cache_rows_see_only_their_own_sequence(greedy_pair):
     rows = packed.step([PackedRows(0, torch.tensor(a), [3]), PackedRows(1, torch.tensor(b), [0, 1])])
     rows2 = packed.step([PackedRows(1, torch.tensor([7]), [0]), PackedRows(0, torch.tensor([5]), [0])])
     alone = CachedModel(greedy_pair[0])
-    assert torch.allclose(model._logits(rows[0])[0], alone.forward(a, keep=1)[-1], atol=1e-5)
-    assert torch.allclose(model._logits(rows2[1])[0], alone.forward([5], keep=1)[-1], atol=1e-5)
+    assert torch.allclose(model.logits(rows[0])[0], alone.forward(a, keep=1)[-1], atol=1e-5)
+    assert torch.allclose(model.logits(rows2[1])[0], alone.forward([5], keep=1)[-1], atol=1e-5)
     alone.reset()
-    assert torch.allclose(model._logits(rows[1]), alone.forward(b, keep=2), atol=1e-5)
-    assert torch.allclose(model._logits(rows2[0])[0], alone.forward([7], keep=1)[-1], atol=1e-5)
+    assert torch.allclose(model.logits(rows[1]), alone.forward(b, keep=2), atol=1e-5)
+    assert torch.allclose(model.logits(rows2[0])[0], alone.forward([7], keep=1)[-1], atol=1e-5)
     packed.rollback(0, 2)
     assert packed.length(0) == 2 and int((packed.owner == 0).sum()) == 2
 

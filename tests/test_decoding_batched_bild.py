@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
+from helpers.marks import needs_kernels, require_kernels
 from helpers.models import tiny_llama
 from helpers.paths import CONF, DATA
 from pipeline import sweep
@@ -97,10 +98,6 @@ SETTINGS = [
     ({"temperature": 0.0}, {"fallback": 0.1, "rollback": 2.0, "max_small_steps": 4}, 17),
 ]
 
-needs_kernels = pytest.mark.skipif(
-    cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
-)
-
 
 @needs_kernels
 @pytest.mark.parametrize("warp,params,eos", SETTINGS, ids=["sampled", "greedy"])
@@ -146,8 +143,8 @@ def test_bilds_limiting_cases_sample_like_the_target_at_batch_three(tiny_pair, p
 def test_mtjd_at_batch_three_is_identical_to_batch_one(dtype, warp, params):
     """Every request's beams on the target's packed sequences (one forward per depth over all requests): its tokens
     and counters (steps: target forwards) at batch 1 and 3 are ``Decoder.generate``'s, EOS cutting some requests."""
-    if dtype == torch.bfloat16 and cpu_kernels.kernels() is None:
-        pytest.skip(f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+    if dtype == torch.bfloat16:
+        require_kernels()
     decoder = build_decoder("mtjd", large(dtype), **warp, **params)
     seeds = range(len(PROMPTS))
     free = [decoder.generate(p, max_new_tokens=MAX_NEW, generator=make_generator(s)) for p, s in zip(PROMPTS, seeds)]

@@ -9,6 +9,7 @@ import torch
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
 from helpers.heads import eagle3_head_folder, eagle_head_folder, with_eagle
+from helpers.marks import needs_kernels
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, cpu_kernels, make_generator, method_class
 from pipeline.decoding.base import DRAFTERS
@@ -135,9 +136,7 @@ def test_only_drafters_that_cannot_batch_are_refused(monkeypatch):
     assert "drafter eagle drafts one sequence at a time" in why and "'ngram'" in why  # the batchable ones
 
 
-@pytest.mark.skipif(
-    cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
-)
+@needs_kernels
 @pytest.mark.parametrize(
     "method,params",
     [

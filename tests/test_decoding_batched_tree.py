@@ -12,6 +12,7 @@ import torch
 
 from helpers.exact import PROMPT, WARP, chi_square_pvalue, exact_law
 from helpers.heads import eagle3_head_folder, eagle_head_folder, with_eagle
+from helpers.marks import needs_kernels
 from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, cpu_kernels, make_generator, method_class
 from pipeline.decoding.base import DrafterContext
@@ -71,11 +72,6 @@ def assert_batch_invariant(decoder, prompts, max_new, batch_sizes=(3,)):
             prompts, max_new_tokens=max_new, generators=[make_generator(s) for s in seeds]
         )
         assert [counters(g) for g in got] == [counters(a) for a in alone], b
-
-
-needs_kernels = pytest.mark.skipif(
-    cpu_kernels.kernels() is None, reason=f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}"
-)
 
 
 @pytest.fixture(scope="module")

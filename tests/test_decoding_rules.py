@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
+from helpers.paths import REPO
 from pipeline.decoding import DRAFTERS, METHODS, check_method, method_class
 from pipeline.decoding.rules import ChainRule
 from pipeline.decoding.speculative import DraftVerifyDecoder
@@ -170,7 +170,7 @@ def test_no_module_keeps_a_list_of_registered_names_beside_the_registries():
     """Capabilities and rows come from what methods, drafters and scorers declare (issue 45): no module of the
     pipeline or the analysis holds a literal of their names anywhere (module level, class or function body,
     default or call argument), except the registry itself."""
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     registries = _registries()
     found = {
         p.relative_to(root).as_posix(): hits

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers.marks import has_kernels, require_kernels
 from helpers.models import tiny_llama
 from helpers.paths import REPO
-from pipeline.decoding.cpu_kernels import kernels
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.vocab import restrict_head
 from pipeline.decoding.warping import warp
@@ -208,8 +208,8 @@ def _rows_alone(cached, ids: list[int], start: int) -> torch.Tensor:
 def test_packed_answers_have_each_sequence_own_rows(dtype, slots, max_cache):
     """Every record's teacher rows are those of its sequence run alone, whatever the packing: few slots
     (continuous batching: prompts wait for a free slot), a cache small enough to be compacted, all at once."""
-    if dtype == "bfloat16" and kernels() is None:
-        pytest.skip("bf16 kernels unavailable here")
+    if dtype == "bfloat16":
+        require_kernels()
     target = tiny_target().to(getattr(torch, dtype))
     cached = CachedModel(target)
     g = torch.Generator().manual_seed(3)
@@ -276,7 +276,7 @@ def test_data_engine_choice():
     assert data_engine("auto", fp32) == "batched" and data_engine("packed", fp32) == "packed"
     with pytest.raises(ValueError, match="auto, batched or packed"):
         data_engine("fast", fp32)
-    if kernels() is not None:  # bf16 on a CPU with the engine's kernels: sequences packed into one cache
+    if has_kernels():  # bf16 on a CPU with the engine's kernels: sequences packed into one cache
         assert data_engine("auto", tiny_target().to(torch.bfloat16)) == "packed"
 
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 
@@ -175,3 +176,69 @@ def test_relative_links_name_files_that_exist(page):
 )
 def test_yaml_value_reads_back_as_the_default(value):
     assert yaml.safe_load(docs_gen.yaml_value(value)) == value
+
+
+# Names the code no longer has (renamed or removed): the docs and the docstrings must not send a reader to them. A
+# name retired by a change joins this list in that change (issue 55: the docs drifted from the code's names).
+RETIRED = (
+    "DraftTree",
+    "EagleTypicalTree",
+    "attach_medusa_heads",
+    "can_draft_chain",
+    "chain_proposal",
+    "check_medusa_combination",
+    "commit_draft",
+    "dataset_module",
+    "draft_chain_sparse",
+    "eagle_head_of",
+    "eagle_step_time",
+    "exact_rows",
+    "has_chain_loop",
+    "load_token_map",
+    "medusa_heads_of",
+    "ngram_step_time",
+    "run_window_batched",
+    "step_costs",
+    "transformers_rows",
+    "tree_generate",
+    "warm_up_batched",
+)
+OUR_PAGES = [REPO / "README.md", REPO / "jobs" / "README.md", *(p for p in PAGES if p.name != "ALGORITHMS.md")]
+
+
+def _docstrings() -> dict[str, str]:
+    """Every docstring of pipeline/ and analysis/ (modules, classes, functions), by ``<module>:<name>``."""
+    out = {}
+    for package in ("pipeline", "analysis"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node)
+                    if doc:
+                        out[f"{path.relative_to(REPO)}:{getattr(node, 'name', '')}"] = doc
+    return out
+
+
+def _defined() -> set[str]:
+    """Every name a module of pipeline/ or analysis/ defines (functions, classes, assignments)."""
+    names = set()
+    for package in ("pipeline", "analysis"):
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(node.name)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    names.add(node.id)
+    return names
+
+
+def test_no_page_or_docstring_names_a_retired_symbol():
+    """README.md, jobs/README.md, docs/*.md (ALGORITHMS.md cites other projects' code, so it is left out) and every
+    docstring of the code name none of ``RETIRED``, and the code defines none of them (a name back in use leaves the
+    list)."""
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, RETIRED)) + r")\b")
+    texts = {str(p.relative_to(REPO)): p.read_text() for p in OUR_PAGES} | _docstrings()
+    found = {where: sorted(set(pattern.findall(text))) for where, text in texts.items() if pattern.search(text)}
+    assert not found, f"retired names in the docs or docstrings (name what the code has now): {found}"
+    assert not set(RETIRED) & _defined(), "a retired name is defined again: remove it from RETIRED"

@@ -8,6 +8,10 @@ that the sweep plan accepts ``sweep.methods=[capped]`` through the generated ``c
 exact calculator lists the rule (lossless: total variation 0), that the analysis knows its parameter, and that
 the rule's own test passes. Every file of the copy that differs from the repository is one of the three
 hand-written ones or one the generator wrote, and the generator's check mode finds nothing left to write.
+
+Then it runs, in the copy, every test file that a new rule (or drafter, dataset, scorer) can break (``SUITE``: the
+house rules with DESIGN.md's layout, the shipped sweeps and their pinned cell keys, the datasets, the docs, the
+guard on lists of registered names): the three files are the whole cost only if that suite passes untouched.
 """
 
 from __future__ import annotations
@@ -97,7 +101,27 @@ out["analysis"] = [schema.PARAMS.get("cap"), "cap" in schema.ABLATION_PARAMS, "c
 print(json.dumps(out))
 """
 
-COPIED = ("pipeline", "conf", "docs", "analysis", "tests", "Makefile", "pyproject.toml")
+# The test files an in-repo extension can break without touching them; they run in the copy with the new rule.
+SUITE = (
+    "tests/test_house.py",
+    "tests/test_sweep_config.py",
+    "tests/test_cell_keys.py",
+    "tests/test_data_datasets.py",
+    "tests/test_docs.py",
+    "tests/test_decoding_rules.py",
+)
+
+COPIED = (
+    "pipeline",
+    "conf",
+    "docs",
+    "analysis",
+    "tests",
+    "Makefile",
+    "pyproject.toml",
+    "README.md",
+    "requirements.lock",
+)
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build")
 
 
@@ -128,7 +152,14 @@ def test_a_chain_rule_in_the_repository_needs_three_hand_written_files(tmp_path)
             shutil.copytree(src, copy / top, ignore=SKIP)
         else:
             shutil.copy2(src, copy / top)
-    for linked in ("data", "models"):  # read-only inputs of the plan's checks
+    for linked in (
+        "data",
+        "models",
+        "benchmarks",
+        "jobs",
+        "reports",
+        ".ci",
+    ):  # read-only: the plan's inputs, the docs' links
         if (REPO / linked).exists():
             (copy / linked).symlink_to((REPO / linked).resolve(), target_is_directory=True)
     before = snapshot(copy)
@@ -160,6 +191,10 @@ def test_a_chain_rule_in_the_repository_needs_three_hand_written_files(tmp_path)
     assert found["exact"]["capped"] == found["exact"]["spd"] and found["exact"]["capped"][3] == "0", found["exact"]
     assert found["analysis"] == ["method.cap", True, True]
 
-    own_test = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_decoding_capped.py"], copy)
+    own_test = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_decoding_capped.py"], copy)
     assert own_test.returncode == 0, own_test.stdout[-3000:]
     assert "2 passed" in own_test.stdout
+
+    # the full suite's files that the rule could break, untouched, pass with it (the new sweep includes it: "*")
+    suite = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *SUITE], copy, timeout=900)
+    assert suite.returncode == 0, suite.stdout[-4000:]

@@ -25,6 +25,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from helpers.teacher import small_chat_run
 from helpers.tokenizers import word_tokenizer
 from pipeline.training import distill as distill_mod
@@ -39,8 +40,6 @@ from pipeline.training.shards import (
     shard_files,
 )
 from pipeline.training.teacher_data import Record, generate_teacher_data
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def records(vocab: int, k: int = 4, seed: int = 0) -> list[Record]:

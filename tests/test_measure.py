@@ -11,14 +11,15 @@ import time
 import pytest
 import torch
 import yaml
-from _fixtures_scoring import DATA
 
 from helpers.models import tiny_llama
+from helpers.paths import DATA
 from helpers.tokenizers import offline_tokenizer
 from pipeline.data import format_sample, load_dataset
 from pipeline.data.base import Sample
 from pipeline.decoding import build_decoder
 from pipeline.measure import costs, records, window
+from pipeline.measure.bounds import alpha_from_accepted, expected_tokens, leviathan_bound
 from pipeline.measure.meters import RaplMeter
 from pipeline.sweep import CONF_DIR
 
@@ -343,3 +344,14 @@ def test_a_slowdown_injected_inside_a_window_is_flagged_and_a_steady_window_is_n
     fake["slow_after"] = 24  # half of the window's 48 steps
     slowed = run()
     assert slowed["disturbed"] == 1.0 and slowed["step_drift"] == pytest.approx(6.0), slowed["step_drift"]
+
+
+# pipeline/measure/bounds.py: Leviathan's arithmetic (the bench and the analysis read it)
+def test_bound_formulas():
+    assert leviathan_bound(0.0, 4, 0.0) == pytest.approx(1.0)
+    assert leviathan_bound(1.0, 4, 0.0) == pytest.approx(5.0)
+    # Leviathan et al., section 3: alpha 0.8, gamma 4, c 0.05 -> (1 - .8^5) / (.2 * 1.2)
+    assert leviathan_bound(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    # steps emitting 1 (first draft rejected), 3 (two accepted, third rejected), 4 (all 3 accepted + bonus)
+    assert alpha_from_accepted([1, 3, 4], gamma=3) == pytest.approx((0 + 2 + 3) / (1 + 3 + 3))

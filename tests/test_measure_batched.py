@@ -3,12 +3,11 @@ batch-size axis."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from helpers.models import tiny_llama
+from helpers.paths import DATA
 from helpers.tokenizers import offline_tokenizer
 from pipeline import sweep
 from pipeline.data.base import Sample
@@ -86,7 +85,7 @@ def test_a_batched_window_honours_the_time_budget(models, tokenizer):
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("batching")
-    (root / "data").symlink_to(Path(__file__).resolve().parents[1] / "data", target_is_directory=True)
+    (root / "data").symlink_to(DATA, target_is_directory=True)
     return root
 
 

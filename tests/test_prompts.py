@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from helpers.models import tiny_llama
+from helpers.paths import CONF
 from helpers.tokenizers import offline_tokenizer, word_tokenizer
 from pipeline import prompts
 from pipeline.bench import runners
@@ -17,7 +16,6 @@ from pipeline.data.base import Sample
 from pipeline.models import LoadedPair
 from pipeline.prompts import chat_ids, encode_chat, encode_prompt
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 PROMPTS = ["Write a python function that returns the sum of a list.", "Name a colour."]
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from helpers.paths import CONF
 from pipeline import sweep
 from pipeline.bench.runners import Bench
 from pipeline.decoding import build_decoder
@@ -98,9 +97,8 @@ def test_shipped_random_pair_has_the_llama3_shapes():
 
 
 def test_bench_runs_on_a_random_pair():
-    conf = Path(__file__).resolve().parents[1] / "conf"
     GlobalHydra.instance().clear()  # pipeline.sweep.compose leaves Hydra initialised
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
             config_name="bench",
             overrides=[

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 import torch
-from _fixtures_scoring import REPO
 
+from helpers.marks import require_kernels
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from pipeline.scoring import perplexity as ppl
 
 
@@ -95,12 +96,10 @@ def test_cli_rescoring_with_the_offline_pair(tmp_path):
 def test_a_bf16_target_on_the_kernels_is_scored_by_the_rows_it_served():
     """On the bf16 CPU kernels the pass is the engine's: each generated token's NLL is that of the row the
     engine computes one token at a time (batch invariance: bit for bit), and near transformers' bf16 forward."""
-    from pipeline.decoding import cpu_kernels  # noqa: PLC0415
     from pipeline.decoding.fast_forward import lean_forward_for  # noqa: PLC0415
     from pipeline.decoding.kv import CachedModel  # noqa: PLC0415
 
-    if cpu_kernels.kernels() is None:
-        pytest.skip(f"bf16 kernels unavailable here: {cpu_kernels.kernels_unavailable_reason()}")
+    require_kernels()
     model = tiny_llama(5, vocab=64, max_positions=4096, bos=1, eos=2, scale=8.0).to(torch.bfloat16)
     assert lean_forward_for(model).kernel_path.startswith("bf16-")
     prompt, gen = [1, 5, 9, 12, 3], [7, 7, 30, 2, 44, 8]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.marks import require_kernels
 from helpers.models import tiny_llama
 from pipeline.decoding import verification, warping
 from pipeline.decoding.beam_sampling import beam_sample
-from pipeline.decoding.cpu_kernels import kernels, kernels_unavailable_reason
 from pipeline.decoding.drafters import ModelDrafter
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.verification import (
@@ -117,8 +117,8 @@ def test_sparse_verification_follows_the_dense_rule(dense, sparse, g, spread, se
     """Same accepted count and the same next-token law as the dense rule, for random top-k rows (drafts
     drawn from Q, some outside P's support, so rejections, residuals and bonus rows all occur); through
     the C++ kernels where they run here, and through the tensor ops every machine has."""
-    if cpp and kernels() is None:
-        pytest.skip(f"the engine's kernels are unavailable here: {kernels_unavailable_reason()}")
+    if cpp:
+        require_kernels()
     if not cpp:
         monkeypatch.setattr(verification, "kernels", lambda: None)
         monkeypatch.setattr(warping, "kernels", lambda: None)

@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
@@ -94,25 +95,40 @@ def test_a_driver_killed_without_warning_leaves_nothing_running(tmp_path):
     other.close()
 
 
+def _cell_actors(driver: psutil.Process) -> list[psutil.Process]:
+    """The driver's cell actors now running (Ray's worker processes of ``DriverBoundActor``)."""
+    found = []
+    for p in driver.children(recursive=True) if driver.is_running() else []:
+        try:
+            if "DriverBoundActor" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _wait_for_a_cell(proc: subprocess.Popen, driver: psutil.Process) -> list[psutil.Process]:
+    """Wait (at most 300 s) until a cell's actor runs: Ray is up and the driver is inside its cells' loop."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not _cell_actors(driver):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
+    return _cell_actors(driver)
+
+
 def test_a_driver_stopped_by_sigterm_closes_its_parent_run(tmp_path):
+    """SIGTERM once a cell is in flight (its actor sleeps in the load stage): the driver marks its parent KILLED.
+    Sent when the actor runs, not a fixed time after the parent appears (on a loaded machine the driver could still
+    be starting Ray)."""
     root = make_project(tmp_path)
     proc = _driver(root, "+fault_injection={kind: sleep, seconds: 600, stage: load}")
-    tracker = None
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # wait until the parent run exists (Ray up, a cell in flight)
-        time.sleep(1)
-        if (root / "mlflow.db").exists():
-            tracker = tracker or Tracker(
-                f"sqlite:///{root}/mlflow.db", "tiny"
-            )  # waits for the driver's schema creation
-            client, exp = tracker.client, tracker.experiment_id
-            if client.search_runs([exp], "tags.kind = 'sweep'"):
-                break
-    time.sleep(3)
+    assert _wait_for_a_cell(proc, psutil.Process(proc.pid)), "no cell's actor started in 300 s"
     proc.terminate()
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0
-    (parent,) = client.search_runs([exp], "tags.kind = 'sweep'")
+    tracker = Tracker(f"sqlite:///{root}/mlflow.db", "tiny")
+    (parent,) = tracker.client.search_runs([tracker.experiment_id], "tags.kind = 'sweep'")
+    tracker.close()
     assert parent.info.status == "KILLED", out[-3000:]
 
 
@@ -122,30 +138,13 @@ def test_a_driver_killed_mid_cell_leaves_no_writer_and_the_report_lists_its_cell
     with its driver. SIGKILL the driver mid-cell: its actor is gone within seconds, nothing is written to the store
     afterwards (the sleeping cell would have finished meanwhile), the next driver closes the parent as KILLED, and
     the report lists both planned cells as never logged instead of leaving them out."""
-    import psutil  # noqa: PLC0415
-
     from analysis.runs import unfinished_cells, unfinished_markdown  # noqa: PLC0415
 
     root = make_project(tmp_path)
     uri = f"sqlite:///{root}/mlflow.db"
     proc = _driver(root, "+fault_injection={kind: sleep, seconds: 6, stage: load}", "seeds=[0]")
     driver = psutil.Process(proc.pid)
-
-    def actors() -> list[psutil.Process]:
-        found = []
-        for p in driver.children(recursive=True) if driver.is_running() else []:
-            try:
-                if "DriverBoundActor" in " ".join(p.cmdline()):
-                    found.append(p)
-            except psutil.Error:
-                pass
-        return found
-
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not actors():  # Ray up, a cell's actor in flight
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        time.sleep(0.5)
-    (actor,) = actors()
+    (actor,) = _wait_for_a_cell(proc, driver)  # Ray up, a cell's actor in flight
     family = driver.children(recursive=True)  # Ray's own processes, cleaned up below
     proc.kill()
     proc.wait(timeout=30)

@@ -38,6 +38,14 @@ id) its tokens and counters do not depend on its companions: the output at batch
 which is ``Decoder.generate``'s. Elsewhere (float32, CUDA) rows differ by rounding and outputs can differ;
 ``divergence.batch_divergence`` measures how often.
 
+The loop times itself (``phase_clock.PhaseClock``, ``BatchedDecoder.clock``): each iteration's wall time goes to
+draft (step 1 and the drafter's feedback), verify (step 2's forward), rule (the rule, emitting, rollback) and other
+(admission, the batch-1 prefill, building rows, bookkeeping), with what the iteration did (rows, draft positions,
+tokens emitted, context, occupancy); a cell's cost model and the bench's rows are read off these records
+(``pipeline.measure.costs.cost_model``), ``draft_cost: auto`` reads them live (``phase_clock.LiveCosts``), and
+with ``calibrate=True`` (a cell's warm-up) every request drafts the calibration schedule
+(``draft_length.calibration_length``).
+
 A method whose target draws its own tokens, unverified (mtjd: ``draw_tokens``, beam sampling on the target's
 sequences, every request's beams in one packed target forward per depth), runs the same loop with steps 1 and 2
 replaced by that draw: each request emits what it drew and the target's cache is left at it. Beam search, with a loop

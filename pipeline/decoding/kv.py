@@ -1,8 +1,9 @@
 """KV-cache handling shared by every method: prefill, extend, roll back, tree forwards, compaction.
 
-``CachedModel`` wraps a transformers causal LM with a preallocated KV cache. Appending writes in
-place; rolling back after a rejection only moves the length (stale slots are never attended:
-later writes overwrite them), so the prefix is never re-computed and nothing is copied.
+``CachedModel`` wraps a transformers causal LM with a KV cache in buffers that grow by doubling
+(``PreallocatedLayer``: allocated once at a first capacity and doubled when a write would pass it, not per
+token). Appending writes in place; rolling back after a rejection only moves the length (stale slots are never
+attended: later writes overwrite them), so the prefix is never re-computed and nothing is copied.
 """
 
 from __future__ import annotations
@@ -217,8 +218,10 @@ class CachedModel:
             return tokens.to(self.device, torch.long).reshape(1, -1)
         return torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
 
-    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """fp32 logits over the target vocabulary: restricted or smaller draft heads get -inf elsewhere."""
+    def logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's raw LM-head rows as fp32 logits over the target vocabulary: a restricted or smaller draft head's
+        rows get -inf elsewhere (what every caller that runs the model's rows itself reads: drafting, tree
+        forwards, beam sampling, the loop)."""
         logits = logits.float()
         if self.token_map is not None:
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
@@ -229,6 +232,9 @@ class CachedModel:
         if logits.shape[-1] > self.vocab_size:
             return logits[..., : self.vocab_size]
         return logits
+
+    # the former private name, kept while pipeline/decoding/batched.py still reads it (issue 55 moves it to logits)
+    _logits = logits
 
     def _run(self, ids: torch.Tensor, keep: int, **tree) -> torch.Tensor:
         """One forward of ``ids`` [1, n] after the cache; the last ``keep`` logit rows (0 = all), [1, rows, V]."""
@@ -310,11 +316,11 @@ class CachedModel:
         """Append ``tokens`` (a causal chain after the cache) and return the last ``keep`` logit rows."""
         logits = self._run(self._ids(tokens), keep=keep)
         self.forwards += 1
-        return self._logits(logits[0])
+        return self.logits(logits[0])
 
     def forward_raw(self, tokens: Sequence[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
         """``forward`` without the conversion to the target vocabulary: the last ``keep`` rows of this model's own
-        head ``[keep, V_own]`` (``_logits`` or ``top_k_rows`` convert them), as ``forward_masked_rows`` gives a
+        head ``[keep, V_own]`` (``logits`` or ``top_k_rows`` convert them), as ``forward_masked_rows`` gives a
         packed step's (the chain loop's one-sequence cache, ``packed.SoloCache``)."""
         logits = self._run(self._ids(tokens), keep=keep)
         self.forwards += 1
@@ -406,13 +412,13 @@ class CachedModel:
         self.forwards += 1
         if raw:  # this model's own head rows (``packed.SoloCache``'s tree rows)
             return logits[0]
-        return self._logits(logits[0]) if warper is None else self.top_k_rows(logits[0], warper)
+        return self.logits(logits[0]) if warper is None else self.top_k_rows(logits[0], warper)
 
     def forward_masked_rows(
         self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor
     ) -> torch.Tensor:
         """``forward_masked`` with the LM head run on the rows ``rows`` [r] alone: their logits ``[r, V_own]`` in
-        this model's own head and dtype (``_logits`` or ``top_k_rows`` turns them into the target vocabulary).
+        this model's own head and dtype (``logits`` or ``top_k_rows`` turns them into the target vocabulary).
         Several sequences packed into one step (a prompt and a few draft tokens each) need one or a few rows
         per sequence; the head over every row would cost more than the decoder layers (a 49k vocabulary)."""
         n = tokens.numel()

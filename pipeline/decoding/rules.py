@@ -1,4 +1,4 @@
-"""What a speculative method declares: a chain rule or a tree walk (the loops are in ``speculative.py``).
+"""What a speculative method declares: a chain rule or a tree walk (run by the loop of ``batched.py``).
 
 A chain rule is a pure function of the warped target rows ``P [g+1, V]``, the draft's rows ``Q [g, V]``
 (or, as the rule declares, their log-probabilities at the drafts ``log q [g]``, or None; a rule that declares

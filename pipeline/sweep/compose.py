@@ -11,7 +11,7 @@ group files it needs through :func:`group_option` and :func:`group_options`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import yaml
 from hydra import compose as hydra_compose
@@ -168,10 +168,10 @@ def group_option(cfg: DictConfig, group: str, name: str) -> dict[str, Any]:
             check_group_file(group, name, folder)
             break
     node = _composed_option(group, name, search)
-    context = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    context = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
     OmegaConf.set_struct(context, False)
     context[group] = node
-    return OmegaConf.to_container(context[group], resolve=True)
+    return cast(dict[str, Any], OmegaConf.to_container(context[group], resolve=True))
 
 
 # (group, name, search path, primary folder, the folders' YAML files with their mtimes and sizes) -> the group's
@@ -233,7 +233,7 @@ def plain(node: Any) -> Any:
 
 def entries(items: Any, group: str) -> list[tuple[str, dict[str, Any]]]:
     """Sweep list entries -> (config name, overrides); an entry is a name or {<group>: name, ...}."""
-    out = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for item in items or []:
         if isinstance(item, str):
             out.append((item, {}))
@@ -253,6 +253,6 @@ def selected(cfg: DictConfig, group: str) -> list[tuple[str, dict[str, Any]]] | 
     node = cfg.get(group)
     if node is None:
         return None
-    resolved = OmegaConf.to_container(node, resolve=True)
-    name = resolved.get("name")
+    resolved = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
+    name = cast(str, resolved.get("name"))
     return [(name, {"__resolved__": resolved})]

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -55,7 +55,7 @@ from pipeline.tracking.layout import TAG_JUDGE, TAG_RESCORED_AT, TAG_SCORE_METRI
 
 def open_tracker(cfg: DictConfig, root: Path, plan: Plan) -> tuple[Tracker, str, str]:
     """(tracker, store URI, experiment); an unusable URI fails here in seconds (``TrackingError``)."""
-    tracking = OmegaConf.to_container(cfg.tracking, resolve=True)
+    tracking = cast(dict[str, Any], OmegaConf.to_container(cfg.tracking, resolve=True))
     uri = resolve_tracking_uri(tracking.get("uri") or "sqlite:///mlflow.db", root)
     check_tracking_uri(uri)
     art = tracking.get("artifact_root")
@@ -94,7 +94,9 @@ def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], 
     Re-scored: ``score_failed`` cells (scoring/judging failed after generating), and finished cells
     whose run was scored by another judge than the one configured now (tag ``judge``).
     """
-    to_run, to_rescore, done = [], [], []
+    to_run: list[Cell] = []
+    to_rescore: list[Cell] = []
+    done: list[Cell] = []
     for cell in cells:
         run = active.get(cell.key)
         status = run.data.tags.get(TAG_STATUS) if run is not None else None
@@ -102,7 +104,8 @@ def classify(cells: list[Cell], active: Mapping[str, Any]) -> tuple[list[Cell], 
             to_rescore.append(cell)
         elif status == STATUS_FINISHED:
             wanted = _judge_tag(cell)
-            (to_rescore if wanted and run.data.tags.get(TAG_JUDGE, "") != wanted else done).append(cell)
+            tags = cast(Any, run).data.tags  # a finished status: its run is there
+            (to_rescore if wanted and tags.get(TAG_JUDGE, "") != wanted else done).append(cell)
         else:
             to_run.append(cell)
     return to_run, to_rescore, done

@@ -23,14 +23,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.cell_types import Cell, batch_label, cell_key, split_batch_label
 from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
-from pipeline.decoding import DrafterContext, check_method, method_class
+from pipeline.decoding import METHODS, DrafterContext, check_method, method_class
 from pipeline.decoding.batched import check_batch
 from pipeline.fingerprints import weights_identity
 from pipeline.models import PairSpec
@@ -107,6 +107,9 @@ OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "ma
 # sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
 # would only be forked and stay empty)
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
+# A sweep.methods entry standing for every registered method (each with its conf/method/<name>.yaml), in the
+# registry's order: conf/sweep/all_methods.yaml, so that a method added to the registry joins it untouched.
+EVERY_METHOD = "*"
 
 
 @dataclass
@@ -151,6 +154,22 @@ def _largest_batches(methods: list[dict[str, Any]], batch_sizes: list[int]) -> l
     out = [(f"sweep entry {m['label']!r}: batch_sizes", max(m["batch_sizes"])) for m in methods if m.get("batch_sizes")]
     if any(not m.get("batch_sizes") for m in methods):
         out.append(("sweep.batch_sizes", max(batch_sizes)))
+    return out
+
+
+def _every_method(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """``sweep.methods`` with the entry ``"*"`` replaced by every registered method."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name, overrides in items:
+        if name != EVERY_METHOD:
+            out.append((name, overrides))
+        elif overrides:
+            raise SweepConfigError(
+                f"sweep.methods: the entry {EVERY_METHOD!r} (every registered method) takes no keys, got "
+                f"{sorted(overrides)}; set them in sweep.method_overrides or list the methods by name"
+            )
+        else:
+            out.extend((n, {}) for n in METHODS.names())
     return out
 
 
@@ -255,7 +274,7 @@ def _declared_keys(section: str, root: Path) -> set[str]:
     if section == "cluster":
         files = sorted((conf / "cluster").glob("*.yaml"))
         return set().union(*(set(OmegaConf.load(f) or {}) for f in files)) - {"defaults"}
-    node = OmegaConf.load(conf / "config.yaml").get(section)
+    node = cast(DictConfig, OmegaConf.load(conf / "config.yaml")).get(section)
     return set(node or {}) | set(OPTIONAL_KEYS.get(section, ()))
 
 
@@ -288,7 +307,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         _check_section_keys(cfg, section, root)
     check_conf_path(plain(cfg.get("conf_path")))
     common = plain(sweep.get("method_overrides")) or {}
-    method_items = selected(cfg, "method") or entries(plain(sweep.get("methods")), "method")
+    method_items = selected(cfg, "method") or _every_method(entries(plain(sweep.get("methods")), "method"))
     pair_items = selected(cfg, "pair") or entries(plain(sweep.get("pairs")), "pair")
     dataset_items = selected(cfg, "dataset") or entries(plain(sweep.get("datasets")), "dataset")
     seeds = plain(cfg.seeds) if cfg.get("seeds") is not None else plain(sweep.get("seeds"))
@@ -319,13 +338,15 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     errors += check_labels(methods, baseline)
     pairs = [p for p in (attempt(_pair_entry, cfg, n, o) for n, o in pair_items) if p]
     datasets = [d for d in (attempt(_dataset_entry, cfg, n, o, root) for n, o in dataset_items) if d]
-    cluster_cfg = OmegaConf.to_container(cfg.cluster, resolve=True) or {}
+    cluster_cfg = cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True)) or {}
     for pair in pairs:
         attempt(check_models_available, pair)
         attempt(check_device, pair, cluster_cfg)
-    judge_cfg = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {}
+    judge_cfg = (
+        cast(dict[str, Any], OmegaConf.to_container(cfg.judge, resolve=True)) if cfg.get("judge") is not None else {}
+    )
     ranges = (
-        check_measure(OmegaConf.to_container(cfg.measure, resolve=True) or {})
+        check_measure(cast(dict[str, Any], OmegaConf.to_container(cfg.measure, resolve=True)) or {})
         + check_cluster(cluster_cfg)
         + check_judge(judge_cfg or {})
     )
@@ -398,20 +419,26 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             errors.append(
                 f"dataset {ds['name']!r} ({ds.get('path') or 'Hub/package copy'}): {type(err).__name__}: {err}"
             )
-    judge = OmegaConf.to_container(cfg.judge, resolve=True) if cfg.get("judge") is not None else {"enabled": False}
+    judge: dict[str, Any] = (
+        cast(dict[str, Any], OmegaConf.to_container(cfg.judge, resolve=True))
+        if cfg.get("judge") is not None
+        else {"enabled": False}
+    )
     if judge.get("enabled"):
         for scorer in {
             s.name: s for s in (check_task_scorer(TaskSpec.from_dict(d["task"])) for d in datasets) if s
         }.values():
             attempt(scorer.check, judge)  # each scorer checks the judge config it would use
-    isolation = (OmegaConf.to_container(cfg.cluster, resolve=True) or {}).get("cpu_isolation") or "exclusive"
+    isolation = (cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True)) or {}).get(
+        "cpu_isolation"
+    ) or "exclusive"
     if isolation not in ISOLATION_MODES:
         errors.append(f"cluster.cpu_isolation={isolation!r}; valid: {', '.join(ISOLATION_MODES)}")
     if errors:
         raise SweepConfigError("the sweep cannot run:\n  - " + "\n  - ".join(errors))
 
-    measure = OmegaConf.to_container(cfg.measure, resolve=True)
-    cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+    measure = cast(dict[str, Any], OmegaConf.to_container(cfg.measure, resolve=True))
+    cluster = cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True))
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
     cells: dict[str, Cell] = {}
     all_batches = sorted({b for m in methods for b in (m.get("batch_sizes") or batch_sizes)})

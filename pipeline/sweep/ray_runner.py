@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -243,7 +243,7 @@ def run_cells(
                     iso["cores"] = free_cores.pop(0)
                 cell = replace(cell, isolation=iso)
                 actor = remote_cls.options(**opts).remote()
-                ref = actor.run.remote(cell, driver)
+                ref = actor.run.remote(cell, driver)  # type: ignore[attr-defined]  # a Ray actor's method
                 in_flight[ref] = (cell, actor, time.monotonic())
             if waiting and not pending:
                 if not told_waiting:
@@ -285,8 +285,8 @@ def run_cells(
                     ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
-                if free_cores is not None and cell.isolation.get("cores"):
-                    free_cores.append(cell.isolation["cores"])
+                if free_cores is not None and (cell.isolation or {}).get("cores"):
+                    free_cores.append(cast(dict[str, Any], cell.isolation)["cores"])
                 if result.isolation is None:  # failed before applying it (or the actor died): what was asked
                     result = replace(result, isolation=cell.isolation)
                 done["finished" if result.status == STATUS_FINISHED else "failed"] += 1

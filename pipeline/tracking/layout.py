@@ -68,6 +68,11 @@ TAG_ERROR = "error"  # cells that did not finish
 TAG_RESCORED_AT = "rescored_at"  # a cell scored again from its logged generations
 TAG_SUPERSEDED_BY = "superseded_by"  # a failed run replaced by a newer run of its key (then deleted)
 TAG_CLOSED_AS_STALE = "closed_as_stale"  # a run left RUNNING by a driver that is gone
+# what the analysis reads of a cell's scorer, per run (so a `module:attr` scorer reads as a registered one does):
+# the field of a record's score_detail that is the sample's score (Scorer.sample_value) and the direction of the score
+# ("1": higher is better, "-1": lower; Scorer.higher_is_better); "" for a cell without a scorer
+TAG_SCORE_SAMPLE_VALUE = "score_sample_value"
+TAG_SCORE_DIRECTION = "score_direction"
 CELL_TAGS = (
     TAG_CELL_KEY,
     TAG_METHOD,
@@ -84,6 +89,8 @@ CELL_TAGS = (
     TAG_GIT_COMMIT,
     TAG_CODE_HASH,
     TAG_SCORE_METRIC,
+    TAG_SCORE_SAMPLE_VALUE,
+    TAG_SCORE_DIRECTION,
     TAG_SWEEP,
     TAG_CONFIG_KEY,
 )

@@ -39,6 +39,7 @@ from mlflow.entities import Metric, Param, ViewType
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from pipeline.cell_types import Cell, CellResult
+from pipeline.scoring.registry import scorer_for
 from pipeline.tracking.layout import (
     CONFIG_ARTIFACT,
     EXPERIMENT_KIND_TAGS,
@@ -76,7 +77,9 @@ from pipeline.tracking.layout import (
     TAG_METHOD,
     TAG_NODE,
     TAG_PAIR,
+    TAG_SCORE_DIRECTION,
     TAG_SCORE_METRIC,
+    TAG_SCORE_SAMPLE_VALUE,
     TAG_SEED,
     TAG_STAGE,
     TAG_STATUS,
@@ -96,6 +99,16 @@ STALE_AFTER_S = 120.0  # a RUNNING parent without a heartbeat for this long is t
 ERROR_LIMIT = 5000  # characters of an error kept in its tag
 
 log = logging.getLogger(__name__)
+
+
+def scorer_tags(cell: Cell) -> dict[str, str]:
+    """What the analysis reads of the cell's scorer, logged with its run: the record field that is a sample's score
+    and the score's direction (``TAG_SCORE_SAMPLE_VALUE``, ``TAG_SCORE_DIRECTION``; empty without a scorer)."""
+    scorer = scorer_for((cell.dataset.get("task") or {}).get("scorer"))
+    if scorer is None:
+        return {TAG_SCORE_SAMPLE_VALUE: "", TAG_SCORE_DIRECTION: ""}
+    direction = "1" if scorer.higher_is_better else "-1"
+    return {TAG_SCORE_SAMPLE_VALUE: scorer.sample_value or "", TAG_SCORE_DIRECTION: direction}
 
 
 def run_time(run: Any) -> int:
@@ -375,6 +388,7 @@ class Tracker:
             TAG_GIT_COMMIT: device.get("git_commit") or "",
             TAG_CODE_HASH: device.get("code_hash") or "",
             TAG_SCORE_METRIC: result.score_metric or "",
+            **scorer_tags(cell),
             TAG_SWEEP: cell.sweep,
             TAG_JUDGE: json.dumps(result.judge_identity, sort_keys=True) if result.judge_identity else "",
             TAG_CPU_ISOLATION: (result.isolation or {}).get("mode", ""),

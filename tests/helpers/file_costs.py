@@ -25,7 +25,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
-TABLE = Path(__file__).resolve().parents[1] / "file_costs.json"
+from helpers.paths import REPO
+
+TABLE = REPO / "tests" / "file_costs.json"
 UNKNOWN = float("inf")  # a file not in the table (new) runs first: its cost is unknown, so it must not end the run
 
 T = TypeVar("T")

@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.paths import REPO
+
 OFFLINE_PAIR = "smollm2-offline"  # conf/pair/<name>.yaml
 
 
