@@ -40,7 +40,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -116,7 +116,7 @@ def score_cell(
     return scorer.score(dataset, samples, predictions, judge=judge_cfg, max_turns=max_turns, **task.scorer_params)
 
 
-def predictions_from_records(records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def predictions_from_records(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``records.predictions_for_scoring`` from logged record dicts (samples.jsonl) instead of a window."""
     return predictions(records)
 

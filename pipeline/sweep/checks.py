@@ -377,7 +377,8 @@ def check_labels(methods: list[Mapping[str, Any]], baseline: Mapping[str, Any] |
     entries labelled alike would run one's cells with the other's parameters or collapse to one), not the
     baseline's unless the entry is the baseline's configuration (else it is dropped for the baseline), and not
     ending in `` (batch N)``, the suffix of the cells of a batch size (``cell_types.batch_label``)."""
-    errors, seen = [], {}
+    errors: list[str] = []
+    seen: dict[str, Any] = {}
     for m in methods:
         label = m["label"]
         if not isinstance(label, str) or not label.strip():
