@@ -10,7 +10,8 @@ became the drafter's scope, ``method.drafter.kind`` ..., and ``max_ngram``/``min
 drafter is not ngram); the other cells' entries are those of before. For HARNESS_VERSION 4 every entry's key,
 ``harness_version`` and the new ``weights`` (the content fingerprints of the local weights the cell reads)
 were re-recorded; nothing else of any entry changed. For HARNESS_VERSION 5 every entry's key, ``harness_version``
-and the new ``batch_size`` (after ``seed``) were re-recorded; nothing else changed.
+and the new ``batch_size`` (after ``seed``) were re-recorded; nothing else changed. For HARNESS_VERSION 6 (the
+loop's own clock) every entry's key and ``harness_version`` were re-recorded; nothing else changed.
 """
 
 from __future__ import annotations
