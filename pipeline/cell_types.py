@@ -87,6 +87,9 @@ class Cell:
     batch_size: int = 1
     """Requests decoded together (``decoding/batched.py``; 1: one at a time, every method's setting): part of its
     key."""
+    workload: dict[str, Any] | None = None
+    """How requests reach the engine (``pipeline.measure.workload.Workload.to_dict``, conf/workload/): None offline
+    (every request queued when the window opens). Part of its key when set, so an offline cell keeps its key."""
     weights: dict[str, str] = field(default_factory=dict)
     """Content fingerprints of the local weights the cell reads, by role (``target``, ``draft``, ``eagle``,
     ``medusa``; ``pipeline.fingerprints.weights_identity``): part of its key; params ``weights.*``."""
@@ -107,14 +110,15 @@ class Cell:
         definition: the harness, the method and its resolved parameters, the pair (not its device), the slice as
         configured (not where the data lives; its task by version only, from version 2 on, so that the keys of
         sweeps planned before task specs stay what they were), the seed, the batch size (HARNESS_VERSION 5), the
-        measurement protocol, the hardware, the precision and the weights' fingerprints. The judge scores the
+        measurement protocol, the hardware, the precision and the weights' fingerprints, and a workload where one is
+        set (absent offline: the keys of sweeps planned before workloads stay what they were). The judge scores the
         generations, it does not change them:
         None (a judge change re-judges the logged generations)."""
         dataset = {k: v for k, v in self.dataset.items() if k not in ("path", "task")}
         version = (self.dataset.get("task") or {}).get("version", 1)
         if version != 1:
             dataset["task_version"] = version
-        return {
+        identity = {
             "harness": self.harness,
             "method": {"name": self.method, "params": self.params},
             "pair": {k: v for k, v in self.pair.items() if k != "device"},
@@ -127,6 +131,9 @@ class Cell:
             "precision": self.precision,
             "weights": self.weights,
         }
+        if self.workload is not None:
+            identity["workload"] = dict(self.workload)
+        return identity
 
     @property
     def config_key(self) -> str:
@@ -160,12 +167,14 @@ class Cell:
             "hardware": self.hardware,
             "harness_version": self.harness,
             "weights": self.weights,
+            **({"workload": self.workload} if self.workload is not None else {}),
         }
 
     def describe(self) -> str:
         """``label pair dataset seed=N [key]``, for messages."""
         batch = f" batch_size={self.batch_size}" if self.batch_size != 1 else ""
-        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed}{batch} [{self.key}]"
+        load = f" workload={self.workload.get('kind')}" if self.workload else ""
+        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed}{batch}{load} [{self.key}]"
 
 
 @dataclass

@@ -33,6 +33,7 @@ from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import DrafterContext, check_method, method_class
 from pipeline.decoding.batched import check_batch
 from pipeline.fingerprints import weights_identity
+from pipeline.measure.workload import Workload
 from pipeline.models import PairSpec
 from pipeline.scoring.registry import check_task_scorer
 from pipeline.sweep.checks import (
@@ -69,6 +70,7 @@ __all__ = [
     "compose",
     "expand",
     "slice_label",
+    "rate_label",
 ]
 
 # Bump when a change to the harness changes what a cell measures (new cell keys). 2: CPU isolation.
@@ -96,7 +98,7 @@ DATASET_KEYS = (
     "time_budget_s",
     "options",
 )
-SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes")
+SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes", "rates")
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
 # sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
@@ -290,6 +292,10 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
+    try:  # the workload (conf/workload/) and its rate axis, before any model loads
+        workload, rates = _workload(cfg, sweep.get("rates"))
+    except ValueError as err:
+        raise SweepConfigError(str(err)) from None
 
     errors: list[str] = []
 
@@ -390,6 +396,16 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             s.name: s for s in (check_task_scorer(TaskSpec.from_dict(d["task"])) for d in datasets) if s
         }.values():
             attempt(scorer.check, judge)  # each scorer checks the judge config it would use
+    for label, n in counts.items():  # workload.requests within each slice
+        try:
+            workload.count(n)
+        except ValueError as err:
+            errors.append(f"dataset {label}: {err}")
+    if methods:
+        try:
+            workload.check_slots(max(b for m in methods for b in (m.get("batch_sizes") or batch_sizes)))
+        except ValueError as err:
+            errors.append(str(err))
     isolation = (OmegaConf.to_container(cfg.cluster, resolve=True) or {}).get("cpu_isolation") or "exclusive"
     if isolation not in ISOLATION_MODES:
         errors.append(f"cluster.cpu_isolation={isolation!r}; valid: {', '.join(ISOLATION_MODES)}")
@@ -401,13 +417,15 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
     cells: dict[str, Cell] = {}
     all_batches = sorted({b for m in methods for b in (m.get("batch_sizes") or batch_sizes)})
-    for pair, ds, seed, batch in itertools.product(pairs, datasets, seeds, all_batches):
+    axis: list[float | None] = list(rates) if rates else [None]  # the rate axis (None: the workload's own rate)
+    for pair, ds, seed, batch, rate in itertools.product(pairs, datasets, seeds, all_batches, axis):
         group = [m for m in methods if batch in (m.get("batch_sizes") or batch_sizes)]
         if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in group):
             group = [baseline] + [m for m in group if m["label"] != baseline["label"]]
+        at = workload if rate is None else replace(workload, rate=rate)
         for m in group:
             is_baseline = baseline is not None and m["label"] == baseline["label"]
-            entry = dict(m, label=batch_label(m["label"], batch))
+            entry = dict(m, label=rate_label(batch_label(m["label"], batch), rate))
             cell = _make_cell(
                 sweep.name,
                 entry,
@@ -421,9 +439,34 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 fault,
                 is_baseline,
                 batch,
+                at.identity(),
             )
             cells.setdefault(cell.key, cell)
     return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts)
+
+
+def rate_label(label: str, rate: float | None) -> str:
+    """A label on a sweep's rate axis (``sweep.rates``): ``spd (batch 4) @ 2/s``; unchanged without one."""
+    return label if rate is None else f"{label} @ {rate:g}/s"
+
+
+def _workload(cfg: DictConfig, rates: Any) -> tuple[Workload, list[float] | None]:
+    """The sweep's workload (``workload:``, ``slo:``) and its rate axis (``sweep.rates``: poisson only, each a finite
+    number > 0); ``ValueError`` naming the fix."""
+    node, slo = cfg.get("workload"), cfg.get("slo")
+    workload = Workload.from_config(plain(node) if node is not None else None, plain(slo) if slo is not None else None)
+    if rates is None:
+        return workload, None
+    rates = plain(rates)
+    if workload.kind != "poisson":
+        raise ValueError(
+            f"sweep.rates is the poisson workload's axis (workload is {workload.kind!r}): set workload=poisson"
+        )
+    if not isinstance(rates, list) or not rates:
+        raise ValueError(f"sweep.rates={rates!r}: a non-empty list of requests/s, e.g. [0.25, 0.5, 1, 2]")
+    for r in rates:  # each rate as workload.rate would be checked
+        Workload.from_config(dict(plain(node) or {}, rate=r), plain(slo) if slo is not None else None)
+    return workload, sorted({float(r) for r in rates})
 
 
 def _make_cell(
@@ -439,6 +482,7 @@ def _make_cell(
     fault: Any,
     baseline: bool,
     batch_size: int = 1,
+    workload: dict[str, Any] | None = None,
 ) -> Cell:
     scorer = check_task_scorer(TaskSpec.from_dict(ds["task"]))
     cell = Cell(
@@ -455,6 +499,7 @@ def _make_cell(
         hardware=cluster.get("accelerator_type") or "any",
         harness=HARNESS_VERSION,
         batch_size=batch_size,
+        workload=workload,
         weights=weights_identity(pair, method["name"], params),
         # the judge scores the generations, it does not change them: not part of the key (Cell.identity)
         judge=dict(judge) if (judge.get("enabled") and scorer is not None and scorer.uses_judge) else None,
