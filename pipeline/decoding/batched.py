@@ -134,6 +134,13 @@ def _arrive(arrivals: Any, queue: deque, live: Sequence[Any]) -> bool:
     return arrivals is not None and bool(arrivals.feed(queue, not queue and not live))
 
 
+def _occupy(live: Sequence[Any], slots: int) -> None:
+    """Each live request's draft-length policy hears how full the batch is this iteration (``draft_stop: load``)."""
+    for r in live:
+        if r.policy is not None:
+            r.policy.observe_load(len(live), slots)
+
+
 class BatchedDecoder:
     """The loop of one decoder over ``batch_size`` slots (batch 1: ``Decoder.generate``'s own loop); at batch 1
     a method with a loop of its own (beam) runs its ``generate`` request by request behind the same ``run``
@@ -258,6 +265,7 @@ class BatchedDecoder:
                     live.extend(admitted)
                     if not live:  # every request still to come (a workload's: ``arrivals``)
                         continue
+                    _occupy(live, self.batch_size)
                     self._iterate(live, eos)
                     for r in [r for r in live if r.slot < 0]:
                         live.remove(r)
