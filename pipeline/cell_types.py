@@ -54,6 +54,24 @@ def split_batch_label(label: str) -> tuple[str, int]:
     return label, 1
 
 
+def temperature_label(label: str, temperature: float | None) -> str:
+    """A sweep entry's label on a temperature axis (``sweep.temperatures``): ``spd (T=0.7)``; unchanged without one."""
+    return label if temperature is None else f"{label} (T={temperature:g})"
+
+
+def split_temperature_label(label: str) -> tuple[str, float | None]:
+    """``temperature_label``'s inverse on a label's head (a batch or rate suffix after it is dropped):
+    ``("spd", 0.7)`` from ``spd (T=0.7) (batch 4) @ 2/s``, ``(label, None)`` without one."""
+    head = split_batch_label(label.split(" @ ")[0])[0]
+    base, sep, tail = head.rpartition(" (T=")
+    if sep and tail.endswith(")"):
+        try:
+            return base, float(tail[:-1])
+        except ValueError:
+            pass
+    return head, None
+
+
 @dataclass(frozen=True)
 class Cell:
     """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with

@@ -21,13 +21,14 @@ weights gives the same key.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cell_types import Cell, batch_label, cell_key
+from pipeline.cell_types import Cell, batch_label, cell_key, temperature_label
 from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
 from pipeline.decoding import DrafterContext, check_method, method_class
@@ -98,7 +99,8 @@ DATASET_KEYS = (
     "time_budget_s",
     "options",
 )
-SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes", "rates")
+AXES = ("batch_sizes", "rates", "temperatures")  # the grid's axes beyond the seeds (sweep.<axis>: [...])
+SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", *AXES)
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
 # sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
@@ -292,8 +294,9 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
-    try:  # the workload (conf/workload/) and its rate axis, before any model loads
+    try:  # the workload (conf/workload/) and its rate axis, the temperature axis, before any model loads
         workload, rates = _workload(cfg, sweep.get("rates"))
+        temperatures = _temperatures(sweep.get("temperatures"))
     except ValueError as err:
         raise SweepConfigError(str(err)) from None
 
@@ -360,6 +363,13 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 )
                 errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or {where})")
                 continue
+            for t in temperatures or ():  # the temperature axis: each entry at each temperature, checked as such
+                try:
+                    resolved_params[(m["label"], pair["name"], t)] = check_method(
+                        m["name"], dict(m["params"], temperature=t), drafters=DrafterContext.of_pair(pair)
+                    )
+                except ValueError as err:
+                    errors.append(f"{err} (sweep entry {m['label']!r} at sweep.temperatures {t:g})")
             own = m.get("batch_sizes") or batch_sizes
             if m is baseline:  # the baseline runs at every batch size some entry runs at
                 own = sorted({b for e in methods for b in (e.get("batch_sizes") or batch_sizes)})
@@ -418,18 +428,19 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     cells: dict[str, Cell] = {}
     all_batches = sorted({b for m in methods for b in (m.get("batch_sizes") or batch_sizes)})
     axis: list[float | None] = list(rates) if rates else [None]  # the rate axis (None: the workload's own rate)
-    for pair, ds, seed, batch, rate in itertools.product(pairs, datasets, seeds, all_batches, axis):
+    temps: list[float | None] = list(temperatures) if temperatures else [None]  # None: each entry's own
+    for pair, ds, seed, batch, rate, temp in itertools.product(pairs, datasets, seeds, all_batches, axis, temps):
         group = [m for m in methods if batch in (m.get("batch_sizes") or batch_sizes)]
         if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in group):
             group = [baseline] + [m for m in group if m["label"] != baseline["label"]]
         at = workload if rate is None else replace(workload, rate=rate)
         for m in group:
             is_baseline = baseline is not None and m["label"] == baseline["label"]
-            entry = dict(m, label=rate_label(batch_label(m["label"], batch), rate))
+            entry = dict(m, label=rate_label(batch_label(temperature_label(m["label"], temp), batch), rate))
             cell = _make_cell(
                 sweep.name,
                 entry,
-                resolved_params[(m["label"], pair["name"])],
+                resolved_params[(m["label"], pair["name"]) if temp is None else (m["label"], pair["name"], temp)],
                 pair,
                 ds,
                 seed,
@@ -467,6 +478,20 @@ def _workload(cfg: DictConfig, rates: Any) -> tuple[Workload, list[float] | None
     for r in rates:  # each rate as workload.rate would be checked
         Workload.from_config(dict(plain(node) or {}, rate=r), plain(slo) if slo is not None else None)
     return workload, sorted({float(r) for r in rates})
+
+
+def _temperatures(value: Any) -> list[float] | None:
+    """``sweep.temperatures``: a non-empty list of finite numbers >= 0 (0: greedy), or null for none."""
+    value = plain(value)
+    if value is None:
+        return None
+    ok = isinstance(value, list) and value
+    ok = ok and all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0 for t in value
+    )
+    if not ok:
+        raise ValueError(f"sweep.temperatures={value!r}: a non-empty list of numbers >= 0, e.g. [0, 0.7, 1.0]")
+    return sorted({float(t) for t in value})
 
 
 def _make_cell(
