@@ -262,3 +262,17 @@ def test_the_bench_takes_the_shipped_workloads():
         cfg = _bench_cfg(f"workload={name}")
         check_settings(cfg)
         assert bench_workload(cfg).kind == name
+
+
+def test_more_offered_load_shows_more_queueing():
+    """The toy engine (4 slots, 1 s per request) under 0.5 and 4 requests/s: more load, longer waits, and the
+    window's percentiles ordered."""
+    got = {}
+    for rate in (0.5, 4.0):
+        clock = Clock()
+        src = poisson(rate=rate).arrivals(list(range(400)), seed=1, clock=clock, sleep=clock.sleep)
+        waits, _ = serve(src, clock, service=1.0, slots=4)
+        got[rate] = percentiles(waits, name="queue_s")
+    assert got[4.0]["queue_s_p50"] > got[0.5]["queue_s_p50"] and got[4.0]["queue_s_p99"] > got[0.5]["queue_s_p99"]
+    for p in got.values():
+        assert p["queue_s_p50"] <= p["queue_s_p90"] <= p["queue_s_p99"]
