@@ -29,7 +29,7 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from analysis import batching, breakdown, claims_report, figures, schema, serving, specbench, stats
+from analysis import batching, categories, claims_report, figures, schema, serving, specbench, stats
 from analysis.runs import (
     REPO_ROOT,
     default_tracking_uri,
@@ -184,8 +184,8 @@ def write_report(
         written["tables"].append(path)
     clean = stats.without_disturbed_timing(runs)
     for name, wanted, draw in (  # by category (where the dataset has them) and against temperature (its axis)
-        ("categories.md", breakdown.has_categories(samples), lambda: breakdown.categories_markdown(samples)),
-        ("temperature.md", breakdown.varies(runs), lambda: breakdown.temperature_markdown(clean)),
+        ("categories.md", categories.has_categories(samples), lambda: categories.categories_markdown(samples)),
+        ("temperature.md", categories.varies(runs), lambda: categories.temperature_markdown(clean)),
     ):
         if wanted:
             (out_dir / name).write_text(draw())

@@ -212,7 +212,7 @@ RECORD_FIELDS: dict[str, str] = {
     "decode_s": "decode_s",
     "tokens_per_s": "tokens_per_s",
     "perplexity": "perplexity",
-    "category": "category",  # the sample's category (analysis/breakdown.py: per-category tables)
+    "category": "category",  # the sample's category (analysis/categories.py: per-category tables)
 }
 # SCORE_DETAIL_FIELD: a record's verdicts (the fields its task's scorer declares, conf/dataset/<name>.yaml
 # `score_fields`); the first of these present is the sample's score: each scorer's declared per-sample value

@@ -1,4 +1,4 @@
-"""Per category and per temperature (analysis/breakdown.py) on synthetic frames of known figures, and the sweep's
+"""Per category and per temperature (analysis/categories.py) on synthetic frames of known figures, and the sweep's
 temperature axis (sweep.temperatures) in the planner."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import breakdown, stats
+from analysis import categories, stats
 from helpers.paths import REPO
 from pipeline import sweep
 from pipeline.cell_types import split_temperature_label, temperature_label
@@ -40,15 +40,15 @@ def samples() -> pd.DataFrame:
 
 
 def test_the_per_category_split():
-    t = breakdown.by_category(samples()).set_index(["method", "category"])
-    assert breakdown.has_categories(samples()) and len(t) == 4
+    t = categories.by_category(samples()).set_index(["method", "category"])
+    assert categories.has_categories(samples()) and len(t) == 4
     assert t.loc[("spd", "coding"), "tokens_per_s"] == pytest.approx(15.0)
     assert t.loc[("spd", "coding"), "speedup"] == pytest.approx(1.5)
     assert t.loc[("spd", "writing"), "speedup"] == pytest.approx(1.0)
     assert t.loc[("spd", "coding"), "tokens_per_step"] == pytest.approx(93 / 46)  # steps 15 + 15 + 16
     assert t.loc[("ar", "writing"), "generations"] == 6
-    assert "| p | mt_bench | spd | coding | 6 | 15.00 |" in breakdown.categories_markdown(samples())
-    assert not breakdown.has_categories(samples().assign(category="one"))
+    assert "| p | mt_bench | spd | coding | 6 | 15.00 |" in categories.categories_markdown(samples())
+    assert not categories.has_categories(samples().assign(category="one"))
 
 
 def test_temperature_labels_round_trip():
@@ -82,15 +82,15 @@ def runs() -> pd.DataFrame:
 
 
 def test_acceptance_and_speedup_against_temperature():
-    assert breakdown.varies(runs()) and not breakdown.varies(runs().assign(label="spd"))
-    t = breakdown.by_temperature(runs()).set_index(["method", "temperature"])
+    assert categories.varies(runs()) and not categories.varies(runs().assign(label="spd"))
+    t = categories.by_temperature(runs()).set_index(["method", "temperature"])
     assert t.loc[("spd", 0.0), "speedup"] == pytest.approx(30.1 / 20) and t.loc[("spd", 0.0), "seeds"] == 3
     assert t.loc[("spd", 1.0), "speedup"] == pytest.approx(22.1 / 20)  # over ar at T=1, not at T=0
     assert t.loc[("spd", 1.0), "tokens_per_step"] == 1.8
     assert t.loc[("spd", 0.0), "low"] < t.loc[("spd", 0.0), "speedup"] < t.loc[("spd", 0.0), "high"]
     ratios = stats.add_ratios(runs())
     assert sorted(ratios[ratios["method"] == "ar"]["speedup"].unique()) == [1.0]
-    assert "| p | d | spd | 1 | 3 | 1.80 |" in breakdown.temperature_markdown(runs())
+    assert "| p | d | spd | 1 | 3 | 1.80 |" in categories.temperature_markdown(runs())
 
 
 @pytest.fixture(scope="module")
