@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis import schema
 from pipeline.measure.costs import DISTURBED_DRIFT, DISTURBED_SLOWDOWN
 
 TIMING_COLUMNS = (
@@ -24,6 +25,7 @@ TIMING_COLUMNS = (
     "tokens_per_target_step",
     "energy_ratio",
     "dynamic_energy_ratio",
+    *schema.SERVING_TIMING,  # a workload's latencies and rates (analysis.serving)
 )
 
 

@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import matplotlib.pyplot as plt
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from analysis import batching, breakdown, claims_report, figures, schema, specbench, stats
+from analysis import batching, breakdown, categories, claims_report, figures, schema, serving, specbench, stats
 from analysis.runs import (
     REPO_ROOT,
     default_tracking_uri,
@@ -190,6 +191,21 @@ def write_report(
         path = out_dir / "batching.md"
         path.write_text(batching.markdown(stats.without_disturbed_timing(runs)))
         written["tables"].append(path)
+    clean = stats.without_disturbed_timing(runs)
+    for name, wanted, draw in (  # by category (where the dataset has them) and against temperature (its axis)
+        ("categories.md", categories.has_categories(samples), lambda: categories.categories_markdown(samples)),
+        ("temperature.md", categories.varies(runs), lambda: categories.temperature_markdown(clean)),
+    ):
+        if wanted:
+            (out_dir / name).write_text(draw())
+            written["tables"].append(out_dir / name)
+    if serving.varies(runs):  # under load: the curves against the offered rate, the crossover and the load claims
+        clean, path = stats.without_disturbed_timing(runs), out_dir / "serving.md"
+        path.write_text(serving.markdown(clean, serving.load_serving_claims(claims_file)))
+        written["tables"].append(path)
+        fig = serving.serving_vs_rate(clean)
+        written["figures"]["serving_vs_rate"] = figures.savefig(fig, out_dir / "figures", "serving_vs_rate")
+        plt.close(fig)
     log(
         f"tables: {', '.join(str(p) for p in written['tables'])}; figures: {len(written['figures'])} in "
         f"{out_dir / 'figures'}"

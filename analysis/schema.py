@@ -77,6 +77,13 @@ TAGS: dict[str, str] = {
 }
 
 # canonical column -> MLflow metric (a metric missing from a run is NaN in the DataFrame)
+# a workload's latencies and rates (pipeline/measure/workload.py): timing, left out of disturbed cells (analysis.stats)
+SERVING_TIMING = (
+    *(f"{m}_p{q}" for m in ("ttft_s", "tpot_ms", "e2e_s", "queue_s") for q in (50, 90, 99)),
+    "throughput_tok_s",
+    "request_throughput_rps",
+    "goodput_rps",
+)
 METRICS: dict[str, str] = {
     "tokens_per_s": "tokens_per_s",  # total new tokens / total decode time (the main speed column)
     "tokens_per_s_window": "tokens_per_s_window",
@@ -153,6 +160,8 @@ METRICS: dict[str, str] = {
     "calibrated_target_step_ms": "calibrated_target_step_ms",
     "step_slowdown": "step_slowdown",
     "disturbed": "disturbed",  # 1: step_drift >= measure.DISTURBED_DRIFT (older: probe >= 1.5x calibration): timing out
+    # a workload's cells (pipeline/measure/workload.py; absent offline): the offered load and what it met
+    **{name: name for name in ("rate", *SERVING_TIMING, "mean_batch_occupancy")},
 }
 
 # Params under this prefix describe the pair (models, draft, dtype...): runs whose pair config differs
@@ -240,6 +249,7 @@ RECORD_FIELDS: dict[str, str] = {
     "decode_s": "decode_s",
     "tokens_per_s": "tokens_per_s",
     "perplexity": "perplexity",
+    "category": "category",  # the sample's category (analysis/categories.py: per-category tables)
 }
 # SCORE_DETAIL_FIELD: a record's verdicts (the fields its task's scorer declares, conf/dataset/<name>.yaml
 # `score_fields`). A sample's score is the field its run logged as its scorer's per-sample value (tag

@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis import schema
 from analysis.disturbed import TIMING_COLUMNS, mark_disturbed, without_disturbed_timing  # noqa: F401 - re-exported
-from pipeline.cell_types import split_batch_label
+from pipeline.cell_types import split_temperature_label
 from pipeline.measure.bounds import alpha_from_tokens_per_step, leviathan_bound
 from pipeline.measure.costs import DISTURBED_DRIFT, DISTURBED_SLOWDOWN  # noqa: F401 - the report names them
 
@@ -32,7 +32,8 @@ MATCH = (
     "seed",
     "device",
     "batch_size",
-)  # batch_size: a method's speedup is over ar at the same batch size
+    "rate",
+)  # batch_size, rate: a method's speedup is over ar at the same batch size and offered load (NaN offline)
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float, int]:
@@ -53,12 +54,16 @@ def per_seed_ratio(
     The baseline is a method name (``ar``) or a label; rows without a matching baseline cell get NaN.
     """
     match = [c for c in match if c in runs.columns]
-    labels = runs["label"].map(lambda label: split_batch_label(str(label))[0])  # "ar (batch 4)" is ar's cell at batch 4
+    # "ar (batch 4)": ar's cell at batch 4; "ar @ 2/s" at rate 2; "ar (T=0.7)" at temperature 0.7 (matched too)
+    split = runs["label"].map(lambda label: split_temperature_label(str(label)))
+    labels = split.map(lambda t: t[0])
     if (labels == baseline).any():
         is_base = labels == baseline
     else:
         is_base = runs["method"] == baseline
     keys = runs[match].astype(object).where(runs[match].notna(), "")
+    keys["_temperature"] = split.map(lambda t: "" if t[1] is None else t[1])
+    match = [*match, "_temperature"]
     base = keys[is_base].assign(_base=runs.loc[is_base, metric].to_numpy(dtype=float)).drop_duplicates(match)
     merged = keys.merge(base, on=match, how="left")  # a left merge keeps the left rows' order
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -57,6 +57,7 @@ from pipeline.measure.costs import probe_step_ms
 from pipeline.measure.energy import make_energy_meter
 from pipeline.measure.records import Protocol, predictions, predictions_for_scoring, request_metrics
 from pipeline.measure.window import run_window
+from pipeline.measure.workload import Workload
 from pipeline.models import PairSpec, load_pair
 from pipeline.prompts import eos_ids
 from pipeline.scoring.perplexity import pairs_from_records, perplexity
@@ -233,6 +234,7 @@ def run_cell(cell: Cell) -> CellResult:
                 stop_strings=task.stops(spec.chat),
                 max_turns=dataset.get("max_turns"),
                 probe=partial(probe_step_ms, _target_model(decoder, pair), device) if protocol.costs else None,
+                workload=Workload.from_dict(cell.workload) if cell.workload else None,
             )
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)

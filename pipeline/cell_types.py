@@ -54,6 +54,24 @@ def split_batch_label(label: str) -> tuple[str, int]:
     return label, 1
 
 
+def temperature_label(label: str, temperature: float | None) -> str:
+    """A sweep entry's label on a temperature axis (``sweep.temperatures``): ``spd (T=0.7)``; unchanged without one."""
+    return label if temperature is None else f"{label} (T={temperature:g})"
+
+
+def split_temperature_label(label: str) -> tuple[str, float | None]:
+    """``temperature_label``'s inverse on a label's head (a batch or rate suffix after it is dropped):
+    ``("spd", 0.7)`` from ``spd (T=0.7) (batch 4) @ 2/s``, ``(label, None)`` without one."""
+    head = split_batch_label(label.split(" @ ")[0])[0]
+    base, sep, tail = head.rpartition(" (T=")
+    if sep and tail.endswith(")"):
+        try:
+            return base, float(tail[:-1])
+        except ValueError:
+            pass
+    return head, None
+
+
 @dataclass(frozen=True)
 class Cell:
     """One cell of a sweep, as ``pipeline.sweep.plan.expand`` builds it (frozen: change with
@@ -87,6 +105,9 @@ class Cell:
     batch_size: int = 1
     """Requests decoded together (``decoding/batched.py``; 1: one at a time, every method's setting): part of its
     key."""
+    workload: dict[str, Any] | None = None
+    """How requests reach the engine (``pipeline.measure.workload.Workload.to_dict``, conf/workload/): None offline
+    (every request queued when the window opens). Part of its key when set, so an offline cell keeps its key."""
     weights: dict[str, str] = field(default_factory=dict)
     """Content fingerprints of the local weights the cell reads, by role (``target``, ``draft``, ``eagle``,
     ``medusa``; ``pipeline.fingerprints.weights_identity``): part of its key; params ``weights.*``."""
@@ -107,14 +128,15 @@ class Cell:
         definition: the harness, the method and its resolved parameters, the pair (not its device), the slice as
         configured (not where the data lives; its task by version only, from version 2 on, so that the keys of
         sweeps planned before task specs stay what they were), the seed, the batch size (HARNESS_VERSION 5), the
-        measurement protocol, the hardware, the precision and the weights' fingerprints. The judge scores the
+        measurement protocol, the hardware, the precision and the weights' fingerprints, and a workload where one is
+        set (absent offline: the keys of sweeps planned before workloads stay what they were). The judge scores the
         generations, it does not change them:
         None (a judge change re-judges the logged generations)."""
         dataset = {k: v for k, v in self.dataset.items() if k not in ("path", "task")}
         version = (self.dataset.get("task") or {}).get("version", 1)
         if version != 1:
             dataset["task_version"] = version
-        return {
+        identity = {
             "harness": self.harness,
             "method": {"name": self.method, "params": self.params},
             "pair": {k: v for k, v in self.pair.items() if k != "device"},
@@ -127,6 +149,9 @@ class Cell:
             "precision": self.precision,
             "weights": self.weights,
         }
+        if self.workload is not None:
+            identity["workload"] = dict(self.workload)
+        return identity
 
     @property
     def config_key(self) -> str:
@@ -160,12 +185,14 @@ class Cell:
             "hardware": self.hardware,
             "harness_version": self.harness,
             "weights": self.weights,
+            **({"workload": self.workload} if self.workload is not None else {}),
         }
 
     def describe(self) -> str:
         """``label pair dataset seed=N [key]``, for messages."""
         batch = f" batch_size={self.batch_size}" if self.batch_size != 1 else ""
-        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed}{batch} [{self.key}]"
+        load = f" workload={self.workload.get('kind')}" if self.workload else ""
+        return f"{self.label} {self.pair_name} {self.dataset_name} seed={self.seed}{batch}{load} [{self.key}]"
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pipeline import sweep
 from pipeline.cell import run_cell
 from pipeline.cell_types import STATUS_FAILED, STATUS_FINISHED
 from pipeline.data.slices import load_slice
+from pipeline.measure.workload import Workload
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +104,18 @@ def test_an_auto_cost_cell_reads_its_costs_off_the_loops_clock(plan):
     assert list(result.stages)[:2] == ["load", "generate"] and "calibrate" not in result.stages
     m = result.metrics
     assert m["cost_ratio_c"] > 0 and m["t_target_step_ms"] > 0 and "row_cost_v" in m and m["new_tokens"] > 0
+
+
+def test_a_workload_cell_replays_its_arrivals_and_logs_the_serving_metrics(plan):
+    """A cell planned with a workload (sweep.rates) hands it to its window: records with their arrival, the serving
+    metrics beside the others; the load-aware draft length reads the loop's live costs like the acceptance rule."""
+    base = _cell(plan, "spd", "humaneval")
+    workload = Workload.from_config({"kind": "poisson", "rate": 20.0, "max_concurrency": 1}, {"tpot_ms": 1e6})
+    params = {**base.params, "draft_stop": "load", "draft_cost": "auto", "verify_cost": "auto", "draft_min": 0}
+    result = run_cell(replace(base, workload=workload.identity(), params=params))
+    assert result.status == STATUS_FINISHED, result.traceback
+    assert list(result.stages)[:2] == ["load", "generate"]
+    m = result.metrics
+    assert m["rate"] == 20.0 and m["ttft_s_p50"] <= m["ttft_s_p99"] and m["goodput_rps"] > 0
+    assert m["e2e_s_p50"] >= m["ttft_s_p50"] and 0 < m["mean_batch_occupancy"] <= 1 + 1e-9
+    assert all(r["arrival_s"] is not None for r in result.records)

@@ -28,6 +28,7 @@ made from it, are new).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -347,3 +348,59 @@ def test_a_cell_logs_the_fingerprints_of_its_weights(project, bf16_cpu):
     # `medusa:` folder (then its fingerprint joins: test_retraining_a_checkpoint_renews_exactly_the_cells_that_read_it)
     assert by_label["medusa"].weights.keys() == by_label["typical(medusa)"].weights.keys() == {"target"}
     assert by_label["spd"].config["weights"]["draft"] == target  # params weights.*
+
+
+@pytest.mark.parametrize("case", sorted(PINNED))
+def test_an_offline_workload_changes_no_key(case, project, bf16_cpu):
+    """``workload=offline`` (the default, pipeline/measure/workload.py) said explicitly, with an objective set, plans
+    the very cells of every pinned sweep: an offline cell's identity holds no workload."""
+    overrides, expected = PINNED[case]
+    plan = sweep.expand(sweep.compose([*overrides, "workload=offline", "slo.tpot_ms=100"]), project)
+    assert [(c.label, c.dataset_name, c.seed, c.key) for c in plan.cells] == expected
+    assert all(c.workload is None and "workload" not in c.identity for c in plan.cells)
+
+
+SERVING = ["sweep=smoke", "data_root=data", "seeds=[0]", "workload=poisson", "workload.max_concurrency=1"]
+
+
+def test_a_poisson_workload_is_in_the_key_and_the_same_across_a_cell_group(project, bf16_cpu):
+    plan = sweep.expand(sweep.compose([*SERVING, "sweep.rates=[2,0.5]", "slo.ttft_s=3"]), project)
+    cells = plan.cells
+    assert {c.label for c in cells} == {f"{m} @ {r}/s" for m in ("ar", "spd", "block", "mtad") for r in ("0.5", "2")}
+    assert len({c.key for c in cells}) == len(cells) == 2 * 2 * 4  # datasets x rates x methods
+    assert not {c.key for c in cells} & {k for *_, k in PINNED["smoke"][1]}
+    for (dataset, rate), group in _groups(cells).items():
+        assert len({repr(sorted(c.workload.items())) for c in group}) == 1  # every method sees the same arrivals
+        assert group[0].workload["rate"] == rate and group[0].workload["slo_ttft_s"] == 3
+    # one rate, no axis: the labels are the sweep's own
+    single = sweep.expand(sweep.compose([*SERVING, "workload.rate=3"]), project).cells
+    assert {c.label for c in single} == {"ar", "spd", "block", "mtad"} and single[0].workload["rate"] == 3
+
+
+def _groups(cells) -> dict[tuple[str, float], list]:
+    out: dict[tuple[str, float], list] = {}
+    for c in cells:
+        out.setdefault((c.dataset_name, c.workload["rate"]), []).append(c)
+    return out
+
+
+@pytest.mark.parametrize(
+    "extra,fix",
+    [
+        (["workload.max_concurrency=2"], "workload.max_concurrency=2 exceeds the sweep's largest batch size (1)"),
+        (["workload.requests=4"], "workload.requests=4 exceeds the slice's 3 samples"),
+        (["workload.rate=-1"], "workload.rate=-1"),
+        (["workload.burstiness=0"], "workload.burstiness=0"),
+        (["workload.requests=0"], "workload.requests=0"),
+        (["sweep.rates=[1,nan]"], "workload.rate=nan"),
+        (["slo.tpot_ms=0"], "slo.tpot_ms=0"),
+    ],
+)
+def test_a_bad_workload_is_refused_by_the_planner(project, extra, fix):
+    with pytest.raises(sweep.SweepConfigError, match=re.escape(fix)):
+        sweep.expand(sweep.compose([*SERVING, *extra]), project)
+
+
+def test_a_rate_axis_needs_a_poisson_workload(project):
+    with pytest.raises(sweep.SweepConfigError, match="set workload=poisson"):
+        sweep.expand(sweep.compose(["sweep=smoke", "data_root=data", "sweep.rates=[1]"]), project)

@@ -128,7 +128,7 @@ def test_defaults_leave_the_resolved_parameters_and_keys_alone():
 @pytest.mark.parametrize(
     "params,fix",
     [
-        ({"draft_stop": "always"}, "must be one of ['none', 'confidence', 'acceptance']"),
+        ({"draft_stop": "always"}, "must be one of ['none', 'confidence', 'acceptance', 'load']"),
         ({"draft_threshold": 0.3}, "set draft_stop: confidence, or leave draft_threshold at its default"),
         ({"draft_stop": "confidence", "draft_cost": 0.2}, "set draft_stop: acceptance"),
         ({"verify_cost": 0.3}, "set draft_stop: acceptance, or leave verify_cost at its default"),

@@ -115,7 +115,8 @@ def test_summary_tables_keep_a_disturbed_cells_timing_out_of_the_means():
 
 
 @pytest.mark.parametrize(
-    "name", ["smoke", "all_methods", "block_vs_token", "mtad_table5", "ablation_tau", "ablation_beams", "claims"]
+    "name",
+    ["smoke", "all_methods", "block_vs_token", "mtad_table5", "ablation_tau", "ablation_beams", "claims", "serving"],
 )
 def test_every_shipped_sweep_expands(name):
     """The sweeps in conf/sweep/ name existing methods and datasets with valid parameters (the real
@@ -126,6 +127,8 @@ def test_every_shipped_sweep_expands(name):
     assert plan.cells and len({c.key for c in plan.cells}) == len(plan.cells)
     if name == "all_methods":
         assert {c.method for c in plan.cells} == set(METHODS)
+    if name == "serving":  # 5 methods x 4 rates x 3 seeds, every cell under the workload at its rate
+        assert len(plan.cells) == 60 and {c.workload["rate"] for c in plan.cells} == {0.3, 0.6, 1.2, 2.0}
 
 
 def test_two_slices_of_one_dataset_are_counted_apart():

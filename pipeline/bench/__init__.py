@@ -26,6 +26,7 @@ J/token (median over passes), idle-subtracted with the idle power measured once 
 (``idle_seconds``); with ``nvml+zeus``, Zeus's reading of the same windows and ours against it per pass.
 
 Modules: ``plan`` (settings and rows, before any model loads), ``runners`` (the timed passes, step costs, bounds),
-``batched`` (``batch_sizes=[...]``: the batch-size table), ``report`` (the Markdown tables), ``__main__`` (the
+``batched`` (``batch_sizes=[...]``: the batch-size table), ``serving`` (``workload=poisson|closed``: the serving
+table), ``report`` (the Markdown tables), ``__main__`` (the
 command line).
 """

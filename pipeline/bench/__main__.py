@@ -14,9 +14,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bench.batched import BatchBench
-from pipeline.bench.plan import REPO_ROOT, check_settings
+from pipeline.bench.plan import REPO_ROOT, bench_workload, check_settings
 from pipeline.bench.report import batch_markdown, engine_info, to_markdown
 from pipeline.bench.runners import Bench
+from pipeline.bench.serving import ServingBench, serving_markdown
 from pipeline.device import machine_info
 
 # the engine's switches, recorded in the command line of a result
@@ -46,6 +47,9 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
+    if not bench_workload(cfg).offline:
+        main_serving(cfg, bench, name)
+        return
     if cfg.get("batch_sizes"):
         main_batched(cfg, bench, name)
         return
@@ -106,6 +110,25 @@ def main_batched(cfg: DictConfig, bench: Bench, name: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}-batching.md").write_text(md)
     (out / f"{name}-batching.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    print(md)
+
+
+def main_serving(cfg: DictConfig, bench: Bench, name: str) -> None:
+    """``workload=poisson|closed``: the serving table (``pipeline.bench.serving``) to benchmarks/<name>.md|json."""
+    rows = ServingBench(bench, cfg, bench_workload(cfg)).run()
+    bench.meter.close()
+    _refuse_if_nothing_ran(rows, REPO_ROOT / cfg.out_dir / f"{name}.md")
+    info = machine_info(bench.device)
+    info.update(bench.pair.precision())
+    command = _command()
+    out = REPO_ROOT / cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    (out / f"{name}.meta.json").write_text(
+        json.dumps({"command": command, "machine": info, "config": OmegaConf.to_container(cfg, resolve=True)}, indent=1)
+    )
+    md = serving_markdown(name, rows, cfg, command, info)
+    (out / f"{name}.md").write_text(md)
     print(md)
 
 

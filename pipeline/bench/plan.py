@@ -17,6 +17,7 @@ from pipeline.decoding import DRAFTERS, check_method, method_class
 from pipeline.decoding.draft_length import DRAFT_STOPS
 from pipeline.decoding.drafters import PAIR
 from pipeline.measure.energy import check_energy_meter
+from pipeline.measure.workload import Workload
 from pipeline.models import PairSpec, drafter_context, load_tokenizer
 from pipeline.prompts import encode_prompt
 from pipeline.sweep.checks import MAX_BATCH_SIZE, check_numbers, check_seeds, context_length, rule_errors
@@ -116,7 +117,7 @@ def batch_errors(cfg: DictConfig) -> list[str]:
 def check_settings(cfg: DictConfig) -> None:
     """The bench's own settings, before any model loads (a ValueError naming the fix; exit 2): zero passes or
     probes end in a median of nothing, and no prompts in a division by zero, after the pair has loaded."""
-    errors = rule_errors("", cfg, _SETTINGS) + batch_errors(cfg)
+    errors = rule_errors("", cfg, _SETTINGS) + batch_errors(cfg) + workload_errors(cfg)
     prompts = (
         OmegaConf.to_container(cfg.prompts, resolve=True)
         if OmegaConf.is_list(cfg.get("prompts"))
@@ -134,6 +135,30 @@ def check_settings(cfg: DictConfig) -> None:
     errors += [e for e in check_numbers(settings, "") if e.split("=", 1)[0] not in said]
     if errors:
         raise ValueError("the bench cannot run: " + "; ".join(e.replace("seeds: ", "seed: ") for e in errors))
+
+
+def bench_workload(cfg: DictConfig) -> Workload:
+    """The bench's ``workload`` and ``slo`` (conf/workload/, bench.yaml), validated (a ValueError naming the fix)."""
+    node, slo = cfg.get("workload"), cfg.get("slo")
+    return Workload.from_config(
+        _container(node) if node is not None else None, _container(slo) if slo is not None else None
+    )
+
+
+def workload_errors(cfg: DictConfig) -> list[str]:
+    """A bad workload, before any model loads (``pipeline.measure.workload``); a serving run and the batch-size
+    table are two benches."""
+    try:
+        workload = bench_workload(cfg)
+        workload.check_slots(MAX_BATCH_SIZE, "the most slots an engine holds")
+    except ValueError as err:
+        return [str(err)]
+    if not workload.offline and cfg.get("batch_sizes") is not None:
+        return [
+            "batch_sizes and workload are two benches (the batch-size table, the serving table): drop batch_sizes "
+            "or workload=offline"
+        ]
+    return []
 
 
 def _container(node: Any) -> dict[str, Any]:

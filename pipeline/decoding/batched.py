@@ -138,6 +138,19 @@ def has_loop(decoder: Decoder) -> str | None:
     return None
 
 
+def _arrive(arrivals: Any, queue: deque, live: Sequence[Any]) -> bool:
+    """A workload's requests whose time has come join ``queue`` (``arrivals.feed``; it sleeps until the next arrival
+    when nothing is queued or ``live``); whether more are to come. No ``arrivals``: False (the queue is the work)."""
+    return arrivals is not None and bool(arrivals.feed(queue, not queue and not live))
+
+
+def _occupy(live: Sequence[Any], slots: int) -> None:
+    """Each live request's draft-length policy hears how full the batch is this iteration (``draft_stop: load``)."""
+    for r in live:
+        if r.policy is not None:
+            r.policy.observe_load(len(live), slots)
+
+
 class BatchedDecoder:
     """The loop of one decoder over ``batch_size`` slots (batch 1: ``Decoder.generate``'s own loop); at batch 1
     a method with a loop of its own (beam) runs its ``generate`` request by request behind the same ``run``
@@ -233,17 +246,22 @@ class BatchedDecoder:
         *,
         eos_token_ids: Collection[int] | int | None = (),
         on_finish: Callable[[BatchRequest, BatchedGeneration], None] | None = None,
+        arrivals: Any = None,
     ) -> int:
         """Decode the requests of ``queue`` (taken from the left as slots free up; ``on_finish`` may append
         more, e.g. a conversation's next turn) until it is empty and every slot is idle. Returns the number
-        of requests decoded."""
+        of requests decoded.
+
+        ``arrivals`` (a workload's, ``pipeline.measure.workload.Arrivals``): polled before each iteration, its
+        ``feed(queue, idle)`` appends the requests whose time has come (sleeping until the next one when nothing is
+        queued or decoding) and says whether more are to come; the run lasts until none are."""
         eos = (
             frozenset([eos_token_ids])
             if isinstance(eos_token_ids, int)
             else frozenset(int(t) for t in (eos_token_ids or ()))
         )
         if self.own_loop:
-            return self._run_own(queue, eos, on_finish)
+            return self._run_own(queue, eos, on_finish, arrivals)
         live: list[_Live] = []
         free = list(range(self.batch_size))[::-1]
         count = 0
@@ -252,7 +270,7 @@ class BatchedDecoder:
             self._close()
             clock.start()
             try:
-                while queue or live:
+                while _arrive(arrivals, queue, live) or queue or live:
                     admitted = []
                     while queue and free:
                         request = queue.popleft()
@@ -265,6 +283,9 @@ class BatchedDecoder:
                     if admitted:
                         self._start(admitted)
                     live.extend(admitted)
+                    if not live:  # every request still to come (a workload's: ``arrivals``)
+                        continue
+                    _occupy(live, self.batch_size)
                     self._iterate(live, eos)
                     for r in [r for r in live if r.slot < 0]:
                         live.remove(r)
@@ -296,7 +317,7 @@ class BatchedDecoder:
         for d in {id(d): d for d in self.slots if d is not None}.values():
             d.close()
 
-    def _run_own(self, queue: deque, eos: frozenset[int], on_finish) -> int:
+    def _run_own(self, queue: deque, eos: frozenset[int], on_finish, arrivals: Any = None) -> int:
         """A method with a loop of its own (beam) at batch 1: its ``generate`` per request,
         bracketed by device synchronisations; its first token's time is estimated as its prefill plus one step."""
         dec, count = self.decoder, 0
@@ -306,7 +327,9 @@ class BatchedDecoder:
         prefill_seconds = getattr(dec, "prefill_seconds", lambda: 0.0)
         clock = self.clock
         clock.start()
-        while queue:
+        while _arrive(arrivals, queue, ()) or queue:
+            if not queue:
+                continue
             request = queue.popleft()
             sync()
             t0 = time.perf_counter()

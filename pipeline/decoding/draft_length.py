@@ -26,7 +26,14 @@ chain drafter (model, eagle, eagle3, ngram, a drafter of your own):
   rule choose no draft at all: where no length ``g >= 1`` beats a plain step (``g = 0``: one token for one step,
   the same formula at g = 0) the iteration is a plain target step (an ar step); every ``PROBE_EVERY``-th iteration
   the rule sends to a plain step drafts one token instead, so the running estimate keeps learning (a request whose
-  acceptance rises goes back to drafting). ``draft_min: 1`` (the default) always drafts at least one token, as before.
+  acceptance rises goes back to drafting). ``draft_min: 1`` (the default) always drafts at least one token, as before;
+- ``draft_stop: load``: ``acceptance`` at the costs of this iteration's batch (``load_aware_length``): the loop tells
+  each request's policy how many of its slots are live (``observe_load``, ``decoding/batched.py``), and a verified
+  row's cost rises from ``verify_cost`` (a request alone) to ``verify_cost_full`` (a full batch; 1 = as dear as a
+  step's own row, a compute-bound device) with the share of the other slots busy, so one configuration drafts long
+  at low load and short, or not at all, at high load. The costs are inputs (``costs_at``; the loop's live costs can
+  replace them); the exactness argument below holds as for ``acceptance`` (the choice reads past verdicts and the
+  occupancy, never the current draft).
 
 Exactness: each rule reads only the draft (its rows and tokens) and the verdicts of past iterations, never the
 target's rows of the current one, so the rule verifies whatever chain was proposed and every lossless rule stays
@@ -59,7 +66,8 @@ import torch
 from .base import Param, in_closed, in_half_open, one_of
 from .phase_clock import LiveCosts
 
-DRAFT_STOPS = ("none", "confidence", "acceptance")
+DRAFT_STOPS = ("none", "confidence", "acceptance", "load")
+COSTED = ("acceptance", "load")  # the policies that weigh expected tokens against draft_cost / verify_cost
 AUTO = "auto"  # draft_cost / verify_cost read live from the loop's clock
 PROBE_EVERY = 8  # draft_min 0: every 8th iteration the rule sends to a plain step drafts a token (the estimate learns)
 
@@ -86,7 +94,8 @@ DRAFT_LENGTH_PARAMS: dict[str, Param] = {
         "none",
         one_of(*DRAFT_STOPS),
         "draft length: none = gamma drafts; confidence = stop under draft_threshold; acceptance = by the running "
-        "acceptance estimate and draft_cost (gamma: the most)",
+        "acceptance estimate and draft_cost (gamma: the most); load = acceptance at the batch's occupancy (its "
+        "verify cost rising to verify_cost_full at a full batch)",
         keyed_at_default=False,
     ),
     "draft_threshold": Param(
@@ -111,7 +120,15 @@ DRAFT_LENGTH_PARAMS: dict[str, Param] = {
     "draft_min": Param(
         1,
         draft_minimum,
-        "draft_stop: acceptance: the fewest drafts of an iteration; 0 = a plain target step where no length pays",
+        "draft_stop: acceptance or load: the fewest drafts of an iteration; 0 = a plain target step where no length "
+        "pays",
+        keyed_at_default=False,
+    ),
+    "verify_cost_full": Param(
+        1.0,
+        in_closed(0.0, 1.0),
+        "draft_stop: load: v at a full batch (1: a compute-bound device, each verified row as dear as a step's own "
+        "row; near verify_cost on a memory-bound one)",
         keyed_at_default=False,
     ),
 }
@@ -120,16 +137,18 @@ DRAFT_LENGTH_PARAMS: dict[str, Param] = {
 def check_draft_length(values: dict[str, Any]) -> None:
     """A threshold or cost set for a policy that does not read it is an error naming the fix."""
     stop = values.get("draft_stop", "none")
-    for key, policy in (
-        ("draft_threshold", "confidence"),
-        ("draft_cost", "acceptance"),
-        ("verify_cost", "acceptance"),
-        ("draft_min", "acceptance"),
+    for key, policies in (
+        ("draft_threshold", ("confidence",)),
+        ("draft_cost", COSTED),
+        ("verify_cost", COSTED),
+        ("draft_min", COSTED),
+        ("verify_cost_full", ("load",)),
     ):
-        if key in values and values[key] != DRAFT_LENGTH_PARAMS[key].default and stop != policy:
+        if key in values and values[key] != DRAFT_LENGTH_PARAMS[key].default and stop not in policies:
+            policy = " or ".join(policies)
             raise ValueError(
                 f"{key}={values[key]!r} is read only with draft_stop: {policy} (draft_stop is {stop!r}): "
-                f"set draft_stop: {policy}, or leave {key} at its default"
+                f"set draft_stop: {policies[0]}, or leave {key} at its default"
             )
 
 
@@ -149,6 +168,18 @@ def tokens_per_cost(alpha: float, gamma: int, c: float, v: float = 0.0) -> float
     return tokens / (gamma * (c + v) + 1.0)
 
 
+def load_aware_length(
+    alpha: float, gamma: int, occupancy: float, costs: Callable[[float], tuple[float, float]], minimum: int = 0
+) -> int:
+    """The draft length in ``minimum..gamma`` with the most expected tokens per unit cost at this batch:
+    ``costs(occupancy) -> (c, v)`` are the draft's and one verified row's costs over a target step when
+    ``occupancy`` (0..1: the share of the other slots busy, 0 alone, 1 at a full batch) of the batch decodes, the
+    live costs the loop reads (ties: the shorter). At a full batch on a compute-bound device a verified row costs
+    nearly a full row, so the length shrinks with the load, down to a plain step (0) where no draft pays."""
+    c, v = costs(occupancy)
+    return max(range(minimum, gamma + 1), key=lambda g: (tokens_per_cost(alpha, g, c, v), -g))
+
+
 class DraftLength:
     """One decoder's draft-length policy and the running acceptance counts of its current request.
 
@@ -162,6 +193,7 @@ class DraftLength:
         cost: float | str = 0.05,
         verify: float | str = 0.0,
         minimum: int = 1,
+        full: float = 1.0,
     ) -> None:
         if stop not in DRAFT_STOPS:
             raise ValueError(f"draft_stop must be one of {list(DRAFT_STOPS)}, got {stop!r}")
@@ -171,8 +203,10 @@ class DraftLength:
         self.cost: float | None = None if cost == AUTO else float(cost)
         self.verify: float | None = None if verify == AUTO else float(verify)
         # auto: c and v read from the loop's clock as it runs (shared by every request's copy, ``fresh``)
-        self.live: LiveCosts | None = LiveCosts() if stop == "acceptance" and None in (self.cost, self.verify) else None
+        self.live: LiveCosts | None = LiveCosts() if stop in COSTED and None in (self.cost, self.verify) else None
         self.accepted = self.examined = self.plain = self.iterations = 0
+        self.full = float(full)  # draft_stop: load: v at a full batch
+        self.occupancy = 0.0  # draft_stop: load: the share of the other slots busy, set by the loop (``observe_load``)
 
     @classmethod
     def of(cls, args: Any) -> "DraftLength":
@@ -185,11 +219,12 @@ class DraftLength:
             value["draft_cost"],
             value["verify_cost"],
             int(value["draft_min"]),
+            float(value["verify_cost_full"]),
         )
 
     def fresh(self) -> "DraftLength":
         """A policy for one more request: the same parameters and calibrated costs, its counts from the prior."""
-        policy = DraftLength(self.stop, self.threshold, 0.0, 0.0, self.minimum)
+        policy = DraftLength(self.stop, self.threshold, 0.0, 0.0, self.minimum, self.full)
         policy.cost, policy.verify, policy.live = self.cost, self.verify, self.live
         return policy
 
@@ -214,6 +249,25 @@ class DraftLength:
         """This request's running acceptance estimate (1 + accepted) / (2 + examined)."""
         return (1 + self.accepted) / (2 + self.examined)
 
+    def observe_load(self, live: int, slots: int) -> None:
+        """``draft_stop: load``: ``live`` of the loop's ``slots`` decode this iteration (the loop calls it before
+        proposing); the occupancy the costs read is the share of the other slots busy: 0 alone (batch 1 included),
+        1 at a full batch."""
+        self.occupancy = (live - 1) / (slots - 1) if slots > 1 else 0.0
+
+    def costs_at(self, occupancy: float) -> tuple[float, float]:
+        """(c, v) at ``occupancy`` (0..1): with costs set as numbers, c as set and v from ``verify_cost`` (a lone
+        request's row) to ``full`` at a full batch, linearly in the share of the other slots busy; with ``auto`` costs,
+        the loop's live ones (``LiveCosts`` reads them at the batch's current occupancy already)."""
+        if self.live is not None:  # auto: the loop's live costs, already those of the batch's current occupancy
+            costs = self.costs()
+            if costs is None:
+                raise RuntimeError("draft_cost / verify_cost: auto not measured yet (budget() drafts the calibration)")
+            return costs
+        assert self.cost is not None and self.verify is not None
+        share = min(max(occupancy, 0.0), 1.0)
+        return self.cost, self.verify + (max(self.full, self.verify) - self.verify) * share
+
     def best(self, gamma: int) -> int:
         """The length in ``draft_min..gamma`` with the most expected tokens per unit cost at the running estimate
         and the costs (``costs``; ties: the shorter; 0 is a plain step, one token for one step)."""
@@ -222,6 +276,8 @@ class DraftLength:
             raise RuntimeError(
                 "draft_cost / verify_cost: auto not measured yet: budget() drafts a calibration schedule"
             )
+        if self.stop == "load":
+            return load_aware_length(self.alpha, gamma, self.occupancy, self.costs_at, self.minimum)
         a, (c, v) = self.alpha, costs
         return max(range(self.minimum, gamma + 1), key=lambda g: (tokens_per_cost(a, g, c, v), -g))
 
@@ -231,7 +287,7 @@ class DraftLength:
         While an ``auto`` cost is not measured yet (the loop's first iterations), the calibration schedule
         (``calibration_length``): lengths gamma, gamma - 1, ..., 0 in turn, so that the clock sees the pass at
         several row counts; chosen from the iteration count only, so every lossless rule stays lossless."""
-        if self.stop != "acceptance":
+        if self.stop not in COSTED:
             return gamma
         self.iterations += 1
         if self.costs() is None:

@@ -11,14 +11,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-import numpy as np
-
 from pipeline.decoding.phase_clock import Iteration
 from pipeline.measure.acceptance import records_metrics
 from pipeline.measure.costs import cost_model, step_drift
 from pipeline.measure.energy import EnergyReading, IdleReading, energy_summary
-
-PERCENTILES = (50, 90, 99)
+from pipeline.measure.workload import PERCENTILES, Workload, latency_metrics, percentiles, serving_metrics
 
 
 @dataclass(frozen=True)
@@ -74,6 +71,9 @@ class GenerationRecord:
     # batch > 1 (run_window's batch_size): decode_s is the request's time in a slot; before it, its wait for one
     queue_s: float | None = None  # from the window's start (or its previous turn's end) to taking a slot
     ttft_s: float | None = None  # from taking a slot to its first token
+    # a workload's window (pipeline.measure.workload): when the request arrived, seconds after the window opened (its
+    # queue_s is then from its arrival); None offline
+    arrival_s: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -170,6 +170,8 @@ class WindowResult:
         out.update(self.costs())
         # acceptance in vLLM / Spec-Bench conventions, pooled and per request (pipeline.measure.acceptance)
         out.update(records_metrics(recs, self.settings.get("draft_length")))
+        if self.settings.get("workload"):  # a workload's window: latency from arrival, throughput, goodput, occupancy
+            out.update(serving_metrics(recs, Workload.from_dict(self.settings["workload"])))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,14 +240,17 @@ def predictions_for_scoring(result: WindowResult) -> list[dict[str, Any]]:
 
 
 def _percentiles(values: Sequence[float], name: str) -> dict[str, float]:
-    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    return {f"{name}_p{q}": float(np.percentile(arr, q)) if arr.size else math.nan for q in PERCENTILES}
+    return percentiles(values, PERCENTILES, name)
 
 
 def request_metrics(records: Sequence[GenerationRecord]) -> dict[str, float]:
     """Per-request latency metrics of a window, at any batch size: percentiles of the latency in a slot
     (``latency_s``: ``decode_s``), of the time per output token after the first (``tpot_ms``), of the time to the
-    first token (``ttft_s``; at batch 1 the prompt's prefill plus one step) and of the wait for a slot (``queue_s``)."""
+    first token (``ttft_s``; at batch 1 the prompt's prefill plus one step) and of the wait for a slot (``queue_s``).
+    Records of a workload's window (``arrival_s`` set) measure ``ttft_s`` and ``queue_s`` from each request's arrival
+    and add ``e2e_s`` (``pipeline.measure.workload.latency_metrics``)."""
+    if records and all(r.arrival_s is not None for r in records):
+        return {**_percentiles([r.decode_s for r in records], "latency_s"), **latency_metrics(records)}
     tpot, ttft = [], []
     for r in records:
         first = r.ttft_s if r.ttft_s is not None else (r.prefill_s + (r.decode_s - r.prefill_s) / max(r.steps, 1))

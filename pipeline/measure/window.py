@@ -66,6 +66,7 @@ from pipeline.measure.costs import draft_length
 from pipeline.measure.energy import EnergyMeter, NullMeter
 from pipeline.measure.meters import IdleReading
 from pipeline.measure.records import PROTOCOL, GenerationRecord, WindowResult, cut_at_stop, sample_seed
+from pipeline.measure.workload import Workload
 
 Formatter = Callable[[Sample, int, Sequence[str]], Prompt]
 
@@ -308,9 +309,15 @@ def run_window(
     stop_strings: Sequence[str] = (),
     max_turns: int | None = None,
     probe: Callable[[], float] | None = None,
+    workload: Workload | None = None,
 ) -> WindowResult:
     """Warm up, measure idle power, then decode ``samples``, ``batch_size`` at a time, inside one timed, metered
     window (see the module doc).
+
+    ``workload`` (``pipeline.measure.workload``; None or offline: every request queued when the window opens): the
+    first ``workload.requests`` samples' first turns arrive as it says (``Arrivals``, replayed on the wall clock into
+    the engine), each record with its ``arrival_s``, its ``queue_s`` from its arrival; the summary adds the serving
+    metrics. A time budget does not apply to it (the arrivals are the schedule).
 
     ``formatter(sample, turn, previous_answers) -> Prompt`` builds prompts (default: the dataset's
     own formatting via ``pipeline.data.format_sample`` with ``chat``). Multi-turn samples are answered
@@ -320,6 +327,10 @@ def run_window(
     the summary's ``probe_before_ms`` and ``probe_after_ms``.
     """
     engine = BatchedDecoder(decoder, batch_size)
+    serving = workload is not None and not workload.offline
+    if serving:
+        workload.check_slots(batch_size, "the cell's batch size")  # type: ignore[union-attr]
+        samples = samples[: workload.count(len(samples))]  # type: ignore[union-attr]
     w = _window(
         tokenizer,
         chat,
@@ -363,7 +374,7 @@ def run_window(
         state.open += 1
 
     def top_up() -> None:  # new samples while slots would idle, until the slice or the budget ends
-        while state.open < batch_size and state.next < len(samples):
+        while not serving and state.open < batch_size and state.next < len(samples):
             if w.over_budget():
                 state.exhausted = True
                 return
@@ -374,8 +385,13 @@ def run_window(
     def finish(request: BatchRequest, gen: BatchedGeneration) -> None:
         t0 = time.perf_counter()
         i, turn, prompt, rid = request.tag
+        arrived = arrivals.arrival_of(request) if arrivals is not None else None
+        if arrived is not None:
+            ready[rid] = arrived
         state.open -= 1
-        others = state.open > 0  # requests still in flight: this callback holds them up (off the decode clock)
+        # requests still in flight: this callback holds them up (off the decode clock); a workload's: other
+        # conversations released and not finished (those still to arrive wait for their time, not for this)
+        others = state.open > 0 if arrivals is None else arrivals.open > 1
         spans.append((gen.admitted_at, gen.finished_at))
         sample = samples[i]
         timing = {
@@ -383,6 +399,7 @@ def run_window(
             "prefill_s": gen.prefill_s,
             "queue_s": gen.admitted_at - ready[rid],
             "ttft_s": gen.first_token_at - gen.admitted_at,
+            **({"arrival_s": ready[rid] - w.t0} if serving else {}),
         }
         records.append((i, turn, _record(sample, turn, prompt, gen, eos, **timing)))
         if turn + 1 < turns(i):
@@ -390,14 +407,24 @@ def run_window(
             enqueue(i, turn + 1, w.formatter(sample, turn + 1, answers[i]))
         else:
             state.finished += 1
+            if arrivals is not None:
+                arrivals.finished()
         top_up()
         if others:
             state.off_clock += time.perf_counter() - t0
 
     spans: list[tuple[float, float]] = []  # each request's time in a slot
+    arrivals = None
+    if serving:  # the first turns arrive as the workload says (the queue's requests, built before the window opens)
+        for i in range(len(samples)):
+            enqueue(i, 0, w.first_prompts[i])
+        arrivals = workload.arrivals(list(queue), seed)  # type: ignore[union-attr]
+        queue.clear()
     w.open()
     top_up()
-    engine.run(queue, eos_token_ids=eos, on_finish=finish)
+    if arrivals is not None:
+        arrivals.start(w.t0)
+    engine.run(queue, eos_token_ids=eos, on_finish=finish, arrivals=arrivals)
     return _finish_window(
         w,
         decoder,
@@ -408,6 +435,7 @@ def run_window(
         decode_s=_covered(spans) - state.off_clock,
         engine=engine,
         batch_size=batch_size,
+        **({"workload": workload.to_dict()} if serving else {}),  # type: ignore[union-attr]
     )
 
 

@@ -27,16 +27,23 @@ from typing import Any, Mapping, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cell_types import Cell, batch_label, cell_key, split_batch_label
+from pipeline.cell_types import Cell, batch_label, cell_key, split_batch_label, temperature_label
 from pipeline.data.slices import load_slice
 from pipeline.data.tasks import TaskSpec
-from pipeline.decoding import METHODS, DrafterContext, check_method, method_class
+from pipeline.decoding import DrafterContext, check_method, method_class
 from pipeline.decoding.batched import check_batch
 from pipeline.fingerprints import weights_identity
 from pipeline.models import PairSpec
 from pipeline.scoring.registry import check_task_scorer
+from pipeline.sweep.axes import (
+    batch_axis,
+    every_method,
+    largest_batches,
+    rate_label,
+    temperature_axis,
+    workload_axis,
+)
 from pipeline.sweep.checks import (
-    MAX_BATCH_SIZE,
     check_cluster,
     check_dataset_numbers,
     check_device,
@@ -70,6 +77,7 @@ __all__ = [
     "compose",
     "expand",
     "slice_label",
+    "rate_label",
 ]
 
 # Bump when a change to the harness changes what a cell measures (new cell keys). 2: CPU isolation.
@@ -101,15 +109,15 @@ DATASET_KEYS = (
     "time_budget_s",
     "options",
 )
-SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", "batch_sizes")
+AXES = ("batch_sizes", "rates", "temperatures")  # the grid's axes beyond the seeds (sweep.<axis>: [...])
+SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", *AXES)
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
 # sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
 # would only be forked and stay empty)
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
-# A sweep.methods entry standing for every registered method (each with its conf/method/<name>.yaml), in the
-# registry's order: conf/sweep/all_methods.yaml, so that a method added to the registry joins it untouched.
-EVERY_METHOD = "*"
+# A sweep.methods entry standing for every registered method (axes.EVERY_METHOD, each with its conf/method/<name>.yaml),
+# in the registry's order: conf/sweep/all_methods.yaml, so that a method added to the registry joins it untouched.
 
 
 @dataclass
@@ -145,51 +153,8 @@ def _method_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], common:
         )
     entry = {"config_name": name, "name": method_name, "params": base, "label": label}
     if overrides.get("batch_sizes") is not None:  # this entry's own batch axis (else the sweep's)
-        entry["batch_sizes"] = _batch_sizes(overrides["batch_sizes"], f"sweep entry {label!r}: batch_sizes")
+        entry["batch_sizes"] = batch_axis(overrides["batch_sizes"], f"sweep entry {label!r}: batch_sizes")
     return entry
-
-
-def _largest_batches(methods: list[dict[str, Any]], batch_sizes: list[int]) -> list[tuple[str, int]]:
-    """``(where it is set, largest batch size)``: ``sweep.batch_sizes`` and each entry's own ``batch_sizes``."""
-    out = [(f"sweep entry {m['label']!r}: batch_sizes", max(m["batch_sizes"])) for m in methods if m.get("batch_sizes")]
-    if any(not m.get("batch_sizes") for m in methods):
-        out.append(("sweep.batch_sizes", max(batch_sizes)))
-    return out
-
-
-def _every_method(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    """``sweep.methods`` with the entry ``"*"`` replaced by every registered method."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    for name, overrides in items:
-        if name != EVERY_METHOD:
-            out.append((name, overrides))
-        elif overrides:
-            raise SweepConfigError(
-                f"sweep.methods: the entry {EVERY_METHOD!r} (every registered method) takes no keys, got "
-                f"{sorted(overrides)}; set them in sweep.method_overrides or list the methods by name"
-            )
-        else:
-            out.extend((n, {}) for n in METHODS.names())
-    return out
-
-
-def _batch_sizes(value: Any, where: str) -> list[int]:
-    """A batch axis (``sweep.batch_sizes`` or an entry's own): a non-empty list of integers >= 1."""
-    value = plain(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if (
-        not isinstance(value, list)
-        or not value
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in value)
-    ):
-        raise SweepConfigError(f"{where} must be a non-empty list of integers >= 1, got {value!r} (e.g. [1, 2, 4, 8])")
-    if max(value) > MAX_BATCH_SIZE:
-        raise SweepConfigError(
-            f"{where} has {max(value)}: at most {MAX_BATCH_SIZE} requests decode together "
-            f"(each slot holds a KV cache and may fork a drafter copy); e.g. {where}=[1,2,4,8]"
-        )
-    return sorted(set(value))
 
 
 def _pair_entry(cfg: DictConfig, name: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +272,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         _check_section_keys(cfg, section, root)
     check_conf_path(plain(cfg.get("conf_path")))
     common = plain(sweep.get("method_overrides")) or {}
-    method_items = selected(cfg, "method") or _every_method(entries(plain(sweep.get("methods")), "method"))
+    method_items = selected(cfg, "method") or every_method(entries(plain(sweep.get("methods")), "method"))
     pair_items = selected(cfg, "pair") or entries(plain(sweep.get("pairs")), "pair")
     dataset_items = selected(cfg, "dataset") or entries(plain(sweep.get("datasets")), "dataset")
     seeds = plain(cfg.seeds) if cfg.get("seeds") is not None else plain(sweep.get("seeds"))
@@ -317,11 +282,16 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     if bad_seeds:
         raise SweepConfigError("; ".join(bad_seeds))
     batch_sizes = (
-        _batch_sizes(sweep.get("batch_sizes"), "sweep.batch_sizes") if sweep.get("batch_sizes") is not None else [1]
+        batch_axis(sweep.get("batch_sizes"), "sweep.batch_sizes") if sweep.get("batch_sizes") is not None else [1]
     )
     for what, items in (("methods", method_items), ("pairs", pair_items), ("datasets", dataset_items)):
         if not items:
             raise SweepConfigError(f"sweep.{what} is empty")
+    try:  # the workload (conf/workload/) and its rate axis, the temperature axis, before any model loads
+        workload, rates = workload_axis(cfg, sweep.get("rates"))
+        temperatures = temperature_axis(sweep.get("temperatures"))
+    except ValueError as err:
+        raise SweepConfigError(str(err)) from None
 
     errors: list[str] = []
 
@@ -374,7 +344,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                     f"pair {pair['name']!r}'s target ({context} positions, prompt included): "
                     f"set dataset.max_new_tokens below {context} minus the prompt length"
                 )
-    resolved_params: dict[tuple[str, str], dict[str, Any]] = {}
+    resolved_params: dict[tuple[Any, ...], dict[str, Any]] = {}  # (label, pair[, temperature]) -> parameters
     for m in methods + ([baseline] if baseline else []):
         for pair in pairs:
             try:
@@ -389,6 +359,13 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 )
                 errors.append(f"{err} (sweep entry {m['label']!r}, pair {pair['name']!r}; fix the override or {where})")
                 continue
+            for t in temperatures or ():  # the temperature axis: each entry at each temperature, checked as such
+                try:
+                    resolved_params[(m["label"], pair["name"], t)] = check_method(
+                        m["name"], dict(m["params"], temperature=t), drafters=DrafterContext.of_pair(pair)
+                    )
+                except ValueError as err:
+                    errors.append(f"{err} (sweep entry {m['label']!r} at sweep.temperatures {t:g})")
             own = m.get("batch_sizes") or batch_sizes
             if m is baseline:  # the baseline runs at every batch size some entry runs at
                 own = sorted({b for e in methods for b in (e.get("batch_sizes") or batch_sizes)})
@@ -408,7 +385,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             if not measured:
                 raise ValueError("the slice is empty (check start/limit/ids)")
             counts[slice_label(ds)] = len(measured)
-            for where, largest in _largest_batches(methods, batch_sizes):
+            for where, largest in largest_batches(methods, batch_sizes):
                 if largest > len(measured):
                     errors.append(
                         f"{where} has {largest} but dataset {ds['name']!r}'s slice has "
@@ -429,6 +406,16 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
             s.name: s for s in (check_task_scorer(TaskSpec.from_dict(d["task"])) for d in datasets) if s
         }.values():
             attempt(scorer.check, judge)  # each scorer checks the judge config it would use
+    for label, n in counts.items():  # workload.requests within each slice
+        try:
+            workload.count(n)
+        except ValueError as err:
+            errors.append(f"dataset {label}: {err}")
+    if methods:
+        try:
+            workload.check_slots(max(b for m in methods for b in (m.get("batch_sizes") or batch_sizes)))
+        except ValueError as err:
+            errors.append(str(err))
     isolation = (cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True)) or {}).get(
         "cpu_isolation"
     ) or "exclusive"
@@ -442,17 +429,20 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
     cells: dict[str, Cell] = {}
     all_batches = sorted({b for m in methods for b in (m.get("batch_sizes") or batch_sizes)})
-    for pair, ds, seed, batch in itertools.product(pairs, datasets, seeds, all_batches):
+    axis: list[float | None] = list(rates) if rates else [None]  # the rate axis (None: the workload's own rate)
+    temps: list[float | None] = list(temperatures) if temperatures else [None]  # None: each entry's own
+    for pair, ds, seed, batch, rate, temp in itertools.product(pairs, datasets, seeds, all_batches, axis, temps):
         group = [m for m in methods if batch in (m.get("batch_sizes") or batch_sizes)]
         if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in group):
             group = [baseline] + [m for m in group if m["label"] != baseline["label"]]
+        at = workload if rate is None else replace(workload, rate=rate)
         for m in group:
             is_baseline = baseline is not None and m["label"] == baseline["label"]
-            entry = dict(m, label=batch_label(m["label"], batch))
+            entry = dict(m, label=rate_label(batch_label(temperature_label(m["label"], temp), batch), rate))
             cell = _make_cell(
                 sweep.name,
                 entry,
-                resolved_params[(m["label"], pair["name"])],
+                resolved_params[(m["label"], pair["name"]) if temp is None else (m["label"], pair["name"], temp)],
                 pair,
                 ds,
                 seed,
@@ -462,6 +452,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 fault,
                 is_baseline,
                 batch,
+                at.identity(),
             )
             same = cells.setdefault(cell.key, cell)
             if same.label != cell.label:  # one configuration under two labels: one would be dropped without a word
@@ -485,6 +476,7 @@ def _make_cell(
     fault: Any,
     baseline: bool,
     batch_size: int = 1,
+    workload: dict[str, Any] | None = None,
 ) -> Cell:
     scorer = check_task_scorer(TaskSpec.from_dict(ds["task"]))
     cell = Cell(
@@ -501,6 +493,7 @@ def _make_cell(
         hardware=cluster.get("accelerator_type") or "any",
         harness=HARNESS_VERSION,
         batch_size=batch_size,
+        workload=workload,
         weights=weights_identity(pair, method["name"], params),
         # the judge scores the generations, it does not change them: not part of the key (Cell.identity)
         judge=dict(judge) if (judge.get("enabled") and scorer is not None and scorer.uses_judge) else None,
