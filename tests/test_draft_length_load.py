@@ -27,8 +27,7 @@ def test_the_length_follows_the_costs_at_the_occupancy():
 
 
 def test_the_policy_reads_occupancy_and_interpolates_its_verify_cost():
-    policy = DraftLength("load", cost="auto", verify="auto", minimum=0, full=1.0)
-    policy.calibrate(0.1, 0.2)
+    policy = DraftLength("load", cost=0.1, verify=0.2, minimum=0, full=1.0)  # numbers: v interpolated to `full`
     policy.observe_load(1, 4)
     assert policy.occupancy == 0.0 and policy.costs_at(policy.occupancy) == (0.1, 0.2)
     policy.observe_load(4, 4)
