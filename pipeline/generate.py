@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.device import synchronize
-from pipeline.models import PairSpec, drafter_context, load_pair
+from pipeline.models import ModelNotAvailableError, PairSpec, drafter_context, load_pair
 from pipeline.prompts import encode_prompt, eos_ids
 
 
@@ -82,7 +82,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     try:
         result = run(cfg)
-    except ValueError as err:
+    except (ValueError, ModelNotAvailableError) as err:  # bad input, or a model this machine cannot load: one line
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     print(result["text"])

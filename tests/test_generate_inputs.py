@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -72,3 +73,20 @@ def test_cli_prompt_number_is_a_clear_error_not_a_traceback():
     )
     assert out.returncode == 2
     assert "prompt must be a string" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_a_model_not_on_this_machine_is_one_line_not_a_traceback():
+    """Issue 57 (the trust round's note): a pair whose weights this machine cannot reach offline (the Hub is off,
+    HF_HUB_OFFLINE=1) ends with exit 2 and one line naming the model, as bad input does, not a RuntimeError's
+    traceback after the loading began."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.generate", "pair=llama3-8b-1b", "max_new_tokens=2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") <= 2

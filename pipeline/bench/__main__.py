@@ -19,6 +19,7 @@ from pipeline.bench.report import batch_markdown, engine_info, to_markdown
 from pipeline.bench.runners import Bench
 from pipeline.bench.serving import ServingBench, serving_markdown
 from pipeline.device import machine_info
+from pipeline.models import ModelNotAvailableError
 
 # the engine's switches, recorded in the command line of a result
 ENV_SWITCHES = (
@@ -43,7 +44,7 @@ def main(cfg: DictConfig) -> None:
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
         bench = Bench(cfg)
-    except ValueError as err:
+    except (ValueError, ModelNotAvailableError) as err:  # bad input, or a model this machine cannot load: one line
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     name = cfg.name or f"{cfg.pair.name}-{bench.device.type}"
