@@ -310,8 +310,8 @@ def forest_plot(table: pd.DataFrame):
             if r["claimed"] is not None and pd.notna(r["claimed"]):
                 ax.plot(x(r["claimed"]), y, "x", color="black", ms=7)
         ax.axvline(x(0.0), color="0.6", lw=0.8)
-        if scale == "relative":
-            ax.set_xscale("log")
+        if scale == "relative" and (rows[["low", "high", "effect"]].astype(float) > -1.0).all(axis=None):
+            ax.set_xscale("log")  # ratios on a log axis (a ratio at or below 0 has no place there: linear then)
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"{r['claim']} ({r['dataset']})" for r in rows.iloc[::-1].to_dict("records")], fontsize=8)
         ax.set_xlabel(

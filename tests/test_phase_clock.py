@@ -255,3 +255,17 @@ def test_mtads_c_is_its_beams_cost():
     assert 0 < one < four
     # beam sampling runs the root's row, then num_beams rows a position: 1 + 4 + 4 rows for gamma 3, against 3
     assert four > 2.5 * one
+
+
+def test_a_preempted_iteration_moves_neither_the_slope_nor_a_step_below_zero():
+    """Robust against a loaded machine: the slope goes through per-row-count medians (one iteration preempted for 50
+    steps' time moves it little) and a plain step is never below its rows' share of its pass (the claims sweep of
+    2026-11-28 logged a negative step before this)."""
+    calibration = _calibration()
+    calibration[0] = Iteration(verify_s=50.0, rows=4, requests=1)  # one preempted pass
+    window = _window()
+    m = cost_model(window, 1, calibration)
+    assert m["row_slope_ms"] == pytest.approx(50.0) and m["t_target_step_ms"] == pytest.approx(1000.0)
+    wild = [Iteration(verify_s=1.0, rows=5, requests=1), Iteration(verify_s=1.0, rows=5, requests=1)]
+    steep = [Iteration(verify_s=0.1, rows=1, requests=1), Iteration(verify_s=9.0, rows=5, requests=1)] * 2
+    assert cost_model(wild, 1, steep)["t_target_step_ms"] == pytest.approx(200.0)  # 1.0 x 1/5, not 1 - 4 x 2.2

@@ -76,29 +76,36 @@ def _steady(iterations: Iterable[Iteration]) -> list[Iteration]:
 
 
 def row_slope(groups: Sequence[Sequence[Iteration]]) -> float:
-    """Seconds per verified row: the least-squares slope of the verify phase against rows, each group (the window,
-    the warm-up) about its own mean (a machine phase between them moves the level, not the slope); NaN where no
-    group's rows vary."""
+    """Seconds per verified row: per group (the window, the warm-up) the median verify phase at each row count (a
+    preempted iteration moves a median little), then the least-squares slope through those medians weighted by their
+    counts, each group about its own mean (a machine phase between the groups moves the level, not the slope);
+    never below 0 (a verified row costs something or nothing); NaN where no group's rows vary."""
     sxy = sxx = 0.0
     for group in groups:
-        if len(group) < 2:
+        by: dict[int, list[float]] = {}
+        for it in group:
+            by.setdefault(it.rows, []).append(it.verify_s)
+        if len(by) < 2:
             continue
-        mx = sum(it.rows for it in group) / len(group)
-        my = sum(it.verify_s for it in group) / len(group)
-        sxx += sum((it.rows - mx) ** 2 for it in group)
-        sxy += sum((it.rows - mx) * (it.verify_s - my) for it in group)
-    return sxy / sxx if sxx > 0 else math.nan
+        points = [(r, statistics.median(v), len(v)) for r, v in by.items()]
+        w = sum(n for *_, n in points)
+        mx = sum(r * n for r, _, n in points) / w
+        my = sum(m * n for _, m, n in points) / w
+        sxx += sum(n * (r - mx) ** 2 for r, _, n in points)
+        sxy += sum(n * (r - mx) * (m - my) for r, m, n in points)
+    return max(0.0, sxy / sxx) if sxx > 0 else math.nan
 
 
 def plain_steps(iterations: Sequence[Iteration], slope: float, batch_size: int) -> list[float]:
     """Each steady iteration's pass brought to a plain step of ``batch_size`` rows (its verify time less the slope
-    times its extra rows): the target's step as the window paid it, iteration by iteration."""
+    times its extra rows, and never under its rows' share of it: a pass costs at least in proportion to its rows):
+    the target's step as the window paid it, iteration by iteration."""
     out = []
     for it in _steady(iterations):
         if it.rows == batch_size:
             out.append(it.verify_s)
         elif math.isfinite(slope):
-            out.append(it.verify_s - slope * (it.rows - batch_size))
+            out.append(max(it.verify_s - slope * (it.rows - batch_size), it.verify_s * batch_size / it.rows))
     return out
 
 
@@ -120,8 +127,9 @@ def cost_model(
       tree's level) over the window (over the warm-up where the window drafted nothing: plain steps only);
     - ``cost_ratio_c`` = t_draft / t_step, ``row_cost_v`` = batch_size * slope / t_step (what one more drafted
       position of every request adds to the pass, over a step);
-    - ``speedup_bound``: tokens per second of model work (the draft and verify phases only) over a plain step's
-      tokens per second at the window's mean occupancy: the speedup over ar if rule and other cost nothing (ar: 1);
+    - ``speedup_bound``: over the iterations without a prompt's rows, tokens per second of model work (the draft and
+      verify phases only) over a plain step's tokens per second at each iteration's occupancy: the speedup over ar
+      if rule and other cost nothing (ar: 1);
     - ``iterations``, ``rows_per_iteration``, ``context_mean`` (a request's context, tokens)."""
     its = list(iterations)
     totals = {p: sum(getattr(it, f"{p}_s") for it in its) for p in PHASES}
@@ -147,13 +155,19 @@ def cost_model(
         t_target_step_ms=1e3 * t_step,
         row_slope_ms=1e3 * slope,
     )
-    model_s = totals["draft"] + totals["verify"]
-    emitted = sum(it.emitted for it in its)
-    if model_s > 0 and its and t_step > 0:
-        # Leviathan's bound with these measured costs, any method and batch: tokens per second of model work (draft
-        # and verify phases only) over ar's (a plain step of the window's mean occupancy per step)
-        occupancy = requests / len(its)
-        out["speedup_bound"] = (emitted / model_s) / (occupancy / t_step)
+    steady = _steady(its)
+    model_s = sum(it.draft_s + it.verify_s for it in steady)
+    if model_s > 0 and t_step > 0:
+        # Leviathan's bound with these measured costs, any method and batch: over the iterations without a prompt's
+        # rows, tokens per second of model work (draft and verify phases only) over ar's, one token per request for
+        # a plain step at each iteration's occupancy (the plain step less the slope's rows it lacks)
+        slope_s = slope if math.isfinite(slope) else 0.0
+        plain_s = sum(
+            max(t_step - slope_s * (batch_size - it.requests), t_step * it.requests / batch_size) for it in steady
+        )
+        out["speedup_bound"] = (sum(it.emitted for it in steady) / model_s) / (
+            sum(it.requests for it in steady) / plain_s
+        )
     if drafting:
         out.update(
             t_draft_step_ms=1e3 * t_draft,
