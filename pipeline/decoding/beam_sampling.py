@@ -165,7 +165,7 @@ def draft_beams(
                         ids, probs, num_beams, gen, beam_weights, replacement
                     )
                 else:
-                    logits = model._logits(raw[-1:])[0]
+                    logits = model.logits(raw[-1:])[0]
                     first, s["weights"], s["log_q"] = first_beams(
                         logits, num_beams, warper, gen, beam_weights, replacement
                     )
@@ -179,7 +179,7 @@ def draft_beams(
                 )
             else:
                 b, v, s["weights"], step_lq = next_beams(
-                    model._logits(raw), s["weights"], num_beams, warper, gen, beam_weights, replacement
+                    model.logits(raw), s["weights"], num_beams, warper, gen, beam_weights, replacement
                 )
             s["log_q"] = torch.cat([s["log_q"][b], step_lq[:, None]], 1)
             s["beams"] = torch.cat([s["beams"][b], v[:, None]], 1)

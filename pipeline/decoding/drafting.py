@@ -123,7 +123,7 @@ def draft_chain(
                     continue
                 t = sample_sparse(ids, probs, a.generator)
             else:
-                logits = model._logits(raw[-1:])[0]
+                logits = model.logits(raw[-1:])[0]
                 q = warper(logits)
                 if admit is not None and not admit(q, logits):
                     continue

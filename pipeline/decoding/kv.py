@@ -217,6 +217,10 @@ class CachedModel:
             return tokens.to(self.device, torch.long).reshape(1, -1)
         return torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
 
+    def logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """A forward's raw head rows as fp32 logits over the target vocabulary (``_logits``)."""
+        return self._logits(raw)
+
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """fp32 logits over the target vocabulary: restricted or smaller draft heads get -inf elsewhere."""
         logits = logits.float()

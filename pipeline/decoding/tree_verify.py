@@ -104,7 +104,7 @@ def draft_trees(
             a, tree = asks[i], trees[i]
             if a.drafter is not None:
                 a.drafter.drafted += 1
-            rows = model._logits(raw)
+            rows = model.logits(raw)
             qs = warper(rows)
             level = []
             for node, row_logits, q in zip(parents[i], rows, qs):
