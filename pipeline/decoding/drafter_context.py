@@ -96,7 +96,7 @@ class DrafterContext:
         return ctx
 
     @classmethod
-    def of_models(cls, target, draft, assets: Mapping[str, Any] | None = None) -> "DrafterContext":
+    def of_models(cls, target: Any, draft: Any, assets: Mapping[str, Any] | None = None) -> "DrafterContext":
         """From loaded models and the assets passed beside them (``LoadedPair.assets``: ``eagle``, ``medusa`` heads
         and the pair's default ``drafter``); an EAGLE head attached to the target by hand is read too."""
         assets = assets or {}
