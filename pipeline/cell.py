@@ -239,8 +239,9 @@ def run_cell(cell: Cell) -> CellResult:
         summary = window.summary()
         metrics: dict[str, Any] = dict(summary)
         metrics.update(request_metrics(window.records), batch_size=int(cell.batch_size))
-        if decoder.shape != "none":  # what the configured method drafts (typical with tree: true drafts trees)
-            metrics.update(draft_depth=decoder.draft_depth, tree_draft=float(decoder.shape == "tree"))
+        caps = decoder.capabilities  # what the configured method drafts (typical with tree: true drafts trees)
+        if caps.draft_shape != "none":
+            metrics.update(draft_depth=decoder.draft_depth, tree_draft=float(caps.draft_shape == "tree"))
         # the cost model and time breakdown (t_target_step_ms, cost_ratio_c, row_cost_v, time_*_s, step_drift...)
         # come with the summary: read off the loop's own clock over the window (WindowResult.costs)
         records = [r.to_dict() for r in window.records]

@@ -41,7 +41,8 @@ from helpers.models import tiny_llama
 from helpers.paths import REPO
 from pipeline import models, sweep
 from pipeline.decoding.base import DRAFTERS, Param, int_at_least
-from pipeline.decoding.drafters import NgramDrafter, register_drafter
+from pipeline.decoding.drafter_scope import register_drafter
+from pipeline.decoding.drafters import NgramDrafter
 from pipeline.fingerprints import content_fingerprint
 
 PINNED: dict[str, tuple[list[str], list[tuple[str, str, int, str]]]] = {

@@ -231,17 +231,22 @@ def test_methods_that_cannot_batch_refuse_before_any_model_loads(method, params,
     check_batch(method_class(method), values, 1)  # batch 1 is every method's
 
 
+def refusal(cls, values):
+    """Why ``cls`` with these parameters (the others at their defaults) cannot batch: its capabilities."""
+    return cls.capabilities_of({**{k: p.default for k, p in cls.all_params().items()}, **values}).batch_refusal
+
+
 def test_only_drafters_that_draft_one_sequence_at_a_time_refuse_batching(monkeypatch):
     """Chains and trees batch over every registered drafter (tests/test_decoding_batched_tree.py); a drafter that
     declares ``batchable = False`` is refused above batch 1, by the chain and the tree methods alike."""
     typical = method_class("typical")
-    assert typical.batch_refusal({"tree": True, "drafter": {"kind": "eagle"}}) is None
-    assert typical.batch_refusal({"tree": False, "drafter": {"kind": "medusa"}}) is None
-    assert method_class("spd").batch_refusal({"drafter": {"kind": "eagle"}}) is None  # test_decoding_batched_eagle.py
-    assert method_class("spd").batch_refusal({"drafter": {"kind": "ngram"}}) is None
+    assert refusal(typical, {"tree": True, "drafter": {"kind": "eagle"}}) is None
+    assert refusal(typical, {"tree": False, "drafter": {"kind": "medusa"}}) is None
+    assert refusal(method_class("spd"), {"drafter": {"kind": "eagle"}}) is None  # test_decoding_batched_eagle.py
+    assert refusal(method_class("spd"), {"drafter": {"kind": "ngram"}}) is None
     monkeypatch.setattr(DRAFTERS["model"], "batchable", False)
     for method, values in [("spd", {"drafter": {"kind": "model"}}), ("specinfer", {"drafter": {"kind": "model"}})]:
-        why = method_class(method).batch_refusal(values)
+        why = refusal(method_class(method), values)
         assert why is not None and "drafter model drafts one sequence at a time" in why
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         check_batch(method_class("ar"), {}, 0)

@@ -130,9 +130,9 @@ def test_a_packed_step_returns_each_sequences_hidden_rows(layers):
 def test_only_drafters_that_cannot_batch_are_refused(monkeypatch):
     for method in ("spd", "specinfer", "traversal"):
         for kind in ("eagle", "eagle3", "model"):
-            assert method_class(method).batch_refusal({"drafter": {"kind": kind}}) is None
+            assert method_class(method).capabilities_of({"drafter": {"kind": kind}}).batch_refusal is None
     monkeypatch.setattr(DRAFTERS["eagle"], "batchable", False)
-    why = method_class("mcss").batch_refusal({"drafter": {"kind": "eagle"}})
+    why = method_class("mcss").capabilities_of({"drafter": {"kind": "eagle"}}).batch_refusal
     assert "drafter eagle drafts one sequence at a time" in why and "'ngram'" in why  # the batchable ones
 
 

@@ -18,7 +18,8 @@ from helpers.models import tiny_llama
 from pipeline.decoding import build_decoder, check_method, make_generator
 from pipeline.decoding.base import DRAFTERS, DrafterContext
 from pipeline.decoding.batched import BatchedDecoder
-from pipeline.decoding.drafters import DRAFT, PAIR, NgramDrafter, register_drafter
+from pipeline.decoding.drafter_scope import DRAFT, PAIR, register_drafter
+from pipeline.decoding.drafters import NgramDrafter
 from pipeline.decoding.eagle import (
     EagleHead,
     EagleRunner,
@@ -151,7 +152,7 @@ def test_eagle_tree_shape_follows_cumulative_draft_probability(eagle_pair):
             temperature=0,
         )
         with torch.inference_mode():
-            decoder._start(PROMPT)
+            decoder.start(PROMPT)
             tree = decoder.drafter_impl.propose_tree(list(PROMPT), k_config, decoder.warper, None)
         parents = [p for p in tree.parents if p >= 0]
         if budget:

@@ -65,7 +65,7 @@ def test_lossless_with_an_eagle3_drafter(pair, law, method):
     assert chi_square_pvalue(out, law) > 1e-3
     # the draft rows put no mass outside the head's draft vocabulary (q = 0 there)
     with torch.inference_mode():
-        decoder._start(PROMPT)
+        decoder.start(PROMPT)
         chain = decoder.drafter_impl.propose(list(PROMPT), 3, decoder.warper, make_generator(0))
     assert float(chain.probs[:, [4, 7]].sum()) == 0.0 and torch.allclose(chain.probs.sum(-1), torch.ones(3))
 

@@ -72,10 +72,9 @@ def test_each_method_takes_exactly_the_drafters_its_shape_and_walk_allow(name):
     defaults = {k: p.default for k, p in cls.all_params().items()}
     for kind, drafter in DRAFTERS.items():
         why = cls.accepts(drafter, defaults)
-        shape = cls.shape_for(drafter, defaults)
-        fits = shape in drafter.shapes and (
-            shape == "chain" or cls.walk_for(defaults).children in drafter.tree_children
-        )
+        caps = cls.capabilities_of(defaults, drafter)  # the method's capabilities over this drafter
+        shape = caps.draft_shape
+        fits = shape in drafter.shapes and (shape == "chain" or caps.walk.children in drafter.tree_children)
         if name == "bild":
             fits = kind == "model"
         assert (why is None) == fits, (name, kind, why)
@@ -88,7 +87,8 @@ def test_tree_typical_acceptance_is_one_walk_over_any_tree_drafter():
     for kind in ("model", "medusa"):
         values = check_method("typical", {"drafter": kind, "tree": True})
         assert values["drafter"]["kind"] == kind
-    assert METHODS["typical"].shape_for(DRAFTERS["medusa"], check_method("typical", {"drafter": "medusa"})) == "tree"
+    caps = METHODS["typical"].capabilities_of(check_method("typical", {"drafter": "medusa"}))
+    assert caps.draft_shape == caps.loop == "tree"
     with pytest.raises(ValueError, match="drafter ngram makes chain proposals; this method verifies a tree"):
         check_method("typical", {"drafter": "ngram", "tree": True})
 

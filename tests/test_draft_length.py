@@ -145,7 +145,7 @@ def test_an_adaptive_length_batches():
     """Each request keeps its own draft-length policy in the chain loop, so draft_stop works at every batch size
     (tests/test_decoding_batched.py checks batch invariance and the laws with it)."""
     for stop in ("confidence", "acceptance"):
-        assert method_class("spd").batch_refusal(check_method("spd", {"draft_stop": stop})) is None
+        assert method_class("spd").capabilities_of(check_method("spd", {"draft_stop": stop})).batch_refusal is None
 
 
 def test_the_hindsight_oracle_reads_the_first_rejections():

@@ -48,7 +48,6 @@ def capped_cases(P, Q, x, cap=2):
 class CappedToken(DraftVerifyDecoder):
     name = "capped"
     lossless = True
-    batchable = True
     rule = ChainRule(capped_token_rule, params=("cap",), exact=capped_cases)
     params = {**DraftVerifyDecoder.params, "cap": Param(2, int_at_least(1), "drafts verified at most")}
 '''

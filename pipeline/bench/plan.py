@@ -13,9 +13,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bench.peers import REFERENCE
-from pipeline.decoding import DRAFTERS, check_method, method_class
+from pipeline.decoding import DRAFTERS, check_method, method_args, method_class
 from pipeline.decoding.draft_length import DRAFT_STOPS
-from pipeline.decoding.drafters import PAIR
+from pipeline.decoding.drafter_scope import PAIR
 from pipeline.measure.energy import check_energy_meter
 from pipeline.measure.workload import Workload
 from pipeline.models import PairSpec, drafter_context, load_tokenizer
@@ -190,7 +190,7 @@ def check_batch_sizes(cfg: DictConfig, bench: Any) -> dict[str, str]:
     skipped = {}
     for method in cfg.methods:
         values = check_method(method, bench.method_params(method, "sample"), drafters=bench.ctx)
-        reason = method_class(method).batch_refusal(values)
+        reason = method_args(method, values).capabilities.batch_refusal
         if reason and max(sizes) > 1:
             skipped[method] = reason
     return skipped
@@ -365,4 +365,4 @@ class BenchPlan:
         """A chain of gamma draft tokens verified in one target pass: the bound applies (mtad with a
         draft model drafts beams: it is counted as a chain of its best beam, as before)."""
         values = check_method(method, self.method_params(method, mode, drafter), drafters=self.ctx)
-        return method_class(method).shape_of(values) == "chain"  # the configured method's capability
+        return method_args(method, values).capabilities.draft_shape == "chain"  # the configured method's

@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.decoding import build_decoder, check_method, method_class
+from pipeline.decoding import build_decoder, check_method, method_args
 from pipeline.decoding.batched import BatchedDecoder, BatchRequest
 from pipeline.decoding.warping import make_generator
 from pipeline.device import synchronize
@@ -95,7 +95,7 @@ class ServingBench:
         bench = self.bench
         params = bench.method_params(method, mode)
         if self.slots > 1:
-            reason = method_class(method).batch_refusal(check_method(method, params, drafters=bench.ctx))
+            reason = method_args(method, check_method(method, params, drafters=bench.ctx)).capabilities.batch_refusal
             if reason:
                 return f"cannot serve {self.slots} requests together: {reason}; set workload.max_concurrency=1"
         draft = bench.pair.draft if method != "ar" else None

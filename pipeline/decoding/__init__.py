@@ -20,7 +20,8 @@ from .base import DRAFTERS, METHODS, Decoder, DrafterContext, Generation, valida
 from .beam import BeamSearchDecoder
 from .bild import BiLDDecoder
 from .block import BlockVerificationDecoder
-from .drafters import Drafter, MedusaDrafter, ModelDrafter, NgramDrafter, register_drafter
+from .drafter_scope import register_drafter
+from .drafters import Drafter, MedusaDrafter, ModelDrafter, NgramDrafter
 from .eagle_drafters import Eagle3Drafter, EagleDrafter
 from .hsd import HSDDecoder, HSDReferenceDecoder
 from .mcss import MCSSDecoder

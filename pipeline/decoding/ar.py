@@ -11,8 +11,7 @@ from .batched import BatchedDecoder
 class AutoregressiveDecoder(Decoder):
     name = "ar"
     lossless = True
-    batchable = True
-    plain_loop = True  # the chain loop's plain steps (no drafter)
+    loop = "plain"  # the loop's plain steps (no drafter)
 
     def _generate(self, prompt, max_new_tokens, eos, generator) -> Generation:
         return BatchedDecoder(self, 1).decode(prompt, max_new_tokens, eos, generator)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from functools import cached_property
+from typing import Any, Callable, ClassVar, Collection, Mapping, Sequence
 
 import torch
 
 from pipeline.registry import Registry
 
-from .checkpoints import resolve_dir
+from .contract import DRAFT_SHAPES, LOOPS, Capabilities
+from .drafter_context import DRAFTERS as DRAFTERS  # re-exported: the registry's old home
+from .drafter_context import DrafterContext
+from .drafter_context import eagle_version as eagle_version
 from .kv import CachedModel
+from .rules import ChainRule, TreeWalk
 from .warping import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Warper
 
 
@@ -105,18 +109,6 @@ def boolean(v: Any) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
-DRAFT_SHAPES = ("chain", "tree", "none")  # what one target forward of a method verifies
-
-
-def _drafter_problem(entry: Any) -> str | None:
-    ok = (
-        isinstance(entry, type)
-        and callable(getattr(entry, "create", None))
-        and isinstance(getattr(entry, "shapes", None), frozenset)
-    )
-    return None if ok else "is not a Drafter subclass (pipeline.decoding.drafters.Drafter)"
-
-
 def _method_problem(entry: Any) -> str | None:
     return (
         None
@@ -129,120 +121,6 @@ def _method_problem(entry: Any) -> str | None:
 # a config may name a method of its own as `module:attr`)
 METHODS: Registry[Any] = Registry("method", check=_method_problem)
 
-# kind -> Drafter class: the one registry of drafter kinds (pipeline/decoding/__init__.py registers the built-in
-# ones; a config may name a drafter of its own as `drafter: {kind: mypkg.drafts:MyDrafter}`)
-DRAFTERS: Registry[Any] = Registry("drafter", name_of=lambda cls: cls.kind, check=_drafter_problem)
-
-
-def eagle_version(path: Any) -> int | None:
-    """3 when the EAGLE head folder at ``path`` holds an EAGLE-3 head (authors' or ``speculators`` layout),
-    1 for an EAGLE-1/2 head, None when it cannot be read (the loader then says what is missing).
-
-    Reads ``config.json`` only: no weights, no model (validation before anything loads).
-    """
-    if not path:
-        return None
-    file = resolve_dir(path) / "config.json"
-    if not file.exists():
-        return None
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    archs = " ".join(config.get("architectures") or []).lower()
-    if "speculators_config" in config or "draft_vocab_size" in config or "eagle3" in archs:
-        return 3
-    return 1
-
-
-@dataclass(frozen=True)
-class DrafterContext:
-    """What a pair offers, known before any model loads: its draft model, EAGLE head (folder and version),
-    Medusa heads and default drafter (a kind name or a ``{kind: ..., <param>: ...}`` scope)."""
-
-    has_draft: bool = True
-    has_eagle: bool = False
-    default: Any = None
-    eagle_path: str | None = None
-    eagle_version: int | None = None
-    has_medusa: bool = False
-
-    def offers(self, asset: str | None) -> bool:
-        """Whether the pair has ``asset`` (a drafter's or method's declared need; None: nothing): the field
-        ``has_<asset>`` (``has_draft``, ``has_eagle``, ``has_medusa``); an asset without such a field is not offered."""
-        return asset is None or bool(getattr(self, f"has_{asset}", False))
-
-    @classmethod
-    def of_pair(cls, pair: Mapping[str, Any]) -> "DrafterContext":
-        """From a pair config mapping (``conf/pair/<name>.yaml``)."""
-        default = pair.get("drafter")
-        kind = default.get("kind") if isinstance(default, Mapping) else default
-        if default is not None and kind not in DRAFTERS and not (isinstance(kind, str) and ":" in kind):
-            raise ValueError(
-                f"pair {pair.get('name')!r}: drafter: {default!r} must be one of {DRAFTERS.names()} "
-                f"(or {{kind: <one of them>, ...}}, or `module:attr` of a Drafter of your own)"
-            )
-        path = pair.get("eagle")
-        ctx = cls(
-            has_draft=bool(pair.get("draft")),
-            has_eagle=bool(path),
-            default=default,
-            eagle_path=str(path) if path else None,
-            eagle_version=eagle_version(path),
-            has_medusa=bool(pair.get("medusa")),
-        )
-        asset = DRAFTERS.get(kind).asset if isinstance(kind, str) else None  # a str whenever default is set
-        if asset is not None and not ctx.offers(asset) and not (isinstance(default, Mapping) and default.get("path")):
-            raise ValueError(
-                f"pair {pair.get('name')!r}: drafter: {kind} reads the pair's `{asset}:`, which this pair has not: "
-                f"add `{asset}: <...>` or choose another drafter"
-            )
-        return ctx
-
-    @classmethod
-    def of_models(cls, target, draft, assets: Mapping[str, Any] | None = None) -> "DrafterContext":
-        """From loaded models and the assets passed beside them (``LoadedPair.assets``: ``eagle``, ``medusa`` heads
-        and the pair's default ``drafter``); an EAGLE head attached to the target by hand is read too."""
-        assets = assets or {}
-        head = assets.get("eagle")
-        if head is None:
-            head = getattr(target, "eagle_head", None)  # attached by hand (eagle.attach_eagle_head)
-        return cls(
-            has_draft=draft is not None,
-            has_eagle=head is not None,
-            default=assets.get("drafter"),
-            eagle_version=None if head is None else int(getattr(head, "eagle_version", 1)),
-            has_medusa=assets.get("medusa") is not None,
-        )
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a configured method does (``Decoder.capabilities_of(values)``): the answer every reader asks for,
-    rather than the class's defaults (a ``typical`` with ``tree: true`` verifies trees)."""
-
-    draft_shape: str  # chain | tree | none
-    draft_depth: int | None  # a chain's length or a tree's levels at most (None: no draft)
-    lossless: bool
-    batch_refusal: str | None  # why it cannot decode several requests together (None: it can)
-    drafter: str | None  # the drafter kind (None: no drafter)
-    requires: tuple[str, ...]
-
-    @property
-    def batchable(self) -> bool:
-        return self.batch_refusal is None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "draft_shape": self.draft_shape,
-            "draft_depth": self.draft_depth,
-            "lossless": self.lossless,
-            "batchable": self.batchable,
-            "drafter": self.drafter,
-            "requires": self.requires,
-        }
-
-
 WARP_PARAMS: dict[str, Param] = {
     "temperature": Param(DEFAULT_TEMPERATURE, nonneg_number, "0 = greedy"),
     "top_k": Param(DEFAULT_TOP_K, int_at_least(0), "0 = off"),
@@ -254,21 +132,24 @@ class Decoder:
     """One decoding method over a target (and, for draft-based methods, a draft) model.
 
     Subclasses declare ``name``, their ``params`` (besides the warping parameters, which every method
-    accepts) and their capabilities, and implement ``_generate`` (or, for the two speculative loops of
-    ``speculative.py``, a chain ``rule`` or a tree ``walk``). The class attributes below are a method's
-    defaults; what the sweep, the cell, the bench, the analysis and the error messages read is the configured
-    method's answer, ``capabilities_of(values)`` (``shape_of``, ``depth_of``, ``lossless_of``,
-    ``batch_refusal``, ``drafter_of``), which a method overrides where a parameter changes it:
+    accepts) and their capabilities, and the parts their ``loop`` needs (``contract.py``: a chain ``rule`` or a tree
+    ``walk`` over a drafter, ``speculative.py``; the target's own draw; or ``_generate``, a loop of its own). The
+    class attributes below are a method's defaults; what the sweep, the cell, the bench, the analysis and the error
+    messages read is the configured method's answer, ``capabilities_of(values)`` (``contract.Capabilities``,
+    computed once with its ``Args``: ``args.capabilities``, ``self.capabilities``), the one place a method overrides
+    where a parameter changes it (typical's ``tree``, medusa's ``acceptance``, the drafter a method is given):
 
+    - ``loop``: how the loop (``batched.py``) runs it: ``plain`` (target steps), ``chain``, ``tree``, ``draw`` (the
+      target draws its own tokens) or ``own`` (a loop of its own, batch 1 only);
     - ``draft_shape``: what one target forward verifies, ``chain`` (gamma draft tokens: Leviathan's
       bound applies), ``tree`` or ``none`` (no draft);
     - ``lossless``: the output follows the warped target exactly (tested by chi-square);
-    - ``batchable``: the method decodes several requests together (``batch_size > 1``);
     - ``verification_method``: how it verifies, in NVIDIA specdec_bench's words where they have one
       (``longest_prefix``, ``block``), else the rule's own (the cell's ``speculation_profile.json``);
     - ``prefix_drafts``: its draft of K tokens is a prefix of its draft of K + 1 (a chain drawn token by token);
     - ``requires``: what the method itself needs beside the target (``draft``, ``medusa``); a method
-      with a ``drafter`` parameter needs what its drafter declares instead.
+      with a ``drafter`` parameter needs what its drafter declares instead;
+    - ``rule`` / ``walk``: a chain method's rule, a tree method's walk (``rules.py``; None elsewhere).
 
     Parameters are validated once (``validate_params``, in the plan) into the method's frozen
     dataclass ``Args`` (one field per parameter, generated from ``params``); a decoder reads
@@ -276,9 +157,11 @@ class Decoder:
     """
 
     name: ClassVar[str] = ""
+    loop: ClassVar[str] = "own"
     draft_shape: ClassVar[str] = "none"
     lossless: ClassVar[bool] = False
-    batchable: ClassVar[bool] = False
+    rule: ClassVar[ChainRule | None] = None
+    walk: ClassVar[TreeWalk | None] = None
     verification_method: ClassVar[str] = ""
     prefix_drafts: ClassVar[bool] = False
     requires: ClassVar[tuple[str, ...]] = ()
@@ -289,6 +172,8 @@ class Decoder:
         super().__init_subclass__(**kwargs)
         if cls.draft_shape not in DRAFT_SHAPES:
             raise TypeError(f"{cls.__name__}.draft_shape must be one of {DRAFT_SHAPES}, got {cls.draft_shape!r}")
+        if cls.loop not in LOOPS:
+            raise TypeError(f"{cls.__name__}.loop must be one of {LOOPS}, got {cls.loop!r}")
         # the frozen per-method dataclass of resolved parameters (picklable: found as <module>.<Class>.Args)
         args = make_dataclass(
             "Args",
@@ -296,7 +181,11 @@ class Decoder:
             frozen=True,
             namespace={
                 "as_dict": lambda self: {f.name: getattr(self, f.name) for f in fields(self)},
-                "__doc__": f"The resolved parameters of method {cls.name!r} (validated once).",
+                "capabilities": _args_capabilities(cls),
+                # pickled as its fields alone (the capabilities are computed again where it is read)
+                "__reduce__": lambda self: (type(self), tuple(getattr(self, f.name) for f in fields(self))),
+                "__doc__": f"The resolved parameters of method {cls.name!r} (validated once) and, computed once "
+                "from them, its capabilities (``capabilities``).",
             },
         )
         args.__module__, args.__qualname__ = cls.__module__, f"{cls.__qualname__}.Args"
@@ -326,7 +215,8 @@ class Decoder:
                 f"got {type(args).__name__}"
             )
         self.args = args
-        self.shape = type(self).shape_of(args.as_dict())  # what one target forward verifies, as configured
+        self.capabilities: Capabilities = args.capabilities  # what it does as configured (computed once)
+        self.draft_depth: int | None = self.capabilities.draft_depth  # the draft positions it puts to the target
         self.warper = Warper(args.temperature, args.top_k, args.top_p)
         self.target = CachedModel(target)
         vocab = self.target.vocab_size
@@ -370,53 +260,28 @@ class Decoder:
     def check_combination(cls, values: dict[str, Any]) -> None:
         """Checks that involve several parameters; raise ValueError naming the fix."""
 
-    @classmethod
-    def batch_refusal(cls, values: dict[str, Any]) -> str | None:
-        """Why these resolved parameters cannot decode several requests together (None: they can)."""
-        return None if cls.batchable else "it decodes one sequence at a time (with a loop of its own)"
-
     # ------------------------------------------------------------------ capabilities of a configuration
-    # The class attributes above are the method's defaults; what a configured method does (its resolved
-    # parameters ``values``, ``validate_params``) is asked of these, which a method overrides where a parameter
-    # changes it (typical's ``tree``, medusa's ``acceptance``, the drafter a method is given).
 
     @classmethod
-    def shape_of(cls, values: dict[str, Any]) -> str:
-        """What one target forward verifies with these resolved parameters: ``chain``, ``tree`` or ``none``."""
-        return cls.draft_shape
-
-    @classmethod
-    def depth_of(cls, values: dict[str, Any]) -> int | None:
-        """Draft positions one iteration puts to the target at most: a chain's length, a tree's levels (None: no
-        draft). The decoder's ``draft_depth`` is what it runs (a drafter may draft fewer levels: Medusa's heads)."""
-        return None
-
-    @classmethod
-    def lossless_of(cls, values: dict[str, Any]) -> bool:
-        """Whether the output follows the warped target exactly with these resolved parameters."""
-        return cls.lossless
-
-    @classmethod
-    def drafter_of(cls, values: dict[str, Any]) -> str | None:
-        """The drafter kind these resolved parameters draft with (None: the method drafts nothing)."""
-        return None
-
-    @classmethod
-    def capabilities_of(cls, values: dict[str, Any]) -> "Capabilities":
-        """Everything the sweep, the cell, the bench and the analysis ask of a configured method, in one answer."""
+    def capabilities_of(cls, values: dict[str, Any], drafter: Any = None) -> Capabilities:
+        """What the method does with these resolved parameters (``drafter``: a Drafter class to assume in place of
+        the one ``values`` name, as ``accepts`` asks): the one override point of a configured method's
+        capabilities, read once per ``Args`` (``args.capabilities``). Here: the class's declarations."""
+        own = cls.loop == "own"
         return Capabilities(
-            draft_shape=cls.shape_of(values),
-            draft_depth=cls.depth_of(values),
-            lossless=cls.lossless_of(values),
-            batch_refusal=cls.batch_refusal(values),
-            drafter=cls.drafter_of(values),
+            loop=cls.loop,
+            draft_shape=cls.draft_shape,
+            draft_depth=None,
+            lossless=cls.lossless,
+            batch_refusal="it decodes one sequence at a time (with a loop of its own)" if own else None,
+            drafter=None,
             requires=cls.requires,
         )
 
     @property
-    def draft_depth(self) -> int | None:
-        """The draft positions one iteration of this decoder puts to the target at most (None: no draft)."""
-        return type(self).depth_of(self.config)
+    def shape(self) -> str:
+        """What one target forward of this decoder verifies (``capabilities.draft_shape``)."""
+        return self.capabilities.draft_shape
 
     @classmethod
     def all_params(cls) -> dict[str, Param]:
@@ -435,24 +300,14 @@ class Decoder:
         eos_token_ids: Sequence[int] | int | None = (),
         generator: torch.Generator | None = None,
     ) -> Generation:
-        """Decode up to ``max_new_tokens`` new tokens after ``input_ids`` (batch size 1)."""
+        """Decode up to ``max_new_tokens`` new tokens after ``input_ids`` (batch size 1). A method the loop runs
+        (``loop`` not ``own``) has its request checked by the loop's admission (``batched.py``), a method with a
+        loop of its own here: the one check, ``check_request``."""
         prompt = _as_token_list(input_ids)
-        if not prompt:
-            raise ValueError("input_ids is empty: a prompt needs at least one token (e.g. BOS)")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        limit = self.target.max_positions
-        if limit is not None and len(prompt) + max_new_tokens > limit:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
-                f"context of {limit} positions: shorten the prompt or lower max_new_tokens"
-            )
-        if isinstance(eos_token_ids, int):
-            eos = frozenset([eos_token_ids])
-        else:
-            eos = frozenset(int(t) for t in (eos_token_ids or ()))
+        if self.capabilities.loop == "own":
+            check_request(prompt, max_new_tokens, self.target.max_positions)
         with torch.inference_mode():
-            return self._generate(prompt, max_new_tokens, eos, generator)
+            return self._generate(prompt, max_new_tokens, eos_set(eos_token_ids), generator)
 
     def _generate(
         self, prompt: list[int], max_new_tokens: int, eos: frozenset[int], generator: torch.Generator | None
@@ -471,7 +326,7 @@ class Decoder:
                 model.reset()
                 model.prefill(prompt[:-1])
 
-    def _next_token(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+    def next_token(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
         """One token from one row of target logits: argmax when greedy, else a warped sample."""
         return int(self.warper.draw(logits, generator))
 
@@ -504,7 +359,40 @@ def validate_params(
             f"whose config has a `draft:` model{cls.draft_alternative(values)}"
         )
     cls.check_combination(values)
-    return cls.Args(**values)
+    args = cls.Args(**values)
+    args.capabilities  # computed once, here: a configuration the method cannot describe fails validation
+    return args
+
+
+def _args_capabilities(cls: type[Decoder]) -> cached_property[Capabilities]:
+    """The ``capabilities`` of ``cls.Args``: ``cls.capabilities_of`` of its fields, computed once per ``Args``."""
+
+    def capabilities(self: Any) -> Capabilities:
+        return cls.capabilities_of(self.as_dict())
+
+    return cached_property(capabilities)
+
+
+def eos_set(eos_token_ids: Collection[int] | int | None) -> frozenset[int]:
+    """The end-of-sequence ids as a set (one id, several, or none)."""
+    if isinstance(eos_token_ids, int):
+        return frozenset([eos_token_ids])
+    return frozenset(int(t) for t in (eos_token_ids or ()))
+
+
+def check_request(prompt: list[int], max_new_tokens: Any, max_positions: int | None) -> None:
+    """The one check of a request (the loop's admission, ``Decoder.generate`` of a method with a loop of its own):
+    a prompt of at least one token, ``max_new_tokens`` an integer >= 1, both within the target's context."""
+    if not prompt:
+        raise ValueError("input_ids is empty: a prompt needs at least one token (e.g. BOS)")
+    m = max_new_tokens
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {m!r}")
+    if max_positions is not None and len(prompt) + m > max_positions:
+        raise ValueError(
+            f"prompt ({len(prompt)} tokens) + max_new_tokens ({m}) exceeds the target's context of {max_positions} "
+            "positions: shorten the prompt or lower max_new_tokens"
+        )
 
 
 def _as_token_list(input_ids: Sequence[int] | torch.Tensor) -> list[int]:

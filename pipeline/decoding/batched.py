@@ -4,9 +4,11 @@ for chains and trees alike.
 ``Decoder.generate`` of every chain method (ar, spd, block, hsd, hsd_ref, mtad, typical over a chain, bild), of
 every tree method (specinfer, mcss, traversal, spectr, medusa, typical over a tree) and of mtjd is this loop over
 one request (``BatchedDecoder(decoder, 1)``), and a cell or the bench with ``batch_size > 1`` runs it over
-``batch_size`` slots (continuous batching; ``batch_refusal`` of the configured method and ``batchable`` on its
-drafter). Each request has its own context, counters, generator, draft-length policy (``draft_stop``: its own
-running acceptance estimate) and drafter (``Drafter.slots``: the decoder's own drafter at batch 1; at batch B a copy
+``batch_size`` slots (continuous batching; ``batch_refusal`` of the configured method's ``Capabilities``: a loop of
+its own, or a drafter that does not declare ``batchable``). The method's declared ``loop`` (``contract.py``) chooses
+how: ``plain`` (ar), ``chain`` (``ChainMethod``), ``tree`` (``TreeMethod``), ``draw`` (``DrawMethod``) or ``own``.
+Each request has its own context, counters, generator, draft-length policy (``draft_stop``: its own running acceptance
+estimate) and drafter (``Drafter.slots``: the decoder's own drafter at batch 1; at batch B a copy
 per slot, the draft model's copies sharing one packed cache). One iteration, over every live request:
 
 1. propose: the method asks for each request's chain (``DraftVerifyDecoder.propose_chains``: the drafter's chains,
@@ -46,10 +48,10 @@ tokens emitted, context, occupancy); a cell's cost model and the bench's rows ar
 with ``calibrate=True`` (a cell's warm-up) every request drafts the calibration schedule
 (``draft_length.calibration_length``).
 
-A method whose target draws its own tokens, unverified (mtjd: ``draw_tokens``, beam sampling on the target's
-sequences, every request's beams in one packed target forward per depth), runs the same loop with steps 1 and 2
-replaced by that draw: each request emits what it drew and the target's cache is left at it. Beam search, with a loop
-of its own, runs its ``generate`` request by request at batch 1 and does not batch.
+A method whose target draws its own tokens, unverified (mtjd, loop ``draw``: ``draw_tokens``, beam sampling on the
+target's sequences, every request's beams in one packed target forward per depth), runs the same loop with steps 1 and
+2 replaced by that draw: each request emits what it drew and the target's cache is left at it. Beam search (loop
+``own``) runs its ``generate`` request by request at batch 1 and does not batch.
 """
 
 from __future__ import annotations
@@ -61,47 +63,20 @@ from typing import Any, Callable, Collection, Sequence
 
 import torch
 
-from .base import Decoder, Generation, _as_token_list, emit
+from .base import Decoder, Generation, _as_token_list, check_request, emit, eos_set
+from .contract import ChainMethod, DrawMethod, TreeMethod, chain_method, draw_method, stepped_method, tree_method
 from .draft_length import DraftLength, calibration_length
 from .drafters import Drafter
 from .drafting import ChainAsk, TreeAsk
 from .packed import Lanes, PackedCache, PackedRows, SoloCache
 from .phase_clock import PhaseClock
+from .requests import (  # the loop's requests and results and the batch check (re-exported: callers import them here)
+    BatchedGeneration,
+    BatchRequest,
+    check_batch,  # noqa: F401
+    refuse_batch,
+)
 from .tree import TokenTree
-
-
-@dataclass
-class BatchRequest:
-    """One generation to run: its prompt, its own limit and its own generator (``tag``: the caller's)."""
-
-    prompt: Sequence[int] | torch.Tensor
-    max_new_tokens: int
-    generator: torch.Generator | None = None
-    tag: Any = None
-
-
-@dataclass
-class BatchedGeneration(Generation):
-    """A ``Generation`` with its request's clock (``time.perf_counter`` seconds): when it took a slot, when
-    its first token and its last were emitted (latency, time to first token and TPOT per request)."""
-
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-    finished_at: float = 0.0
-    prefill_s: float = 0.0  # batch 1: the part spent writing the prompt into the caches (``prefill_seconds``)
-    tag: Any = None
-
-
-def check_batch(cls: type[Decoder], values: dict[str, Any], batch_size: Any) -> None:
-    """Refuse a ``batch_size`` this method (with these resolved parameters) cannot run, before any model
-    loads; the message names the fix."""
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if batch_size == 1:
-        return
-    reason = cls.batch_refusal(values)
-    if reason:
-        raise ValueError(f"method {cls.name!r} cannot decode with batch_size {batch_size}: {reason}; use batch_size: 1")
 
 
 @dataclass
@@ -114,7 +89,7 @@ class _Live:
     slot: int
     context: list[int]
     admitted_at: float
-    drafter: Any = None
+    drafter: Drafter | None = None
     policy: DraftLength | None = None
     out: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
@@ -127,15 +102,6 @@ class _Live:
     tokens: torch.Tensor | None = None  # this iteration's draft tokens [g] (None: nothing drafted)
     proposal: Any = None  # what the rule reads beside them (``DraftVerifyDecoder.propose_chains``)
     tree: TokenTree | None = None  # a tree method's: this iteration's token tree (None: nothing drafted)
-
-
-def has_loop(decoder: Decoder) -> str | None:
-    """None when ``decoder`` runs this module's loop (ar, a method whose target draws its own tokens: mtjd, and a chain
-    or tree method over a drafter), else why not."""
-    if getattr(decoder, "drafter_impl", None) is None:
-        runs = getattr(decoder, "plain_loop", False) or callable(getattr(decoder, "draw_tokens", None))
-        return None if runs else "it decodes with a loop of its own"
-    return None
 
 
 def _arrive(arrivals: Any, queue: deque, live: Sequence[Any]) -> bool:
@@ -163,34 +129,32 @@ class BatchedDecoder:
     """
 
     def __init__(self, decoder: Decoder, batch_size: int, *, calibrate: bool = False) -> None:
-        check_batch(type(decoder), getattr(decoder, "config", {}), batch_size)
-        reason = has_loop(decoder) if isinstance(decoder, Decoder) else "it is not a Decoder"
-        if reason and batch_size > 1:
-            raise ValueError(
-                f"method {decoder.name!r} has no batched loop: {reason}; call its generate() one request at a time"
-            )
+        caps = decoder.capabilities
+        refuse_batch(decoder.name, caps.batch_refusal, batch_size)
         self.decoder = decoder
         self.batch_size = batch_size
-        target = getattr(decoder, "target", None)
-        self.clock = PhaseClock(getattr(target, "device", None))  # the loop's own clock (``phase_clock``)
+        self.clock = PhaseClock(decoder.target.device)  # the loop's own clock (``phase_clock``)
         self.calibrate = calibrate  # every request's draft length (a tree's depth) cycles (``calibration_length``)
         self.asked = 0  # this iteration's requests that asked for a draft (an iteration whose drafts all declined at
         # once still paid one draft position: BiLD's small model, unsure at its first token)
-        self.own_loop = reason is not None  # batch 1 of a method with its own loop: its generate, request by request
-        if self.own_loop:  # (or of any object with Decoder.generate's signature)
-            return
-        drafter: Drafter | None = getattr(decoder, "drafter_impl", None)
+        self.own_loop = caps.loop == "own"  # batch 1 of a method with its own loop: its generate, request by request
+        # the method through the protocol its declared loop needs (``contract.py``; a missing part is refused here)
+        self.chain: ChainMethod | None = chain_method(decoder) if caps.loop == "chain" else None
+        self.trees: TreeMethod | None = tree_method(decoder) if caps.loop == "tree" else None  # (``_propose_trees``)
+        self.drawer: DrawMethod | None = draw_method(decoder) if caps.loop == "draw" else None  # (``_draw``)
+        self.method = None if self.own_loop else stepped_method(decoder)
+        over = self.chain or self.trees  # a method over a drafter
+        drafter = over.drafter_impl if over is not None else None
         self.drafter = drafter
-        self.slots: list[Any] = drafter.slots(batch_size) if drafter is not None else [None] * batch_size
+        self.slots: list[Drafter | None] = [None] * batch_size
+        if drafter is not None:
+            self.slots = list(drafter.slots(batch_size))
         self.hidden = drafter is not None and drafter.uses_hidden
         self.prompt_hidden = self.hidden and drafter is not None and drafter.prompt_hidden
         self.target: Lanes = SoloCache(decoder.target) if batch_size == 1 else PackedCache(decoder.target)
-        self.length_args = getattr(decoder, "args", None)
-        template: DraftLength | None = getattr(decoder, "length_policy", None)
-        if template is not None and template.live is not None:  # draft_cost / verify_cost: auto read the clock
-            self.clock.observers.append(template.live.observe)
-        self.tree = getattr(decoder, "shape", "chain") == "tree"  # it verifies token trees (``_propose_trees``)
-        self.draws = callable(getattr(decoder, "draw_tokens", None))  # its target draws its own tokens (``_draw``)
+        self.template: DraftLength | None = over.length_policy if over is not None else None  # copied per request
+        if self.template is not None and self.template.live is not None:  # draft_cost / verify_cost: auto read
+            self.clock.observers.append(self.template.live.observe)  # the clock
 
     def generate(
         self,
@@ -212,9 +176,13 @@ class BatchedDecoder:
             out[request.tag] = gen
 
         self.run(queue, eos_token_ids=eos_token_ids, on_finish=done)
-        return out  # type: ignore[return-value]
+        got = [g for g in out if g is not None]
+        assert len(got) == len(out), "a request of the queue was not decoded"
+        return got
 
-    def decode(self, prompt: list[int], max_new_tokens: int, eos: frozenset[int], generator) -> Generation:
+    def decode(
+        self, prompt: list[int], max_new_tokens: int, eos: frozenset[int], generator: torch.Generator | None
+    ) -> Generation:
         """One request, checked by the caller (``Decoder.generate``): its ``Generation``."""
         got: list[BatchedGeneration] = []
         self.run(
@@ -226,23 +194,14 @@ class BatchedDecoder:
         return Generation(g.tokens, g.steps, g.draft_steps, g.accepted, g.drafted)
 
     def _check(self, request: BatchRequest) -> list[int]:
+        """A request's prompt as token ids, checked (``base.check_request``: the one check of a request)."""
         prompt = _as_token_list(request.prompt)
-        if not prompt:
-            raise ValueError("input_ids is empty: a prompt needs at least one token (e.g. BOS)")
-        m = request.max_new_tokens
-        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {m!r}")
-        limit = self.decoder.target.max_positions
-        if limit is not None and len(prompt) + m > limit:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({m}) exceeds the target's context of {limit} "
-                "positions: shorten the prompt or lower max_new_tokens"
-            )
+        check_request(prompt, request.max_new_tokens, self.decoder.target.max_positions)
         return prompt
 
     def run(
         self,
-        queue: deque,
+        queue: deque[BatchRequest],
         *,
         eos_token_ids: Collection[int] | int | None = (),
         on_finish: Callable[[BatchRequest, BatchedGeneration], None] | None = None,
@@ -255,11 +214,7 @@ class BatchedDecoder:
         ``arrivals`` (a workload's, ``pipeline.measure.workload.Arrivals``): polled before each iteration, its
         ``feed(queue, idle)`` appends the requests whose time has come (sleeping until the next one when nothing is
         queued or decoding) and says whether more are to come; the run lasts until none are."""
-        eos = (
-            frozenset([eos_token_ids])
-            if isinstance(eos_token_ids, int)
-            else frozenset(int(t) for t in (eos_token_ids or ()))
-        )
+        eos = eos_set(eos_token_ids)
         if self.own_loop:
             return self._run_own(queue, eos, on_finish, arrivals)
         live: list[_Live] = []
@@ -271,7 +226,7 @@ class BatchedDecoder:
             clock.start()
             try:
                 while _arrive(arrivals, queue, live) or queue or live:
-                    admitted = []
+                    admitted: list[_Live] = []
                     while queue and free:
                         request = queue.popleft()
                         prompt = self._check(request)
@@ -317,14 +272,22 @@ class BatchedDecoder:
         for d in {id(d): d for d in self.slots if d is not None}.values():
             d.close()
 
-    def _run_own(self, queue: deque, eos: frozenset[int], on_finish, arrivals: Any = None) -> int:
+    def _run_own(
+        self,
+        queue: deque[BatchRequest],
+        eos: frozenset[int],
+        on_finish: Callable[[BatchRequest, BatchedGeneration], None] | None,
+        arrivals: Any = None,
+    ) -> int:
         """A method with a loop of its own (beam) at batch 1: its ``generate`` per request,
         bracketed by device synchronisations; its first token's time is estimated as its prefill plus one step."""
         dec, count = self.decoder, 0
-        target = getattr(dec, "target", None)
-        cuda = target is not None and target.device.type == "cuda"
-        sync = (lambda: torch.cuda.synchronize(target.device)) if cuda else (lambda: None)  # type: ignore[union-attr]
-        prefill_seconds = getattr(dec, "prefill_seconds", lambda: 0.0)
+        device = dec.target.device
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
         clock = self.clock
         clock.start()
         while _arrive(arrivals, queue, ()) or queue:
@@ -342,7 +305,7 @@ class BatchedDecoder:
             )
             sync()
             end = time.perf_counter()
-            prefill = float(prefill_seconds())
+            prefill = float(dec.prefill_seconds())
             count += 1
             clock.enter("other")
             clock.end_iteration(emitted=len(gen.tokens), context=len(_as_token_list(request.prompt)), requests=1)
@@ -376,50 +339,52 @@ class BatchedDecoder:
         draft-length policy (a copy of the decoder's, with the costs a cell calibrated) starts from the prior."""
         dec = self.decoder
         hidden = self.target.start({r.slot: r.context for r in requests}, self.prompt_hidden)
-        template: DraftLength | None = getattr(dec, "length_policy", None)  # its costs as calibrated (``auto``)
+        template = self.template  # its costs as calibrated (``auto``)
         for r in requests:
             if r.drafter is not None:
                 r.drafter.start(r.context, hidden.get(r.slot))
-                r.policy = template.fresh() if template is not None else DraftLength.of(self.length_args)
+                r.policy = template.fresh() if template is not None else None
             r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
             r.cached = self.target.length(r.slot)
 
     def _propose_chains(self, live: list[_Live], eos: frozenset[int]) -> None:
         """Step 1 of a chain method: each request's chain (``r.tokens``, ``r.proposal``), up to its policy's budget
         (``eos``: the run's, for a method whose draft ends after one: BiLD's)."""
-        dec = self.decoder
+        dec = self.chain
+        assert dec is not None
         asks: list[tuple[_Live, ChainAsk]] = []
         for r in live:
             if r.policy is not None:
                 room = r.request.max_new_tokens - len(r.out) - 1
-                full = dec.draft_length()  # type: ignore[attr-defined]
+                full = dec.draft_depth
                 wanted = calibration_length(r.iterations, full) if self.calibrate else r.policy.budget(full)
                 gamma = min(wanted, room)
                 if gamma > 0:
                     asks.append((r, ChainAsk(r.slot, r.context, gamma, r.request.generator, r.drafter, eos)))
         self.asked = len(asks)
         if asks:
-            proposals = dec.propose_chains([a for _, a in asks])  # type: ignore[attr-defined]
+            proposals = dec.propose_chains([a for _, a in asks])
             for (r, _), proposed in zip(asks, proposals):
                 if proposed is not None:
                     r.tokens, r.proposal = proposed
 
     def _propose_trees(self, live: list[_Live]) -> None:
         """Step 1 of a tree method: each request's tree (``r.tree``) of at most the levels left before its limit."""
-        dec = self.decoder
+        dec = self.trees
+        assert dec is not None
         asks: list[tuple[_Live, TreeAsk]] = []
         for r in live:
-            full = dec.tree_depth  # type: ignore[attr-defined]
+            full = dec.draft_depth
             depth = min(
                 calibration_length(r.iterations, full) if self.calibrate else full,
                 r.request.max_new_tokens - len(r.out) - 1,
             )
             if depth > 0:
-                shape = dec.tree_shape(depth)  # type: ignore[attr-defined]
+                shape = dec.tree_shape(depth)
                 asks.append((r, TreeAsk(r.slot, r.context, shape, r.request.generator, r.drafter)))
         self.asked = len(asks)
         if asks:
-            trees = dec.propose_trees([a for _, a in asks])  # type: ignore[attr-defined]
+            trees = dec.propose_trees([a for _, a in asks])
             for (r, _), tree in zip(asks, trees):
                 r.tree = tree
 
@@ -455,7 +420,8 @@ class BatchedDecoder:
         context = sum(len(r.context) for r in live)
         asks = [ChainAsk(r.slot, r.context, r.request.max_new_tokens - len(r.out), r.request.generator) for r in live]
         clock.enter("verify")
-        drawn = self.decoder.draw_tokens(self.target, asks)  # type: ignore[attr-defined]
+        assert self.drawer is not None
+        drawn = self.drawer.draw_tokens(self.target, asks)
         clock.enter("rule")
         before = sum(len(r.out) for r in live)
         for r, tokens in zip(live, drawn):
@@ -477,10 +443,11 @@ class BatchedDecoder:
 
     def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
         """One iteration over every live request, each phase on the clock (``phase_clock``)."""
-        if self.draws:
+        if self.drawer is not None:
             self._draw(live, eos)
             return
-        dec = self.decoder
+        dec = self.method
+        assert dec is not None
         target = self.target
         clock = self.clock
         context = sum(len(r.context) for r in live)
@@ -490,7 +457,7 @@ class BatchedDecoder:
         self.asked = 0  # requests asked for a draft this iteration
         if self.drafter is not None:  # ar drafts nothing: no draft phase
             clock.enter("draft")
-            if self.tree:
+            if self.trees is not None:
                 self._propose_trees(live)
             else:
                 self._propose_chains(live, eos)
@@ -518,7 +485,7 @@ class BatchedDecoder:
             positions = 1
         for r, rows, raw, hidden in zip(live, groups, raws, hiddens):
             r.iterations += 1
-            logits = dec.target._logits(raw)
+            logits = dec.target.logits(raw)
             gen = r.request.generator
             length = len(r.context)
             last = rows.keep[0]  # the last context token's row (``hidden``'s rows are all of the request's rows)
@@ -528,20 +495,22 @@ class BatchedDecoder:
             path: list[int] | None = None
             if r.tree is not None:  # the method's walk over the tree
                 tree = r.tree
-                path, y = dec.verify_tree(logits, tree, gen)  # type: ignore[attr-defined]
+                assert self.trees is not None
+                path, y = self.trees.verify_tree(logits, tree, gen)
                 n = len(path)
                 emitted = [tree.tokens[i] for i in path] + [int(y)]
                 r.drafted.append(max(tree.depths) + 1 if tree.depths else 0)
                 target.keep_path(r.slot, length, path)
                 kept_rows = [last] + [last + 1 + i for i in path]
             elif r.tokens is None:  # nothing drafted: a plain step
-                emitted = [dec._next_token(logits[-1], gen)]
+                emitted = [dec.next_token(logits[-1], gen)]
                 if r.policy is not None:
                     r.drafted.append(0)
             else:  # the method's rule, then the iteration's one host read
                 tokens = r.tokens
                 g = tokens.shape[0]
-                n_t, y_t = dec.verify(logits, tokens, r.proposal, gen)  # type: ignore[attr-defined]
+                assert self.chain is not None
+                n_t, y_t = self.chain.verify(logits, tokens, r.proposal, gen)
                 head = [torch.as_tensor(v, device=tokens.device).reshape(1) for v in (n_t, y_t)]
                 read = torch.cat([*head, tokens]).tolist()
                 n = int(read[0])

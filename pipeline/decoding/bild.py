@@ -22,10 +22,13 @@ unsure at once, the iteration is a plain large-model step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .base import Param, in_closed, int_at_least, nonneg_number
-from .drafters import drafter_param
+from .contract import Capabilities
+from .drafter_scope import drafter_param
 from .speculative import DraftVerifyDecoder
 from .verification import bild_verify
 from .warping import sample
@@ -34,7 +37,6 @@ from .warping import sample
 class BiLDDecoder(DraftVerifyDecoder):
     name = "bild"
     verification_method = "bild"
-    batchable = True
     prefix_drafts = True
     requires = ("draft",)
     params = {
@@ -46,7 +48,7 @@ class BiLDDecoder(DraftVerifyDecoder):
 
     @classmethod
     def accepts(cls, drafter, values) -> str | None:
-        if drafter.kind != "model":
+        if not drafter.admits:  # the drafter contract's ``admits``: its chain asks BiLD's confidence before each draw
             return "BiLD's small model decodes its own run until it is unsure: it needs the draft model"
         return None
 
@@ -59,12 +61,9 @@ class BiLDDecoder(DraftVerifyDecoder):
         return ""
 
     @classmethod
-    def depth_of(cls, values) -> int:
-        return values["max_small_steps"]
-
-    def draft_length(self) -> int:
-        """The loop's draft budget: the small model's longest run."""
-        return self.args.max_small_steps
+    def capabilities_of(cls, values, drafter=None) -> Capabilities:
+        """A chain of at most ``max_small_steps`` (the small model's longest run: the loop's draft budget)."""
+        return replace(super().capabilities_of(values, drafter), draft_depth=values["max_small_steps"])
 
     def propose_chains(self, asks):
         """Each ask's small-model run (every ask's at once: the draft model's ``propose_chains`` with BiLD's

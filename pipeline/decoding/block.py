@@ -22,5 +22,4 @@ class BlockVerificationDecoder(DraftVerifyDecoder):
     prefix_drafts = True
     lossless = True
     rule = BLOCK_RULE
-    batchable = True
     params = {**DraftVerifyDecoder.params, "gamma": CHAIN_GAMMA}  # the same draft as spd

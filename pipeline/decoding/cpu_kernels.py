@@ -101,7 +101,8 @@ def _isa_of(flags: frozenset[str]) -> str | None:
 
 def kernels_isa() -> str | None:
     """The instruction set of the kernels here: the built extension's, else the CPU's (``avx512``, ``avx2``)."""
-    return _STATE.get("isa") or _isa_of(_cpu_flags())  # type: ignore[return-value]
+    isa = _STATE.get("isa")
+    return isa if isinstance(isa, str) and isa else _isa_of(_cpu_flags())
 
 
 def native_bf16() -> bool:
@@ -159,7 +160,8 @@ def _reason_for(kernels_switch: str | None, bf16_switch: str | None, isa: str | 
 
 def kernels_unavailable_reason() -> str | None:
     """Why the bf16 extension is not used here (None when it is, or has not been tried yet and can be)."""
-    return _capability_reason() or _STATE.get("error")  # type: ignore[return-value]
+    error = _STATE.get("error")
+    return _capability_reason() or (error if isinstance(error, str) else None)
 
 
 def kernels():

@@ -29,8 +29,8 @@ from transformers import LlamaConfig
 from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from .base import eagle_version
 from .checkpoints import HFModel, attach, check_against_weights, read_checkpoint, shapes_of, write_checkpoint
+from .drafter_context import eagle_version
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .kv import PreallocatedLayer, preallocated_layers
 from .vocab import read_token_map, save_token_map

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Param, eagle_version, int_at_least
-from .drafters import TREE_CHILDREN, Drafter, optional_path
+from .base import Param, int_at_least
+from .drafter_context import eagle_version
+from .drafter_scope import optional_path
+from .drafters import TREE_CHILDREN, Drafter
 from .drafting import ChainDraft
 from .eagle import EagleHead, EagleRunner, load_eagle, place_eagle_head
 from .eagle3 import Eagle3Head

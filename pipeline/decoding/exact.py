@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import torch
 
-from .base import METHODS
+from .base import METHODS, validate_params
 from .hsd_verify import hsd_verify, hsd_weights
 from .traversal_verify import traversal_walk
 from .tree import TokenTree
@@ -45,17 +45,17 @@ Law = dict[Prefix, float]
 
 def chain_rules() -> list[str]:
     """The methods whose chain rule declares its exact case analysis (``ChainRule.exact``), in registration order."""
-    return METHODS.names(where=lambda cls: getattr(getattr(cls, "rule", None), "exact", None) is not None)
+    return METHODS.names(where=lambda cls: cls.rule is not None and cls.rule.exact is not None)
 
 
 def tree_rules() -> list[str]:
     """The methods whose tree walk declares its exact case analysis (``TreeWalk.exact``), in registration order."""
-    return METHODS.names(where=lambda cls: getattr(getattr(cls, "walk", None), "exact", None) is not None)
+    return METHODS.names(where=lambda cls: cls.walk is not None and cls.walk.exact is not None)
 
 
 def lossless(rule: str) -> bool:
-    """Whether the method ``rule`` declares itself lossless at its defaults."""
-    return bool(METHODS[rule].lossless)
+    """Whether the method ``rule`` is lossless at its defaults (its ``Capabilities``, with a draft model)."""
+    return validate_params(METHODS[rule], {}, has_draft=True).capabilities.lossless
 
 
 class Pair:

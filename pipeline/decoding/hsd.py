@@ -27,7 +27,6 @@ class HSDDecoder(DraftVerifyDecoder):
     name = "hsd"
     verification_method = "hsd"
     prefix_drafts = True
-    batchable = True
     lossless = True
     rule = HSD_RULE
     params = {**DraftVerifyDecoder.params, "gamma": CHAIN_GAMMA}  # the same draft as spd

@@ -25,7 +25,10 @@ Medusa's default "fast" mode does); its hidden state feeds the heads for the nex
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .base import Param, in_closed, int_list_at_least, nonneg_number, one_of
+from .contract import Capabilities
 from .drafters import MedusaDrafter
 from .rules import TreeWalk
 from .speculative import TreeVerifyDecoder
@@ -56,17 +59,14 @@ class MedusaDecoder(TreeVerifyDecoder):
     requires = ("medusa",)
     params = MEDUSA_PARAMS
 
-    @classmethod
-    def drafter_of(cls, values) -> str:
-        return MedusaDrafter.kind  # its own heads (no drafter parameter)
+    own_drafter = MedusaDrafter  # its own heads (no drafter parameter)
 
     @classmethod
-    def lossless_of(cls, values) -> bool:
-        return values["acceptance"] == "exact"  # the one-hot walk; typical acceptance is lossy
-
-    @classmethod
-    def walk_for(cls, values) -> TreeWalk:
-        return ONE_HOT_WALK if values["acceptance"] == "exact" else TYPICAL_WALK
+    def capabilities_of(cls, values, drafter=None) -> Capabilities:
+        """``acceptance: exact``: the one-hot walk, lossless; ``typical``: typical acceptance, lossy."""
+        exact = values["acceptance"] == "exact"
+        caps = super().capabilities_of(values, drafter)
+        return replace(caps, lossless=exact, walk=ONE_HOT_WALK if exact else TYPICAL_WALK)
 
     @classmethod
     def check_combination(cls, values) -> None:
@@ -75,6 +75,3 @@ class MedusaDecoder(TreeVerifyDecoder):
                 f"method {cls.name!r}: acceptance=exact is lossless only with recovery=sample; "
                 f"set recovery: sample, or use acceptance: typical"
             )
-
-    def make_drafter(self) -> MedusaDrafter:
-        return MedusaDrafter.create(self, {})

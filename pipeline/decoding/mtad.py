@@ -39,7 +39,6 @@ class MTADDecoder(DraftVerifyDecoder):
     verification_method = "mtad_joint"
     prefix_drafts = False
     rule = MTAD_RULE
-    batchable = True
     params = {
         **DraftVerifyDecoder.params,
         "gamma": Param(
@@ -54,12 +53,12 @@ class MTADDecoder(DraftVerifyDecoder):
     }
 
     def propose_chains(self, asks):
-        """With the draft model: each ask's best beam of beam sampling (``ModelDrafter.propose_beams``: every
-        request's beams in one draft forward per depth) and its log q along the beam, cut by ``draft_stop:
-        confidence`` on the beam's own q(x_i); another drafter's chains as every chain method proposes them
-        (log q: the chain's rows at its tokens, 0 for n-gram's one-hot rows)."""
+        """With a drafter that declares ``beams`` (the draft model): each ask's best beam of beam sampling
+        (``Drafter.propose_beams``: every request's beams in one draft forward per depth) and its log q along the
+        beam, cut by ``draft_stop: confidence`` on the beam's own q(x_i); another drafter's chains as every chain
+        method proposes them (log q: the chain's rows at its tokens, 0 for n-gram's one-hot rows)."""
         drafter = asks[0].drafter
-        if drafter.kind != "model":
+        if not drafter.beams:  # a drafter that drafts no beams (the drafter contract's ``beams``)
             return super().propose_chains(asks)
         a = self.args
         beams = drafter.propose_beams(asks, self.warper, a.num_beams, a.beam_weights, a.replacement)

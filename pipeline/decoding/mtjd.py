@@ -23,7 +23,7 @@ from .packed import Lanes
 
 class MTJDDecoder(Decoder):
     name = "mtjd"
-    batchable = True
+    loop = "draw"  # the target draws its own tokens (``draw_tokens``)
     params = {
         "num_tokens": Param(4, int_at_least(1), "K tokens decoded jointly per iteration"),
         "num_beams": Param(4, int_at_least(1), "beams of the beam sampler"),

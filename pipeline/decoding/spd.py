@@ -38,7 +38,6 @@ class SpeculativeDecoder(DraftVerifyDecoder):
     prefix_drafts = True
     lossless = True
     rule = TOKEN_RULE
-    batchable = True
     params = {
         **DraftVerifyDecoder.params,
         "gamma": CHAIN_GAMMA,

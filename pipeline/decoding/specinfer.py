@@ -12,7 +12,7 @@ tokens as children and greedy acceptance (exactly ``ar`` greedy).
 from __future__ import annotations
 
 from .base import Param, int_list_at_least
-from .drafters import drafter_param
+from .drafter_scope import drafter_param
 from .exact import mss_iid_cases
 from .rules import TreeWalk
 from .speculative import TreeVerifyDecoder

@@ -13,7 +13,7 @@ from the draft model or from an EAGLE head (``drafter: eagle | eagle3``: the hea
 from __future__ import annotations
 
 from .base import Param, int_at_least
-from .drafters import drafter_param
+from .drafter_scope import drafter_param
 from .exact import kseq_cases
 from .rules import TreeWalk
 from .specinfer import SpecInferDecoder
@@ -51,14 +51,6 @@ class SpecTrDecoder(SpecInferDecoder):
                     f"method 'spectr' with drafter {scope['kind']}: max_nodes={scope['max_nodes']} would cut the "
                     f"{k} x {gamma} chain nodes; set max_nodes: 0 (no budget) or >= num_drafts x gamma"
                 )
-
-    @classmethod
-    def depth_of(cls, values) -> int:
-        return values["gamma"]  # num_drafts chains of gamma tokens
-
-    @property
-    def tree_depth(self) -> int:
-        return self.args.gamma
 
     def tree_shape(self, depth: int) -> list[int]:
         return [self.args.num_drafts] + [1] * (depth - 1)

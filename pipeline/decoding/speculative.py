@@ -25,16 +25,17 @@ target step. Temperature 0 uses each rule's ``greedy`` form and ``greedy_tree_wa
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 
 from .base import Decoder, Generation, Param, int_at_least
 from .batched import BatchedDecoder
+from .contract import Capabilities
 from .draft_length import DRAFT_LENGTH_PARAMS, DraftLength, check_draft_length
-from .drafters import (
-    DRAFTERS,
-    Drafter,
+from .drafter_context import DRAFTERS
+from .drafter_scope import (
     accepted_kinds,
     build_drafter,
     drafter_class,
@@ -42,6 +43,7 @@ from .drafters import (
     fold_drafter_short_forms,
     resolve_drafter,
 )
+from .drafters import Drafter
 from .drafting import ChainAsk, ChainDraft, TreeAsk
 from .rules import ChainRule, TreeWalk
 from .tree import TokenTree
@@ -63,9 +65,10 @@ CHAIN_GAMMA = Param(3, int_at_least(1), "draft tokens per iteration")
 class DraftVerifyDecoder(Decoder):
     """A speculative method over a drafter: a chain ``rule`` (``draft_shape = "chain"``) or a tree ``walk``."""
 
+    loop = "chain"
     draft_shape = "chain"
-    rule: ClassVar[ChainRule | None] = None
-    walk: ClassVar[TreeWalk | None] = None
+    # a method that drafts with a drafter of its own (medusa: its heads), not through a ``drafter`` parameter
+    own_drafter: ClassVar[type[Drafter] | None] = None
     params = {
         "gamma": Param(4, int_at_least(1), "draft tokens per iteration"),
         "drafter": drafter_param(),
@@ -75,11 +78,15 @@ class DraftVerifyDecoder(Decoder):
     def __init__(self, target, draft=None, assets=None, **params) -> None:
         super().__init__(target, draft, assets, **params)
         self.drafter_impl: Drafter = self.make_drafter()
-        values = self.args.as_dict()
-        self.shape = type(self).shape_for(type(self.drafter_impl), values)
-        self.tree_walk = type(self).walk_for(values) if self.shape == "tree" else None
-        self.rule_params = {k: getattr(self.args, k) for k in (self.rule.params if self.rule else ())}
-        self.walk_params = {k: getattr(self.args, k) for k in (self.tree_walk.params if self.tree_walk else ())}
+        values, caps = self.config, self.capabilities
+        self.tree_walk = caps.walk
+        self.rule_params = {k: values[k] for k in (self.rule.params if self.rule else ())}
+        self.walk_params = {k: values[k] for k in (self.tree_walk.params if self.tree_walk else ())}
+        # the draft positions one iteration puts to the target at most: a chain's budget, a tree's levels (at most
+        # what the drafter drafts: Medusa's heads)
+        depth = caps.draft_depth
+        assert depth is not None, f"{type(self).__name__}: its capabilities declare no draft depth"
+        self.draft_depth: int = min(depth, self.drafter_impl.max_depth or depth)
         self.length_policy = DraftLength.of(self.args)
         self.drafter_impl.stop = self.length_policy.drafter_stop()  # a drafter that stops inside its loop reads it
 
@@ -96,53 +103,58 @@ class DraftVerifyDecoder(Decoder):
         return self.tree_walk
 
     def make_drafter(self) -> Drafter:
-        """The drafter the resolved ``drafter`` scope names (a method without that parameter builds its own)."""
-        return build_drafter(self)
+        """The drafter the resolved ``drafter`` scope names, or the method's own (``own_drafter``)."""
+        return self.own_drafter.create(self, {}) if self.own_drafter is not None else build_drafter(self)
 
     # ------------------------------------------------------------------ capabilities (before any model loads)
 
     @classmethod
-    def shape_for(cls, drafter: type[Drafter], values: dict[str, Any]) -> str:
-        """What one target forward verifies with this drafter and these parameters: ``chain`` or ``tree``."""
-        return cls.draft_shape
+    def capabilities_of(cls, values: dict[str, Any], drafter: Any = None) -> Capabilities:
+        """A chain method's (``gamma`` drafts) or a tree method's (``k_config`` levels, else ``gamma``: spectr's
+        chains; its ``walk``), over the drafter
+        ``values`` name (or ``drafter``, a Drafter class, or the method's ``own_drafter``); refused above batch 1 when
+        that drafter drafts one sequence at a time. A method whose shape, depth, walk or losslessness follows a
+        parameter overrides this (``dataclasses.replace`` of it)."""
+        plugin = drafter if drafter is not None else cls.own_drafter
+        if plugin is None:
+            scope = values.get("drafter")
+            kind = scope.get("kind") if isinstance(scope, dict) else scope
+            plugin = drafter_class(kind) if isinstance(kind, str) else None
+        shape = cls.draft_shape
+        refusal = None
+        if plugin is None or not plugin.batchable:
+            batchable = DRAFTERS.names(where=lambda c: c.batchable)
+            kind = plugin.kind if plugin is not None else None
+            refusal = f"drafter {kind} drafts one sequence at a time (batchable drafters: {batchable})"
+        return Capabilities(
+            loop=cls.loop,
+            draft_shape=shape,
+            draft_depth=len(values["k_config"]) if shape == "tree" and "k_config" in values else values.get("gamma"),
+            lossless=cls.lossless,
+            batch_refusal=refusal,
+            drafter=plugin.kind if plugin is not None else None,
+            requires=cls.requires,
+            walk=cls.walk if shape == "tree" else None,
+        )
 
     @classmethod
-    def shape_of(cls, values: dict[str, Any]) -> str:
-        kind = cls.drafter_of(values)
-        return cls.shape_for(drafter_class(kind), values) if kind is not None else cls.draft_shape
-
-    @classmethod
-    def depth_of(cls, values: dict[str, Any]) -> int | None:
-        """A chain's ``gamma``, a tree's ``k_config`` levels (a method whose budget has another name overrides)."""
-        return len(values["k_config"]) if cls.shape_of(values) == "tree" else values.get("gamma")
-
-    @classmethod
-    def drafter_of(cls, values: dict[str, Any]) -> str | None:
-        scope = values.get("drafter")
-        return scope.get("kind") if isinstance(scope, dict) else scope
-
-    @property
-    def draft_depth(self) -> int | None:
-        """What this decoder runs: the tree's levels (at most what its drafter drafts), else the chain's budget."""
-        return self.tree_depth if self.shape == "tree" else self.draft_length()
-
-    @classmethod
-    def walk_for(cls, values: dict[str, Any]) -> TreeWalk:
-        """The tree walk these parameters choose."""
-        assert cls.walk is not None, f"{cls.__name__} declares no walk"
-        return cls.walk
+    def as_tree(cls, caps: Capabilities, values: dict[str, Any]) -> Capabilities:
+        """``caps`` of a configuration that verifies a tree of ``k_config`` with the class's ``walk`` (typical's
+        ``tree: true``)."""
+        return replace(caps, loop="tree", draft_shape="tree", draft_depth=len(values["k_config"]), walk=cls.walk)
 
     @classmethod
     def accepts(cls, drafter: type[Drafter], values: dict[str, Any]) -> str | None:
         """None when this method can verify ``drafter``'s proposals, else why not (its error messages)."""
-        shape = cls.shape_for(drafter, values)
+        caps = cls.capabilities_of(values, drafter)
+        shape = caps.draft_shape
         if shape not in drafter.shapes:
             return (
                 f"drafter {drafter.kind} makes {' and '.join(sorted(drafter.shapes))} proposals; "
                 f"this method verifies a {shape}"
             )
-        if shape == "tree":
-            need = cls.walk_for(values).children
+        if caps.walk is not None:
+            need = caps.walk.children
             if need not in drafter.tree_children:
                 return (
                     f"this method's walk needs a tree whose children are drawn {CHILDREN_WHY[need]}, "
@@ -177,18 +189,10 @@ class DraftVerifyDecoder(Decoder):
         super().check_combination(values)
         check_draft_length(values)
 
-    @classmethod
-    def batch_refusal(cls, values):
-        refusal = super().batch_refusal(values)
-        kind = cls.drafter_of(values)
-        if refusal is None and not (kind is not None and kind in DRAFTERS and DRAFTERS[kind].batchable):
-            batchable = DRAFTERS.names(where=lambda c: c.batchable)
-            return f"drafter {kind} drafts one sequence at a time (batchable drafters: {batchable})"
-        return refusal
-
-    def _start(self, prompt: list[int]) -> None:
-        """Empty the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the
-        target's hidden states of those positions when it reads them)."""
+    def start(self, prompt: list[int]) -> None:
+        """One request started by hand, outside the loop (a drafter's proposal asked directly, ``propose``): empty
+        the caches; the target caches ``prompt[:-1]`` and the drafter starts (with the target's hidden states of
+        those positions when it reads them)."""
         target, drafter = self.target, self.drafter_impl
         target.reset()
         hidden = None
@@ -208,10 +212,6 @@ class DraftVerifyDecoder(Decoder):
 
     # ------------------------------------------------------------------ the method's part
 
-    def draft_length(self) -> int:
-        """The chain's length budget (``gamma``)."""
-        return self.args.gamma
-
     def propose_chains(self, asks: list[ChainAsk]) -> list[tuple[torch.Tensor, Any] | None]:
         """Each ask's chain (the chain loop's step 1, for every live request at once): up to ``ask.gamma`` draft
         tokens after its context from its own drafter (``Drafter.propose_chains``; the asks' drafters are slots of
@@ -221,7 +221,7 @@ class DraftVerifyDecoder(Decoder):
         return [None if c is None or c.tokens.shape[0] == 0 else self.rule_input(self.cut_draft(c)) for c in chains]
 
     def propose(self, context: list[int], gamma: int, generator) -> tuple[torch.Tensor, Any] | None:
-        """``propose_chains`` of one request after ``_start`` (the bench's cost of a proposal)."""
+        """``propose_chains`` of one request after ``start``."""
         return self.propose_chains([ChainAsk(0, context, gamma, generator, self.drafter_impl)])[0]
 
     def rule_input(self, draft: ChainDraft) -> tuple[torch.Tensor, Any]:
@@ -261,11 +261,6 @@ class DraftVerifyDecoder(Decoder):
         n, out = rule.dense(self.warper(logits), q, x, u, **params)
         return n, out if out.dim() == 0 else sample(out, generator)
 
-    @property
-    def tree_depth(self) -> int:
-        """The most levels a tree may have (``k_config``'s length, at most what the drafter can draft)."""
-        return min(len(self.args.k_config), getattr(self.drafter_impl, "max_depth", len(self.args.k_config)))
-
     def tree_shape(self, depth: int) -> list[int]:
         """Children per node at each of ``depth`` levels."""
         return list(self.args.k_config[:depth])
@@ -283,15 +278,15 @@ class DraftVerifyDecoder(Decoder):
         path, out = self.walk_impl.walk(self.warper(logits), tree, generator, **self.walk_params)
         return path, int(out if out.dim() == 0 else sample(out, generator))
 
-    def _next_token(self, logits: torch.Tensor, generator) -> int:
+    def next_token(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
         """A plain step's token; ``recovery: argmax`` (typical, medusa) takes the warped row's argmax."""
-        if not self.warper.greedy and getattr(self.args, "recovery", "sample") == "argmax":
+        if not self.warper.greedy and self.config.get("recovery", "sample") == "argmax":
             return int(self.warper(logits).argmax(-1))
-        return super()._next_token(logits, generator)
+        return super().next_token(logits, generator)
 
 
 class TreeVerifyDecoder(DraftVerifyDecoder):
     """A tree method: its drafter proposes a token tree of ``k_config`` (``tree_shape``), its ``walk`` verifies it."""
 
+    loop = "tree"
     draft_shape = "tree"
-    batchable = True  # over a drafter that drafts for several requests (``Drafter.batchable``)

@@ -15,7 +15,9 @@ warped support. Temperature 0: exactly ``ar`` greedy.
 from __future__ import annotations
 
 from .base import Param, boolean, in_closed, int_list_at_least, nonneg_number, one_of
-from .drafters import DRAFT, ModelDrafter, drafter_param, drafter_scope
+from .contract import Capabilities
+from .drafter_scope import DRAFT, drafter_class, drafter_param, drafter_scope
+from .drafters import ModelDrafter
 from .rules import ChainRule, TreeWalk
 from .speculative import DraftVerifyDecoder
 from .tree_verify import typical_tree_rule
@@ -39,7 +41,6 @@ class TypicalDecoder(DraftVerifyDecoder):
     prefix_drafts = True
     rule = TYPICAL_RULE
     walk = TYPICAL_WALK
-    batchable = True  # over a chain or a tree (any batchable drafter: the model, EAGLE, n-gram, Medusa heads)
     params = {
         **DraftVerifyDecoder.params,
         "epsilon": Param(0.09, in_closed(0.0, 1.0), "posterior threshold"),
@@ -59,8 +60,14 @@ class TypicalDecoder(DraftVerifyDecoder):
     }
 
     @classmethod
-    def shape_for(cls, drafter, values) -> str:
-        return "tree" if values.get("tree") or "chain" not in drafter.shapes else "chain"
+    def capabilities_of(cls, values, drafter=None) -> Capabilities:
+        """A tree of ``k_config`` with ``tree: true`` or a drafter that drafts only trees (Medusa's heads), else a
+        chain of ``gamma``."""
+        caps = super().capabilities_of(values, drafter)
+        plugin = drafter if drafter is not None else (drafter_class(caps.drafter) if caps.drafter else None)
+        if values.get("tree") or (plugin is not None and "chain" not in plugin.shapes):
+            return cls.as_tree(caps, values)
+        return caps
 
     @classmethod
     def resolve_drafter(cls, values, ctx) -> None:

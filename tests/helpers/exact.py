@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 from scipy.stats import chisquare
 
-from pipeline.decoding.batched import BatchedDecoder, has_loop
+from pipeline.decoding.batched import BatchedDecoder
 from pipeline.decoding.fast_forward import lean_forward_for
 from pipeline.decoding.kv import CachedModel
 from pipeline.decoding.warping import make_generator
@@ -73,7 +73,7 @@ def first_tokens(decoder, n, length, seed=1234, max_new=None, batch_size=LAW_BAT
     loop refuses (its own loop: beam; a setting with no batched form) is drawn that way too."""
     gens = [make_generator(seed + i) for i in range(n)]
     max_new = max_new or length
-    if batch_size > 1 and has_loop(decoder) is None:
+    if batch_size > 1 and decoder.capabilities.batchable:
         try:
             batched = BatchedDecoder(decoder, batch_size)
         except ValueError:
