@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pickle
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from helpers.exact import PROMPT, WARP
 from helpers.models import tiny_llama
+from helpers.paths import REPO
 from pipeline.decoding import METHODS, build_decoder, check_method, make_generator, method_class
 from pipeline.decoding.ar import AutoregressiveDecoder
 from pipeline.decoding.base import validate_params
@@ -20,7 +20,6 @@ from pipeline.decoding.batched import BatchedDecoder
 from pipeline.decoding.contract import LOOPS, Capabilities
 from pipeline.decoding.drafters import Drafter, ModelDrafter
 
-REPO = Path(__file__).resolve().parents[1]
 DECODING = REPO / "pipeline" / "decoding"
 
 

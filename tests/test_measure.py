@@ -159,6 +159,9 @@ class _SlowDecoder:
 
     def __init__(self, inner, pause_s):
         self.inner, self.pause_s = inner, pause_s
+        self.name, self.target, self.prefill_seconds = inner.name, inner.target, inner.prefill_seconds
+        # a loop of its own (as beam's): the engine calls this generate, request by request
+        self.capabilities = dataclasses.replace(inner.capabilities, loop="own")
 
     def generate(self, input_ids, **kw):
         time.sleep(self.pause_s)

@@ -10,7 +10,7 @@ import torch
 
 from pipeline.registry import Registry
 
-from .contract import DRAFT_SHAPES, LOOPS, Capabilities
+from .capabilities import DRAFT_SHAPES, LOOPS, Capabilities
 from .drafter_context import DRAFTERS as DRAFTERS  # re-exported: the registry's old home
 from .drafter_context import DrafterContext
 from .drafter_context import eagle_version as eagle_version

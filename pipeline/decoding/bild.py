@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from .base import Param, in_closed, int_at_least, nonneg_number
-from .contract import Capabilities
+from .capabilities import Capabilities
 from .drafter_scope import drafter_param
 from .speculative import DraftVerifyDecoder
 from .verification import bild_verify

@@ -18,58 +18,19 @@ built, so a method that declares a loop and lacks a part of it is refused with t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, runtime_checkable
 
 import torch
 
 if TYPE_CHECKING:
-    from .draft_length import DraftLength
     from .drafters import Drafter
     from .drafting import ChainAsk, TreeAsk
     from .kv import CachedModel
     from .packed import Lanes
-    from .rules import TreeWalk
     from .tree import TokenTree
 
-LOOPS = ("plain", "chain", "tree", "draw", "own")  # how the loop runs a method (this module's docstring)
-DRAFT_SHAPES = ("chain", "tree", "none")  # what one target forward of a method verifies
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a configured method does: the answer every reader asks for, rather than the class's defaults (a
-    ``typical`` with ``tree: true`` verifies trees, a ``medusa`` with ``acceptance: exact`` is lossless)."""
-
-    loop: str  # LOOPS
-    draft_shape: str  # chain | tree | none
-    draft_depth: int | None  # a chain's length or a tree's levels at most (None: no draft)
-    lossless: bool
-    batch_refusal: str | None  # why it cannot decode several requests together (None: it can)
-    drafter: str | None  # the drafter kind (None: no drafter)
-    requires: tuple[str, ...]
-    walk: TreeWalk | None = field(default=None, compare=False, repr=False)  # a tree method's walk as configured
-
-    def __post_init__(self) -> None:
-        if self.loop not in LOOPS:
-            raise ValueError(f"Capabilities.loop must be one of {LOOPS}, got {self.loop!r}")
-        if self.draft_shape not in DRAFT_SHAPES:
-            raise ValueError(f"Capabilities.draft_shape must be one of {DRAFT_SHAPES}, got {self.draft_shape!r}")
-
-    @property
-    def batchable(self) -> bool:
-        return self.batch_refusal is None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "loop": self.loop,
-            "draft_shape": self.draft_shape,
-            "draft_depth": self.draft_depth,
-            "lossless": self.lossless,
-            "batchable": self.batchable,
-            "drafter": self.drafter,
-            "requires": self.requires,
-        }
+# a configured method's capabilities (capabilities.py, which base.py imports: it imports nothing of the engine)
+from .capabilities import DRAFT_SHAPES, LOOPS, Capabilities  # noqa: E402, F401 - the contract's first half
 
 
 @runtime_checkable
@@ -90,7 +51,7 @@ class ChainMethod(SteppedMethod, Protocol):
     ``length_policy`` saying how many) and its rule over one target forward (``verify``: drafts kept, next token)."""
 
     drafter_impl: Drafter
-    length_policy: DraftLength
+    length_policy: Any  # its draft_length.DraftLength (typed loosely: a protocol of the loop's, not of the policy)
 
     @property
     def draft_depth(self) -> int: ...
@@ -108,7 +69,7 @@ class TreeMethod(SteppedMethod, Protocol):
     levels) and its walk over one target forward with tree attention (``verify_tree``: path kept, next token)."""
 
     drafter_impl: Drafter
-    length_policy: DraftLength
+    length_policy: Any  # as ChainMethod's
 
     @property
     def draft_depth(self) -> int: ...

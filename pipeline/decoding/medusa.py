@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .base import Param, in_closed, int_list_at_least, nonneg_number, one_of
-from .contract import Capabilities
+from .capabilities import Capabilities
 from .drafters import MedusaDrafter
 from .rules import TreeWalk
 from .speculative import TreeVerifyDecoder

@@ -32,7 +32,7 @@ import torch
 
 from .base import Decoder, Generation, Param, int_at_least
 from .batched import BatchedDecoder
-from .contract import Capabilities
+from .capabilities import Capabilities
 from .draft_length import DRAFT_LENGTH_PARAMS, DraftLength, check_draft_length
 from .drafter_context import DRAFTERS
 from .drafter_scope import (

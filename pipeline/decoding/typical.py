@@ -15,7 +15,7 @@ warped support. Temperature 0: exactly ``ar`` greedy.
 from __future__ import annotations
 
 from .base import Param, boolean, in_closed, int_list_at_least, nonneg_number, one_of
-from .contract import Capabilities
+from .capabilities import Capabilities
 from .drafter_scope import DRAFT, drafter_class, drafter_param, drafter_scope
 from .drafters import ModelDrafter
 from .rules import ChainRule, TreeWalk
