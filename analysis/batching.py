@@ -162,7 +162,10 @@ def speedup_vs_batch_size(runs: pd.DataFrame):
             if len(c) and math.isfinite(c.iloc[0]):
                 ax.axvline(c.iloc[0], color=line[0].get_color(), linestyle=":", alpha=0.6)
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xscale("log", base=2)
+        if np.isfinite(pd.to_numeric(g["speedup"], errors="coerce")).any():
+            ax.set_xscale("log", base=2)
+        else:  # every cell of the panel disturbed (no timing): no log axis over nothing
+            ax.text(0.5, 0.5, "no undisturbed cells", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel("batch size")
         ax.set_ylabel(schema.DISPLAY["speedup"] + " (same batch size)")
         ax.set_title(f"{pair} · {dataset}", fontsize=9)

@@ -195,7 +195,8 @@ def provenance_markdown(
         lines.append(
             "- **predicted for a memory-bound accelerator**: c from the pair's bytes ratio ("
             + ", ".join(f"{p}: {f(c, 2)}" for p, c in gpu_c.items())
-            + "), v = 0, the measured acceptance and draft lengths (pipeline.measure.bounds.predicted_speedup)"
+            + "), v = 0 with a compute roof (each verified row 1/153 of a step more, A100), the measured "
+            "acceptance and draft lengths (pipeline.measure.bounds.predicted_speedup)"
         )
     lines.append(f"- **date**: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return "\n".join(lines) + "\n"
