@@ -26,15 +26,16 @@ from analysis import batching, schema, stats
 from analysis.runs import label_methods, order_labels, varying_params
 
 MARKERS = "osD^v<>pPX*h"
+PNG_DPI = 120
 
 
 def savefig(fig, out_dir: str | Path, name: str) -> list[Path]:
-    """Write ``<name>.png`` (150 dpi, a 256-colour palette: see ``palette_png``) and ``<name>.pdf`` (vector) under
-    ``out_dir``; returns both paths."""
+    """Write ``<name>.png`` (120 dpi, a 256-colour palette: see ``palette_png``; a committed report's pictures, kept
+    small) and ``<name>.pdf`` (vector, for print) under ``out_dir``; returns both paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
+    fig.savefig(paths[0], dpi=PNG_DPI, bbox_inches="tight")
     palette_png(paths[0])
     fig.savefig(paths[1], bbox_inches="tight")
     return paths
