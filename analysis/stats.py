@@ -57,10 +57,7 @@ def per_seed_ratio(
     # "ar (batch 4)": ar's cell at batch 4; "ar @ 2/s" at rate 2; "ar (T=0.7)" at temperature 0.7 (matched too)
     split = runs["label"].map(lambda label: split_temperature_label(str(label)))
     labels = split.map(lambda t: t[0])
-    if (labels == baseline).any():
-        is_base = labels == baseline
-    else:
-        is_base = runs["method"] == baseline
+    is_base = labels == baseline if (labels == baseline).any() else runs["method"] == baseline
     keys = runs[match].astype(object).where(runs[match].notna(), "")
     keys["_temperature"] = split.map(lambda t: "" if t[1] is None else t[1])
     match = [*match, "_temperature"]

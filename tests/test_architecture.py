@@ -25,7 +25,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("pipeline", "pipeline.prompts", "pipeline.cell_types", "pipeline.formatting")),
     (
         "engine, models and data",
-        ("pipeline.decoding", "pipeline.models", "pipeline.gguf_cache", "pipeline.fingerprints", "pipeline.data"),
+        (
+            "pipeline.decoding",
+            "pipeline.content_hash",
+            "pipeline.models",
+            "pipeline.gguf_cache",
+            "pipeline.fingerprints",
+            "pipeline.data",
+        ),
     ),
     (
         "measurement",

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
 import torch
@@ -70,51 +69,7 @@ from .drafters import Drafter
 from .drafting import ChainAsk, TreeAsk
 from .packed import Lanes, PackedCache, PackedRows, SoloCache
 from .phase_clock import PhaseClock
-from .requests import (  # the loop's requests and results and the batch check (re-exported: callers import them here)
-    BatchedGeneration,
-    BatchRequest,
-    check_batch,  # noqa: F401
-    refuse_batch,
-)
-from .tree import TokenTree
-
-
-@dataclass
-class _Live:
-    """A request in a slot: its context, output and counters, its drafter and draft-length policy, and this
-    iteration's proposal."""
-
-    index: int
-    request: BatchRequest
-    slot: int
-    context: list[int]
-    admitted_at: float
-    drafter: Drafter | None = None
-    policy: DraftLength | None = None
-    out: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    drafted: list[int] = field(default_factory=list)
-    steps: int = 0
-    first_token_at: float = 0.0
-    prefill_s: float = 0.0
-    cached: int = 0  # context positions the target's cache holds (its length, kept here: no cache query per step)
-    iterations: int = 0  # iterations so far (the calibration schedule's counter)
-    tokens: torch.Tensor | None = None  # this iteration's draft tokens [g] (None: nothing drafted)
-    proposal: Any = None  # what the rule reads beside them (``DraftVerifyDecoder.propose_chains``)
-    tree: TokenTree | None = None  # a tree method's: this iteration's token tree (None: nothing drafted)
-
-
-def _arrive(arrivals: Any, queue: deque, live: Sequence[Any]) -> bool:
-    """A workload's requests whose time has come join ``queue`` (``arrivals.feed``; it sleeps until the next arrival
-    when nothing is queued or ``live``); whether more are to come. No ``arrivals``: False (the queue is the work)."""
-    return arrivals is not None and bool(arrivals.feed(queue, not queue and not live))
-
-
-def _occupy(live: Sequence[Any], slots: int) -> None:
-    """Each live request's draft-length policy hears how full the batch is this iteration (``draft_stop: load``)."""
-    for r in live:
-        if r.policy is not None:
-            r.policy.observe_load(len(live), slots)
+from .requests import BatchedGeneration, BatchRequest, LiveRequest, arrive, check_batch, occupy, refuse_batch  # noqa: F401
 
 
 class BatchedDecoder:
@@ -217,7 +172,7 @@ class BatchedDecoder:
         eos = eos_set(eos_token_ids)
         if self.own_loop:
             return self._run_own(queue, eos, on_finish, arrivals)
-        live: list[_Live] = []
+        live: list[LiveRequest] = []
         free = list(range(self.batch_size))[::-1]
         count = 0
         clock = self.clock
@@ -225,14 +180,14 @@ class BatchedDecoder:
             self._close()
             clock.start()
             try:
-                while _arrive(arrivals, queue, live) or queue or live:
-                    admitted: list[_Live] = []
+                while arrive(arrivals, queue, live) or queue or live:
+                    admitted: list[LiveRequest] = []
                     while queue and free:
                         request = queue.popleft()
                         prompt = self._check(request)
                         slot = free.pop()
                         admitted.append(
-                            _Live(count, request, slot, list(prompt), time.perf_counter(), self.slots[slot])
+                            LiveRequest(count, request, slot, list(prompt), time.perf_counter(), self.slots[slot])
                         )
                         count += 1
                     if admitted:
@@ -240,7 +195,7 @@ class BatchedDecoder:
                     live.extend(admitted)
                     if not live:  # every request still to come (a workload's: ``arrivals``)
                         continue
-                    _occupy(live, self.batch_size)
+                    occupy(live, self.batch_size)
                     self._iterate(live, eos)
                     for r in [r for r in live if r.slot < 0]:
                         live.remove(r)
@@ -290,7 +245,7 @@ class BatchedDecoder:
 
         clock = self.clock
         clock.start()
-        while _arrive(arrivals, queue, ()) or queue:
+        while arrive(arrivals, queue, ()) or queue:
             if not queue:
                 continue
             request = queue.popleft()
@@ -332,7 +287,7 @@ class BatchedDecoder:
 
     # ------------------------------------------------------------------------------------------ one iteration
 
-    def _start(self, requests: list[_Live]) -> None:
+    def _start(self, requests: list[LiveRequest]) -> None:
         """Start the admitted requests: the target caches ``prompt[:-1]`` (at batch 1; at batch > 1 it rides in the
         request's first step, unless the drafter reads the prompt's hidden states: then every admitted prompt is
         written in one packed forward), each request's drafter starts (with those hidden states) and its
@@ -347,12 +302,12 @@ class BatchedDecoder:
             r.prefill_s = dec.prefill_seconds() if self.target.solo else 0.0
             r.cached = self.target.length(r.slot)
 
-    def _propose_chains(self, live: list[_Live], eos: frozenset[int]) -> None:
+    def _propose_chains(self, live: list[LiveRequest], eos: frozenset[int]) -> None:
         """Step 1 of a chain method: each request's chain (``r.tokens``, ``r.proposal``), up to its policy's budget
         (``eos``: the run's, for a method whose draft ends after one: BiLD's)."""
         dec = self.chain
         assert dec is not None
-        asks: list[tuple[_Live, ChainAsk]] = []
+        asks: list[tuple[LiveRequest, ChainAsk]] = []
         for r in live:
             if r.policy is not None:
                 room = r.request.max_new_tokens - len(r.out) - 1
@@ -368,11 +323,11 @@ class BatchedDecoder:
                 if proposed is not None:
                     r.tokens, r.proposal = proposed
 
-    def _propose_trees(self, live: list[_Live]) -> None:
+    def _propose_trees(self, live: list[LiveRequest]) -> None:
         """Step 1 of a tree method: each request's tree (``r.tree``) of at most the levels left before its limit."""
         dec = self.trees
         assert dec is not None
-        asks: list[tuple[_Live, TreeAsk]] = []
+        asks: list[tuple[LiveRequest, TreeAsk]] = []
         for r in live:
             full = dec.draft_depth
             depth = min(
@@ -388,7 +343,7 @@ class BatchedDecoder:
             for (r, _), tree in zip(asks, trees):
                 r.tree = tree
 
-    def _rows(self, r: _Live) -> PackedRows:
+    def _rows(self, r: LiveRequest) -> PackedRows:
         """Step 2's rows of one request: the context it has not cached yet (at batch 1 its last token; at batch > 1
         a new request's prompt), then its chain (causal) or its tree's nodes (each seeing the context, its
         ancestors and itself); the rows kept: the last context token's and the drafts'."""
@@ -411,7 +366,7 @@ class BatchedDecoder:
         feed = torch.cat([torch.tensor(tail, dtype=torch.long, device=r.tokens.device), r.tokens])
         return PackedRows(r.slot, feed, list(range(t - 1, t + g)))
 
-    def _draw(self, live: list[_Live], eos: frozenset[int]) -> None:
+    def _draw(self, live: list[LiveRequest], eos: frozenset[int]) -> None:
         """Steps 1 and 2 of a method whose target draws its own tokens, unverified (``draw_tokens``: mtjd's beam
         sampling on the target's sequences, every request's in one packed forward per depth; ``ask.gamma``: the
         tokens left before its limit), then step 3: each request emits what it drew (its steps: one target forward
@@ -431,7 +386,7 @@ class BatchedDecoder:
         emitted = sum(len(r.out) for r in live) - before
         clock.end_iteration(rows=sum(len(t) for t in drawn), emitted=emitted, context=context, requests=len(live))
 
-    def _emit(self, r: _Live, emitted: list[int], eos: frozenset[int]) -> None:
+    def _emit(self, r: LiveRequest, emitted: list[int], eos: frozenset[int]) -> None:
         """Step 3 of a request: ``emitted``, cut at EOS and its limit; a finished request leaves its slot."""
         if not r.out:
             r.first_token_at = time.perf_counter()
@@ -441,7 +396,7 @@ class BatchedDecoder:
                 r.drafter.finish()
             r.slot = -r.slot - 1  # finished: the loop frees the slot
 
-    def _iterate(self, live: list[_Live], eos: frozenset[int]) -> None:
+    def _iterate(self, live: list[LiveRequest], eos: frozenset[int]) -> None:
         """One iteration over every live request, each phase on the clock (``phase_clock``)."""
         if self.drawer is not None:
             self._draw(live, eos)

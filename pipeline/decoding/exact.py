@@ -19,12 +19,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import TypeVar
 
 import torch
 
 from .base import METHODS, validate_params
+from .exact_table import as_fraction, format_table  # noqa: F401 - re-exported (the CLI and tests read them here)
 from .hsd_verify import hsd_verify, hsd_weights
 from .traversal_verify import traversal_walk
 from .tree import TokenTree
@@ -479,24 +479,3 @@ def table(pair: Pair, gamma: int, k_config: list[int], num_drafts: int, tau: flo
 def tree_config(rule: str, k_config: list[int], num_drafts: int, gamma: int) -> list[int]:
     """The tree method ``rule`` drafts: ``k_config``, or ``num_drafts`` chains of ``gamma`` for a walk over chains."""
     return [num_drafts] + [1] * (gamma - 1) if METHODS[rule].walk.chains else list(k_config)
-
-
-def as_fraction(x: float, limit: int = 10_000) -> str:
-    """``x`` as a short fraction when it is one (to float64 precision), else as a decimal."""
-    f = Fraction(x).limit_denominator(limit)
-    return str(f) if abs(float(f) - x) < 1e-12 else f"{x:.6f}"
-
-
-def format_table(rows: list[Outcome]) -> str:
-    lines = [
-        "| rule | claimed lossless | E[accepted drafts] | E[tokens] / iteration | TV(output, target) "
-        "| single-draft bound |",
-        "|---|---|---|---|---|---|",
-    ]
-    for o in rows:
-        bound = as_fraction(o.bound) if o.bound is not None else "–"
-        lines.append(
-            f"| {o.rule} | {'yes' if o.lossless else 'no'} | {as_fraction(o.accepted)} ({o.accepted:.4f}) | "
-            f"{as_fraction(o.tokens)} | {as_fraction(o.distance)} | {bound} |"
-        )
-    return "\n".join(lines)

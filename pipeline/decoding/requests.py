@@ -1,14 +1,19 @@
-"""What the loop (``batched.py``) takes and gives: a request, its generation with its clock, and the batch-size check
-that refuses a batch a configured method cannot decode, before any model loads."""
+"""What the loop (``batched.py``) takes and gives: a request, its generation with its clock, the batch-size check that
+refuses a batch a configured method cannot decode before any model loads, and the loop's own per-request state
+(``LiveRequest``) and its admission helpers (a workload's arrivals, the occupancy told to the draft-length policy)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
 from .base import Decoder, Generation
+from .draft_length import DraftLength
+from .drafters import Drafter
+from .tree import TokenTree
 
 
 @dataclass
@@ -46,3 +51,41 @@ def refuse_batch(name: str, reason: str | None, batch_size: Any) -> None:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if batch_size > 1 and reason:
         raise ValueError(f"method {name!r} cannot decode with batch_size {batch_size}: {reason}; use batch_size: 1")
+
+
+@dataclass
+class LiveRequest:
+    """A request in a slot: its context, output and counters, its drafter and draft-length policy, and this
+    iteration's proposal."""
+
+    index: int
+    request: BatchRequest
+    slot: int
+    context: list[int]
+    admitted_at: float
+    drafter: Drafter | None = None
+    policy: DraftLength | None = None
+    out: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    steps: int = 0
+    first_token_at: float = 0.0
+    prefill_s: float = 0.0
+    cached: int = 0  # context positions the target's cache holds (its length, kept here: no cache query per step)
+    iterations: int = 0  # iterations so far (the calibration schedule's counter)
+    tokens: torch.Tensor | None = None  # this iteration's draft tokens [g] (None: nothing drafted)
+    proposal: Any = None  # what the rule reads beside them (``DraftVerifyDecoder.propose_chains``)
+    tree: TokenTree | None = None  # a tree method's: this iteration's token tree (None: nothing drafted)
+
+
+def arrive(arrivals: Any, queue: deque, live: Sequence[Any]) -> bool:
+    """A workload's requests whose time has come join ``queue`` (``arrivals.feed``; it sleeps until the next arrival
+    when nothing is queued or ``live``); whether more are to come. No ``arrivals``: False (the queue is the work)."""
+    return arrivals is not None and bool(arrivals.feed(queue, not queue and not live))
+
+
+def occupy(live: Sequence[Any], slots: int) -> None:
+    """Each live request's draft-length policy hears how full the batch is this iteration (``draft_stop: load``)."""
+    for r in live:
+        if r.policy is not None:
+            r.policy.observe_load(len(live), slots)

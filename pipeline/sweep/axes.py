@@ -5,7 +5,7 @@ the batch sizes (the sweep's and each entry's own), the workload's offered rates
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
@@ -96,3 +96,13 @@ def temperature_axis(value: Any) -> list[float] | None:
     if not ok:
         raise ValueError(f"sweep.temperatures={value!r}: a non-empty list of numbers >= 0, e.g. [0, 0.7, 1.0]")
     return sorted({float(t) for t in value})
+
+
+def slice_label(ds: Mapping[str, Any]) -> str:
+    """``humaneval[0:20]``, ``spider[ids=5]``, ``mt_bench``: a dataset slice as the driver names it."""
+    if ds.get("ids") is not None:
+        return f"{ds['name']}[ids={len(ds['ids'])}]"
+    start, limit = int(ds.get("start") or 0), ds.get("limit")
+    if not start and limit is None:
+        return str(ds["name"])
+    return f"{ds['name']}[{start}:{'' if limit is None else start + int(limit)}]"

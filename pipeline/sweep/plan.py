@@ -40,6 +40,7 @@ from pipeline.sweep.axes import (
     every_method,
     largest_batches,
     rate_label,
+    slice_label,
     temperature_axis,
     workload_axis,
 )
@@ -113,11 +114,7 @@ AXES = ("batch_sizes", "rates", "temperatures")  # the grid's axes beyond the se
 SWEEP_KEYS = ("name", "methods", "method_overrides", "baseline", "pairs", "datasets", "seeds", *AXES)
 # Keys a sweep may set in these sections beyond those conf/config.yaml declares (cluster: any conf/cluster/ file).
 OPTIONAL_KEYS = {"measure": ("costs",), "judge": ("base_url", "api_key_env", "max_retries")}
-# sweep.batch_sizes: at most MAX_BATCH_SIZE (checks.py) and never more than a slice has requests (the extra slots
-# would only be forked and stay empty)
 ISOLATION_MODES = ("exclusive", "pinned", "shared")  # cluster.cpu_isolation (see ray_runner.actor_options)
-# A sweep.methods entry standing for every registered method (axes.EVERY_METHOD, each with its conf/method/<name>.yaml),
-# in the registry's order: conf/sweep/all_methods.yaml, so that a method added to the registry joins it untouched.
 
 
 @dataclass
@@ -221,16 +218,6 @@ def _dataset_entry(cfg: DictConfig, name: str, overrides: dict[str, Any], root: 
         )
     ds["task"] = task.to_dict()
     return ds
-
-
-def slice_label(ds: Mapping[str, Any]) -> str:
-    """``humaneval[0:20]``, ``spider[ids=5]``, ``mt_bench``: a dataset slice as the driver names it."""
-    if ds.get("ids") is not None:
-        return f"{ds['name']}[ids={len(ds['ids'])}]"
-    start, limit = int(ds.get("start") or 0), ds.get("limit")
-    if not start and limit is None:
-        return str(ds["name"])
-    return f"{ds['name']}[{start}:{'' if limit is None else start + int(limit)}]"
 
 
 def _declared_keys(section: str, root: Path) -> set[str]:

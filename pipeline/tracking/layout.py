@@ -27,6 +27,8 @@ from typing import Any, Mapping
 from pipeline.cell_types import STATUS_FAILED as STATUS_FAILED
 from pipeline.cell_types import STATUS_FINISHED as STATUS_FINISHED
 from pipeline.cell_types import STATUS_SCORE_FAILED as STATUS_SCORE_FAILED
+from pipeline.cell_types import Cell
+from pipeline.scoring.registry import scorer_for
 
 # ------------------------------------------------------------------------------- experiment
 # MLflow 3's UI reads this experiment tag to tell model-training experiments (runs table, charts,
@@ -240,3 +242,13 @@ def param_value(v: Any) -> str:
 def str_tags(tags: Mapping[str, Any]) -> dict[str, str]:
     """Tag values as text; None leaves the tag out."""
     return {k: str(v) for k, v in tags.items() if v is not None}
+
+
+def scorer_tags(cell: Cell) -> dict[str, str]:
+    """What the analysis reads of the cell's scorer, logged with its run: the record field that is a sample's score
+    and the score's direction (``TAG_SCORE_SAMPLE_VALUE``, ``TAG_SCORE_DIRECTION``; empty without a scorer)."""
+    scorer = scorer_for((cell.dataset.get("task") or {}).get("scorer"))
+    if scorer is None:
+        return {TAG_SCORE_SAMPLE_VALUE: "", TAG_SCORE_DIRECTION: ""}
+    direction = "1" if scorer.higher_is_better else "-1"
+    return {TAG_SCORE_SAMPLE_VALUE: scorer.sample_value or "", TAG_SCORE_DIRECTION: direction}

@@ -39,7 +39,6 @@ from mlflow.entities import Metric, Param, ViewType
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from pipeline.cell_types import Cell, CellResult
-from pipeline.scoring.registry import scorer_for
 from pipeline.tracking.layout import (
     CONFIG_ARTIFACT,
     EXPERIMENT_KIND_TAGS,
@@ -77,9 +76,7 @@ from pipeline.tracking.layout import (
     TAG_METHOD,
     TAG_NODE,
     TAG_PAIR,
-    TAG_SCORE_DIRECTION,
     TAG_SCORE_METRIC,
-    TAG_SCORE_SAMPLE_VALUE,
     TAG_SEED,
     TAG_STAGE,
     TAG_STATUS,
@@ -89,6 +86,7 @@ from pipeline.tracking.layout import (
     flatten,
     numeric_metrics,
     param_value,
+    scorer_tags,
     str_tags,
 )
 from pipeline.tracking.leases import FileLeases, store_lock
@@ -99,16 +97,6 @@ STALE_AFTER_S = 120.0  # a RUNNING parent without a heartbeat for this long is t
 ERROR_LIMIT = 5000  # characters of an error kept in its tag
 
 log = logging.getLogger(__name__)
-
-
-def scorer_tags(cell: Cell) -> dict[str, str]:
-    """What the analysis reads of the cell's scorer, logged with its run: the record field that is a sample's score
-    and the score's direction (``TAG_SCORE_SAMPLE_VALUE``, ``TAG_SCORE_DIRECTION``; empty without a scorer)."""
-    scorer = scorer_for((cell.dataset.get("task") or {}).get("scorer"))
-    if scorer is None:
-        return {TAG_SCORE_SAMPLE_VALUE: "", TAG_SCORE_DIRECTION: ""}
-    direction = "1" if scorer.higher_is_better else "-1"
-    return {TAG_SCORE_SAMPLE_VALUE: scorer.sample_value or "", TAG_SCORE_DIRECTION: direction}
 
 
 def run_time(run: Any) -> int:
