@@ -111,20 +111,19 @@ class DraftVerifyDecoder(Decoder):
     @classmethod
     def capabilities_of(cls, values: dict[str, Any], drafter: Any = None) -> Capabilities:
         """A chain method's (``gamma`` drafts) or a tree method's (``k_config`` levels, else ``gamma``: spectr's
-        chains; its ``walk``), over the drafter
-        ``values`` name (or ``drafter``, a Drafter class, or the method's ``own_drafter``); refused above batch 1 when
-        that drafter drafts one sequence at a time. A method whose shape, depth, walk or losslessness follows a
-        parameter overrides this (``dataclasses.replace`` of it)."""
+        chains; its ``walk``), over the drafter ``values`` name (or ``drafter``, a Drafter class, or the method's
+        ``own_drafter``); refused above batch 1 when that drafter drafts one sequence at a time. A method whose shape,
+        depth, walk or losslessness follows a parameter overrides this (``dataclasses.replace`` of it)."""
         plugin = drafter if drafter is not None else cls.own_drafter
+        kind = plugin.kind if plugin is not None else None
         if plugin is None:
             scope = values.get("drafter")
-            kind = scope.get("kind") if isinstance(scope, dict) else scope
+            kind = scope.get("kind") if isinstance(scope, dict) else scope  # as configured (or `module:attr`)
             plugin = drafter_class(kind) if isinstance(kind, str) else None
         shape = cls.draft_shape
         refusal = None
         if plugin is None or not plugin.batchable:
             batchable = DRAFTERS.names(where=lambda c: c.batchable)
-            kind = plugin.kind if plugin is not None else None
             refusal = f"drafter {kind} drafts one sequence at a time (batchable drafters: {batchable})"
         return Capabilities(
             loop=cls.loop,
@@ -132,7 +131,7 @@ class DraftVerifyDecoder(Decoder):
             draft_depth=len(values["k_config"]) if shape == "tree" and "k_config" in values else values.get("gamma"),
             lossless=cls.lossless,
             batch_refusal=refusal,
-            drafter=plugin.kind if plugin is not None else None,
+            drafter=kind,
             requires=cls.requires,
             walk=cls.walk if shape == "tree" else None,
         )
