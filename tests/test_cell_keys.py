@@ -39,7 +39,7 @@ import pytest
 from helpers.heads import medusa_heads_folder
 from helpers.models import tiny_llama
 from helpers.paths import REPO
-from pipeline import models, sweep
+from pipeline import content_hash, sweep
 from pipeline.decoding.base import DRAFTERS, Param, int_at_least
 from pipeline.decoding.drafter_scope import register_drafter
 from pipeline.decoding.drafters import NgramDrafter
@@ -276,18 +276,18 @@ def test_a_fingerprint_is_read_once_and_follows_the_files(tmp_path, monkeypatch)
     (folder / "model.safetensors").write_bytes(b"w" * 1000)
     (folder / "config.json").write_text("{}")
     (folder / "MODEL_CARD.md").write_text("card")
-    models._fingerprint.cache_clear()
+    content_hash._fingerprint.cache_clear()
     first = content_fingerprint(folder)
     memo = list((tmp_path / "cache" / "fingerprints").iterdir())
     assert len(memo) == 1 and memo[0].read_text() == first
-    models._fingerprint.cache_clear()
+    content_hash._fingerprint.cache_clear()
     memo[0].write_text("from-the-cache")  # a second planner reads the memo, not the weights
     assert content_fingerprint(folder) == "from-the-cache"
     (folder / "model.safetensors").write_bytes(b"v" * 1000)
     second = content_fingerprint(folder)
     assert second not in (first, "from-the-cache")
     (folder / "MODEL_CARD.md").write_text("another card")
-    models._fingerprint.cache_clear()
+    content_hash._fingerprint.cache_clear()
     shutil.rmtree(tmp_path / "cache")
     assert content_fingerprint(folder) == second  # hashed again from the files: the card does not count
 
@@ -302,7 +302,7 @@ def test_a_same_size_rewrite_with_its_old_mtime_restored_changes_the_fingerprint
     weights = folder / "model.safetensors"
     weights.write_bytes(b"w" * 1000)
     os.utime(weights, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
-    models._fingerprint.cache_clear()
+    content_hash._fingerprint.cache_clear()
     first = content_fingerprint(folder)
     other = tmp_path / "retrained.safetensors"
     other.write_bytes(b"v" * 1000)
@@ -316,7 +316,7 @@ def test_a_same_size_rewrite_with_its_old_mtime_restored_changes_the_fingerprint
         with tarfile.open(tmp_path / "w.tar") as tar:
             tar.extractall(folder, filter="data")  # a new file (new inode) with the archived mtime
     assert weights.stat().st_size == 1000 and weights.stat().st_mtime_ns == 1_700_000_000_000_000_000
-    models._fingerprint.cache_clear()  # a later planner: only the memo under the cache folder is left
+    content_hash._fingerprint.cache_clear()  # a later planner: only the memo under the cache folder is left
     assert content_fingerprint(folder) != first
 
 
@@ -332,7 +332,7 @@ def test_a_fingerprint_reads_symlinked_sub_folders(tmp_path):
     (folder / "weights").symlink_to(shared, target_is_directory=True)
     (folder / "weights" / "loop").symlink_to(folder, target_is_directory=True)  # a cycle: linked/weights/loop -> linked
     shutil.copytree(folder, copy, symlinks=False, ignore=shutil.ignore_patterns("loop"))
-    models._fingerprint.cache_clear()
+    content_hash._fingerprint.cache_clear()
     assert content_fingerprint(folder) == content_fingerprint(copy)  # the linked folder's files are read
     before = content_fingerprint(folder)
     (shared / "part-0.safetensors").write_bytes(b"b" * 100)

@@ -202,6 +202,22 @@ RETIRED = (
     "transformers_rows",
     "tree_generate",
     "warm_up_batched",
+    # issue 55: the contract's capabilities and protocols replaced the probes and the per-question helpers
+    "shape_of",
+    "shape_for",
+    "depth_of",
+    "lossless_of",
+    "drafter_of",
+    "walk_for",
+    "has_loop",
+    "plain_loop",
+    # issue 53: costs are read off the loop's own clock, never timed beside it
+    "chain_draft_cost",
+    "proposal_cost",
+    "drafter_costs",
+    "calibrate_draft_length",
+    "calibrate_pair",
+    "beam_drafts",
 )
 OUR_PAGES = [REPO / "README.md", REPO / "jobs" / "README.md", *(p for p in PAGES if p.name != "ALGORITHMS.md")]
 
