@@ -62,8 +62,8 @@ test: $(STAMP)
 # ruff and mypy (both pinned in requirements.lock; rules in pyproject.toml); `$(VENV)/bin/ruff format .` writes the
 # layout (120 columns) and `$(VENV)/bin/ruff check --fix .` mends
 # imports. mypy checks the packages below (third-party libraries are read for their types, never reported on).
-# Not yet: pipeline/scoring and pipeline/training (their errors: issue 55's report).
 MYPY_PATHS := analysis pipeline/tracking pipeline/measure pipeline/bench pipeline/data pipeline/decoding pipeline/sweep \
+	pipeline/scoring pipeline/training \
 	pipeline/__init__.py pipeline/cell.py pipeline/cell_types.py pipeline/device.py pipeline/distill.py pipeline/distill_speed.py \
 	pipeline/docs_gen.py pipeline/exact.py pipeline/faults.py pipeline/fingerprints.py pipeline/formatting.py pipeline/gguf_cache.py \
 	pipeline/generate.py pipeline/isolation.py pipeline/models.py pipeline/prompts.py pipeline/registry.py \

@@ -108,9 +108,10 @@ _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")  # the lines as the co
 
 def _segment(lines: list[str], node: ast.AST) -> str:
     """``ast.get_source_segment`` on pre-split lines (offsets are UTF-8 byte offsets)."""
+    located: Any = node  # the positions exist on statements and expressions, not on every ast.AST
     try:
-        first, last = node.lineno - 1, node.end_lineno - 1
-        start, end = node.col_offset, node.end_col_offset
+        first, last = located.lineno - 1, located.end_lineno - 1
+        start, end = located.col_offset, located.end_col_offset
     except AttributeError:
         return ""
     if end is None or last >= len(lines):

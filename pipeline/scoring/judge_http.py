@@ -14,7 +14,7 @@ import socket
 import threading
 import urllib.parse
 import urllib.request
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 MAX_RESPONSE_BYTES = 8 * 2**20  # a chat completion of 2,048 tokens is some kilobytes
 
@@ -84,12 +84,13 @@ class _HTTPSConnection(http.client.HTTPSConnection):
         self._deadline = deadline
         self._create_connection = self._watched_connection
 
-    _watched_connection = _HTTPConnection._watched_connection
+    _watched_connection = cast(Any, _HTTPConnection._watched_connection)  # the same method, on this class too
 
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT tunnel when there is one
-        sock = self._context.wrap_socket(
-            self.sock, server_hostname=self._tunnel_host or self.host, do_handshake_on_connect=False
+        this: Any = self  # _context and _tunnel_host are HTTPSConnection's private attributes (untyped)
+        sock = this._context.wrap_socket(
+            self.sock, server_hostname=this._tunnel_host or self.host, do_handshake_on_connect=False
         )
         self._deadline.watch(sock)  # the plain socket was detached by the wrap: this one holds the descriptor
         sock.do_handshake()

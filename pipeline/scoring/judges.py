@@ -43,7 +43,8 @@ class JudgmentFailedError(JudgeError):
 
 
 class Judge(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: a dataclass field or a property
 
     def complete(self, system: str, user: str) -> str: ...
 
@@ -237,6 +238,7 @@ def _judge_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """
     cfg = {k: v for k, v in dict(cfg).items() if k != "enabled" and v is not None}
     kind = cfg.pop("kind", "openai")
+    valid: tuple[str, ...]
     if kind == "openai":
         if "max_new_tokens" in cfg:
             cfg["max_tokens"] = cfg.pop("max_new_tokens")

@@ -180,7 +180,9 @@ def judge_predictions(
             failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception() is not None), None)
             if failed is not None:  # the judge is gone: the requests not yet sent are not sent
                 pool.shutdown(wait=True, cancel_futures=True)
-                raise failed.exception()
+                err = failed.exception()
+                assert err is not None  # chosen for having one
+                raise err
             details = [f.result() for f in futures]
     else:
         details = [run(job) for job in jobs]

@@ -49,11 +49,11 @@ def bootstrap_interval(
     values: Sequence[float], *, seed: int = 0, resamples: int = 1000, confidence: float = 0.95
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (seeded: the same values give the same interval)."""
-    values = np.asarray(values, dtype=float)
-    if values.size == 0:
+    array = np.asarray(values, dtype=float)
+    if array.size == 0:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    means = array[rng.integers(0, array.size, size=(resamples, array.size))].mean(axis=1)
     alpha = (1.0 - confidence) / 2
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return float(lo), float(hi)

@@ -346,8 +346,9 @@ def seccomp_filter(machine: str | None = None) -> bytes:
         for name, numbers in table.items():
             if name in _ALLOWED and table is _DENIED:
                 raise RuntimeError(f"seccomp: {name} is both allowed and denied")
-            if numbers[idx] is not None:
-                prog += [_ins(jeq, numbers[idx], 0, 1), _ins(ret, action)]
+            number = numbers[idx]
+            if number is not None:
+                prog += [_ins(jeq, number, 0, 1), _ins(ret, action)]
     prog.append(_ins(ret, errno(_ENOSYS)))
     if len(prog) > 4096:  # BPF_MAXINSNS
         raise RuntimeError(f"seccomp filter too long ({len(prog)} instructions)")

@@ -49,7 +49,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import IO, Any, Iterable, Mapping, Sequence, cast
 
 from pipeline.data import load_dataset
 from pipeline.scoring import fenced_blocks, prediction_text, print_json, read_predictions, run_cli, scorer_package
@@ -189,13 +189,13 @@ class QueryRunner:
         if proc is None:
             return
         try:
-            proc.stdin.close()
+            cast(IO[bytes], proc.stdin).close()  # both pipes (_start)
             proc.wait(timeout=2)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
         finally:
-            proc.stdout.close()
+            cast(IO[bytes], proc.stdout).close()
 
     def _kill(self) -> int:
         proc, self._proc = self._proc, None
@@ -203,7 +203,7 @@ class QueryRunner:
             return 0
         proc.kill()
         returncode = proc.wait()
-        for stream in (proc.stdin, proc.stdout):
+        for stream in cast("tuple[IO[bytes], IO[bytes]]", (proc.stdin, proc.stdout)):  # both pipes (_start)
             try:
                 stream.close()
             except OSError:
@@ -231,7 +231,7 @@ class QueryRunner:
             close_fds=True,
         )
         self._proc = proc
-        if _read_until(proc.stdout.fileno(), 1, time.monotonic() + WORKER_START_S) != b"R":
+        if _read_until(cast(IO[bytes], proc.stdout).fileno(), 1, time.monotonic() + WORKER_START_S) != b"R":
             code = self._kill()
             raise RuntimeError(f"Spider's query process ({sys.executable} {WORKER}) did not start (exit status {code})")
         return proc
@@ -266,6 +266,7 @@ class QueryRunner:
         ).encode()
         proc = self._start()
         deadline = time.monotonic() + self.timeout_s
+        assert proc.stdin is not None and proc.stdout is not None  # started with both as PIPE (_start)
         try:
             _write_all(proc.stdin.fileno(), struct.pack(">I", len(request)) + request)
             header = _read_until(proc.stdout.fileno(), 8, deadline)
@@ -316,7 +317,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _read_until(fd: int, n: int, deadline: float) -> bytearray:
+def _read_until(fd: int, n: int, deadline: float) -> bytes | bytearray:
     """Up to ``n`` bytes from ``fd``, fewer when it closes or ``deadline`` (``time.monotonic``) passes."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -474,7 +475,7 @@ def score_predictions(
             sql = extract_sql(prediction_text(pred))
             result = runner.run(ref["db_path"], prepare(sql)) if sql else QueryResult(None, "empty SQL")
             ordered = order_matters(ref["query"])
-            correct = gold.ok and result.ok and results_match(gold.rows, result.rows, ordered)
+            correct = gold.ok and result.ok and results_match(cast(list, gold.rows), cast(list, result.rows), ordered)
             details.append(
                 {
                     "id": sid,

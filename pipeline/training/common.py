@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -110,7 +110,7 @@ def scheduled_steps(
 
 def train_head(
     head: torch.nn.Module,
-    params: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
     opt: torch.optim.Optimizer,
     step_loss: Callable[[], tuple[torch.Tensor, str]],
     *,

@@ -14,7 +14,7 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from omegaconf import OmegaConf
 
@@ -52,7 +52,8 @@ def evaluation_prompts(data_root: str | Path | None = None) -> dict[str, list[st
     out["humaneval"] = [s.turns[0] for s in humaneval.load()]
     bench = repo_path("conf/bench.yaml")
     if bench.exists():
-        out["bench"] = [str(p) for p in OmegaConf.load(bench).get("prompts") or []]
+        bench_cfg: Any = OmegaConf.load(bench)  # a mapping (conf/bench.yaml)
+        out["bench"] = [str(p) for p in bench_cfg.get("prompts") or []]
     return out
 
 

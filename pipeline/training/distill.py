@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from omegaconf import OmegaConf
@@ -63,6 +64,10 @@ def make_student(
     """A small Llama with the target's vocabulary; embedding = target embedding's top-d SVD projection."""
     tc = target.config
     torch.manual_seed(seed)
+    # rope_theta: a keyword LlamaConfig takes (into its rope parameters) but does not list in its signature
+    rope: dict[str, Any] = {
+        "rope_theta": getattr(tc, "rope_theta", None) or tc.rope_parameters.get("rope_theta", 10000.0)
+    }
     cfg = LlamaConfig(
         vocab_size=tc.vocab_size,
         hidden_size=hidden_size,
@@ -72,7 +77,7 @@ def make_student(
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
         max_position_embeddings=tc.max_position_embeddings,
-        rope_theta=getattr(tc, "rope_theta", None) or tc.rope_parameters.get("rope_theta", 10000.0),
+        **rope,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         bos_token_id=tc.bos_token_id,
@@ -87,7 +92,7 @@ def make_student(
         _, s, vh = torch.linalg.svd(emb - emb.mean(0), full_matrices=False)
         proj = emb @ vh[:hidden_size].T
         proj = proj * (emb.norm(dim=1).mean() / proj.norm(dim=1).mean())
-        student.get_input_embeddings().weight.data.copy_(proj)
+        cast(torch.nn.Embedding, student.get_input_embeddings()).weight.data.copy_(proj)
         # At init the residual stream is mostly the input token's own embedding, so with a unit final
         # norm the student would predict "repeat the input" with logits ~sqrt(d)*|e|. Scale the final
         # norm so that this self-logit is ~4 (unrelated tokens get std ~4/sqrt(d)): a near-uniform start.
@@ -127,7 +132,7 @@ def step_cost(model, *, context: int = 128, reps: int = 40) -> float:
     return 1e3 * step_times(model, prompt, 1, next(model.parameters()).device, reps=reps)[0]
 
 
-def cost_figures(target, draft_dir: Path) -> dict[str, float]:
+def cost_figures(target, draft_dir: Path) -> dict[str, Any]:
     """Step times of the target and of the saved draft (full and restricted head), both in the target's
     precision as the pair serves them, and their ratios c."""
     tgt_ms = step_cost(target)
@@ -195,9 +200,11 @@ def run(cfg) -> dict:
         raise ValueError(f"init_from={init_from}: no checkpoint there (a folder written by pipeline.distill)")
     teacher_dir = d.get("teacher_dir")
     made = check_teacher_dir(repo_path(teacher_dir), cfg) if teacher_dir else {}
-    settings = teacher_settings(OmegaConf.to_container(d, resolve=True), seed=cfg.seed, prompts=kind)  # before loading
+    settings = teacher_settings(
+        cast(dict, OmegaConf.to_container(d, resolve=True)), seed=cfg.seed, prompts=kind
+    )  # before loading
 
-    pair_cfg = OmegaConf.to_container(cfg.pair, resolve=True)
+    pair_cfg = cast(dict, OmegaConf.to_container(cfg.pair, resolve=True))
     pair_cfg["draft"] = None  # the draft is what we are making
     pair_cfg.pop("drafter", None)
     pair = load_pair(pair_cfg)
@@ -322,14 +329,14 @@ def run(cfg) -> dict:
         "command": cfg.get("command_line") or "python -m pipeline.distill pair=" + pair.spec.name,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "student": {
-            **OmegaConf.to_container(s),
+            **cast(dict, OmegaConf.to_container(s)),
             "vocab_size": target.config.vocab_size,
             "params": n_params,
             "bytes": size,
             "map_size": int(token_map.numel()),
         },
         "data": {
-            **OmegaConf.to_container(d),
+            **cast(dict, OmegaConf.to_container(d)),
             "engine_used": engine,
             "records": len(records),
             "tokens": n_tok,
@@ -339,9 +346,9 @@ def run(cfg) -> dict:
             "wall_s": wall + new_gen_s,
             "map_coverage": cov / tot,
         },
-        "train": {**OmegaConf.to_container(tr), "wall_s": train_wall},
+        "train": {**cast(dict, OmegaConf.to_container(tr)), "wall_s": train_wall},
         "heldout": {
-            **OmegaConf.to_container(h),
+            **cast(dict, OmegaConf.to_container(h)),
             "positions": {
                 "eval": sum(len(r["p"]) for r in heldout["rows"]),
                 **{k: sum(len(r["p"]) for r in v["rows"]) for k, v in held.items()},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -27,7 +28,7 @@ from pipeline.training.teacher_data import (
     sample_conversations,
 )
 
-WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
+WARP: dict[str, Any] = dict(temperature=1.0, top_k=10, top_p=0.9)
 
 
 def heldout_prompts(n_humaneval: int, n_mtbench: int, mt_bench_path: str | None) -> list[str]:
@@ -84,12 +85,14 @@ def build_heldout(
             for r in sample_answers(target, batch[i : i + batch_size], pad_id=pad, **kw)
         ]
 
+    shown: list[Any]
     if prompts and isinstance(prompts[0], Conversation):
         recs = sample_conversations(tokenizer, list(prompts), sample)
         shown = [list(c.turns) for c in prompts]
     else:
-        recs = sample([chat_ids(tokenizer, p) for p in prompts])
-        shown = list(prompts)
+        texts = cast(list[str], prompts)  # single user turns
+        recs = sample([chat_ids(tokenizer, p) for p in texts])
+        shown = list(texts)
     seqs = [(r.ids.long(), r.start) for r in recs]
     rows = []
     for ids, start in seqs:

@@ -31,7 +31,9 @@ def make_batches(records: list[dict], tokens_per_batch: int, max_len: int, seed:
     """Groups of record indices of similar length, about ``tokens_per_batch`` padded tokens each, shuffled."""
     rng = random.Random(seed)
     order = sorted(range(len(records)), key=lambda i: min(len(records[i]["ids"]), max_len) + rng.random())
-    batches, cur, width = [], [], 0
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
     for i in order:
         L = min(len(records[i]["ids"]), max_len)
         if cur and max(width, L) * (len(cur) + 1) > tokens_per_batch:
@@ -51,7 +53,9 @@ def collate(records: list[dict], idx: list[int], max_len: int, to_map: torch.Ten
     width = max(min(len(records[i]["ids"]), max_len) for i in idx)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     mask = torch.zeros((b, width), dtype=torch.long)
-    flat_pos, t_ids, t_logp = [], [], []
+    flat_pos: list[torch.Tensor] = []
+    t_id_rows: list[torch.Tensor] = []
+    t_logp: list[torch.Tensor] = []
     for row, i in enumerate(idx):
         r = records[i]
         full, start = r["ids"].long(), r["start"]
@@ -63,9 +67,9 @@ def collate(records: list[dict], idx: list[int], max_len: int, to_map: torch.Ten
         first = start - 1 - cut  # position (in seq) predicting the first answer token
         keep = torch.arange(n_ans)[torch.arange(n_ans) + first >= 0]
         flat_pos.append(row * width + first + keep)
-        t_ids.append(r["topk_ids"][keep].long())
+        t_id_rows.append(r["topk_ids"][keep].long())
         t_logp.append(r["topk_logp"][keep].float())
-    t_ids = torch.cat(t_ids)
+    t_ids = torch.cat(t_id_rows)
     return ids, mask, torch.cat(flat_pos), to_map[t_ids], torch.cat(t_logp)
 
 
@@ -134,7 +138,8 @@ def train(
     outside = torch.ones(vocab, dtype=torch.bool)
     outside[token_map] = False
     outside = outside.nonzero().squeeze(-1)
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in student.named_parameters():
         (no_decay if p.ndim < 2 or "embed" in name else decay).append(p)
     opt = torch.optim.AdamW(
@@ -148,7 +153,9 @@ def train(
     )
     gen = torch.Generator().manual_seed(seed)
     student.train()
-    curve, epoch, batches, ema = [], 0, [], None
+    curve: list[dict] = []
+    batches: list[list[int]] = []
+    epoch, ema = 0, None
     train_time = 0.0
     seen_tokens = 0  # answer positions trained on (a record's rows count once per epoch)
 

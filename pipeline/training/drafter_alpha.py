@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -135,7 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"no heldout-*.pt in {args.work}: run python -m pipeline.distill (stop_after=data) first")
     from omegaconf import OmegaConf  # noqa: PLC0415 - only the command line reads the pair's file
 
-    pair_cfg = OmegaConf.to_container(OmegaConf.load(repo_path(f"conf/pair/{args.pair}.yaml")), resolve=True)
+    pair_cfg = cast(
+        dict, OmegaConf.to_container(OmegaConf.load(repo_path(f"conf/pair/{args.pair}.yaml")), resolve=True)
+    )
     heldouts = {f.stem: torch.load(f) for f in files}
     res = compare(pair_cfg, heldouts, draft=args.draft, eagle=args.eagle, eagle3=args.eagle3, medusa=args.medusa)
     text = json.dumps(res, indent=1)

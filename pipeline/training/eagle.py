@@ -192,7 +192,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     curve: list[dict[str, Any]] = []
 
     def evaluate(step: int) -> None:
-        point = {"step": step, "minutes": round((time.time() - t0) / 60, 2)}
+        point: dict[str, Any] = {"step": step, "minutes": round((time.time() - t0) / 60, 2)}
         for tag in ("heldout_stdlib", "heldout_answers"):
             r = heldout_alpha(head, seqs[tag], W, tc["length"], embed, warper)
             point[tag] = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}

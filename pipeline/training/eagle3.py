@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -164,7 +164,9 @@ def ttt_loss(
         in_draft = head.t2d[target_logits.argmax(-1)] & batch["valid"]
         target_p = torch.softmax(target_logits[..., head.t2d], -1)  # over the draft vocabulary (sorted ids)
     outs = ttt_forward(head, batch["feats"], emb, steps)
-    total, losses, accs = 0.0, [], []
+    total: float | torch.Tensor = 0.0
+    losses: list[float] = []
+    accs: list[float] = []
     for j, out in enumerate(outs):
         logp = torch.log_softmax(head.draft_logits(out).float(), -1)
         p, m = target_p[:, j : j + n], in_draft[:, j : j + n]
@@ -175,7 +177,7 @@ def ttt_loss(
             accs.append(
                 float(((logp.argmax(-1) == p.argmax(-1)) & m).sum()) / max(int(batch["valid"][:, j : j + n].sum()), 1)
             )
-    return total, losses, accs
+    return cast(torch.Tensor, total), losses, accs  # a tensor after the first step (steps >= 1)
 
 
 @torch.no_grad()
@@ -310,7 +312,7 @@ def fit(
     curve: list[dict[str, Any]] = []
 
     def evaluate(step: int) -> None:
-        point = {"step": step, "minutes": round((time.time() - t0) / 60, 2)}
+        point: dict[str, Any] = {"step": step, "minutes": round((time.time() - t0) / 60, 2)}
         for tag in heldout:
             r = heldout_alpha(head, data[tag], W, tc["length"], embed, warper)
             point[tag] = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}

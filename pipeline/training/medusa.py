@@ -19,7 +19,7 @@ data sizes, held-out top-1 accuracy of every head, the command) and ``medusa_hea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -107,7 +107,10 @@ def train_heads(
         idx = torch.randint(0, n, (batch_tokens,), generator=gen)
         logits = heads.features(hidden[idx].to(dtype)) @ W.T  # [K, B, V']
         y = y_fit[idx]
-        loss = sum(weights[i] * F.cross_entropy(logits[i], y[:, i + 1], ignore_index=-100) for i in range(k))
+        # a tensor: k >= 1 heads
+        loss = cast(
+            torch.Tensor, sum(weights[i] * F.cross_entropy(logits[i], y[:, i + 1], ignore_index=-100) for i in range(k))
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

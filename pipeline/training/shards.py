@@ -101,7 +101,7 @@ def save_shard(records: list[Any], path: Path) -> None:
     topk_ids = torch.cat([r.topk_ids for r in records])
     top = max(int(ids.max()), int(topk_ids.max()))
     id_type = np.uint16 if top < 2**16 else np.int32
-    arrays = dict(
+    arrays: dict[str, Any] = dict(
         ids=ids.numpy().astype(id_type),
         lengths=np.array([len(r.ids) for r in records], dtype=np.int32),
         starts=np.array([r.start for r in records], dtype=np.int32),
@@ -183,7 +183,7 @@ def check_arrays(name: str, a: Mapping[str, np.ndarray], vocab: int | None) -> N
         raise TeacherDataError(f"{name}: its arrays do not add up (a damaged or truncated shard): {AGAIN}")
     seq_end, row_end = np.cumsum(lengths), np.cumsum(answers)
 
-    def bad_at(positions: np.ndarray, ends: np.ndarray, what: str) -> None:
+    def bad_at(positions: np.ndarray | np.bool_, ends: np.ndarray, what: str) -> None:
         if positions.any():
             first = int(np.flatnonzero(positions)[0])
             i = int(np.searchsorted(ends, first, side="right"))

@@ -28,7 +28,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import torch
 from transformers import DynamicCache
@@ -469,7 +469,9 @@ def generate_teacher_data(
     )
 
     def sampler(new_tokens: int, gen: torch.Generator) -> Callable[[list[list[int]]], list[Record]]:
-        kw = dict(max_new_tokens=new_tokens, top_k_store=top_k_store, sample_top_k=sample_top_k, gen=gen)
+        kw: dict[str, Any] = dict(
+            max_new_tokens=new_tokens, top_k_store=top_k_store, sample_top_k=sample_top_k, gen=gen
+        )
         kw.update(sample_top_p=sample_top_p, eos_id=tokenizer.eos_token_id)
         if cached is not None:
             return lambda ids: sample_answers_packed(cached, ids, slots=slots, **kw)
@@ -510,9 +512,9 @@ def generate_teacher_data(
         else:
             sample = sampler(max_new_tokens, torch.Generator(device=device).manual_seed(seed * 100003 + shard))
             if prompts == "chat":
-                recs = sample_conversations(tokenizer, batch, sample)
+                recs = sample_conversations(tokenizer, cast(list[Conversation], batch), sample)
             else:
-                recs = sample([chat_ids(tokenizer, p) for p in batch])
+                recs = sample([chat_ids(tokenizer, p) for p in cast(list[str], batch)])
         path = folder.add(name, recs, time.time() - ts, time.time() - t0, info or {})
         if on_shard is not None:
             on_shard(path)

@@ -82,6 +82,7 @@ def _alarm(signum, frame):
 
 
 fd = os.memfd_create("seccomp", 0) if hasattr(os, "memfd_create") else None
+assert fd is not None  # Linux has memfd_create (without it, os.write below would refuse None)
 os.write(fd, bytes.fromhex(payload["seccomp"]))
 os.lseek(fd, 0, os.SEEK_SET)
 cmd = list(payload["cmd"])
@@ -138,7 +139,7 @@ def _own_limits():
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 
 
-_over = []  # what the watcher stopped the sandbox for
+_over: list[str] = []  # what the watcher stopped the sandbox for
 
 
 def _count_files(tmp_fd):
@@ -149,7 +150,7 @@ def _count_files(tmp_fd):
 def _count_tasks():
     # the sandbox's init (bwrap, pid 1 inside) and its children (the server: it cannot create another process)
     total = 1
-    with open("/proc/%d/task/%d/children" % (sandbox_pid, sandbox_pid)) as f:
+    with open("/proc/%d/task/%d/children" % (sandbox_pid, sandbox_pid)) as f:  # type: ignore[str-format]
         children = f.read().split()
     for child in children:
         with open("/proc/%s/status" % child) as f:
@@ -172,7 +173,7 @@ def _watch(tmp_fd, base_files, tasks):
             return  # the sandbox is gone
         if _over:
             try:
-                os.kill(sandbox_pid, signal.SIGKILL)
+                os.kill(sandbox_pid, signal.SIGKILL)  # type: ignore[arg-type]
             except OSError:
                 pass
             return
@@ -181,7 +182,7 @@ def _watch(tmp_fd, base_files, tasks):
 
 def _start_watch():
     try:
-        tmp_fd = os.open("/proc/%d/root/tmp" % sandbox_pid, os.O_RDONLY | os.O_DIRECTORY)
+        tmp_fd = os.open("/proc/%d/root/tmp" % sandbox_pid, os.O_RDONLY | os.O_DIRECTORY)  # type: ignore[str-format]
         base_files = _count_files(tmp_fd)
     except (OSError, ValueError):
         return  # not readable here: the layer is not reported
@@ -225,6 +226,7 @@ def _stop():
         proc.wait()
 
 
+assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPE
 _to, _from = proc.stdin.fileno(), proc.stdout.fileno()
 MAX = payload["max_message"]
 
@@ -233,6 +235,7 @@ _up = False  # True once the sandboxed interpreter has said hello: from then on,
 
 def _gone():
     _stop()
+    assert proc.stderr is not None  # PIPE
     err = proc.stderr.read(4000).decode(errors="replace").strip()
     code = proc.returncode
     # a start-up error is bwrap's only before the sandbox is up; after that, whatever is on bwrap's
@@ -294,7 +297,7 @@ try:
     if "error" in first:
         raise CandidateError(str(first["error"])[:200])
     if payload["test"] is not None:
-        ns = {}
+        ns: dict = {}
         exec(compile(payload["prompt"], "<prompt>", "exec"), ns)
         ns[payload["entry_point"]] = candidate  # tests that call the function by its name
         exec(compile(payload["test"], "<test>", "exec"), ns)

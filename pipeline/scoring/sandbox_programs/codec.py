@@ -39,7 +39,8 @@ def _enc(x, depth=0, loose=False):
     if t is bytes:
         return {"y": x.hex()}
     if t in (list, tuple, set, frozenset):
-        tag = {list: "l", tuple: "t", set: "set", frozenset: "fs"}[t]
+        tags: dict[type, str] = {list: "l", tuple: "t", set: "set", frozenset: "fs"}
+        tag = tags[t]
         return {tag: [_enc(v, depth + 1, loose) for v in x]}
     if t is dict:
         return {"d": [[_enc(k, depth + 1, loose), _enc(v, depth + 1, loose)] for k, v in x.items()]}
@@ -62,7 +63,7 @@ class _Budget:
 
 def _no_collisions(keys):
     # counting hashes is linear; a set or dict built from keys that pass is too
-    seen = {}
+    seen: dict = {}
     for k in keys:
         h = hash(k)
         n = seen.get(h, 0) + 1
