@@ -65,7 +65,9 @@ def _prefilled(model, prompt, length):
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
-@pytest.mark.parametrize("levers", [{"window"}, {"qkv_epilogue"}, {"window", "qkv_epilogue"}], ids=lambda s: "+".join(sorted(s)))
+@pytest.mark.parametrize(
+    "levers", [{"window"}, {"qkv_epilogue"}, {"window", "qkv_epilogue"}], ids=lambda s: "+".join(sorted(s))
+)
 def test_a_chain_step_with_levers_equals_the_plain_static_step(kv_heads, levers):
     """A five-token chain after 150 positions (window 256 of the 1,024-slot buffer): logits and keys as the plain
     static step's."""
