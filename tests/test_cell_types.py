@@ -1,6 +1,6 @@
 """Cell and CellResult: typed, picklable, and the MLflow layout of a cell unchanged by them.
 
-``tests/golden/cell_configs.json`` holds what the planner logged for every cell of two shipped sweeps
+``tests/golden/cell_configs.json.gz`` holds what the planner logged for every cell of two shipped sweeps
 before cells were typed (the dict ``config`` that ``_make_cell`` stored beside the fields): the MLflow
 params of a cell are that config flattened, and ``cell_config.yaml`` is that config. ``Cell.config`` is
 computed from the fields and must give the same names and values (paths under the repository are
@@ -17,6 +17,7 @@ loop's own clock) every entry's key and ``harness_version`` were re-recorded; no
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import pickle
 from pathlib import Path
@@ -32,7 +33,7 @@ from pipeline.decoding import cpu_kernels
 from pipeline.tracking import Tracker, flatten
 from pipeline.tracking.layout import param_value
 
-GOLDEN = json.loads((REPO / "tests" / "golden" / "cell_configs.json").read_text())
+GOLDEN = json.loads(gzip.decompress((REPO / "tests" / "golden" / "cell_configs.json.gz").read_bytes()))
 CASES = {
     # the smoke sweep as it was when the golden file was recorded (2 samples x 64 tokens, every method at its
     # conf/method gamma): the layout is what is pinned here, not the smoke sweep's current settings
