@@ -64,7 +64,7 @@ test: $(STAMP)
 # imports. mypy checks the packages below (third-party libraries are read for their types, never reported on).
 MYPY_PATHS := analysis pipeline/tracking pipeline/measure pipeline/bench pipeline/data pipeline/decoding pipeline/sweep \
 	pipeline/scoring pipeline/training \
-	pipeline/__init__.py pipeline/cell.py pipeline/cell_types.py pipeline/device.py pipeline/distill.py pipeline/distill_speed.py \
+	pipeline/__init__.py pipeline/cell.py pipeline/cell_types.py pipeline/content_hash.py pipeline/device.py pipeline/distill.py pipeline/distill_speed.py \
 	pipeline/docs_gen.py pipeline/exact.py pipeline/faults.py pipeline/fingerprints.py pipeline/formatting.py pipeline/gguf_cache.py \
 	pipeline/generate.py pipeline/isolation.py pipeline/models.py pipeline/prompts.py pipeline/registry.py \
 	pipeline/train_eagle.py pipeline/train_medusa.py
