@@ -177,15 +177,18 @@ def test_a_truncated_or_foreign_shard_is_refused(tmp_path):
         save_shard(records(100), tmp_path / "shard-0004.json")
 
 
+# the peak is this process's own memory's high-water mark (VmHWM, in kB): ru_maxrss would carry the forking parent's
+# (Linux keeps the pre-exec address space's peak), a pytest worker's gigabyte of models included
 BOMB = """
-import resource, sys
+import sys
 from pipeline.training.shards import TeacherDataError, load_shard
 try:
     recs = load_shard(sys.argv[1])
     print("loaded", len(recs[0]["ids"]))
 except TeacherDataError as err:
     print("refused", err)
-print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+print("peak", int(hwm.split()[1]))
 """
 
 

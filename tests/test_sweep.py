@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
 from mlflow import MlflowClient
 
 from helpers.paths import REPO
@@ -70,6 +71,7 @@ def test_cell_over_its_time_limit_is_killed_and_recorded(ray_session, tmp_path):
     assert "timed out" in out["results"][0]["error"]
 
 
+@pytest.mark.parametrize("sweep_status, report_runs", [(0, True), (1, True), (2, False)])
 def test_make_run_reports_what_finished_and_keeps_the_sweeps_status(tmp_path, sweep_status, report_runs):
     """`make run`: the report after a sweep that finished (0) or finished some cells (1: failed cells), not after a
     configuration error (2); make's status is the sweep's. PY is a stand-in that logs its calls (nothing installs:
