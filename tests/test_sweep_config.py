@@ -128,7 +128,7 @@ def test_every_shipped_sweep_expands(name):
     if name == "all_methods":
         assert {c.method for c in plan.cells} == set(METHODS)
     if name == "serving":  # 5 methods x 4 rates x 3 seeds, every cell under the workload at its rate
-        assert len(plan.cells) == 60 and {c.workload["rate"] for c in plan.cells} == {0.3, 0.6, 1.2, 2.0}
+        assert len(plan.cells) == 60 and {c.workload["rate"] for c in plan.cells} == {0.5, 1.0, 2.0, 4.0}
 
 
 def test_two_slices_of_one_dataset_are_counted_apart():
