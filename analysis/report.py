@@ -29,7 +29,19 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from analysis import batching, breakdown, categories, claims_report, figures, schema, serving, specbench, stats
+from analysis import (
+    batching,
+    breakdown,
+    categories,
+    claims_report,
+    figures,
+    schema,
+    serving,
+    specbench,
+    stats,
+    transfer,
+)
+from analysis.claims import add_acceptance_columns
 from analysis.runs import (
     REPO_ROOT,
     default_tracking_uri,
@@ -201,7 +213,13 @@ def write_report(
             written["tables"].append(out_dir / name)
     if serving.varies(runs):  # under load: the curves against the offered rate, the crossover and the load claims
         clean, path = stats.without_disturbed_timing(runs), out_dir / "serving.md"
-        path.write_text(serving.markdown(clean, serving.load_serving_claims(claims_file)))
+        pred = serving.predicted(  # the crossover predicted for a memory-bound accelerator, from in-loop acceptance
+            runs,
+            add_acceptance_columns(samples, runs),
+            transfer.gpu_cost_ratios(runs, gpu_cost_ratio),
+            {str(p): transfer.gpu_step_seconds(str(p)) for p in runs["pair"].unique()},
+        )
+        path.write_text(serving.markdown(clean, serving.load_serving_claims(claims_file), pred))
         written["tables"].append(path)
         fig = serving.serving_vs_rate(clean)
         written["figures"]["serving_vs_rate"] = figures.savefig(fig, out_dir / "figures", "serving_vs_rate")

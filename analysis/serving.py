@@ -9,6 +9,13 @@ same seed, batch size and rate (the seeds are the independent repeats: their mea
 crossover rate of a seed is the lowest rate whose gain is below 1 (speculation stops beating ar there); its mean and
 t-interval over the seeds that have one, and how many have none (the gain holds at every rate measured).
 
+Predicted for a memory-bound accelerator (``predicted``; A100: ``bounds.GPU_BANDWIDTH_B_S``, compute roof
+``bounds.GPU_ROOF_ROWS``): per seed, a method's in-loop acceptance pooled over its cells of every rate (tokens emitted
+per request and iteration, draft positions per iteration, tokens per request), the pair's c (draft weights over
+target's) and the target's step time there go through ``bounds.predicted_serving``: the occupancy each method's own
+speed gives it at each rate (Little's law), its TPOT there, and the lowest rate at which the gain over ar falls below
+1, at the sweep's slots and with unbounded slots, with b* (the batch at which a verified row's compute eats the gain).
+
 The load claims (``serving_claims:`` of analysis/claims.yaml):
 
 - ``gain_holds_up_to``: the method's TPOT gain holds up to rate R, R the highest rate up to which the gain's 95%
@@ -34,6 +41,7 @@ from scipy import stats as sstats
 
 from analysis import schema
 from pipeline.cell_types import split_batch_label
+from pipeline.measure.bounds import GPU_BANDWIDTH_B_S, GPU_ROOF_ROWS, predicted_serving
 
 CLAIMS_FILE = Path(__file__).resolve().parent / "claims.yaml"
 KINDS = ("gain_holds_up_to", "never_worse")
@@ -158,6 +166,139 @@ def crossover(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PREDICTED_COLUMNS = [
+    "pair",
+    "dataset",
+    "method",
+    "seeds",
+    "c",
+    "step_ms",
+    "tokens_per_iteration",
+    "drafted_per_iteration",
+    "slots",
+    "gain_idle",
+    "gain_full",
+    "occupancy",
+    "rate",
+    "rate_low",
+    "rate_high",
+    "rate_unbounded",
+    "ar_capacity",
+]
+
+
+def predicted(
+    runs: pd.DataFrame,
+    samples: pd.DataFrame,
+    c_by_pair: dict[str, float],
+    step_by_pair: dict[str, float],
+    roof_rows: float = GPU_ROOF_ROWS,
+) -> pd.DataFrame:
+    """Per (pair, dataset, method): the crossover predicted for a memory-bound accelerator (``PREDICTED_COLUMNS``)
+    from each seed's cells of every rate (``samples`` with ``iterations``, ``drafted_total``, ``new_tokens``:
+    ``claims.add_acceptance_columns``), ``c_by_pair`` (``transfer.gpu_cost_ratios``) and ``step_by_pair`` (seconds,
+    ``transfer.gpu_step_seconds``). ``rate``: the mean over seeds of the lowest rate with a gain below 1 at the sweep's
+    slots (``rate_low``/``rate_high``: its 95% t-interval; inf when no seed's gain falls below 1, the gain at a full
+    batch ``gain_full`` staying above 1); ``rate_unbounded``: the same with unbounded slots, as a server admitting every
+    request; ``occupancy``: b*. A load-aware draft length's cells pool its lengths over the rates: its prediction is
+    that of a fixed length of their mean. Empty without samples."""
+    data = with_rate(runs)
+    need = {"run_id", "iterations", "drafted_total", "new_tokens"}
+    if data.empty or samples.empty or not need <= set(samples.columns) or "run_id" not in data:
+        return pd.DataFrame(columns=PREDICTED_COLUMNS)
+    sums = samples.groupby("run_id")[["new_tokens", "iterations", "drafted_total"]].sum()
+    counts = samples.groupby("run_id").size()
+    rows = []
+    for (pair, dataset, method), g in data[data["method_label"] != schema.BASELINE].groupby(
+        ["pair", "dataset", "method_label"], sort=True
+    ):
+        c, step = float(c_by_pair.get(pair, math.nan)), float(step_by_pair.get(pair, math.nan))
+        slots = float(pd.to_numeric(g["batch_size"], errors="coerce").max())
+        per_seed = []
+        for _, s in g.groupby("seed"):
+            ids = [r for r in s["run_id"] if r in sums.index]
+            if not ids:
+                continue
+            tokens, iters, drafted = sums.loc[ids].sum()
+            if iters <= 0:
+                continue
+            n = tokens / counts.loc[ids].sum()
+            at = dict(tokens=tokens / iters, drafted=drafted / iters, c=c, new_tokens=n, step=step, roof_rows=roof_rows)
+            per_seed.append(
+                {
+                    **predicted_serving(**at, slots=slots),
+                    "rate_unbounded": predicted_serving(**at)["rate"],
+                    "tokens_per_iteration": tokens / iters,
+                    "drafted_per_iteration": drafted / iters,
+                }
+            )
+        if not per_seed:
+            continue
+        seeds = pd.DataFrame(per_seed)
+
+        def pooled(col: str) -> tuple[float, float, float]:  # inf when any seed has none: the mean would hide it
+            vals = seeds[col].astype(float)
+            return (math.inf, math.nan, math.nan) if np.isinf(vals).any() else interval(vals)
+
+        rate, low, high = pooled("rate")
+        rows.append(
+            {
+                "pair": pair,
+                "dataset": dataset,
+                "method": method,
+                "seeds": len(seeds),
+                "c": c,
+                "step_ms": step * 1e3,
+                "tokens_per_iteration": float(seeds["tokens_per_iteration"].mean()),
+                "drafted_per_iteration": float(seeds["drafted_per_iteration"].mean()),
+                "slots": slots,
+                "gain_idle": float(seeds["gain_idle"].mean()),
+                "gain_full": float(seeds["gain_full"].mean()),
+                "occupancy": pooled("occupancy")[0],
+                "rate": rate,
+                "rate_low": low,
+                "rate_high": high,
+                "rate_unbounded": pooled("rate_unbounded")[0],
+                "ar_capacity": float(seeds["ar_capacity"].mean()),
+            }
+        )
+    return pd.DataFrame(rows, columns=PREDICTED_COLUMNS)
+
+
+def predicted_markdown(pred: pd.DataFrame, roof_rows: float = GPU_ROOF_ROWS) -> list[str]:
+    """``predicted``'s table as markdown lines (none when empty)."""
+    if pred.empty:
+        return []
+    f = lambda v, d=2: "–" if v is None or not math.isfinite(v) else f"{v:.{d}f}"  # noqa: E731
+    rate = lambda v: "none" if v == math.inf else f(v, 1)  # noqa: E731
+    lines = [
+        "",
+        f"## Predicted for a memory-bound accelerator (A100: {GPU_BANDWIDTH_B_S / 1e12:.2f} TB/s, compute roof "
+        f"{roof_rows:g} rows per step)",
+        "",
+        "From each seed's in-loop acceptance (pooled over its rates) and the pair's c (draft weights over the "
+        "target's): a plain step streams the target's bf16 weights once (step ms), an iteration of g drafts costs g c "
+        "+ 1 of them, and each of its rows per request adds 1/roof of one (``bounds.predicted_serving``). At each "
+        "offered rate both methods run with the occupancy their own speed gives them (Little's law); the TPOT gain "
+        "is ar's over the method's. KV reads, prefill and launch overheads are left out. b*: the batch at which the "
+        "two cost the same per token; crossover: the lowest rate with a gain below 1 (mean and 95% t-interval over "
+        "seeds; none: the gain at a full batch stays above 1).",
+        "",
+        "| pair | dataset | method | c | step ms | tokens / iteration | drafts / iteration | gain alone | gain at a "
+        "full batch | b* | crossover /s at the slots [95% CI] | crossover /s, unbounded slots | ar's capacity /s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in pred.itertuples():
+        lines.append(
+            f"| {r.pair} | {r.dataset} | {r.method} | {f(r.c, 3)} | {f(r.step_ms, 3)} | "
+            f"{f(r.tokens_per_iteration)} | {f(r.drafted_per_iteration)} | {f(r.gain_idle)} | "
+            f"{f(r.gain_full)} ({r.slots:g}) | {'inf' if r.occupancy == math.inf else f(r.occupancy, 1)} | "
+            f"{rate(r.rate)} [{f(r.rate_low, 1)}, {f(r.rate_high, 1)}] | {rate(r.rate_unbounded)} | "
+            f"{f(r.ar_capacity, 1)} |"
+        )
+    return lines
+
+
 # ----------------------------------------------------------------------------------------------- claims
 
 
@@ -237,8 +378,11 @@ def evaluate(runs: pd.DataFrame, claims: list[dict[str, Any]]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------- outputs
 
 
-def markdown(runs: pd.DataFrame, claims: list[dict[str, Any]] | None = None) -> str:
-    """The serving tables: per rate, the crossover rates and the load claims' verdicts."""
+def markdown(
+    runs: pd.DataFrame, claims: list[dict[str, Any]] | None = None, predicted_table: pd.DataFrame | None = None
+) -> str:
+    """The serving tables: per rate, the crossover rates (measured, and ``predicted``'s for a memory-bound
+    accelerator when given) and the load claims' verdicts."""
     t, cross = table(runs), crossover(runs)
     f = lambda v, d=2: "–" if v is None or not math.isfinite(v) else f"{v:.{d}f}"  # noqa: E731
     lines = [
@@ -277,6 +421,8 @@ def markdown(runs: pd.DataFrame, claims: list[dict[str, Any]] | None = None) -> 
             f"| {r.pair} | {r.dataset} | {r.method} | {shown} | {r.seeds_with_one} of {r.seeds} | "
             f"{r.lowest_rate:g}-{r.highest_rate:g} |"
         )
+    if predicted_table is not None:
+        lines += predicted_markdown(predicted_table)
     if claims:
         verdicts = evaluate(runs, claims)
         lines += ["", "## Load claims", "", "| claim | method | verdict | R /s | why |", "|---|---|---|---|---|"]

@@ -32,7 +32,7 @@ from analysis import batching, schema
 from analysis.claims import add_acceptance_columns, add_predicted_speedup
 from analysis.claims_spec import INCONCLUSIVE, TOO_FEW
 from analysis.runs import REPO_ROOT
-from pipeline.measure.bounds import break_even_verify_cost, predicted_speedup, step_parameters
+from pipeline.measure.bounds import break_even_verify_cost, predicted_speedup, step_parameters, step_seconds
 
 SWEEP_BUDGET_S = 2 * 3600.0  # "fits a 2-hour sweep here"
 COPY_MB = 256
@@ -84,6 +84,15 @@ def gpu_cost_ratio(pair: str, root: Path = REPO_ROOT) -> tuple[float, str]:
         f"draft {step_parameters(draft, rows) / 1e6:.1f}M / target {step_parameters(target) / 1e6:.1f}M weights read "
         "per step (same dtype)"
     )
+
+
+def gpu_step_seconds(pair: str, root: Path = REPO_ROOT) -> float:
+    """A plain step of the pair's target on a memory-bound A100 (``bounds.step_seconds``: its bf16 weights read per
+    step over the HBM bandwidth); NaN where ``conf/pair/<pair>.yaml`` or the target's config.json is not found."""
+    path = root / "conf" / "pair" / f"{pair}.yaml"
+    spec = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    target = _config_of(spec["target"], root) if spec.get("target") else None
+    return step_seconds(step_parameters(target)) if target else math.nan
 
 
 def gpu_cost_ratios(runs: pd.DataFrame, given: float | None = None) -> dict[str, float]:

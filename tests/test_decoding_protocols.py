@@ -140,8 +140,11 @@ def test_one_check_of_a_request_for_every_loop(pair, method):
 
 def test_the_cached_models_logits_are_public(pair):
     decoder = build_decoder("ar", pair[0], **WARP)
+    target = decoder.target
     raw = torch.randn(2, 32)
-    assert torch.equal(decoder.target.logits(raw), decoder.target._logits(raw))
+    wide, narrow = target.logits(torch.randn(2, target.vocab_size + 3)), target.logits(raw[:, :4])
+    assert wide.shape[-1] == narrow.shape[-1] == target.vocab_size  # model rows cut or padded to the vocabulary
+    assert torch.isinf(narrow[:, 4:]).all() and not hasattr(target, "_logits")  # the former private name is gone
 
 
 def test_the_loop_probes_no_capability_and_the_engine_silences_no_type_check():

@@ -6,19 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.models import tiny_llama
 from helpers.paths import DATA
 from helpers.tokenizers import offline_tokenizer
+from helpers.windows import WARP, tiny_pair, window_kwargs, window_samples
 from pipeline import sweep
-from pipeline.data.base import Sample
 from pipeline.decoding import build_decoder
 from pipeline.measure.records import request_metrics
 from pipeline.measure.window import run_window
 from pipeline.sweep import SweepConfigError
 
 torch.set_num_threads(1)
-LM = dict(max_positions=4096, bos=1, eos=2, scale=8.0)
-WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
 
 
 @pytest.fixture(scope="module")
@@ -28,39 +25,16 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def models(tokenizer):
-    vocab = len(tokenizer)
-    return tiny_llama(0, vocab=vocab, **LM), tiny_llama(0, vocab=vocab, layers=1, **LM)
-
-
-def _samples(n: int, turns: int = 1) -> list[Sample]:
-    words = ["apples", "rivers", "engines", "violins", "glaciers", "comets", "lanterns"]
-    return [
-        Sample(id=f"s{i}", dataset="spec_bench", turns=[f"Tell me about {words[i]}."] + ["And more?"] * (turns - 1))
-        for i in range(n)
-    ]
-
-
-def _kw(tokenizer):
-    return dict(
-        tokenizer=tokenizer,
-        chat=True,
-        eos_token_ids=[tokenizer.eos_token_id],
-        max_new_tokens=8,
-        seed=3,
-        device="cpu",
-        warmup_generations=1,
-        warmup_seconds=0.0,
-        idle_seconds=0.0,
-    )
+    return tiny_pair(tokenizer)
 
 
 @pytest.mark.parametrize("method", ["ar", "spd"])
 def test_a_batched_window_gives_every_sample_its_batch_one_tokens(models, tokenizer, method):
     """Same seeds per (sample, turn): the batched window's records are the sequential window's (two turns each)."""
     decoder = build_decoder(method, *(models if method != "ar" else (models[0], None)), **WARP)
-    samples = _samples(5, turns=2)
-    alone = run_window(decoder, samples, **_kw(tokenizer))
-    together = run_window(decoder, samples, batch_size=3, **_kw(tokenizer))
+    samples = window_samples(5, turns=2)
+    alone = run_window(decoder, samples, **window_kwargs(tokenizer))
+    together = run_window(decoder, samples, batch_size=3, **window_kwargs(tokenizer))
     assert [(r.id, r.turn, r.tokens, r.steps) for r in together.records] == [
         (r.id, r.turn, r.tokens, r.steps) for r in alone.records
     ]
@@ -78,7 +52,7 @@ def test_a_batched_window_gives_every_sample_its_batch_one_tokens(models, tokeni
 
 def test_a_batched_window_honours_the_time_budget(models, tokenizer):
     decoder = build_decoder("ar", models[0], None, **WARP)
-    result = run_window(decoder, _samples(7), batch_size=2, time_budget_s=0.0, **_kw(tokenizer))
+    result = run_window(decoder, window_samples(7), batch_size=2, time_budget_s=0.0, **window_kwargs(tokenizer))
     assert result.budget_exhausted and result.summary()["samples_finished"] == 0
 
 

@@ -11,18 +11,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers.models import tiny_llama
 from helpers.tokenizers import offline_tokenizer
+from helpers.windows import WARP, tiny_pair, window_kwargs, window_samples
 from pipeline.bench.serving import ServingBench, serving_markdown
-from pipeline.data.base import Sample
 from pipeline.decoding import build_decoder
 from pipeline.measure.records import request_metrics
 from pipeline.measure.window import run_window
 from pipeline.measure.workload import Workload
 
 torch.set_num_threads(1)
-LM = dict(max_positions=4096, bos=1, eos=2, scale=8.0)
-WARP = dict(temperature=1.0, top_k=10, top_p=0.9)
 SERVING_NAMES = {
     "rate",
     "ttft_s_p50",
@@ -50,30 +47,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def models(tokenizer):
-    vocab = len(tokenizer)
-    return tiny_llama(0, vocab=vocab, **LM), tiny_llama(0, vocab=vocab, layers=1, **LM)
-
-
-def _samples(n: int, turns: int = 1) -> list[Sample]:
-    words = ["apples", "rivers", "engines", "violins", "glaciers", "comets", "lanterns"]
-    return [
-        Sample(id=f"s{i}", dataset="spec_bench", turns=[f"Tell me about {words[i]}."] + ["And more?"] * (turns - 1))
-        for i in range(n)
-    ]
-
-
-def _kw(tokenizer):
-    return dict(
-        tokenizer=tokenizer,
-        chat=True,
-        eos_token_ids=[tokenizer.eos_token_id],
-        max_new_tokens=8,
-        seed=3,
-        device="cpu",
-        warmup_generations=1,
-        warmup_seconds=0.0,
-        idle_seconds=0.0,
-    )
+    return tiny_pair(tokenizer)
 
 
 def _decoder(models, method):
@@ -85,12 +59,12 @@ def test_requests_arrive_as_drawn_keep_their_tokens_and_pair_across_methods(mode
         {"kind": "poisson", "rate": 40.0, "requests": 5, "max_concurrency": 2}, {"tpot_ms": 1e6, "ttft_s": 1e6}
     )
     times = workload.arrival_times(5, seed=3)
-    samples = _samples(6)
+    samples = window_samples(6)
     seen = {}
     for method in ("ar", "spd"):
         decoder = _decoder(models, method)
-        offline = run_window(decoder, samples[:5], batch_size=2, **_kw(tokenizer))
-        served = run_window(decoder, samples, batch_size=2, workload=workload, **_kw(tokenizer))
+        offline = run_window(decoder, samples[:5], batch_size=2, **window_kwargs(tokenizer))
+        served = run_window(decoder, samples, batch_size=2, workload=workload, **window_kwargs(tokenizer))
         # the slice's first `requests` samples, each with the tokens it gets offline (its own generator)
         assert [(r.id, r.tokens) for r in served.records] == [(r.id, r.tokens) for r in offline.records]
         arrivals = [r.arrival_s for r in served.records]
@@ -114,7 +88,9 @@ def test_requests_arrive_as_drawn_keep_their_tokens_and_pair_across_methods(mode
 
 def test_a_closed_workload_serves_every_turn(models, tokenizer):
     workload = Workload.from_config({"kind": "closed", "clients": 2})
-    result = run_window(_decoder(models, "ar"), _samples(4, turns=2), batch_size=2, workload=workload, **_kw(tokenizer))
+    result = run_window(
+        _decoder(models, "ar"), window_samples(4, turns=2), batch_size=2, workload=workload, **window_kwargs(tokenizer)
+    )
     assert result.summary()["samples_finished"] == 4 and len(result.records) == 8
     assert all(r.arrival_s is not None and r.queue_s >= 0 for r in result.records)
     assert sum(r.arrival_s == 0.0 for r in result.records) == 2  # two clients send at the window's start
@@ -123,7 +99,9 @@ def test_a_closed_workload_serves_every_turn(models, tokenizer):
 def test_a_workload_wider_than_the_cells_batch_is_refused(models, tokenizer):
     workload = Workload.from_config({"kind": "poisson", "rate": 1.0, "max_concurrency": 4})
     with pytest.raises(ValueError, match="workload.max_concurrency=4 exceeds the cell's batch size"):
-        run_window(_decoder(models, "ar"), _samples(4), batch_size=2, workload=workload, **_kw(tokenizer))
+        run_window(
+            _decoder(models, "ar"), window_samples(4), batch_size=2, workload=workload, **window_kwargs(tokenizer)
+        )
 
 
 def test_the_serving_bench_rows_carry_the_serving_names(models):

@@ -216,6 +216,23 @@ def test_a_slowdown_inside_the_window_is_flagged_and_a_uniformly_slower_machine_
     assert slower["cost_ratio_c"] == pytest.approx(steady["cost_ratio_c"])
 
 
+def test_a_partly_filled_batch_reads_the_same_step_and_is_not_disturbed():
+    """Under a workload a batch of 4 slots runs 1 to 4 requests as they arrive and finish: each pass brought to a
+    plain step of 4 rows by the slope (not scaled by 4 / rows, which made every one-request pass 4 steps) gives one
+    step, and the occupancy's ramp up and down is not a drift (the serving sweep of 2026-11-29 flagged 27 of 60 cells
+    of a quiet machine before this)."""
+    ramp = [1] * 20 + [2] * 10 + [4] * 20 + [3] * 10 + [1] * 20  # arrivals fill the batch, then it drains
+    window = [
+        Iteration(verify_s=(1.0 + 0.05 * r) * (1.0 + 0.01 * ((i * 7) % 5 - 2)), rows=r, requests=r)
+        for i, r in enumerate(ramp)
+    ]
+    m = cost_model(window, 4)
+    assert m["row_slope_ms"] == pytest.approx(50.0, rel=0.05)
+    assert m["t_target_step_ms"] == pytest.approx(1200.0, rel=0.02)  # 1 + 0.05 x 4 at every occupancy
+    drift = step_drift(window, m["row_slope_ms"], 4)
+    assert drift["disturbed"] == 0.0 and drift["step_drift"] < 1.05
+
+
 def test_mtads_c_is_its_beams_cost():
     """MTAD drafts ``num_beams`` beams a position: its c (the draft phase per position over a step, read by the loop's
     own clock) counts every beam. Time is injected: each model forward costs its rows (the draft's 0.01 a row, the

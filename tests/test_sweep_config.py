@@ -129,6 +129,43 @@ def test_every_shipped_sweep_expands(name):
         assert {c.method for c in plan.cells} == set(METHODS)
     if name == "serving":  # 5 methods x 4 rates x 3 seeds, every cell under the workload at its rate
         assert len(plan.cells) == 60 and {c.workload["rate"] for c in plan.cells} == {0.5, 1.0, 2.0, 4.0}
+    by_key = {c.key: c for c in plan.cells}
+    for cell in plan.cells:  # each cell's baseline: ar of its own pair, dataset, seed, batch size and rate
+        base = by_key[plan.baselines[cell.key]]
+        assert base.baseline and base.method == "ar"
+        assert (base.pair, base.dataset, base.seed, base.batch_size, base.workload) == (
+            cell.pair,
+            cell.dataset,
+            cell.seed,
+            cell.batch_size,
+            cell.workload,
+        )
+
+
+def test_summary_tables_pair_each_cell_with_the_baseline_at_its_own_rate():
+    """The closing table of a rate sweep: spd at 4/s over ar at 4/s, not over ar at the first rate (0.5/s)."""
+    rows, baselines = [], {}
+    for rate, ar, spd in ((0.5, 10.0, 12.0), (4.0, 40.0, 36.0)):
+        for label, tps in (("ar", ar), ("spd", spd)):
+            key = f"{label}{rate}"
+            rows.append(
+                {
+                    "label": f"{label} @ {rate:g}/s",
+                    "pair": "p",
+                    "dataset": "d",
+                    "seed": "0",
+                    "cell_status": "finished",
+                    "tokens_per_s": tps,
+                    "tokens_per_target_step": tps / 10,
+                    "cell_key": key,
+                }
+            )
+            baselines[key] = f"ar{rate}"
+    _, means = summary_tables(rows, baselines)
+    assert "1.20" in next(line for line in means.splitlines() if "spd @ 0.5/s" in line)
+    assert "0.90" in next(line for line in means.splitlines() if "spd @ 4/s" in line)
+    _, by_label = summary_tables(rows, "ar @ 0.5/s")  # one label: every cell over ar at 0.5/s, as before
+    assert "3.60" in next(line for line in by_label.splitlines() if "spd @ 4/s" in line)
 
 
 def test_two_slices_of_one_dataset_are_counted_apart():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,6 +68,23 @@ class _ForwardClock:
             h.remove()
         for model in self._chains:
             del model.fused_chain  # the class's method again
+
+
+@dataclass
+class OursRunner:
+    """One of our methods as a bench runner: ``runner(i, ids)`` decodes prompt ``i`` at batch 1 through ``engine``
+    (the loop whose clock times every iteration) with the seed ``seed + i``; (tokens, its generation)."""
+
+    engine: BatchedDecoder
+    seed: int
+    max_new_tokens: int
+    eos: list[int]
+    device: Any
+
+    def __call__(self, i: int, ids: list[int]) -> tuple[list[int], Any]:
+        gen = make_generator(self.seed + i, self.device)
+        (g,) = self.engine.generate([ids], max_new_tokens=self.max_new_tokens, eos_token_ids=self.eos, generators=[gen])
+        return g.tokens, g
 
 
 class Bench(BenchPlan):
@@ -191,23 +209,13 @@ class Bench(BenchPlan):
         return timed
 
     def ours(self, method: str, mode: str, drafter: str | None = None, stop: str | None = None):
-        """A runner of ours: the method's loop at batch 1 (``BatchedDecoder``, ``run_one.engine``), whose clock times
+        """A runner of ours (``OursRunner``): the method's loop at batch 1 (``BatchedDecoder``), whose clock times
         every iteration."""
         params = self.method_params(method, mode, drafter, stop)
         dec = build_decoder(
             method, self.pair.target, self.pair.draft if method != "ar" else None, assets=self.pair.assets, **params
         )
-        engine = BatchedDecoder(dec, 1)
-
-        def run_one(i, ids):
-            gen = make_generator(self.cfg.seed + i, self.device)
-            (g,) = engine.generate(
-                [ids], max_new_tokens=self.cfg.max_new_tokens, eos_token_ids=self.eos, generators=[gen]
-            )
-            return g.tokens, g
-
-        run_one.engine = engine  # type: ignore[attr-defined]
-        return run_one
+        return OursRunner(BatchedDecoder(dec, 1), self.cfg.seed, self.cfg.max_new_tokens, self.eos, self.device)
 
     def transformers(self, assisted: bool, mode: str, drafter: str = "model"):
         target, draft = self.pair.target, self.pair.draft
@@ -247,7 +255,7 @@ class Bench(BenchPlan):
             runners.update({("ours", m, d): self.ours(m, mode, d) for m, d in self.runs()})
             adaptive = self.adaptive_runs(mode)
             runners.update({(f"ours:{s}", m, d): self.ours(m, mode, d, s) for m, d, s in adaptive})
-            engines = {k: r.engine for k, r in runners.items() if hasattr(r, "engine")}
+            engines = {k: r.engine for k, r in runners.items() if isinstance(r, OursRunner)}
             timers: dict[tuple[str, str, str | None], list[float]] = {}
             for key in runners:  # transformers: time spent inside the models' forwards (ours: the loop's clock)
                 if key not in engines:

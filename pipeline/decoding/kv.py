@@ -233,9 +233,6 @@ class CachedModel:
             return logits[..., : self.vocab_size]
         return logits
 
-    # the former private name, kept while pipeline/decoding/batched.py still reads it (issue 55 moves it to logits)
-    _logits = logits
-
     def _run(self, ids: torch.Tensor, keep: int, **tree) -> torch.Tensor:
         """One forward of ``ids`` [1, n] after the cache; the last ``keep`` logit rows (0 = all), [1, rows, V]."""
         capture: list[torch.Tensor] | None = [] if self.capture_hidden else None

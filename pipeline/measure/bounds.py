@@ -5,7 +5,10 @@
 - ``leviathan_bound(alpha, gamma, c)``: the ideal improvement factor E[tokens] / (gamma c + 1), with
   c = t_draft / t_target;
 - ``alpha_from_accepted``: the MLE of alpha from tokens emitted per step (token verification);
-- ``alpha_from_tokens_per_step``: the alpha whose expected tokens per step equals a measured mean.
+- ``alpha_from_tokens_per_step``: the alpha whose expected tokens per step equals a measured mean;
+- ``predicted_speedup``: what recorded iterations give on a memory-bound accelerator with a compute roof
+  (``GPU_ROOF_ROWS``), and ``predicted_serving``: the same served under load, each method at the occupancy its own
+  speed brings at an offered rate (Little's law, ``served_occupancy``), and the rate at which speculation stops paying.
 
 Used by the benchmark (``pipeline.bench``), the acceptance metrics (``pipeline.measure.acceptance``) and the
 analysis (``analysis.stats``).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+import numpy as np
 from scipy.optimize import brentq
 
 
@@ -127,6 +131,112 @@ def predicted_speedup(
         tokens += emitted
         cost += g * (c + v) + pass_cost(g + 1, batch, roof_rows)
     return tokens / cost if cost > 0 else math.nan
+
+
+# A100 SXM's HBM bandwidth, bytes/s: with GPU_ROOF_ROWS the other half of the same roofline (312 TFLOP/s / 2.04 TB/s)
+GPU_BANDWIDTH_B_S = 2.04e12
+
+
+def step_seconds(parameters: float, bytes_per_parameter: float = 2.0, bandwidth: float = GPU_BANDWIDTH_B_S) -> float:
+    """A plain decoding step's time on a memory-bound accelerator: the weights it reads (``step_parameters``) times
+    their bytes (bf16: 2) over the memory bandwidth (A100's by default). KV-cache reads and launch overheads are left
+    out: a lower bound, the scale of ``predicted_serving``'s rates."""
+    return float(parameters) * float(bytes_per_parameter) / float(bandwidth)
+
+
+def per_token_cost(tokens: float, drafted: float, c: float, roof_rows: float = GPU_ROOF_ROWS) -> tuple[float, float]:
+    """(a, k): a request's time per emitted token at ``b`` requests in the batch is ``step * (a + k b)`` on a
+    memory-bound accelerator with a compute roof: an iteration streams the draft's weights ``drafted`` times (``c``
+    each) and the target's once (1), and its ``drafted + 1`` rows per request add ``b (drafted + 1) / roof_rows``;
+    ``tokens`` emitted per request and iteration. ar: ``per_token_cost(1, 0, 0)`` = (1, 1 / roof_rows)."""
+    return (drafted * c + 1.0) / tokens, (drafted + 1.0) / (tokens * roof_rows)
+
+
+def served_occupancy(rate: float, new_tokens: float, step: float, cost: tuple[float, float], slots: float) -> float:
+    """The mean number of requests in the batch at ``rate`` requests/s, each emitting ``new_tokens`` at
+    ``step * (a + k b)`` seconds a token (``per_token_cost``) with b the batch it sees: itself and the L others that
+    Poisson arrivals find there on average (``served_batch``). Little's law, L = rate x new_tokens x that time, solved
+    for L: ``rate n step (a + k) / (1 - rate n step k)``, with b capped at ``slots`` (the engine's, ``inf``: unbounded);
+    at or past the capacity the batch is full and the queue grows without bound: ``slots``. Prefill is left out."""
+    a, k = cost
+    load = rate * new_tokens * step
+    if load * k >= 1.0:
+        return float(slots)
+    occupancy = load * (a + k) / (1.0 - load * k)
+    if occupancy + 1.0 > slots:  # the batch a request sees is full: its time is the full batch's
+        occupancy = load * (a + k * slots)
+    return float(min(occupancy, slots))
+
+
+def served_batch(rate: float, new_tokens: float, step: float, cost: tuple[float, float], slots: float) -> float:
+    """The batch a request is decoded in at ``rate``: itself and the others in service (``served_occupancy``),
+    at most ``slots``."""
+    return float(min(1.0 + served_occupancy(rate, new_tokens, step, cost, slots), slots))
+
+
+def served_tpot(rate: float, new_tokens: float, step: float, cost: tuple[float, float], slots: float) -> float:
+    """Seconds per output token of a request at ``rate``: ``step * (a + k b)``, b its batch (``served_batch``)."""
+    a, k = cost
+    return step * (a + k * served_batch(rate, new_tokens, step, cost, slots))
+
+
+def predicted_serving(
+    tokens: float,
+    drafted: float,
+    c: float,
+    new_tokens: float,
+    step: float,
+    slots: float = math.inf,
+    roof_rows: float = GPU_ROOF_ROWS,
+) -> dict[str, float]:
+    """Where speculation stops paying under load on a memory-bound accelerator with a compute roof, from what a cell
+    measured: ``tokens`` emitted per request and iteration and ``drafted`` positions per iteration (the in-loop
+    acceptance), ``c`` (a draft position's weights over the target step's), ``new_tokens`` per request, ``step``
+    (``step_seconds``) and the engine's ``slots``. Both methods are served at the same offered rate, each with the
+    occupancy its own speed gives it (``served_occupancy``); the TPOT gain is ar's over the method's.
+
+    - ``gain_idle``: the gain at vanishing load, one request alone (Leviathan's E / (g c + 1) with its rows' compute);
+    - ``gain_full``: the gain with ``slots`` requests in both batches (NaN for unbounded slots);
+    - ``occupancy``: b*, the batch at which the two cost the same per token, roof (E - 1 - g c) / (g + 1 - E) (inf when
+      speculation's rows never catch up, 0 when it does not pay even alone);
+    - ``rate``: the lowest offered rate at which the gain falls below 1 (0: it never pays; inf: not at any rate, the
+      gain at a full batch stays above 1); ``ar_capacity``: the rate at which ar's batch fills its slots (or its
+      compute saturates), for scale."""
+    if any(not math.isfinite(float(x)) for x in (tokens, drafted, c, new_tokens, step)) or tokens <= 0 or step <= 0:
+        nan = math.nan
+        return {"gain_idle": nan, "gain_full": nan, "occupancy": nan, "rate": nan, "ar_capacity": nan}
+    ar, mine = per_token_cost(1.0, 0.0, 0.0, roof_rows), per_token_cost(tokens, drafted, c, roof_rows)
+
+    def gain(rate: float) -> float:
+        return served_tpot(rate, new_tokens, step, ar, slots) / served_tpot(rate, new_tokens, step, mine, slots)
+
+    def capacity(cost: tuple[float, float]) -> float:  # the rate that fills the slots (or saturates the compute)
+        a, k = cost
+        full = slots / (new_tokens * step * (a + k * slots)) if math.isfinite(slots) else math.inf
+        return min(full, 1.0 / (new_tokens * step * k) if k > 0 else math.inf)
+
+    slack = tokens - 1.0 - drafted * c
+    rows = drafted + 1.0 - tokens
+    b_star = 0.0 if slack <= 0 else (roof_rows * slack / rows if rows > 0 else math.inf)
+    top = max(capacity(ar), capacity(mine))
+    out = {
+        "gain_idle": (ar[0] + ar[1]) / (mine[0] + mine[1]),
+        "gain_full": gain(2.0 * top) if math.isfinite(slots) else math.nan,
+        "occupancy": b_star,
+        "ar_capacity": capacity(ar),
+    }
+    if slack <= 0:
+        return out | {"rate": 0.0}
+    # scan a geometric grid up to where both batches are full (past it the gain is gain_full), bisect the first crossing
+    grid = np.geomspace(top * 1e-6, top * (1.0 - 1e-9), 400)
+    values = np.array([gain(float(r)) for r in grid])
+    below = np.flatnonzero(values < 1.0)
+    if not below.size:
+        return out | {"rate": math.inf}
+    i = int(below[0])
+    if i == 0:
+        return out | {"rate": float(grid[0])}
+    return out | {"rate": float(brentq(lambda r: gain(r) - 1.0, float(grid[i - 1]), float(grid[i]), xtol=1e-12))}
 
 
 def break_even_verify_cost(iterations: Iterable[tuple[int, int]], c: float) -> float:

@@ -98,14 +98,17 @@ def row_slope(groups: Sequence[Sequence[Iteration]]) -> float:
 
 def plain_steps(iterations: Sequence[Iteration], slope: float, batch_size: int) -> list[float]:
     """Each steady iteration's pass brought to a plain step of ``batch_size`` rows (its verify time less the slope
-    times its extra rows, and never under its rows' share of it: a pass costs at least in proportion to its rows):
-    the target's step as the window paid it, iteration by iteration."""
+    times its rows beyond ``batch_size``, plus it times the rows it lacks), kept between the pass itself and its rows'
+    share of it (a pass of more rows costs more, and at most in proportion to its rows: above ``batch_size`` rows the
+    step is at least the share, below it at most the share, which a partly filled batch under a workload reaches at
+    every iteration): the target's step as the window paid it, iteration by iteration."""
     out = []
     for it in _steady(iterations):
         if it.rows == batch_size:
             out.append(it.verify_s)
         elif math.isfinite(slope):
-            out.append(max(it.verify_s - slope * (it.rows - batch_size), it.verify_s * batch_size / it.rows))
+            low, high = sorted((it.verify_s, it.verify_s * batch_size / it.rows))
+            out.append(min(max(it.verify_s - slope * (it.rows - batch_size), low), high))
     return out
 
 

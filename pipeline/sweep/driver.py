@@ -317,12 +317,12 @@ def _run(cfg, plan: Plan, cluster, tracker: Tracker, uri: str, experiment: str, 
         )
     except Exception as err:  # noqa: BLE001
         raise store_failed(tracker, err, "reading the results for the tables", outcome) from err
-    base_label = next((c.label for c in plan.cells if c.baseline), None)
-    cell_text, mean_text = summary_tables(rows, base_label)
+    base_method = next((c.method for c in plan.cells if c.baseline), None)
+    cell_text, mean_text = summary_tables(rows, plan.baselines)
     print("\nper cell:\n" + cell_text)
     print(
-        f"\nmean ± std over seeds (speedup: tokens/s over the {base_label or 'no'} baseline of the same pair, "
-        "dataset and seed):\n" + mean_text
+        f"\nmean ± std over seeds (speedup: tokens/s over the {base_method or 'no'} baseline cell of the same pair, "
+        "dataset, seed, batch size, rate and temperature):\n" + mean_text
     )
     n_failed = sum(1 for r in rows if r.get(TAG_STATUS) != STATUS_FINISHED)
     if n_failed:

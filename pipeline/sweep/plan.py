@@ -124,6 +124,9 @@ class Plan:
     name: str
     cells: list[Cell]
     sample_counts: dict[str, int] = field(default_factory=dict)
+    baselines: dict[str, str] = field(default_factory=dict)
+    """Each cell's key -> the key of the baseline cell it is compared with: the same pair, dataset, seed, batch size,
+    rate and temperature (absent for cells of a group without a baseline)."""
 
 
 # ---------------------------------------------------------------------------------- expansion
@@ -415,6 +418,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
     cluster = cast(dict[str, Any], OmegaConf.to_container(cfg.cluster, resolve=True))
     fault = OmegaConf.to_container(cfg.fault_injection, resolve=True) if cfg.get("fault_injection") else None
     cells: dict[str, Cell] = {}
+    baselines: dict[str, str] = {}
     all_batches = sorted({b for m in methods for b in (m.get("batch_sizes") or batch_sizes)})
     axis: list[float | None] = list(rates) if rates else [None]  # the rate axis (None: the workload's own rate)
     temps: list[float | None] = list(temperatures) if temperatures else [None]  # None: each entry's own
@@ -423,6 +427,7 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
         if baseline and any(m["name"] != baseline["name"] or m["params"] != baseline["params"] for m in group):
             group = [baseline] + [m for m in group if m["label"] != baseline["label"]]
         at = workload if rate is None else replace(workload, rate=rate)
+        keys, base_key = [], None
         for m in group:
             is_baseline = baseline is not None and m["label"] == baseline["label"]
             entry = dict(m, label=rate_label(batch_label(temperature_label(m["label"], temp), batch), rate))
@@ -441,13 +446,17 @@ def expand(cfg: DictConfig, root: Path | None = None) -> Plan:
                 batch,
                 at.identity(),
             )
+            keys.append(cell.key)
+            base_key = cell.key if is_baseline else base_key
             same = cells.setdefault(cell.key, cell)
             if same.label != cell.label:  # one configuration under two labels: one would be dropped without a word
                 raise SweepConfigError(
                     f"sweep entries {split_batch_label(same.label)[0]!r} and {m['label']!r} are the same configuration "
                     f"(method, parameters{', batch size' if batch > 1 else ''}): drop one of them"
                 )
-    return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts)
+        if base_key is not None:
+            baselines.update(dict.fromkeys(keys, base_key))
+    return Plan(name=str(sweep.name), cells=list(cells.values()), sample_counts=counts, baselines=baselines)
 
 
 def _make_cell(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -11,8 +11,10 @@ from pipeline.measure.costs import DISTURBED_DRIFT
 from pipeline.tracking.layout import STATUS_FINISHED, TAG_STATUS
 
 
-def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tuple[str, str]:
-    """(per-cell table, mean ± std table over seeds) as text."""
+def summary_tables(rows: list[dict[str, Any]], baseline: str | Mapping[str, str] | None) -> tuple[str, str]:
+    """(per-cell table, mean ± std table over seeds) as text. ``baseline``: each cell's key -> its baseline cell's key
+    (``Plan.baselines``: the same pair, dataset, seed, batch size, rate and temperature), or one baseline label whose
+    cells pair by pair, dataset and seed."""
     if not rows:
         return "(no cells)", "(no cells)"
     df = pd.DataFrame(rows)
@@ -58,8 +60,13 @@ def summary_tables(rows: list[dict[str, Any]], baseline_label: str | None) -> tu
     # the tokens alike, analysis/disturbed.py)
     for col in ("tokens_per_s", "tokens_per_s_decode", "j_per_token"):
         ok.loc[ok["disturbed"], col] = float("nan")
-    if baseline_label is not None:
-        base = ok[ok["label"] == baseline_label].set_index(["pair", "dataset", "seed"])
+    if isinstance(baseline, Mapping):  # each cell over its own group's baseline cell
+        by_key = ok.set_index("cell_key")
+        for col, name in (("tokens_per_s", "speedup"), ("tokens_per_target_step", "speedup_normalized")):
+            of = by_key[col]
+            ok[name] = [row[col] / of.get(baseline.get(row["cell_key"], ""), float("nan")) for _, row in ok.iterrows()]
+    elif baseline is not None:
+        base = ok[ok["label"] == baseline].set_index(["pair", "dataset", "seed"])
         for col, name in (("tokens_per_s", "speedup"), ("tokens_per_target_step", "speedup_normalized")):
             ok[name] = [
                 getattr(row, col) / base[col].get((row.pair, row.dataset, row.seed), float("nan"))
