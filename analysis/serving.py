@@ -293,7 +293,8 @@ def predicted_markdown(pred: pd.DataFrame, roof_rows: float = GPU_ROOF_ROWS) -> 
             f"| {r.pair} | {r.dataset} | {r.method} | {f(r.c, 3)} | {f(r.step_ms, 3)} | "
             f"{f(r.tokens_per_iteration)} | {f(r.drafted_per_iteration)} | {f(r.gain_idle)} | "
             f"{f(r.gain_full)} ({r.slots:g}) | {'inf' if r.occupancy == math.inf else f(r.occupancy, 1)} | "
-            f"{rate(r.rate)} [{f(r.rate_low, 1)}, {f(r.rate_high, 1)}] | {rate(r.rate_unbounded)} | "
+            f"{rate(r.rate)}{f' [{f(r.rate_low, 1)}, {f(r.rate_high, 1)}]' if math.isfinite(r.rate) else ''} | "
+            f"{rate(r.rate_unbounded)} | "
             f"{f(r.ar_capacity, 1)} |"
         )
     return lines
