@@ -453,7 +453,8 @@ def serving_vs_rate(runs: pd.DataFrame):
                 row[3].errorbar(m["rate"], m["gain"], yerr=err, marker="o", capsize=3, color=line.get_color())
         row[3].axhline(1.0, color="grey", linewidth=0.8)
         for ax, ylabel in zip(row, ("tokens/s", "TPOT ms (p50 solid, p99 dashed)", "goodput requests/s", "TPOT gain")):
-            ax.set_xlabel("offered rate (requests/s)")
+            ax.set_xscale("log", base=2)  # rate axes are geometric (0.5, 1, 2, 4): each step doubles the load
+            ax.set_xlabel("offered rate (requests/s, log scale)")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{pair} · {dataset}", fontsize=9)
             ax.grid(alpha=0.3)

@@ -216,6 +216,38 @@ def test_a_slowdown_inside_the_window_is_flagged_and_a_uniformly_slower_machine_
     assert slower["cost_ratio_c"] == pytest.approx(steady["cost_ratio_c"])
 
 
+class _Spaced:
+    """Arrivals ``gap`` seconds apart after the previous one joined (``Arrivals.feed``'s contract): the engine, idle
+    between them, sleeps until the next; ``slept`` adds up those waits."""
+
+    def __init__(self, requests, gap):
+        self.pending, self.gap, self.slept, self.due = deque(requests), gap, 0.0, time.perf_counter()
+
+    def feed(self, queue, idle):
+        wait = self.due - time.perf_counter()
+        if self.pending and idle and wait > 0:
+            time.sleep(wait)
+            self.slept += wait
+        if self.pending and time.perf_counter() >= self.due:
+            queue.append(self.pending.popleft())
+            self.due = time.perf_counter() + self.gap
+        return bool(self.pending)
+
+
+def test_the_wait_for_the_next_arrival_is_on_no_phase(tiny_pair):
+    """Under a workload the engine waits with nothing to decode until the next request arrives: that wait is the
+    workload's, not the method's `other` (where it went, a quarter of a token's time at 0.5 requests/s on the CPU in
+    the serving sweep of 2026-11-29); the phases cover the loop's wall time less it."""
+    engine = BatchedDecoder(build_decoder("spd", *tiny_pair, **WARP, gamma=2), 2)
+    arrivals = _Spaced([BatchRequest(p, 4, make_generator(i)) for i, p in enumerate(_prompts(4))], 0.08)
+    t0 = time.perf_counter()
+    engine.run(deque(), arrivals=arrivals)
+    wall = time.perf_counter() - t0
+    assert arrivals.slept > 0.1  # the engine was idle between the arrivals
+    assert sum(engine.clock.totals().values()) == pytest.approx(wall - arrivals.slept, rel=0.05, abs=0.005)
+    assert sum(it.emitted for it in engine.clock.records()) == 4 * 4
+
+
 def test_a_partly_filled_batch_reads_the_same_step_and_is_not_disturbed():
     """Under a workload a batch of 4 slots runs 1 to 4 requests as they arrive and finish: each pass brought to a
     plain step of 4 rows by the slope (not scaled by 4 / rows, which made every one-request pass 4 steps) gives one

@@ -180,7 +180,7 @@ class BatchedDecoder:
             self._close()
             clock.start()
             try:
-                while arrive(arrivals, queue, live) or queue or live:
+                while arrive(arrivals, queue, live, clock) or queue or live:
                     admitted: list[LiveRequest] = []
                     while queue and free:
                         request = queue.popleft()
@@ -245,7 +245,7 @@ class BatchedDecoder:
 
         clock = self.clock
         clock.start()
-        while arrive(arrivals, queue, ()) or queue:
+        while arrive(arrivals, queue, (), clock) or queue:
             if not queue:
                 continue
             request = queue.popleft()

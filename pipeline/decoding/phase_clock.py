@@ -10,8 +10,9 @@ The phases (``PHASES``): ``draft`` (the drafter's proposal, chains, beams and tr
 (the target's forward over the iteration's rows; mtjd's beam draws on the target; beam search's whole
 ``generate``), ``rule`` (acceptance, resampling, emitting, KV rollback) and ``other`` (admission and the batch-1
 prefill, warping outside the rule, host copies, bookkeeping). The clock is in exactly one phase from ``start`` to
-``stop`` except while it is ``pause``d (the caller's callbacks: a window's records, formatting a later turn), so the
-four phases sum to the loop's wall time less the paused time.
+``stop`` except while it is ``pause``d (the caller's callbacks: a window's records, formatting a later turn; under a
+workload, the wait for the next arrival with nothing to decode), so the four phases sum to the loop's wall time less
+the paused time.
 
 On CPU each transition reads ``time.perf_counter`` (one call and a few additions); on CUDA it records a CUDA event
 on the current stream (no synchronisation) and the events are read once, when ``records`` or ``totals`` is first
