@@ -242,11 +242,11 @@ def test_the_wait_for_the_next_arrival_is_on_no_phase(tiny_pair):
     workload's, not the method's `other` (where it went, a quarter of a token's time at 0.5 requests/s on the CPU in
     the serving sweep of 2026-11-29); the phases cover the loop's wall time less it."""
     engine = BatchedDecoder(build_decoder("spd", *tiny_pair, **WARP, gamma=2), 2)
-    arrivals = _Spaced([BatchRequest(p, 4, make_generator(i)) for i, p in enumerate(_prompts(4))], 0.08)
+    arrivals = _Spaced([BatchRequest(p, 4, make_generator(i)) for i, p in enumerate(_prompts(4))], 0.25)
     t0 = time.perf_counter()
     engine.run(deque(), arrivals=arrivals)
     wall = time.perf_counter() - t0
-    assert arrivals.slept > 0.1  # the engine was idle between the arrivals
+    assert arrivals.slept > 0.1  # the engine was idle between the arrivals (3 gaps of 0.25 s, less their decodes)
     assert sum(engine.clock.totals().values()) == pytest.approx(wall - arrivals.slept, rel=0.05, abs=0.005)
     assert sum(it.emitted for it in engine.clock.records()) == 4 * 4
 
